@@ -1,0 +1,82 @@
+"""Synthetic run directories that follow the DESIGN.md schema exactly (written via engine.events)."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.events import RunPaths, dumps, make_event, write_json_atomic
+
+T0 = 1_700_000_000.0
+
+
+def loss_at(step: int) -> float:
+    """A smooth, decreasing, deterministic loss curve."""
+    return 5.5 * math.exp(-step / 60) + 1.2 + 0.05 * math.sin(step)
+
+
+@dataclass
+class SynthRun:
+    """Builds a run directory event by event."""
+
+    root: Path
+    name: str = "synth"
+    max_steps: int = 100
+    t: float = T0
+    lines: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.paths = RunPaths(self.root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        cfg = {"run": {"name": self.name}, "train": {"max_steps": self.max_steps, "grad_clip": 1.0}}
+        (self.root / "config.json").write_text(json.dumps(cfg))
+
+    def event(self, kind: str, dt: float = 0.5, **fields: Any) -> dict[str, Any]:
+        self.t += dt
+        ev = make_event(kind, **fields)
+        ev["t"] = self.t
+        self.lines.append(dumps(ev))
+        return ev
+
+    def run_start(self, attempt: int = 1, start_step: int = 0, device: str = "cpu", world_size: int = 2) -> None:
+        self.event("run_start", run_id="r1", attempt=attempt, world_size=world_size, nnodes=1,
+                   device=device, backend="gloo" if device == "cpu" else "nccl", precision="fp32",
+                   config={}, params_total=800_000, params_trainable=800_000, tokens_per_step=4096,
+                   effective_batch=32, static_mem_bytes=0, start_step=start_step,
+                   max_steps=self.max_steps, resumed_from=None, torch_version="2.13",
+                   git_commit=None)
+
+    def step(self, step: int, loss: float | None = None, grad_norm: float = 0.8) -> None:
+        self.event("step", step=step, epoch=0, loss=loss_at(step) if loss is None else loss,
+                   lr=1e-3 * min(1.0, step / 10), grad_norm=grad_norm, clipped=grad_norm > 1.0,
+                   tokens_per_s=8192.0 + step, step_time_s=0.5, data_wait_s=0.01,
+                   samples_seen=32 * step, tokens_seen=4096 * step, skipped=False,
+                   mem_alloc_bytes=0, mem_peak_bytes=0)
+
+    def flush(self) -> None:
+        self.paths.events.write_text("".join(line + "\n" for line in self.lines))
+
+    def status(self, state: str, attempt: int = 1, reason: str | None = None,
+               exit_code: int | None = None, ended: float | None = None) -> None:
+        write_json_atomic(self.paths.status, {
+            "state": state, "attempt": attempt, "supervisor_pid": 1, "torchrun_pid": 2,
+            "started": T0, "ended": ended, "exit_code": exit_code, "reason": reason})
+
+
+def finished_run(root: Path, steps: int = 100) -> SynthRun:
+    """A completed run: start, `steps` steps, evals every 25, checkpoints every 50, run_end."""
+    r = SynthRun(root, max_steps=steps)
+    r.run_start()
+    for s in range(1, steps + 1):
+        r.step(s)
+        if s % 25 == 0:
+            r.event("eval", step=s, val_loss=loss_at(s) + 0.1)
+        if s % 50 == 0:
+            r.event("checkpoint", step=s, path=f"checkpoints/step-{s}", bytes=1000, seconds=0.1,
+                    reason="interval", request_id=None)
+    r.event("run_end", step=steps, status="completed", reason="max_steps reached")
+    r.flush()
+    r.status("completed", exit_code=0, ended=r.t)
+    return r

@@ -1,0 +1,81 @@
+"""Smoothing and downsampling: TensorBoard's formula, and spikes that survive any width."""
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from tui.series import EmaState, Series, ema_debiased, minmax_downsample
+
+
+def tensorboard_smooth(values: list[float], weight: float) -> list[float]:
+    """TensorBoard's vz_line_chart2 `resmoothDataset`, transcribed literally."""
+    last, num_accum, out = 0.0, 0, []
+    for v in values:
+        if not math.isfinite(v):
+            out.append(v)
+            continue
+        last = last * weight + (1 - weight) * v
+        num_accum += 1
+        debias = 1.0 if weight == 1 else 1 - weight**num_accum
+        out.append(last / debias)
+    return out
+
+
+@pytest.mark.parametrize("weight", [0.0, 0.3, 0.6, 0.9, 0.99])
+def test_ema_equals_tensorboard(weight):
+    rng = random.Random(1)
+    vals = [rng.uniform(0, 10) for _ in range(300)]
+    vals[17], vals[40] = float("nan"), float("inf")
+    got = ema_debiased(vals, weight)
+    want = tensorboard_smooth(vals, weight)
+    assert np.allclose(got, want, rtol=1e-12, equal_nan=True)
+    assert math.isnan(got[17]) and got[40] == float("inf")
+
+
+def test_ema_first_point_is_the_value_and_incremental_matches_batch():
+    assert ema_debiased([4.0, 4.0], 0.6).tolist() == pytest.approx([4.0, 4.0])
+    vals = np.linspace(1, 2, 50)
+    inc = EmaState(0.6)
+    parts = np.concatenate([inc.extend(vals[:20]), inc.extend(vals[20:])])
+    assert np.allclose(parts, ema_debiased(vals, 0.6), rtol=1e-14)
+
+
+@pytest.mark.parametrize("n", [10, 997, 100_000])
+def test_single_step_spike_survives_every_width(n):
+    x = np.arange(1, n + 1, dtype=float)
+    y = np.ones(n)
+    spike_at = n * 2 // 3
+    y[spike_at] = 50.0
+    y[n // 3] = -7.0
+    for width in (1, 2, 3, 7, 40, 79, 200, 1000, 5000):
+        d = minmax_downsample(x, y, width)
+        assert d.ymax.max() == 50.0 and d.ymin.min() == -7.0
+        assert len(d.x) <= width
+        col = np.flatnonzero(d.ymax == 50.0)[0]
+        # the spike is drawn in the column that covers its x
+        half = (x[-1] - x[0]) / width / 2
+        assert abs(d.x[col] - x[spike_at]) <= half + 1e-9
+
+
+def test_downsample_marks_nonfinite_columns_and_keeps_finite_extremes():
+    x = np.arange(1, 101, dtype=float)
+    y = np.linspace(0, 1, 100)
+    y[10] = np.nan
+    y[80] = np.inf
+    d = minmax_downsample(x, y, 10)
+    assert len(d.bad_x) == 2
+    assert np.all(np.isfinite(d.ymin)) and np.all(np.isfinite(d.ymax))
+    xs, ys = d.zigzag()
+    assert len(xs) == 20 and all(math.isfinite(v) for v in ys)
+
+
+def test_series_truncate_and_arrays():
+    s = Series()
+    s.extend(np.arange(1, 11, dtype=float), np.arange(10, dtype=float))
+    s.append(11.0, 10.0)
+    s.truncate_after(5)
+    x, y = s.arrays()
+    assert x.tolist() == [1, 2, 3, 4, 5] and y.tolist() == [0, 1, 2, 3, 4]

@@ -1,0 +1,409 @@
+"""Reduce a run directory (events.jsonl, status.json, incidents.jsonl) into a `RunState`.
+
+Pure logic, no Textual: `RunFollower.poll()` reads only the bytes appended since the last
+call; `load_run_state()` is the one-shot read used by `mt ls` / `mt watch --once`.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.events import FINAL_STATES, JsonlTail, RunPaths, as_float, read_json
+from tui.series import Series
+
+
+@dataclass
+class CheckpointInfo:
+    """The newest checkpoint the engine reported."""
+
+    step: int
+    path: str
+    t: float
+    reason: str = ""
+    request_id: str | None = None
+
+    def age_s(self, now: float) -> float:
+        return max(0.0, now - self.t)
+
+
+@dataclass
+class Incident:
+    """One diagnosed incident (from an `incident` event or a line of incidents.jsonl)."""
+
+    code: str
+    severity: str
+    step: int | None
+    title: str
+    detail: str = ""
+    advice: str = ""
+    evidence: dict[str, Any] = field(default_factory=dict)
+    t: float = 0.0
+    status: str = "open"
+    source: str = "engine"
+
+
+@dataclass
+class ControlAnswer:
+    """The engine's latest answer to a control request, and the checkpoint it produced."""
+
+    request_id: str
+    action: str
+    status: str
+    detail: str = ""
+    checkpoint_step: int | None = None
+
+
+@dataclass
+class RunSeries:
+    """Full plot history of a run, x = optimizer step."""
+
+    loss: Series = field(default_factory=Series)
+    val_loss: Series = field(default_factory=Series)
+    lr: Series = field(default_factory=Series)
+    grad_norm: Series = field(default_factory=Series)
+    tokens_per_s: Series = field(default_factory=Series)
+
+    def all(self) -> dict[str, Series]:
+        return {"loss": self.loss, "val_loss": self.val_loss, "lr": self.lr,
+                "grad_norm": self.grad_norm, "tokens_per_s": self.tokens_per_s}
+
+    def truncate_after(self, step: float) -> None:
+        for s in self.all().values():
+            s.truncate_after(step)
+
+    def add_step(self, ev: dict[str, Any]) -> None:
+        x = float(ev.get("step") or 0)
+        self.loss.append(x, as_float(ev.get("loss")))
+        self.lr.append(x, as_float(ev.get("lr")))
+        self.grad_norm.append(x, as_float(ev.get("grad_norm")))
+        self.tokens_per_s.append(x, as_float(ev.get("tokens_per_s")))
+
+
+@dataclass
+class RunState:
+    """Everything the header, `mt ls` and `mt watch --once` show about one run."""
+
+    run_dir: Path
+    name: str = ""
+    state: str = "starting"
+    attempt: int = 0
+    step: int | None = None
+    max_steps: int | None = None
+    start_step: int = 0
+    loss: float | None = None
+    best_loss: float | None = None
+    best_loss_step: int | None = None
+    val_loss: float | None = None
+    val_loss_step: int | None = None
+    lr: float | None = None
+    grad_norm: float | None = None
+    grad_clip: float | None = None
+    tokens_per_s: float | None = None
+    step_time_s: float | None = None
+    mfu: float | None = None
+    world_size: int | None = None
+    nnodes: int | None = None
+    device: str | None = None
+    backend: str | None = None
+    precision: str | None = None
+    effective_batch: int | None = None
+    tokens_per_step: int | None = None
+    params_total: int | None = None
+    started: float | None = None
+    ended: float | None = None
+    exit_code: int | None = None
+    reason: str | None = None          # status.json reason, else run_end reason
+    run_end_status: str | None = None
+    run_end_reason: str | None = None
+    last_event_t: float | None = None
+    last_checkpoint: CheckpointInfo | None = None
+    incidents: list[Incident] = field(default_factory=list)
+    controls: dict[str, ControlAnswer] = field(default_factory=dict)
+    bad_lines: int = 0
+    n_steps: int = 0                   # step events seen (all attempts)
+    status: dict[str, Any] = field(default_factory=dict, repr=False)
+    # (t, step) of recent step events, for a wall-clock ETA that includes eval/ckpt pauses
+    recent: deque = field(default_factory=lambda: deque(maxlen=64), repr=False)
+
+    @property
+    def open_incidents(self) -> list[Incident]:
+        return [i for i in self.incidents if i.status == "open"]
+
+    @property
+    def is_final(self) -> bool:
+        return self.state in FINAL_STATES
+
+    def eta_s(self) -> float | None:
+        """Seconds to max_steps at the recent wall-clock rate; None when unknown or finished."""
+        if self.is_final or self.step is None or not self.max_steps or len(self.recent) < 2:
+            return None
+        (t0, s0), (t1, s1) = self.recent[0], self.recent[-1]
+        if s1 <= s0 or t1 <= t0:
+            return None
+        return max(0, self.max_steps - self.step) * (t1 - t0) / (s1 - s0)
+
+    def elapsed_s(self, now: float) -> float | None:
+        if self.started is None:
+            return None
+        return max(0.0, (self.ended or now) - self.started)
+
+
+def new_state(run_dir: Path) -> RunState:
+    """A blank state with what config.json and the directory name say (name, max_steps)."""
+    paths = RunPaths(Path(run_dir))
+    st = RunState(run_dir=paths.root, name=paths.root.name)
+    cfg = read_json(paths.config)
+    if isinstance(cfg, dict):
+        run, train = cfg.get("run") or {}, cfg.get("train") or {}
+        st.name = str(run.get("name") or st.name)
+        st.max_steps = _int(train.get("max_steps"))
+        clip = as_float(train.get("grad_clip"))
+        st.grad_clip = clip if math.isfinite(clip) and clip > 0 else None
+    return st
+
+
+def _int(v: Any) -> int | None:
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def _num(v: Any) -> float | None:
+    return None if v is None else as_float(v)
+
+
+def reduce_step(st: RunState, ev: dict[str, Any]) -> None:
+    """Fold one `step` event into the state."""
+    step = _int(ev.get("step"))
+    st.step = step
+    st.n_steps += 1
+    loss = _num(ev.get("loss"))
+    st.loss = loss
+    if loss is not None and math.isfinite(loss) and (st.best_loss is None or loss < st.best_loss):
+        st.best_loss, st.best_loss_step = loss, step
+    st.lr = _num(ev.get("lr"))
+    st.grad_norm = _num(ev.get("grad_norm"))
+    st.tokens_per_s = _num(ev.get("tokens_per_s"))
+    st.step_time_s = _num(ev.get("step_time_s"))
+    if "mfu" in ev:
+        st.mfu = _num(ev.get("mfu"))
+    t = _num(ev.get("t"))
+    if t is not None and step is not None:
+        st.recent.append((t, step))
+    if st.state == "starting":
+        st.state = "running"
+
+
+def reduce_event(st: RunState, ev: dict[str, Any]) -> None:
+    """Fold one event of any kind into the state (unknown kinds are ignored)."""
+    kind = ev.get("kind")
+    t = _num(ev.get("t"))
+    if t is not None and math.isfinite(t):
+        st.last_event_t = t
+    if kind == "step":
+        reduce_step(st, ev)
+    elif kind == "run_start":
+        st.attempt = _int(ev.get("attempt")) or st.attempt
+        for key in ("world_size", "nnodes", "effective_batch", "tokens_per_step", "params_total"):
+            setattr(st, key, _int(ev.get(key)))
+        st.device, st.backend, st.precision = ev.get("device"), ev.get("backend"), ev.get("precision")
+        st.max_steps = _int(ev.get("max_steps")) or st.max_steps
+        st.start_step = _int(ev.get("start_step")) or 0
+        st.step = st.start_step if st.start_step else st.step
+        st.run_end_status = st.run_end_reason = None
+        st.recent.clear()
+        if st.state in ("starting",) or not st.status:
+            st.state = "running"
+    elif kind == "eval":
+        st.val_loss, st.val_loss_step = _num(ev.get("val_loss")), _int(ev.get("step"))
+    elif kind == "checkpoint":
+        st.last_checkpoint = CheckpointInfo(
+            step=_int(ev.get("step")) or 0, path=str(ev.get("path") or ""), t=t or 0.0,
+            reason=str(ev.get("reason") or ""), request_id=ev.get("request_id"))
+        rid = ev.get("request_id")
+        if rid and rid in st.controls:
+            st.controls[rid].checkpoint_step = st.last_checkpoint.step
+    elif kind == "control":
+        rid = str(ev.get("request_id") or "")
+        prev = st.controls.get(rid)
+        st.controls[rid] = ControlAnswer(
+            request_id=rid, action=str(ev.get("action") or ""), status=str(ev.get("status") or ""),
+            detail=str(ev.get("detail") or ""), checkpoint_step=prev.checkpoint_step if prev else None)
+    elif kind == "incident":
+        add_incident(st, ev, source="engine")
+    elif kind == "run_end":
+        st.run_end_status, st.run_end_reason = ev.get("status"), ev.get("reason")
+        if not st.status and st.run_end_status in FINAL_STATES:
+            st.state = str(st.run_end_status)
+
+
+def add_incident(st: RunState, rec: dict[str, Any], source: str) -> None:
+    """Open, merge or close an incident; the same code+step from engine and supervisor is one."""
+    code = str(rec.get("code") or "unknown")
+    status = str(rec.get("status") or "open")
+    step = _int(rec.get("step"))
+    if status == "closed":
+        for inc in st.incidents:
+            if inc.code == code and inc.status == "open":
+                inc.status = "closed"
+        return
+    for inc in st.incidents:
+        if inc.code == code and inc.step == step and inc.status == "open":
+            return
+    ev = rec.get("evidence")
+    st.incidents.append(Incident(
+        code=code, severity=str(rec.get("severity") or "info"), step=step,
+        title=str(rec.get("title") or code), detail=str(rec.get("detail") or ""),
+        advice=str(rec.get("advice") or ""), evidence=ev if isinstance(ev, dict) else {},
+        t=_num(rec.get("t")) or 0.0, status="open", source=str(rec.get("source") or source)))
+
+
+def apply_status(st: RunState, status: Any) -> bool:
+    """Take state/attempt/times from status.json (the supervisor's word wins); True if changed."""
+    if not isinstance(status, dict) or status == st.status:
+        return False
+    st.status = status
+    if status.get("state"):
+        st.state = str(status["state"])
+    st.attempt = _int(status.get("attempt")) or st.attempt
+    st.started = _num(status.get("started"))
+    st.ended = _num(status.get("ended"))
+    st.exit_code = _int(status.get("exit_code"))
+    st.reason = status.get("reason") or None
+    return True
+
+
+@dataclass
+class PollResult:
+    """What one `RunFollower.poll()` found."""
+
+    changed: bool = False
+    new_events: list[dict[str, Any]] = field(default_factory=list)  # non-step events, in order
+    new_steps: int = 0
+
+
+class RunFollower:
+    """Follows one run directory incrementally: each poll reads only newly appended bytes."""
+
+    def __init__(self, run_dir: Path, keep_series: bool = True) -> None:
+        self.paths = RunPaths(Path(run_dir))
+        self.state = new_state(self.paths.root)
+        self.series = RunSeries() if keep_series else None
+        self.events = JsonlTail(self.paths.events)
+        self.incidents = JsonlTail(self.paths.incidents)
+        self._status_mtime: float | None = None
+
+    def poll(self, max_bytes: int | None = None) -> PollResult:
+        """Read what was appended since the last poll (at most max_bytes of events)."""
+        res = PollResult()
+        resets = self.events.resets
+        for ev in self.events.iter_new(max_bytes):
+            if self.events.resets != resets:
+                break
+            self._fold(ev, res)
+        if self.events.resets != resets:
+            # events.jsonl was truncated or replaced: rebuild from scratch
+            self._restart()
+            res.changed = True
+            for ev in self.events.iter_new(max_bytes):
+                self._fold(ev, res)
+        self.state.bad_lines = self.events.bad_lines
+        for rec in self.incidents.iter_new():
+            add_incident(self.state, rec, source="supervisor")
+            res.changed = True
+        res.changed |= self._poll_status()
+        return res
+
+    def _restart(self) -> None:
+        tail = self.events
+        self.state = new_state(self.paths.root)
+        self.series = RunSeries() if self.series is not None else None
+        self.incidents = JsonlTail(self.paths.incidents)
+        self._status_mtime = None
+        self.events = JsonlTail(self.paths.events)
+        self.events.resets = tail.resets
+
+    def _fold(self, ev: dict[str, Any], res: PollResult) -> None:
+        res.changed = True
+        kind = ev.get("kind")
+        if kind == "step":
+            res.new_steps += 1
+            reduce_step(self.state, ev)
+            if self.series is not None:
+                self.series.add_step(ev)
+            return
+        if self.series is not None:
+            if kind == "run_start":
+                self.series.truncate_after(_int(ev.get("start_step")) or 0)
+            elif kind == "eval":
+                self.series.val_loss.append(float(ev.get("step") or 0), as_float(ev.get("val_loss")))
+        reduce_event(self.state, ev)
+        res.new_events.append(ev)
+
+    def _poll_status(self) -> bool:
+        try:
+            mtime = self.paths.status.stat().st_mtime_ns
+        except OSError:
+            return False
+        if mtime == self._status_mtime:
+            return False
+        self._status_mtime = mtime
+        return apply_status(self.state, read_json(self.paths.status))
+
+
+def load_run_state(run_dir: Path) -> RunState:
+    """The current state of a run, read once (no plot history kept)."""
+    follower = RunFollower(Path(run_dir), keep_series=False)
+    follower.poll()
+    return follower.state
+
+
+# ---------------------------------------------------------------- plain-text summary
+
+
+def fmt_num(v: float | None, spec: str = ".4g") -> str:
+    if v is None:
+        return "N/A"
+    if not math.isfinite(v):
+        return str(v)
+    return format(v, spec)
+
+
+def fmt_duration(s: float | None) -> str:
+    if s is None or not math.isfinite(s):
+        return "N/A"
+    s = int(round(s))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def format_summary(st: RunState, now: float | None = None) -> str:
+    """A few plain-text lines for `mt watch --once`."""
+    now = time.time() if now is None else now
+    step = "-" if st.step is None else str(st.step)
+    total = "?" if st.max_steps is None else str(st.max_steps)
+    lines = [
+        f"{st.name}  [{st.state}]  attempt {st.attempt}  step {step}/{total}"
+        f"  elapsed {fmt_duration(st.elapsed_s(now))}  ETA {fmt_duration(st.eta_s())}",
+        f"loss {fmt_num(st.loss)}  best {fmt_num(st.best_loss)}"
+        f"{'' if st.best_loss_step is None else f' @{st.best_loss_step}'}"
+        f"  val {fmt_num(st.val_loss)}  lr {fmt_num(st.lr, '.3g')}  grad_norm {fmt_num(st.grad_norm)}"
+        f"  tok/s {fmt_num(st.tokens_per_s, ',.0f')}",
+        f"world {st.world_size or '?'} x {st.device or '?'}  precision {st.precision or '?'}"
+        f"  eff. batch {st.effective_batch or '?'}",
+    ]
+    ck = st.last_checkpoint
+    lines.append("checkpoint: none" if ck is None else
+                 f"checkpoint: step {ck.step} ({fmt_duration(ck.age_s(now))} ago)  {ck.path}")
+    for inc in st.open_incidents:
+        lines.append(f"incident [{inc.severity}] {inc.code} at step {inc.step}: {inc.title}")
+    if st.is_final and (st.reason or st.run_end_reason):
+        lines.append(f"reason: {st.reason or st.run_end_reason}")
+    if st.bad_lines:
+        lines.append(f"skipped {st.bad_lines} unreadable event line(s)")
+    return "\n".join(lines)
