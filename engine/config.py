@@ -106,19 +106,35 @@ class CheckpointConfig:
 
 @dataclass
 class MonitorConfig:
-    """Thresholds of the diagnosis rules (tui/diagnose.py)."""
+    """Thresholds of the diagnosis rules (engine/anomaly.py on rank 0, tui/diagnose*.py)."""
 
     stall_window_s: float = _c(20.0, gt=0)
+    """Only steps (and GPU samples) this recent count towards a dataloader stall."""
+    stall_steps: int = _c(4, ge=1)
+    """The data-wait share is taken over this many most recent steps."""
     stall_gpu_util_pct: float = _c(10.0, ge=0, le=100)
     stall_data_share: float = _c(0.5, gt=0, le=1)
+    """Share of step time spent waiting for data that makes a stall."""
+    stall_min_wait_s: float = _c(0.5, ge=0)
+    """Total data wait over those steps must also exceed this (ms-scale jitter is no stall)."""
     spike_mads: float = _c(8.0, gt=0)
     spike_min_jump: float = _c(0.5, gt=0)
     """Relative jump over the rolling median a spike must also exceed."""
     spike_min_history: int = _c(20, ge=3)
+    spike_window: int = _c(100, ge=5)
+    """Steps in the rolling median of loss and grad norm."""
     grad_explosion_factor: float = _c(10.0, gt=1)
     clip_active_share: float = _c(0.9, gt=0, le=1)
+    clip_window: int = _c(50, ge=1)
+    """Steps over which the clipped share is measured (only after the first spike_window)."""
     overflow_window: int = _c(20, ge=1)
     overflow_max_skipped: int = _c(5, ge=1)
+    overflow_min_scale: float = _c(1.0, gt=0)
+    """A GradScaler loss scale below this has collapsed: the gradients overflow even unscaled."""
+    close_after_steps: int = _c(10, ge=1)
+    """An engine-side incident closes after this many clean logged steps."""
+    close_after_s: float = _c(15.0, ge=0)
+    """A supervisor-side incident closes after its condition has been clear this long."""
     throughput_drop_share: float = _c(0.5, gt=0, lt=1)
     throughput_window_s: float = _c(30.0, gt=0)
     hang_floor_s: float = _c(30.0, gt=0)
