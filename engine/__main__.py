@@ -1,0 +1,67 @@
+"""`python -m engine --run-dir DIR --attempt N`: what torchrun starts on every rank."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from engine.config import ConfigError, load_config_json
+from engine.events import EventWriter, RunPaths
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__)
+    parser.add_argument("--run-dir", required=True, type=Path)
+    parser.add_argument("--attempt", type=int, default=1)
+    args = parser.parse_args(argv)
+    paths = RunPaths(args.run_dir)
+    try:
+        cfg = load_config_json(paths.config)
+    except ConfigError as e:
+        print(f"mt engine: {e}", file=sys.stderr)
+        return 2
+
+    # torch is imported only past this point: a bad config answers fast
+    from engine import dist
+    from engine.control import StopSignals
+    from engine.data import DataError, build_splits
+    from engine.resume import ResumeRefused
+    from engine.train import Trainer, describe_failure
+
+    rank = dist.read_env()[0]
+    dist.redirect_output(paths.rank_log(rank))
+    signals = StopSignals()
+    signals.install()
+    try:
+        splits = build_splits(cfg)  # bad data is reported before any process group exists
+    except DataError as e:
+        dist.log(f"data error: {e}")
+        if rank == 0:
+            EventWriter(paths.events).emit("run_end", step=0, status="failed", reason=f"data error: {e}")
+        return 2
+    try:
+        env = dist.init(cfg)
+    except Exception as e:
+        dist.log(f"cannot start the process group: {describe_failure(e)}")
+        return 1
+    trainer = None
+    try:
+        trainer = Trainer(cfg, env, paths, args.attempt, splits, signals)
+        return trainer.train()
+    except ResumeRefused as e:
+        dist.log(f"resume refused: {e}")
+        if rank == 0:
+            EventWriter(paths.events).emit("run_end", step=0, status="failed", reason=f"resume refused: {e}")
+        return 2
+    except Exception as e:
+        reason = f"rank {rank}: {describe_failure(e)}"
+        if rank == 0:
+            step = trainer.step if trainer else 0
+            EventWriter(paths.events).emit("run_end", step=step, status="failed", reason=reason)
+        return 1
+    finally:
+        dist.shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""Atomic, self-checking checkpoints: write to a temporary folder, fsync, rename into place.
+
+A checkpoint is `checkpoints/step-<S>/` holding model.pt, optim.pt, train.pt and, written last,
+manifest.json with the sha256 and size of each file. Loading verifies the manifest and reads
+every file with `torch.load(weights_only=True)`, so a checkpoint can never run code.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+import torch
+
+FORMAT = "mt-checkpoint"
+FORMAT_VERSION = 1
+FILES = ("model.pt", "optim.pt", "train.pt")
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder that is not a complete, intact checkpoint of this format."""
+
+
+@dataclass
+class Saved:
+    path: Path
+    bytes: int
+    seconds: float
+
+
+class _HashingWriter:
+    """A file wrapper that hashes what torch.save streams through it (no second read)."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f, self.sha, self.size = f, hashlib.sha256(), 0
+
+    def write(self, b: bytes) -> int:
+        self.sha.update(b)
+        self.size += len(b)
+        return self.f.write(b)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def step_of(path: Path) -> int | None:
+    m = _STEP_DIR.match(path.name)
+    return int(m.group(1)) if m else None
+
+
+def save(root: Path, step: int, parts: dict[str, Any], meta: dict[str, Any]) -> Saved:
+    """Write `parts` (file name -> object) as checkpoint `step`; returns where and how big."""
+    t0 = time.perf_counter()
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step}"
+    tmp = root / f".tmp-step-{step}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(mode=0o700)
+    files = {}
+    for name in FILES:
+        with open(tmp / name, "wb") as f:
+            w = _HashingWriter(f)
+            torch.save(parts[name], w)
+            f.flush()
+            os.fsync(f.fileno())
+        files[name] = {"sha256": w.sha.hexdigest(), "bytes": w.size}
+    manifest = {"format": FORMAT, "version": FORMAT_VERSION, "step": step, "files": files, "created": time.time(), **meta}
+    with open(tmp / "manifest.json", "w") as f:
+        json.dump(manifest, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_dir(tmp)
+    if final.exists():  # an older timeline's folder of the same step: replace it whole
+        trash = root / f".trash-step-{step}-{os.getpid()}"
+        os.replace(final, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    os.replace(tmp, final)
+    _fsync_dir(root)
+    total = sum(f["bytes"] for f in files.values())
+    return Saved(final, total, time.perf_counter() - t0)
+
+
+def verify(path: Path) -> dict[str, Any]:
+    """The manifest of an intact checkpoint; raises CheckpointError saying what is wrong."""
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no manifest.json (incomplete or not an mt checkpoint)") from None
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: unreadable manifest.json: {e}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: manifest.json is not an {FORMAT} manifest")
+    if manifest.get("version") != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: checkpoint format version {manifest.get('version')!r}, expected {FORMAT_VERSION}")
+    for name in FILES:
+        want = manifest.get("files", {}).get(name)
+        if not isinstance(want, dict):
+            raise CheckpointError(f"{path}: manifest lists no {name}")
+        try:
+            size = (path / name).stat().st_size
+        except FileNotFoundError:
+            raise CheckpointError(f"{path}/{name}: missing") from None
+        if size != want.get("bytes"):
+            raise CheckpointError(f"{path}/{name}: {size} bytes, manifest says {want.get('bytes')} (truncated?)")
+        sha = hashlib.sha256()
+        with open(path / name, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                sha.update(block)
+        if sha.hexdigest() != want.get("sha256"):
+            raise CheckpointError(f"{path}/{name}: sha256 mismatch (corrupted)")
+    return manifest
+
+
+def candidates(root: Path) -> list[Path]:
+    """Checkpoint folders, newest step first (temporary and foreign names ignored)."""
+    if not root.is_dir():
+        return []
+    found = [(step_of(p), p) for p in root.iterdir() if p.is_dir() and step_of(p) is not None]
+    return [p for _, p in sorted(found, key=lambda sp: sp[0], reverse=True)]
+
+
+def find_latest(root: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest checkpoint that verifies, and (folder, reason) for each newer one skipped."""
+    skipped = []
+    for path in candidates(root):
+        try:
+            verify(path)
+            return path, skipped
+        except CheckpointError as e:
+            skipped.append((path, str(e)))
+    return None, skipped
+
+
+def load(path: Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
+    """Every part of a verified checkpoint; anything that would need unpickling code is refused."""
+    parts = {}
+    for name in FILES:
+        try:
+            parts[name] = torch.load(path / name, map_location=map_location, weights_only=True)
+        except Exception as e:  # weights_only refuses pickled code with UnpicklingError
+            raise CheckpointError(f"{path}/{name}: refused by weights_only load: {type(e).__name__}: {e}") from None
+    return parts
+
+
+def prune(root: Path, keep_last: int, newest: Path) -> list[Path]:
+    """Delete checkpoints older than the newest `keep_last` up to `newest`; never `newest` itself."""
+    newest_step = step_of(newest)
+    older = [p for p in candidates(root) if p != newest and (step_of(p) or 0) < (newest_step or 0)]
+    doomed = older[max(0, keep_last - 1):]
+    for p in doomed:
+        shutil.rmtree(p, ignore_errors=True)
+    return doomed
+
+
+def clean_temporaries(root: Path) -> list[Path]:
+    """Remove folders left by a writer that died mid-save (they never count as checkpoints)."""
+    if not root.is_dir():
+        return []
+    stale = [p for p in root.iterdir() if p.name.startswith((".tmp-step-", ".trash-step-"))]
+    for p in stale:
+        shutil.rmtree(p, ignore_errors=True)
+    return stale
+
+
+def capture_rng(device: torch.device) -> dict[str, Any]:
+    """This process's RNG states as plain types and tensors (weights_only-safe: no numpy objects)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": [str(kind), [int(k) for k in keys], int(pos), int(has_gauss), float(gauss)],
+        "torch": torch.get_rng_state(),
+    }
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def restore_rng(state: dict[str, Any], device: torch.device) -> None:
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)

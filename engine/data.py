@@ -1,0 +1,210 @@
+"""Token sources, the resumable global-order sampler and the DataLoader built on them.
+
+The data position is the number of *global* samples consumed. Sample order is one fixed
+permutation per epoch (the same `randperm(n, seed + epoch)` DistributedSampler draws); micro-
+step k on rank r of W takes positions P + r, P + r + W, ... so any world size walks the same
+global stream and a resume at position P is exact on any number of ranks.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from engine.config import Config
+
+
+class DataError(ValueError):
+    """Data that cannot be trained on; the message names the file and what is wrong."""
+
+
+def markov_chain(vocab: int, seed: int, fanout: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """A fixed random sparse Markov chain: successors (V, K) and cumulative probs (V, K)."""
+    rng = np.random.default_rng(seed)
+    succ = np.stack([rng.choice(vocab, size=fanout, replace=False) for _ in range(vocab)])
+    probs = rng.dirichlet(np.full(fanout, 0.5), size=vocab)
+    return succ, np.cumsum(probs, axis=1)
+
+
+def markov_entropy(succ: np.ndarray, cum: np.ndarray, iters: int = 200) -> float:
+    """Entropy rate (nats/token) of the chain: the loss floor a perfect model reaches."""
+    vocab = succ.shape[0]
+    probs = np.diff(np.concatenate([np.zeros((vocab, 1)), cum], axis=1), axis=1)
+    pi = np.full(vocab, 1.0 / vocab)
+    for _ in range(iters):  # power iteration on the sparse transition matrix
+        nxt = np.zeros(vocab)
+        np.add.at(nxt, succ, pi[:, None] * probs)
+        pi = nxt
+    h = -(probs * np.log(np.clip(probs, 1e-12, None))).sum(axis=1)
+    return float((pi * h).sum())
+
+
+class TokenWindows(Dataset):
+    """Sample i is tokens[i*T : i*T + T + 1] as (input, target, i); keys may carry a stall."""
+
+    def __init__(self, tokens: np.ndarray, seq_len: int, first: int, count: int, vocab: int, source: str) -> None:
+        self.tokens, self.seq_len, self.first, self.count = tokens, seq_len, first, count
+        self.vocab, self.source = vocab, source
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, key: int | tuple[int, float]) -> tuple[torch.Tensor, torch.Tensor, int]:
+        i, stall = (key, 0.0) if isinstance(key, int) else key
+        if stall:
+            time.sleep(stall)  # injected dataloader stall ([faults] stall_at_step)
+        start = (self.first + i) * self.seq_len
+        chunk = torch.from_numpy(np.asarray(self.tokens[start : start + self.seq_len + 1], dtype=np.int64))
+        if int(chunk.max()) >= self.vocab:
+            raise DataError(
+                f"{self.source}: token id {int(chunk.max())} at sample {i} is >= model.vocab_size ({self.vocab})"
+            )
+        return chunk[:-1], chunk[1:], i
+
+
+@dataclass
+class Splits:
+    train: TokenWindows
+    val: TokenWindows | None
+    loss_floor: float | None
+
+
+def _windows(tokens: np.ndarray, cfg: Config, source: str) -> Splits:
+    T = cfg.model.seq_len
+    n = (len(tokens) - 1) // T
+    if n < 1:
+        raise DataError(f"{source}: {len(tokens)} tokens is shorter than model.seq_len + 1 ({T + 1})")
+    n_val = int(n * cfg.data.val_fraction)
+    if cfg.train.eval_every and cfg.data.val_fraction > 0 and n_val < 1:
+        raise DataError(f"{source}: too little data for a validation split ({n} windows of {T + 1} tokens)")
+    n_train = n - n_val
+    if n_train < 1:
+        raise DataError(f"{source}: no training windows left after data.val_fraction = {cfg.data.val_fraction}")
+    v = cfg.model.vocab_size
+    train = TokenWindows(tokens, T, 0, n_train, v, source)
+    val = TokenWindows(tokens, T, n_train, n_val, v, source) if n_val else None
+    return Splits(train, val, None)
+
+
+def build_splits(cfg: Config) -> Splits:
+    """Load the configured source and split it; every problem raises DataError before training."""
+    d, m = cfg.data, cfg.model
+    if d.source == "synthetic":
+        succ, cum = markov_chain(m.vocab_size, cfg.run.seed)
+        rng = np.random.default_rng(cfg.run.seed + 1)
+        n, T = d.synthetic_samples, m.seq_len
+        seqs = np.empty((n, T + 1), dtype=np.int64)
+        state = rng.integers(0, m.vocab_size, size=n)
+        for t in range(T + 1):  # vectorised over samples: each column is one chain step
+            seqs[:, t] = state
+            k = (rng.random(n)[:, None] > cum[state]).sum(axis=1).clip(max=cum.shape[1] - 1)
+            state = succ[state, k]
+        # each sample is its own window: lay them end to end with stride T + 1
+        splits = _windows_rows(seqs, cfg)
+        splits.loss_floor = markov_entropy(succ, cum)
+        return splits
+    path = Path(d.path)
+    if not path.is_file():
+        raise DataError(f"{path}: data file does not exist (data.path)")
+    if d.source == "text":
+        if m.vocab_size < 256:
+            raise DataError(f"{path}: text is read as bytes, so model.vocab_size must be >= 256, got {m.vocab_size}")
+        try:
+            tokens = np.frombuffer(path.read_bytes(), dtype=np.uint8)
+        except OSError as e:
+            raise DataError(f"{path}: cannot read: {e}") from None
+        return _windows(tokens, cfg, str(path))
+    dtype = np.dtype(d.token_dtype)
+    size = path.stat().st_size
+    if size % dtype.itemsize:
+        raise DataError(f"{path}: size {size} is not a multiple of {dtype.itemsize} bytes ({d.token_dtype} tokens)")
+    if size == 0:
+        raise DataError(f"{path}: file is empty")
+    try:
+        tokens = np.memmap(path, dtype=dtype, mode="r")
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path}: cannot map as {d.token_dtype}: {e}") from None
+    if len(tokens) <= 256 * 1024 * 1024:  # a full scan costs well under a second per 100M tokens
+        top = int(tokens.max())
+        if top >= m.vocab_size:
+            raise DataError(f"{path}: token id {top} is >= model.vocab_size ({m.vocab_size})")
+    return _windows(tokens, cfg, str(path))
+
+
+def _windows_rows(seqs: np.ndarray, cfg: Config) -> Splits:
+    """Windows over pre-cut rows of length T + 1 (seq_len shifts by one inside each row)."""
+    n, T1 = seqs.shape
+    flat = seqs.reshape(-1)
+    n_val = int(n * cfg.data.val_fraction)
+    v, src = cfg.model.vocab_size, "synthetic"
+    train = _RowWindows(flat, T1, 0, n - n_val, v, src)
+    val = _RowWindows(flat, T1, n - n_val, n_val, v, src) if n_val else None
+    return Splits(train, val, None)
+
+
+class _RowWindows(TokenWindows):
+    """Windows laid out with stride T + 1, so row i is exactly sample i."""
+
+    def __getitem__(self, key: int | tuple[int, float]) -> tuple[torch.Tensor, torch.Tensor, int]:
+        i, stall = (key, 0.0) if isinstance(key, int) else key
+        if stall:
+            time.sleep(stall)
+        start = (self.first + i) * self.seq_len
+        chunk = torch.from_numpy(self.tokens[start : start + self.seq_len])
+        return chunk[:-1], chunk[1:], i
+
+
+class GlobalOrderSampler(Sampler):
+    """Yields this rank's dataset indices from global position `start` on, over endless epochs."""
+
+    def __init__(self, n: int, seed: int, rank: int, world: int, start: int, stall_at: dict[int, float] | None = None) -> None:
+        self.n, self.seed, self.rank, self.world, self.start = n, seed, rank, world, start
+        self.stall_at = stall_at or {}
+        self._perm_epoch, self._perm = -1, torch.empty(0)
+
+    def epoch_of(self, position: int) -> int:
+        return position // self.n
+
+    def index_at(self, position: int) -> int:
+        epoch = position // self.n
+        if epoch != self._perm_epoch:
+            g = torch.Generator().manual_seed(self.seed + epoch)
+            self._perm, self._perm_epoch = torch.randperm(self.n, generator=g), epoch
+        return int(self._perm[position % self.n])
+
+    def __iter__(self) -> Iterator[int | tuple[int, float]]:
+        pos = self.start + self.rank
+        while True:
+            idx = self.index_at(pos)
+            stall = self.stall_at.get(pos)
+            yield (idx, stall) if stall else idx
+            pos += self.world
+
+
+def build_loader(ds: Dataset, sampler: Sampler, batch: int, cfg: Config, rank: int, pin: bool) -> DataLoader:
+    """A DataLoader with its own generator, so creating its iterator never draws from the global RNG."""
+    workers = cfg.data.num_workers
+    return DataLoader(
+        ds,
+        batch_size=batch,
+        sampler=sampler,
+        num_workers=workers,
+        pin_memory=pin,
+        drop_last=False,
+        generator=torch.Generator().manual_seed(cfg.run.seed * 1000 + rank),
+        persistent_workers=False,
+        prefetch_factor=4 if workers else None,
+    )
+
+
+def val_batches(val: TokenWindows, batch: int, n_batches: int, rank: int, world: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The same fixed validation batches at every evaluation, strided across ranks."""
+    for b in range(n_batches):
+        idx = [(b * batch * world + rank + j * world) % len(val) for j in range(batch)]
+        xs, ys, _ = zip(*(val[i] for i in idx))
+        yield torch.stack(xs), torch.stack(ys)

@@ -1,0 +1,39 @@
+"""Injected faults ([faults]) for demos and tests. Only the first attempt is faulty, so a resume recovers."""
+from __future__ import annotations
+
+import time
+
+from engine.config import FaultsConfig
+from engine.dist import log
+
+
+class Faults:
+    def __init__(self, cfg: FaultsConfig, rank: int, attempt: int) -> None:
+        self.cfg, self.rank = cfg, rank
+        self.armed = attempt == 1
+
+    def before_step(self, step: int) -> None:
+        """Crash or hang this rank at the configured step; pace every step for demos."""
+        c = self.cfg
+        if c.step_sleep_s:
+            time.sleep(c.step_sleep_s)
+        if not self.armed:
+            return
+        if c.crash_at_step == step and c.crash_rank == self.rank:
+            raise RuntimeError(f"injected crash at step {step} on rank {self.rank} ([faults] crash_at_step)")
+        if c.hang_at_step == step and c.hang_rank == self.rank:
+            log(f"injected hang at step {step} on rank {self.rank} ([faults] hang_at_step): this rank stops stepping")
+            while True:  # the other ranks now wait in the next collective
+                time.sleep(1.0)
+
+    def nan_now(self, step: int, micro: int) -> bool:
+        """Poison the loss of rank 0's first micro-batch at nan_at_step, as a bad sample would."""
+        return self.armed and self.cfg.nan_at_step == step and self.rank == 0 and micro == 0
+
+    def overflow_now(self, step: int) -> bool:
+        return self.armed and self.cfg.overflow_at_step == step
+
+    def stall_step(self) -> tuple[int, float] | None:
+        if self.armed and self.cfg.stall_at_step and self.cfg.stall_seconds:
+            return self.cfg.stall_at_step, self.cfg.stall_seconds
+        return None

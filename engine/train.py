@@ -1,0 +1,313 @@
+"""The training loop that runs inside every torchrun worker. Machinery lives in the modules beside it."""
+from __future__ import annotations
+
+import math
+import os
+import time
+import traceback
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from engine import checkpoint, resume
+from engine.anomaly import StepAnomalies, nan_incident
+from engine.config import Config
+from engine.control import ControlInbox, Request, StopSignals
+from engine.data import GlobalOrderSampler, Splits, build_loader, val_batches
+from engine.dist import DistEnv, log, seed_everything
+from engine.events import EventWriter, NullEventWriter, RunPaths
+from engine.faults import Faults
+from engine.metrics import Heartbeat, device_name, git_commit, memory, peak_flops
+from engine.model import GPT, count_params, flops_per_token
+from engine.optim import build_optimizer, lr_at, set_lr
+
+# what every rank contributes to the one collective of each step
+_LOSS, _NONFINITE, _STOP, _CKPT, _MEM, _PEAK = range(6)
+
+
+class Trainer:
+    def __init__(self, cfg: Config, env: DistEnv, paths: RunPaths, attempt: int, splits: Splits, signals: StopSignals) -> None:
+        self.cfg, self.env, self.paths, self.attempt, self.splits, self.signals = cfg, env, paths, attempt, splits, signals
+        t = cfg.train
+        self.events = EventWriter(paths.events) if env.is_main else NullEventWriter()
+        self.inbox = ControlInbox(paths.control) if env.is_main else None
+        self.heartbeat = Heartbeat(paths.heartbeat(env.rank), env.rank, attempt)
+        self.faults = Faults(cfg.faults, env.rank, attempt)
+        self.anomalies = StepAnomalies(cfg.monitor, t.grad_clip) if env.is_main else None
+
+        # ---- model, optimizer, precision -------------------------------------------------
+        seed_everything(cfg.run.seed)  # identical initial weights on every rank
+        self.model = GPT(cfg.model).to(env.device)
+        self.n_params, self.n_trainable = count_params(self.model)
+        self.ddp = DDP(self.model, device_ids=[env.local_rank] if env.device.type == "cuda" else None)
+        self.optimizer = build_optimizer(self.model, t, env.device)
+        amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(t.precision)
+        self.autocast = (lambda: torch.autocast(env.device.type, dtype=amp_dtype)) if amp_dtype else nullcontext
+        self.scaler = torch.amp.GradScaler(env.device.type, enabled=t.precision == "fp16")
+        if env.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True  # fp32 matmuls on tensor cores
+            torch.backends.cudnn.allow_tf32 = True
+
+        # ---- position: fresh, or from the newest valid checkpoint --------------------------
+        self.step, self.samples, self.accum = 0, 0, t.grad_accum_steps
+        self.resumed_from = self._maybe_resume()
+        if self.resumed_from is None:
+            seed_everything(cfg.run.seed + env.rank)  # per-rank dropout streams
+        self.start_step = self.step
+        self.global_batch = env.world_size * t.micro_batch_size * self.accum
+        self.tokens_per_step = self.global_batch * cfg.model.seq_len
+        self.flops_per_token = flops_per_token(cfg.model, self.n_params)
+        self.peak = peak_flops(env.device)
+
+        stall = self.faults.stall_step()
+        stall_at = {}
+        if stall and stall[0] > self.step:  # first sample of that step on this rank
+            stall_at[self.samples + (stall[0] - self.step - 1) * self.global_batch + env.rank] = stall[1]
+        self.sampler = GlobalOrderSampler(len(splits.train), cfg.run.seed, env.rank, env.world_size, self.samples, stall_at)
+        loader = build_loader(splits.train, self.sampler, t.micro_batch_size, cfg, env.rank, env.device.type == "cuda")
+        self.batches = iter(loader)
+
+    # ------------------------------------------------------------------------------------
+    def train(self) -> int:
+        """Run to max_steps or until asked to stop; returns the process exit code."""
+        cfg, t = self.cfg, self.cfg.train
+        self._emit_run_start()
+        self.heartbeat.beat(self.step)
+        while self.step < t.max_steps:
+            step = self.step + 1
+            lr = lr_at(step, t)
+            set_lr(self.optimizer, lr)
+            rng_before = checkpoint.capture_rng(self.env.device) if t.on_nan == "stop" else None
+            self.faults.before_step(step)
+            requests = self._poll_control()
+
+            t0 = time.perf_counter()
+            loss_local, bad_indices, data_wait = self._forward_backward(step)
+            if t.precision == "fp16":
+                self.scaler.unscale_(self.optimizer)  # clip and measure true (unscaled) gradients
+            grad_norm_t = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip or math.inf)
+            agreed = self._agree(loss_local, bool(bad_indices), requests)  # one small collective; a sync point
+            loss, grad_norm = agreed["loss"], float(grad_norm_t)
+            nonfinite = agreed["nonfinite"] or (t.precision != "fp16" and not math.isfinite(grad_norm))
+
+            skipped, scale = nonfinite, None
+            if nonfinite:
+                self._report_nan(step, lr, grad_norm, loss, bad_indices)
+                if t.on_nan == "stop":
+                    self.optimizer.zero_grad(set_to_none=True)
+                    self._save("stop", requests, rng_override=rng_before)
+                    return self._end("stopped", "non-finite loss with train.on_nan = \"stop\"")
+            if t.precision == "fp16":
+                before = self.scaler.get_scale()
+                self.scaler.step(self.optimizer)  # skips the update itself if gradients overflowed
+                self.scaler.update()
+                scale = self.scaler.get_scale()
+                skipped = skipped or scale < before
+            elif not nonfinite:
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            step_time = time.perf_counter() - t0
+
+            self.step, self.samples = step, self.samples + self.global_batch
+            self.heartbeat.beat(step)
+            fields = self._step_fields(step, loss, lr, grad_norm, step_time, data_wait, skipped, scale, agreed)
+            if step % t.log_every == 0 or step == t.max_steps:
+                self.events.emit("step", **fields)
+            if self.anomalies is not None:
+                for incident in self.anomalies.observe(fields):
+                    self.events.emit("incident", **incident)
+
+            if t.eval_every and self.splits.val is not None and (step % t.eval_every == 0 or step == t.max_steps):
+                self.events.emit("eval", step=step, val_loss=self._evaluate())
+            stop = agreed["stop"]
+            reason = "stop" if stop else "final" if step == t.max_steps else "request" if agreed["ckpt"] else (
+                "interval" if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0 else None)
+            if reason:
+                self._save(reason, requests)
+            if stop:
+                why = f"{self.signals.name} received" if self.signals.received else "stop requested"
+                return self._end("stopped", why)
+        return self._end("completed", f"reached max_steps = {t.max_steps}")
+
+    # ------------------------------------------------------------------------------------
+    def _forward_backward(self, step: int) -> tuple[torch.Tensor, list[int], float]:
+        """All micro-steps of one optimizer step; gradients sync only on the last (no_sync before)."""
+        loss_sum = torch.zeros((), device=self.env.device, dtype=torch.float64)
+        bad: list[int] = []
+        data_wait = 0.0
+        for micro in range(self.accum):
+            t0 = time.perf_counter()
+            x, y, idx = next(self.batches)
+            data_wait += time.perf_counter() - t0
+            x, y = x.to(self.env.device, non_blocking=True), y.to(self.env.device, non_blocking=True)
+            sync = micro == self.accum - 1
+            with (nullcontext() if sync else self.ddp.no_sync()):
+                with self.autocast():
+                    loss = self.ddp(x, y)
+                if self.faults.nan_now(step, micro):
+                    loss = loss * float("nan")
+                scaled = loss / self.accum
+                if self.faults.overflow_now(step):
+                    scaled = scaled * 1e30  # gradients overflow, the reported loss stays finite
+                self.scaler.scale(scaled).backward()
+            if not torch.isfinite(loss.detach()):  # rare; the sync is cheap next to the step
+                bad += [int(i) for i in idx]
+            loss_sum += loss.detach()
+        return loss_sum / self.accum, bad, data_wait
+
+    def _agree(self, loss_local: torch.Tensor, nonfinite: bool, requests: dict[str, list[Request]]) -> dict[str, Any]:
+        """Every rank learns the mean loss, whether any rank saw NaN, and whether to checkpoint or stop."""
+        mem, peak = memory(self.env.device)
+        stop = self.signals.received is not None or bool(requests["stop"])
+        row = torch.tensor([0.0, float(nonfinite), float(stop), float(bool(requests["checkpoint"])), mem, peak], dtype=torch.float64, device=self.env.device)
+        row[_LOSS] = loss_local
+        rows = [torch.empty_like(row) for _ in range(self.env.world_size)]
+        dist.all_gather(rows, row)
+        table = torch.stack(rows).cpu()
+        losses = table[:, _LOSS]
+        return {
+            "loss": float(losses.sum() / len(losses)) if bool(torch.isfinite(losses).all()) else float("nan"),
+            "nonfinite": bool(table[:, _NONFINITE].any()) or not bool(torch.isfinite(losses).all()),
+            "stop": bool(table[:, _STOP].any()),
+            "ckpt": bool(table[:, _CKPT].any()),
+            "mem": int(table[:, _MEM].max()),
+            "peak": int(table[:, _PEAK].max()),
+        }
+
+    def _report_nan(self, step: int, lr: float, grad_norm: float, loss: float, bad_local: list[int]) -> None:
+        gathered: list[list[int]] = [[] for _ in range(self.env.world_size)]
+        dist.all_gather_object(gathered, bad_local)
+        indices = sorted({i for part in gathered for i in part})
+        log(f"non-finite loss/gradients at step {step}: samples {indices[:32]}")
+        self.events.emit("incident", **nan_incident(step, lr, grad_norm, loss, indices, self.cfg.train.on_nan))
+
+    @torch.no_grad()
+    def _evaluate(self) -> float:
+        self.ddp.eval()
+        total = torch.zeros((), device=self.env.device, dtype=torch.float64)
+        n = self.cfg.train.eval_batches
+        for x, y in val_batches(self.splits.val, self.cfg.train.micro_batch_size, n, self.env.rank, self.env.world_size):
+            with self.autocast():
+                total += self.model(x.to(self.env.device), y.to(self.env.device)).double()
+        dist.all_reduce(total)
+        self.ddp.train()
+        return float(total) / (n * self.env.world_size)
+
+    # ---- control, checkpoints, events ------------------------------------------------------
+    def _poll_control(self) -> dict[str, list[Request]]:
+        found: dict[str, list[Request]] = {"checkpoint": [], "stop": []}
+        if self.inbox is None:
+            return found
+        polled = self.inbox.poll()
+        for rid, action, why in polled.rejected:
+            self.events.emit("control", request_id=rid, action=action, status="rejected", detail=why)
+        for req in polled.requests:
+            found[req.action].append(req)
+            self.events.emit("control", request_id=req.id, action=req.action, status="accepted", detail=f"at step {self.step + 1}")
+        return found
+
+    def _save(self, reason: str, requests: dict[str, list[Request]], rng_override: dict | None = None) -> None:
+        """Collective: gather every rank's RNG state, rank 0 writes atomically and prunes."""
+        rng = rng_override or checkpoint.capture_rng(self.env.device)
+        rngs: list[Any] = [None] * self.env.world_size
+        dist.all_gather_object(rngs, rng)
+        if self.env.is_main:
+            train_state = {
+                "step": self.step, "samples_seen": self.samples, "tokens_seen": self.samples * self.cfg.model.seq_len,
+                "world_size": self.env.world_size, "grad_accum_steps": self.accum,
+                "micro_batch_size": self.cfg.train.micro_batch_size, "global_batch": self.global_batch,
+                "rng": rngs, "attempt": self.attempt,
+            }
+            parts = {
+                "model.pt": self.model.state_dict(),
+                "optim.pt": {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict()},
+                "train.pt": train_state,
+            }
+            meta = {"world_size": self.env.world_size, "global_batch": self.global_batch, "samples_seen": self.samples, "reason": reason}
+            saved = checkpoint.save(self.paths.checkpoints, self.step, parts, meta)
+            checkpoint.prune(self.paths.checkpoints, self.cfg.checkpoint.keep_last, saved.path)
+            reqs = requests["checkpoint"] + requests["stop"]
+            self.events.emit("checkpoint", step=self.step, path=str(saved.path), bytes=saved.bytes, seconds=round(saved.seconds, 4), reason=reason, request_id=reqs[0].id if reqs else None)
+            for req in reqs:
+                self.events.emit("control", request_id=req.id, action=req.action, status="done", detail=f"checkpoint saved at step {self.step}: {saved.path}")
+                self.inbox.done(req.path)
+            log(f"checkpoint ({reason}) step {self.step}: {saved.path} {saved.bytes} bytes in {saved.seconds:.2f}s")
+        dist.barrier()
+
+    def _maybe_resume(self) -> dict[str, Any] | None:
+        found: list[Any] = [None, []]
+        if self.env.is_main:
+            checkpoint.clean_temporaries(self.paths.checkpoints)
+            path, skipped = checkpoint.find_latest(self.paths.checkpoints)
+            found = [str(path) if path else None, [(str(p), why) for p, why in skipped]]
+            for p, why in skipped:
+                log(f"skipping checkpoint {p}: {why}")
+                self.events.emit("incident", step=0, code="checkpoint_skipped", severity="warn", title="Checkpoint skipped on resume", detail=why, advice="The newest intact checkpoint is used instead; inspect or delete the damaged folder.", evidence={"path": str(p)})
+        dist.broadcast_object_list(found, src=0)
+        if found[0] is None:
+            return None
+        parts = checkpoint.load(Path(found[0]), map_location=self.env.device)
+        state = parts["train.pt"]
+        t = self.cfg.train
+        how = resume.plan(state, self.env.world_size, t.micro_batch_size, t.grad_accum_steps, t.allow_batch_change)
+        self.model.load_state_dict(parts["model.pt"])
+        self.optimizer.load_state_dict(parts["optim.pt"]["optimizer"])
+        self.scaler.load_state_dict(parts["optim.pt"]["scaler"])
+        self.step, self.samples, self.accum = int(state["step"]), int(state["samples_seen"]), how.grad_accum_steps
+        rngs = state["rng"]
+        if self.env.rank < len(rngs):
+            checkpoint.restore_rng(rngs[self.env.rank], self.env.device)
+        else:  # a rank the checkpoint did not have: fresh but reproducible streams
+            seed_everything(self.cfg.run.seed + self.env.rank + 1000 * self.step)
+        log(f"resumed from {found[0]} at step {self.step}: {how.note}")
+        return {"path": found[0], "step": self.step, "samples_seen": self.samples, "world_size_before": int(state["world_size"]),
+                "grad_accum_before": int(state["grad_accum_steps"]), "grad_accum_now": self.accum, "exact": how.exact,
+                "note": how.note, "skipped": found[1]}
+
+    def _step_fields(self, step: int, loss: float, lr: float, grad_norm: float, step_time: float, data_wait: float,
+                     skipped: bool, scale: float | None, agreed: dict[str, Any]) -> dict[str, Any]:
+        tps = self.tokens_per_step / step_time if step_time > 0 else 0.0
+        fields = {
+            "step": step, "epoch": self.sampler.epoch_of(self.samples - 1), "loss": loss, "lr": lr,
+            "grad_norm": grad_norm, "clipped": bool(self.cfg.train.grad_clip and grad_norm > self.cfg.train.grad_clip),
+            "tokens_per_s": tps, "step_time_s": step_time, "data_wait_s": data_wait,
+            "samples_seen": self.samples, "tokens_seen": self.samples * self.cfg.model.seq_len,
+            "skipped": skipped, "mem_alloc_bytes": agreed["mem"], "mem_peak_bytes": agreed["peak"],
+        }
+        if scale is not None:
+            fields["loss_scale"] = scale
+        if self.peak:
+            fields["mfu"] = tps * self.flops_per_token / (self.peak * self.env.world_size)
+        return fields
+
+    def _emit_run_start(self) -> None:
+        cfg, env = self.cfg, self.env
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
+        self.events.emit(
+            "run_start", run_id=self.paths.root.name, attempt=self.attempt, world_size=env.world_size,
+            nnodes=max(1, env.world_size // local_world), device=device_name(env.device), backend=env.backend,
+            precision=cfg.train.precision, config=cfg.to_dict(), params_total=self.n_params,
+            params_trainable=self.n_trainable, tokens_per_step=self.tokens_per_step,
+            effective_batch=self.global_batch, static_mem_bytes=16 * self.n_trainable,  # fp32 weights+grads+2 AdamW moments
+            start_step=self.start_step, max_steps=cfg.train.max_steps, resumed_from=self.resumed_from,
+            torch_version=torch.__version__, git_commit=git_commit(), grad_accum_steps=self.accum,
+            micro_batch_size=cfg.train.micro_batch_size, seq_len=cfg.model.seq_len, flops_per_token=self.flops_per_token,
+            peak_flops=self.peak, data_loss_floor=self.splits.loss_floor, pid=os.getpid(),
+        )
+        log(f"run_start attempt {self.attempt}: {self.n_params} params, world {env.world_size} on {env.device}, "
+            f"global batch {self.global_batch} x {cfg.model.seq_len} tokens, from step {self.start_step}")
+
+    def _end(self, status: str, reason: str) -> int:
+        self.events.emit("run_end", step=self.step, status=status, reason=reason)
+        log(f"run_end {status}: {reason}")
+        return 0
+
+
+def describe_failure(exc: BaseException) -> str:
+    """The one line a run_end carries for a failure; the traceback goes to the rank log."""
+    traceback.print_exception(exc)
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
