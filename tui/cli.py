@@ -1,0 +1,282 @@
+"""The `mt` command line: thin Typer wrappers over tui.launch, tui.control and tui.stream.
+
+Exit codes: 0 success, 1 the run failed, 2 bad input. Heavy modules (psutil, Textual, the
+dashboard) are imported inside the commands that need them, so `mt --help` stays instant;
+torch is never imported here.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, NoReturn, Optional
+
+import typer
+
+app = typer.Typer(
+    name="mt",
+    help="Launch, watch, diagnose and recover PyTorch DDP training runs from one terminal.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain click help: importing rich's renderer costs ~0.3 s per call
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+OK, RUN_FAILED, BAD_INPUT = 0, 1, 2
+
+RunDirArg = Annotated[Path, typer.Argument(help="A run directory, e.g. runs/tiny-cpu-20260101-120000.", show_default=False)]
+DetachOpt = Annotated[bool, typer.Option("--detach", help="Print the run directory and return; the run keeps going.")]
+HeadlessOpt = Annotated[bool, typer.Option("--headless", help="No dashboard: print progress lines and exit with the run's result.")]
+NprocOpt = Annotated[Optional[int], typer.Option("--nproc", help="Worker processes on this node (overrides launch.nproc_per_node).", show_default=False)]
+
+
+def fail(message: str, code: int = BAD_INPUT) -> NoReturn:
+    """One clear line on stderr, then exit with code."""
+    typer.echo(f"mt: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _attach(run_dir: Path, detach: bool, headless: bool) -> None:
+    """After starting a run: print it (--detach), follow it (--headless) or open the dashboard."""
+    if detach:
+        typer.echo(str(run_dir))
+        return
+    if headless:
+        from tui.follow import exit_code_for, follow_run
+
+        typer.echo(f"run dir: {run_dir}")
+        state = follow_run(run_dir, sys.stdout)
+        raise typer.Exit(exit_code_for(state))
+    from tui.app import run_app
+
+    raise typer.Exit(run_app(run_dir))
+
+
+@app.command()
+def launch(
+    preset: Annotated[Path, typer.Argument(help="A TOML preset, e.g. presets/tiny-cpu.toml.", show_default=False)],
+    detach: DetachOpt = False,
+    headless: HeadlessOpt = False,
+    name: Annotated[Optional[str], typer.Option("--name", help="Run name (overrides run.name).", show_default=False)] = None,
+    runs_dir: Annotated[Optional[Path], typer.Option("--runs-dir", help="Where run directories go (overrides run.runs_dir).", show_default=False)] = None,
+    nproc: NprocOpt = None,
+    node_rank: Annotated[Optional[int], typer.Option("--node-rank", help="This node's rank in a multi-node job (overrides launch.node_rank).", show_default=False)] = None,
+) -> None:
+    """Validate PRESET, create its run directory, start the run detached and open the dashboard.
+
+    The run survives the viewer quitting and the terminal closing. Example:
+
+    \b
+        mt launch presets/tiny-cpu.toml --headless --nproc 2
+    """
+    from engine.config import ConfigError
+    from tui.launch import LaunchError, Overrides, launch_run
+
+    over = Overrides(name=name, runs_dir=str(runs_dir) if runs_dir else None, nproc=nproc, node_rank=node_rank)
+    try:
+        run_dir = launch_run(preset, over)
+    except ConfigError as e:
+        fail(str(e))
+    except LaunchError as e:
+        fail(str(e), RUN_FAILED)
+    _attach(run_dir, detach, headless)
+
+
+@app.command()
+def watch(
+    run_dir: RunDirArg,
+    once: Annotated[bool, typer.Option("--once", help="Print a plain-text summary and exit.")] = False,
+) -> None:
+    """Open the dashboard on a live or finished run (--once: print a summary and exit).
+
+    Example:
+
+    \b
+        mt watch runs/tiny-cpu-20260101-120000 --once
+    """
+    from tui.runs import NotARunError, require_run_dir
+
+    try:
+        require_run_dir(run_dir)
+    except NotARunError as e:
+        fail(str(e))
+    if once:
+        from tui.runinfo import run_summary
+
+        typer.echo(run_summary(run_dir))
+        return
+    from tui.app import run_app
+
+    raise typer.Exit(run_app(run_dir))
+
+
+@app.command()
+def resume(
+    run_dir: Annotated[Optional[Path], typer.Argument(help="The run to resume (default: the newest run under runs/).", show_default=False)] = None,
+    nproc: NprocOpt = None,
+    detach: DetachOpt = False,
+    headless: HeadlessOpt = False,
+) -> None:
+    """Start a new attempt of a stopped or failed run from its newest checkpoint.
+
+    --nproc resumes on another number of workers (the global batch is kept). Example:
+
+    \b
+        mt resume runs/tiny-cpu-20260101-120000 --nproc 1 --headless
+    """
+    from tui.launch import ResumeError, resume_run
+    from tui.runs import NotARunError, newest_run
+
+    if run_dir is None:
+        run_dir = newest_run(Path("runs"))
+        if run_dir is None:
+            fail("no run under runs/ to resume; name one: mt resume RUN_DIR")
+    if nproc is not None and nproc < 1:
+        fail(f"--nproc: expected an integer >= 1, got {nproc}")
+    try:
+        resume_run(run_dir, nproc)
+    except (NotARunError, ResumeError) as e:
+        fail(str(e))
+    _attach(run_dir.resolve(), detach, headless)
+
+
+@app.command("ls")
+def ls_runs(
+    runs_dir: Annotated[Path, typer.Argument(help="Folder holding run directories.")] = Path("runs"),
+) -> None:
+    """List runs, newest first: name, state, attempt, step/max, last loss, started, duration.
+
+    Example:
+
+    \b
+        mt ls runs
+    """
+    from tui.runinfo import runs_table
+
+    if not runs_dir.is_dir():
+        fail(f"{runs_dir}: no such directory")
+    typer.echo(runs_table(runs_dir))
+
+
+def _answer_line(answer: object) -> str:
+    from tui.control import Answer
+
+    assert isinstance(answer, Answer)
+    ck = answer.checkpoint
+    if answer.status == "done" and ck:
+        return f"checkpoint saved at step {ck.get('step')}: {ck.get('path')}"
+    detail = f": {answer.detail}" if answer.detail else ""
+    return f"{answer.action or 'request'} {answer.status}{detail}"
+
+
+@app.command()
+def ckpt(
+    run_dir: RunDirArg,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for the engine's answer.")] = 120.0,
+) -> None:
+    """Ask a live run for a checkpoint now and wait for the engine's answer.
+
+    Example:
+
+    \b
+        mt ckpt runs/tiny-cpu-20260101-120000
+    """
+    from tui.control import ControlError, send_request, wait_answer
+    from tui.runs import NotARunError
+
+    try:
+        request_id = send_request(run_dir, "checkpoint")
+    except (NotARunError, ControlError) as e:
+        fail(str(e))
+    answer = wait_answer(run_dir, request_id, timeout)
+    if answer.status == "timeout":
+        fail(f"{run_dir}: no answer to {request_id} within {timeout:g} s", RUN_FAILED)
+    typer.echo(_answer_line(answer))
+    if answer.status != "done":
+        raise typer.Exit(RUN_FAILED)
+
+
+@app.command()
+def stop(
+    run_dir: RunDirArg,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for the run to stop.")] = 300.0,
+) -> None:
+    """Stop a live run gracefully: it finishes the step, writes a final checkpoint and exits.
+
+    Resume it later with `mt resume`. Example:
+
+    \b
+        mt stop runs/tiny-cpu-20260101-120000
+    """
+    import time
+
+    from tui.control import ControlError, send_request, wait_answer, wait_final
+    from tui.runinfo import last_checkpoint_line
+    from tui.runs import NotARunError
+
+    t0 = time.monotonic()
+    try:
+        request_id = send_request(run_dir, "stop")
+    except (NotARunError, ControlError) as e:
+        fail(str(e))
+    answer = wait_answer(run_dir, request_id, timeout)
+    if answer.status == "rejected":
+        fail(f"stop rejected: {answer.detail}", RUN_FAILED)
+    status = wait_final(run_dir, max(1.0, timeout - (time.monotonic() - t0)))
+    state = status.get("state")
+    if state not in ("stopped", "completed"):
+        fail(f"{run_dir}: the run did not stop within {timeout:g} s (state {state})", RUN_FAILED)
+    typer.echo(f"run {state}; {last_checkpoint_line(run_dir)}")
+
+
+@app.command()
+def kill(
+    run_dir: RunDirArg,
+    grace: Annotated[float, typer.Option("--grace", help="Seconds between SIGTERM and SIGKILL.")] = 10.0,
+) -> None:
+    """Terminate every process of a run (SIGTERM, then SIGKILL after --grace seconds).
+
+    No checkpoint is promised; use `mt stop` for a graceful end. Example:
+
+    \b
+        mt kill runs/tiny-cpu-20260101-120000 --grace 5
+    """
+    from tui.control import ControlError, kill_run
+    from tui.runs import NotARunError
+
+    try:
+        result = kill_run(run_dir, grace)
+    except (NotARunError, ControlError) as e:
+        fail(str(e))
+    n = len(set(result.terminated) | set(result.killed))
+    forced = f", {len(result.killed)} needed SIGKILL" if result.killed else ""
+    if result.survivors:
+        fail(f"{run_dir}: processes still alive after SIGKILL: {result.survivors}", RUN_FAILED)
+    typer.echo(f"killed: {n} process(es) terminated{forced}; state killed")
+
+
+@app.command()
+def doctor() -> None:
+    """Check torch, CUDA/NCCL, the GPUs NVML sees and whether a 2-process gloo group starts.
+
+    Example:
+
+    \b
+        mt doctor
+    """
+    from tui.doctor import run_doctor
+
+    findings = run_doctor()
+    for f in findings:
+        typer.echo(f.line())
+    if not all(f.ok for f in findings):
+        raise typer.Exit(RUN_FAILED)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

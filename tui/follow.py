@@ -1,0 +1,85 @@
+"""`--headless`: follow a run and print compact progress lines until it ends.
+
+At most one step line per `min_interval_s` (so SLURM / nohup logs stay small), plus one line
+per checkpoint, eval, incident, control answer and attempt.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+from engine.events import FINAL_STATES, as_float
+from tui.runs import read_status, supervisor_alive
+from tui.stream import RunFollower, RunState, fmt_duration, fmt_num
+
+
+def step_line(st: RunState) -> str:
+    total = "?" if st.max_steps is None else str(st.max_steps)
+    width = len(total)
+    return (f"step {st.step:>{width}}/{total}  loss {fmt_num(st.loss, '.4f')}  lr {fmt_num(st.lr, '.2e')}"
+            f"  tok/s {fmt_num(st.tokens_per_s, ',.0f')}  ETA {fmt_duration(st.eta_s())}")
+
+
+def event_line(ev: dict[str, Any]) -> str | None:
+    """One line for a notable event, or None for events not worth a line."""
+    kind = ev.get("kind")
+    if kind == "run_start":
+        start = ev.get("start_step") or 0
+        frm = f", resuming from step {start}" if start else ""
+        return (f"attempt {ev.get('attempt')} started: world {ev.get('world_size')} x {ev.get('device')}"
+                f", {ev.get('params_total'):,} params{frm}" if isinstance(ev.get("params_total"), int)
+                else f"attempt {ev.get('attempt')} started{frm}")
+    if kind == "eval":
+        return f"eval  step {ev.get('step')}  val_loss {fmt_num(as_float(ev.get('val_loss')), '.4f')}"
+    if kind == "checkpoint":
+        return f"checkpoint saved at step {ev.get('step')} ({ev.get('reason')}): {ev.get('path')}"
+    if kind == "incident":
+        return f"incident [{ev.get('severity')}] {ev.get('code')} at step {ev.get('step')}: {ev.get('title')}"
+    if kind == "control" and ev.get("status") in ("done", "rejected"):
+        return f"control {ev.get('action')} {ev.get('status')}: {ev.get('detail') or ''}".rstrip(": ")
+    if kind == "run_end":
+        return f"run ended at step {ev.get('step')}: {ev.get('status')} ({ev.get('reason')})"
+    return None
+
+
+def exit_code_for(state: str) -> int:
+    """0 for completed/stopped, 1 for anything else (failed, killed, lost)."""
+    return 0 if state in ("completed", "stopped") else 1
+
+
+def follow_run(run_dir: Path, out: TextIO, min_interval_s: float = 1.0, poll_s: float = 0.5,
+               clock: Callable[[], float] = time.monotonic) -> str:
+    """Print progress until the run reaches a final state; returns that state."""
+    follower = RunFollower(Path(run_dir), keep_series=False)
+    last_print = -float("inf")
+    printed_step: int | None = None
+    state_shown = None
+    while True:
+        res = follower.poll()
+        st = follower.state
+        now = clock()
+        final = st.state in FINAL_STATES
+        if st.step is not None and st.step != printed_step and (now - last_print >= min_interval_s or final):
+            out.write(step_line(st) + "\n")
+            last_print, printed_step = now, st.step
+        for ev in res.new_events:
+            line = event_line(ev)
+            if line:
+                out.write(line + "\n")
+        if st.state != state_shown and st.state in ("stopping",):
+            out.write(f"state: {st.state}\n")
+        state_shown = st.state
+        out.flush()
+        if final:
+            reason = f" ({st.reason})" if st.reason else ""
+            out.write(f"run {st.state}{reason}: {run_dir}\n")
+            out.flush()
+            return st.state
+        status = read_status(Path(run_dir))
+        if status.get("supervisor_pid") and not supervisor_alive(status) \
+                and read_status(Path(run_dir)).get("state") not in FINAL_STATES:
+            out.write(f"run lost: its supervisor (pid {status.get('supervisor_pid')}) is gone: {run_dir}\n")
+            out.flush()
+            return "lost"
+        time.sleep(poll_s)

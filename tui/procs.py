@@ -1,0 +1,113 @@
+"""Find and signal the processes that belong to one run (supervisor, torchrun, workers)."""
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+import psutil
+
+
+def pid_alive(pid: int | None) -> bool:
+    """True if a process with this pid exists and is not a zombie."""
+    if not pid:
+        return False
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def _cmdline_names_run(proc: psutil.Process, run_dir: str) -> bool:
+    """Whether this process was started for run_dir (`--run-dir DIR` in its command line)."""
+    try:
+        args = proc.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+    for i, a in enumerate(args[:-1]):
+        if a == "--run-dir" and os.path.realpath(args[i + 1]) == run_dir:
+            return True
+    return any(a == f"--run-dir={run_dir}" for a in args)
+
+
+def run_processes(run_dir: Path, pids: Iterable[int | None] = ()) -> list[psutil.Process]:
+    """Every live process of a run: the given pids, anything whose command line names the run
+    directory (supervisor, torchrun, workers — even orphans), and all their descendants."""
+    target = os.path.realpath(run_dir)
+    me = os.getpid()
+    found: dict[int, psutil.Process] = {}
+    for pid in pids:
+        if pid and pid != me:
+            try:
+                found[pid] = psutil.Process(pid)
+            except psutil.NoSuchProcess:
+                pass
+    for proc in psutil.process_iter():
+        if proc.pid != me and proc.pid not in found and _cmdline_names_run(proc, target):
+            found[proc.pid] = proc
+    for proc in list(found.values()):
+        try:
+            for child in proc.children(recursive=True):
+                if child.pid != me:
+                    found.setdefault(child.pid, child)
+        except psutil.NoSuchProcess:
+            pass
+    return [p for p in found.values() if _alive(p)]
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def rank_processes(torchrun_pid: int | None) -> dict[int, psutil.Process]:
+    """torchrun's worker processes by global rank (read from each worker's RANK variable)."""
+    if not torchrun_pid:
+        return {}
+    try:
+        children = psutil.Process(torchrun_pid).children()
+    except psutil.NoSuchProcess:
+        return {}
+    ranks: dict[int, psutil.Process] = {}
+    for child in children:
+        try:
+            rank = child.environ().get("RANK")
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        if rank is not None and rank.isdigit():
+            ranks[int(rank)] = child
+    return ranks
+
+
+@dataclass
+class SignalReport:
+    """What terminate_all did: who got SIGTERM, who needed SIGKILL, who is still there."""
+
+    terminated: list[int] = field(default_factory=list)
+    killed: list[int] = field(default_factory=list)
+    survivors: list[int] = field(default_factory=list)
+
+
+def terminate_all(procs: list[psutil.Process], grace_s: float) -> SignalReport:
+    """SIGTERM each process, wait up to grace_s, then SIGKILL whatever is left."""
+    report = SignalReport()
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGTERM)
+            report.terminated.append(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+            report.killed.append(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    _, still = psutil.wait_procs(alive, timeout=5.0)
+    report.survivors = [p.pid for p in still]
+    return report
