@@ -21,6 +21,7 @@ class Series:
     x: array = field(default_factory=lambda: array("d"))
     y: array = field(default_factory=lambda: array("d"))
     version: int = 0
+    generation: int = 0  # bumps when points are removed (caches must start over)
 
     def __len__(self) -> int:
         return len(self.x)
@@ -48,6 +49,7 @@ class Series:
             keep = bisect_right(self.x, x)
             del self.x[keep:], self.y[keep:]
             self.version += 1
+            self.generation += 1
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """Zero-copy numpy views (valid until the next append)."""
@@ -141,3 +143,25 @@ def minmax_downsample(
     ymax[none_ok] = np.nan
     centres = lo + span * (cols + 0.5)
     return Downsampled(centres, ymin, ymax, centres[has_bad])
+
+
+@dataclass
+class SmoothCache:
+    """The smoothed copy of one Series, extended incrementally while only appends happen."""
+
+    weight: float = -1.0
+    generation: int = -1
+    smoothed: np.ndarray = field(default_factory=lambda: np.empty(0))
+    ema: EmaState = field(default_factory=lambda: EmaState(0.0))
+
+    def get(self, series: Series, weight: float) -> np.ndarray:
+        """Smoothed y of `series` (copy, safe to keep while the series grows)."""
+        _, y = series.arrays()
+        n = len(self.smoothed)
+        if weight != self.weight or series.generation != self.generation or y.size < n:
+            self.weight, self.generation = weight, series.generation
+            self.ema = EmaState(weight)
+            self.smoothed = self.ema.extend(y)
+        elif y.size > n:
+            self.smoothed = np.concatenate((self.smoothed, self.ema.extend(y[n:])))
+        return self.smoothed

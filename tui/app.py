@@ -1,0 +1,303 @@
+"""The live dashboard (`mt watch RUN_DIR`): a thin App that wires the follower to the widgets."""
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.events import Resize
+from textual.reactive import reactive
+from textual.widgets import Footer, OptionList, Static
+from textual.worker import get_current_worker
+
+from tui.messages import ControlDone, RunUpdated
+from tui.watch import Watcher
+from tui.widgets.dialogs import ConfirmScreen, HelpScreen
+from tui.widgets.header import RunHeader
+from tui.widgets.incidents import IncidentsPanel
+from tui.widgets.logs import LogsPanel
+from tui.widgets.notice import Notice, notice_text
+from tui.widgets.plots import Curve, MetricPlot
+from tui.widgets.system import SystemPanel
+
+MIN_W, MIN_H = 60, 16   # below this nothing useful fits: say so instead of drawing garbage
+COMPACT_W = 110         # below this the side panels go under the plots
+PANELS = {1: "#plot-loss", 2: "#system", 3: "#incident-list", 4: "#logs"}
+RESUMABLE = ("stopped", "failed", "killed")
+
+
+class MtApp(App[int]):
+    """Follows one run directory; keys send control requests to the run."""
+
+    CSS_PATH = "mt.tcss"
+    TITLE = "mt watch"
+    BINDINGS = [
+        Binding("c", "checkpoint", "Checkpoint", id="checkpoint", tooltip="Save a checkpoint now"),
+        Binding("s", "stop", "Stop", id="stop", tooltip="Graceful stop with a final checkpoint"),
+        Binding("k", "kill", "Kill", id="kill", tooltip="Terminate every process of the run (asks first)"),
+        Binding("r", "resume", "Resume", id="resume", tooltip="New attempt from the newest checkpoint"),
+        Binding("e", "smoothing(-0.1)", "Smooth−", id="smooth-down", tooltip="Less smoothing (0 = raw)"),
+        Binding("E", "smoothing(0.1)", "Smooth+", id="smooth-up", tooltip="More smoothing"),
+        Binding("l", "toggle_logy", "Log-y", id="logy", tooltip="Logarithmic y axis"),
+        Binding("g", "next_rank", "Next log", id="next-rank", tooltip="Show the next rank's log"),
+        Binding("1", "focus_panel(1)", "Plots", show=False, id="focus-1"),
+        Binding("2", "focus_panel(2)", "System", show=False, id="focus-2"),
+        Binding("3", "focus_panel(3)", "Incidents", show=False, id="focus-3"),
+        Binding("4", "focus_panel(4)", "Logs", show=False, id="focus-4"),
+        Binding("question_mark", "help", "Help", id="help"),
+        Binding("q", "quit", "Quit", id="quit", tooltip="Close the viewer; the run keeps going"),
+    ]
+    HELP_ROWS = [
+        ("c", "checkpoint now (notified when saved)"), ("s", "graceful stop (final checkpoint)"),
+        ("k", "kill the run (asks to confirm)"), ("r", "resume a stopped / failed / killed run"),
+        ("e / E", "smoothing down / up (0 = raw, default 0.6)"), ("l", "toggle log-y"),
+        ("g", "next rank's log"), ("1-4", "focus plots / system / incidents / logs"),
+        ("↑ ↓", "select an incident (in the incidents panel)"),
+        ("q", "quit the viewer (the run keeps going)"), ("?", "this help"),
+    ]
+
+    smoothing: reactive[float] = reactive(0.6)
+    logy: reactive[bool] = reactive(False)
+
+    def __init__(self, run_dir: Path, clock: Callable[[], float] = time.time,
+                 poll_s: float = 0.25, redraw_s: float = 0.25) -> None:
+        super().__init__()
+        self.run_dir = Path(run_dir)
+        self.clock = clock
+        self.poll_s, self.redraw_s = poll_s, redraw_s
+        self.watcher = Watcher(self.run_dir)
+        self.pending: dict[str, str] = {}     # request id -> action we sent
+        self.loaded = False                   # first poll done (tests wait on it)
+        self._dirty = True
+        self._auto_rank_done = False
+
+    # ------------------------------------------------------------------ layout
+    def compose(self) -> ComposeResult:
+        series = self.watcher.follower.series
+        st = self.watcher.follower.state
+        yield RunHeader(id="header")
+        yield Notice(id="notice")
+        with Horizontal(id="main"):
+            with Vertical(id="plots"):
+                yield MetricPlot("loss (train, val ●)", [
+                    Curve("train", series.loss, "cyan"),
+                    Curve("val", series.val_loss, "orange", smooth=False)], id="plot-loss")
+                with Horizontal(id="plots-small"):
+                    yield MetricPlot("learning rate", [Curve("lr", series.lr, "green", smooth=False)], id="plot-lr")
+                    yield MetricPlot("grad norm (clip ─)", [Curve("grad_norm", series.grad_norm, "magenta")],
+                                     hline=st.grad_clip, id="plot-grad")
+            with Vertical(id="side"):
+                yield SystemPanel(id="system")
+                yield IncidentsPanel(id="incidents")
+                yield LogsPanel(id="logs", max_lines=500, wrap=False, markup=False)
+        yield Static("", id="too-small")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#system").border_title = "2 system"
+        self.query_one("#incidents").border_title = "3 incidents"
+        self.query_one("#plots").border_title = "1 plots"
+        self.query_one("#logs").border_title = "4 logs: rank0.log  (g: next rank)"
+        self.follow()
+        self.set_interval(self.redraw_s, self.render_frame)
+
+    def on_resize(self, event: Resize) -> None:
+        w, h = event.size.width, event.size.height
+        small = w < MIN_W or h < MIN_H
+        self.screen.set_class(small, "too-small")
+        self.screen.set_class(not small and w < COMPACT_W, "compact")
+        if small:
+            self.query_one("#too-small", Static).update(
+                f"Terminal {w}×{h} is too small for the dashboard (need {MIN_W}×{MIN_H}).\n"
+                "Enlarge the window, or use `mt watch --once`. q quits.")
+        self._dirty = True
+
+    # ------------------------------------------------------------------ following
+    @work(thread=True, exclusive=True, group="follow", name="follow run")
+    def follow(self) -> None:
+        """Poll the run directory for new bytes and hand them to the UI as messages."""
+        worker = get_current_worker()
+        while not worker.is_cancelled:
+            update = self.watcher.poll()
+            if (update.run.changed or update.system_changed or update.new_log_lines
+                    or update.log_reset or not self.loaded):
+                self.post_message(RunUpdated(update))
+            worker.cancelled_event.wait(self.poll_s)
+
+    @on(RunUpdated)
+    def _run_updated(self, message: RunUpdated) -> None:
+        u = message.update
+        self.loaded = True
+        self._dirty = True
+        self.query_one(LogsPanel).show(self.watcher.log_rank, u.new_log_lines, u.log_reset)
+        for ev in u.run.new_events:
+            self._maybe_notify(ev)
+        st = self.watcher.follower.state
+        if st.state in ("failed", "killed") and not self._auto_rank_done:
+            # show the failing rank's log without being asked
+            self._auto_rank_done = True
+            rank = failing_rank(st.reason or st.run_end_reason or "")
+            if rank is not None and rank != self.watcher.log_rank:
+                self.watcher.set_log_rank(rank)
+
+    def _maybe_notify(self, ev: dict) -> None:
+        rid = ev.get("request_id")
+        if not rid or rid not in self.pending:
+            return
+        if ev.get("kind") == "checkpoint":
+            self.notify(f"checkpoint saved at step {ev.get('step')}", title="checkpoint")
+        elif ev.get("kind") == "control":
+            status, action = ev.get("status"), ev.get("action")
+            if status == "rejected":
+                self.notify(f"{action} rejected: {ev.get('detail') or ''}", severity="error")
+            elif status == "accepted" and action == "stop":
+                self.notify("stop accepted: final checkpoint, then the ranks exit")
+            if status in ("done", "rejected"):
+                self.pending.pop(rid, None)
+
+    def render_frame(self) -> None:
+        """Redraw at a bounded rate; skips when the worker holds the state (bulk load)."""
+        if not self.watcher.lock.acquire(blocking=False):
+            return
+        try:
+            now = self.clock()
+            st = self.watcher.follower.state
+            self.query_one(RunHeader).show(st, now, self.smoothing, self.logy)
+            self.query_one(Notice).say(notice_text(st, self.watcher._log.lines and list(self.watcher._log.lines),
+                                                   self.watcher.log_rank))
+            grad = self.query_one("#plot-grad", MetricPlot)
+            grad.hline = st.grad_clip
+            for plot in self.query(MetricPlot):
+                plot.redraw(self.smoothing, self.logy)
+            if self._dirty:
+                self.query_one(SystemPanel).show(self.watcher.system)
+                self.query_one(IncidentsPanel).show(st.incidents, now)
+                self._dirty = False
+        finally:
+            self.watcher.lock.release()
+
+    # ------------------------------------------------------------------ actions
+    def _state(self) -> str:
+        return self.watcher.follower.state.state
+
+    def _refuse_final(self, what: str) -> bool:
+        st = self._state()
+        if st in ("completed", "stopped", "failed", "killed"):
+            self.notify(f"the run is {st}: nothing to {what}", severity="warning")
+            return True
+        if st == "stopping" and what != "kill":
+            self.notify(f"the run is already stopping: cannot {what}", severity="warning")
+            return True
+        return False
+
+    def action_checkpoint(self) -> None:
+        if self._refuse_final("checkpoint"):
+            return
+        self._send("checkpoint", "checkpoint requested: rank 0 will save between steps")
+
+    def action_stop(self) -> None:
+        if self._refuse_final("stop"):
+            return
+        self._send("stop", "stop requested: final checkpoint, then the run ends")
+
+    def _send(self, action: str, text: str) -> None:
+        try:
+            from tui.control import send_request  # the CLI engineer's module; import lazily
+            rid = send_request(self.run_dir, action)
+        except Exception as e:  # noqa: BLE001 - any failure is shown, never a crash
+            self.notify(f"could not send {action}: {e}", severity="error")
+            return
+        self.pending[rid] = action
+        self.notify(text, title=action)
+
+    def action_kill(self) -> None:
+        if self._refuse_final("kill"):
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.notify("killing the run: SIGTERM, then SIGKILL after the grace period")
+                self._kill()
+
+        self.push_screen(ConfirmScreen(f"Kill run {self.watcher.follower.state.name}?\n"
+                                       "SIGTERM to torchrun and every worker, SIGKILL after 10 s.\n"
+                                       "Unsaved progress since the last checkpoint is lost."), answered)
+
+    @work(thread=True, group="control", name="kill run")
+    def _kill(self) -> None:
+        try:
+            from tui.control import kill_run
+            kill_run(self.run_dir, grace_s=10.0)
+            self.post_message(ControlDone("run killed"))
+        except Exception as e:  # noqa: BLE001
+            self.post_message(ControlDone(f"kill failed: {e}", "error"))
+
+    def action_resume(self) -> None:
+        st = self._state()
+        if st not in RESUMABLE:
+            self.notify(f"the run is {st}: only a stopped, failed or killed run can be resumed",
+                        severity="warning")
+            return
+        self.notify("resuming from the newest checkpoint…")
+        self._resume()
+
+    @work(thread=True, group="control", name="resume run")
+    def _resume(self) -> None:
+        try:
+            from tui.launch import resume_run
+            resume_run(self.run_dir)
+            self.post_message(ControlDone("resumed: following the new attempt"))
+        except Exception as e:  # noqa: BLE001
+            self.post_message(ControlDone(f"cannot resume: {e}", "error"))
+
+    @on(ControlDone)
+    def _control_done(self, message: ControlDone) -> None:
+        self.notify(message.text, severity=message.severity)  # type: ignore[arg-type]
+        self._auto_rank_done = False
+
+    def action_smoothing(self, delta: float) -> None:
+        self.smoothing = round(min(0.99, max(0.0, self.smoothing + delta)), 2)
+
+    def action_toggle_logy(self) -> None:
+        self.logy = not self.logy
+
+    def watch_smoothing(self) -> None:
+        self.render_frame()
+
+    def watch_logy(self) -> None:
+        self.render_frame()
+
+    def action_next_rank(self) -> None:
+        self.watcher.set_log_rank((self.watcher.log_rank + 1) % self.watcher.ranks())
+
+    def action_focus_panel(self, n: int) -> None:
+        self.query_one(PANELS[n]).focus()
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen(self.HELP_ROWS))
+
+    @on(OptionList.OptionSelected)
+    def _incident_selected(self) -> None:
+        self._dirty = True
+
+
+def failing_rank(reason: str) -> int | None:
+    """The rank a failure reason names ("rank 1 exited with code 1"), if any."""
+    m = re.search(r"rank\s*(\d+)", reason)
+    return int(m.group(1)) if m else None
+
+
+def run_app(run_dir: Path) -> int:
+    """Open the dashboard on RUN_DIR until the user quits; the run itself keeps going."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        print(f"mt watch: {run_dir}: no such run directory", file=sys.stderr)
+        return 2
+    MtApp(run_dir).run()
+    return 0

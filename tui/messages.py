@@ -1,0 +1,23 @@
+"""Messages between the file-following worker, the widgets and the app."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.message import Message
+
+from tui.watch import WatchUpdate
+
+
+@dataclass
+class RunUpdated(Message):
+    """The worker read something new from the run directory."""
+
+    update: WatchUpdate
+
+
+@dataclass
+class ControlDone(Message):
+    """A control request (checkpoint / stop / kill / resume) finished: tell the user."""
+
+    text: str
+    severity: str = "information"

@@ -1,0 +1,133 @@
+"""Everything the viewer's file-following worker reads, with no Textual in it.
+
+`Watcher.poll()` reads new bytes of events.jsonl / incidents.jsonl / status.json (via
+`RunFollower`), of system.jsonl (latest sample + short history) and of the shown rank log.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.events import JsonlTail
+from tui.stream import PollResult, RunFollower
+
+HISTORY = 60  # samples of GPU utilisation kept for the sparkline (1 per second)
+
+
+@dataclass
+class SystemView:
+    """The newest system.jsonl sample and a short utilisation history per GPU / rank."""
+
+    sample: dict[str, Any] | None = None
+    gpu_util: dict[int, deque] = field(default_factory=dict)
+    rank_cpu: dict[int, deque] = field(default_factory=dict)
+    samples: int = 0
+
+    def add(self, rec: dict[str, Any]) -> None:
+        self.sample = rec
+        self.samples += 1
+        for g in rec.get("gpus") or []:
+            if isinstance(g, dict) and isinstance(g.get("index"), int):
+                self.gpu_util.setdefault(g["index"], deque(maxlen=HISTORY)).append(g.get("util_pct"))
+        for r in rec.get("ranks") or []:
+            if isinstance(r, dict) and isinstance(r.get("rank"), int):
+                self.rank_cpu.setdefault(r["rank"], deque(maxlen=HISTORY)).append(r.get("cpu_pct"))
+
+
+class LogTail:
+    """The last lines of one rank's log, read incrementally; switching rank re-reads the end."""
+
+    def __init__(self, path: Path, keep: int = 200, start_bytes: int = 64 * 1024) -> None:
+        self.path = path
+        self.lines: deque[str] = deque(maxlen=keep)
+        self._offset: int | None = None
+        self._partial = b""
+        self._start_bytes = start_bytes
+
+    def poll(self) -> list[str]:
+        """New complete lines since the last poll (the tail of the file on the first call)."""
+        try:
+            size = os.stat(self.path).st_size
+        except OSError:
+            return []
+        if self._offset is None or size < self._offset:
+            self._offset = max(0, size - self._start_bytes)
+            self._partial = b""
+            skip_first = self._offset > 0  # landed mid-line
+        else:
+            skip_first = False
+        if size == self._offset:
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self._offset)
+            data = f.read(size - self._offset)
+        self._offset += len(data)
+        parts = (self._partial + data).split(b"\n")
+        self._partial = parts.pop()
+        if skip_first and parts:
+            parts = parts[1:]
+        new = [p.decode("utf-8", "replace").rstrip("\r") for p in parts]
+        self.lines.extend(new)
+        return new
+
+
+@dataclass
+class WatchUpdate:
+    """One poll's worth of news for the UI."""
+
+    run: PollResult
+    system_changed: bool = False
+    new_log_lines: list[str] = field(default_factory=list)
+    log_reset: bool = False
+
+
+class Watcher:
+    """Owns every tail of one run directory. `lock` guards state/series against the UI thread."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.follower = RunFollower(Path(run_dir))
+        self.system = SystemView()
+        self._system_tail = JsonlTail(self.follower.paths.system)
+        self.lock = threading.Lock()
+        self.log_rank = 0
+        self._log = LogTail(self.follower.paths.rank_log(0))
+        self._log_reset = True
+
+    @property
+    def paths(self):
+        return self.follower.paths
+
+    def set_log_rank(self, rank: int) -> None:
+        """Show another rank's log from the next poll on."""
+        with self.lock:
+            self.log_rank = rank
+            self._log = LogTail(self.follower.paths.rank_log(rank))
+            self._log_reset = True
+
+    def log_lines(self) -> list[str]:
+        with self.lock:
+            return list(self._log.lines)
+
+    def ranks(self) -> int:
+        """How many rank logs there are to cycle through."""
+        ws = self.follower.state.world_size or 0
+        try:
+            n = len([p for p in self.follower.paths.logs.glob("rank*.log")])
+        except OSError:
+            n = 0
+        return max(ws, n, 1)
+
+    def poll(self) -> WatchUpdate:
+        with self.lock:
+            run = self.follower.poll()
+            sys_new = False
+            for rec in self._system_tail.iter_new():
+                self.system.add(rec)
+                sys_new = True
+            reset, self._log_reset = self._log_reset, False
+            lines = self._log.poll()
+            return WatchUpdate(run=run, system_changed=sys_new, new_log_lines=lines, log_reset=reset)

@@ -1,0 +1,57 @@
+"""The run header: name, state, progress, throughput, world, checkpoint."""
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from tui.stream import RunState, fmt_duration, fmt_num
+
+STATE_STYLE = {
+    "starting": "bold yellow", "running": "bold green", "stopping": "bold yellow",
+    "completed": "bold cyan", "stopped": "bold magenta", "failed": "bold red", "killed": "bold red",
+}
+
+
+def progress_bar(step: int | None, total: int | None, width: int) -> Text:
+    """A text progress bar (deterministic, unlike an animated widget)."""
+    if width <= 0:
+        return Text("")
+    frac = 0.0 if not step or not total else min(1.0, step / total)
+    full = int(frac * width)
+    return Text("█" * full, style="green") + Text("░" * (width - full), style="grey37")
+
+
+def render_header(st: RunState, now: float, width: int, smoothing: float, logy: bool) -> Text:
+    """Two or three lines of header text for a state at time `now`."""
+    step = "-" if st.step is None else f"{st.step:,}"
+    total = "?" if st.max_steps is None else f"{st.max_steps:,}"
+    pct = f" {100 * st.step / st.max_steps:.0f}%" if st.step and st.max_steps else ""
+    line1 = Text.assemble(
+        (st.name, "bold"), "  ", (f" {st.state.upper()} ", STATE_STYLE.get(st.state, "bold") + " reverse"),
+        f"  attempt {st.attempt}  step {step}/{total}{pct} ")
+    bar_w = max(0, min(30, width - line1.cell_len - 2))
+    line1.append_text(progress_bar(st.step, st.max_steps, bar_w))
+    parts = [f"ETA {fmt_duration(st.eta_s())}", f"tok/s {fmt_num(st.tokens_per_s, ',.0f')}"]
+    if st.mfu is not None:
+        parts.append(f"MFU {fmt_num(100 * st.mfu, '.1f')}%")
+    parts.append(f"elapsed {fmt_duration(st.elapsed_s(now))}")
+    parts.append(f"{st.world_size or '?'} × {st.device or '?'}")
+    parts.append(f"{st.precision or '?'}")
+    parts.append(f"eff.batch {st.effective_batch or '?'}")
+    ck = st.last_checkpoint
+    parts.append("ckpt none" if ck is None else f"ckpt @{ck.step} ({fmt_duration(ck.age_s(now))} ago)")
+    line2 = Text("  ".join(parts))
+    line3 = Text.assemble(
+        f"loss {fmt_num(st.loss)}  best {fmt_num(st.best_loss)}  val {fmt_num(st.val_loss)}"
+        f"  lr {fmt_num(st.lr, '.3g')}  grad_norm {fmt_num(st.grad_norm)}",
+        ("  smoothing ", "dim"), (f"{smoothing:.2f}", "dim"), ("  log-y " + ("on" if logy else "off"), "dim"))
+    if st.bad_lines:
+        line3.append(f"  ({st.bad_lines} bad lines skipped)", style="yellow")
+    return Text("\n").join([line1, line2, line3])
+
+
+class RunHeader(Static):
+    """Shows `render_header` for the latest state."""
+
+    def show(self, st: RunState, now: float, smoothing: float, logy: bool) -> None:
+        self.update(render_header(st, now, self.size.width or 120, smoothing, logy))

@@ -1,0 +1,81 @@
+"""Incidents panel: open and recent incidents; the highlighted one's detail, evidence, advice."""
+from __future__ import annotations
+
+import json
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import OptionList, Static
+from textual.widgets.option_list import Option
+
+from tui.stream import Incident, fmt_duration
+
+SEVERITY_STYLE = {"info": "cyan", "warn": "yellow", "error": "bold red"}
+
+
+def incident_line(inc: Incident, now: float) -> Text:
+    style = SEVERITY_STYLE.get(inc.severity, "")
+    t = Text()
+    t.append(f"{inc.severity.upper():5} ", style=style)
+    t.append(f"@{inc.step if inc.step is not None else '?'} ")
+    t.append(f"{fmt_duration(now - inc.t) if inc.t else 'N/A'} ago ", style="dim")
+    t.append(inc.title, style="" if inc.status == "open" else "dim strike")
+    return t
+
+
+def incident_detail(inc: Incident) -> Text:
+    t = Text()
+    t.append(f"{inc.code} ({inc.status}, from {inc.source})\n", style="bold")
+    if inc.detail:
+        t.append(inc.detail + "\n")
+    if inc.evidence:
+        t.append("evidence: ", style="dim")
+        t.append(json.dumps(inc.evidence, default=str)[:400] + "\n")
+    if inc.advice:
+        t.append("advice: ", style="green")
+        t.append(inc.advice)
+    return t
+
+
+def ordered(incidents: list[Incident]) -> list[Incident]:
+    """Open ones first (newest first), then the closed ones."""
+    return sorted(incidents, key=lambda i: (i.status != "open", -(i.t or 0)))
+
+
+class IncidentsPanel(Vertical, can_focus=False):
+    """A list of incidents with a detail pane under it."""
+
+    def compose(self) -> ComposeResult:
+        yield OptionList(id="incident-list")
+        yield Static("", id="incident-detail")
+
+    def on_mount(self) -> None:
+        self._shown: list[Incident] = []
+        self._sig: tuple = ()
+
+    def show(self, incidents: list[Incident], now: float) -> None:
+        items = ordered(incidents)[:50]
+        sig = tuple((i.code, i.step, i.status) for i in items) + (int(now) // 10,)
+        if sig == self._sig:
+            return
+        self._sig = sig
+        ol = self.query_one(OptionList)
+        keep = ol.highlighted
+        self._shown = items
+        ol.set_options([Option(incident_line(i, now)) for i in items] or
+                       [Option(Text("no incidents", style="dim"), disabled=True)])
+        if items:
+            ol.highlighted = keep if keep is not None and keep < len(items) else 0
+            self._detail(ol.highlighted)
+        else:
+            self.query_one("#incident-detail", Static).update("")
+
+    def _detail(self, index: int | None) -> None:
+        if index is not None and 0 <= index < len(self._shown):
+            self.query_one("#incident-detail", Static).update(incident_detail(self._shown[index]))
+
+    @on(OptionList.OptionHighlighted)
+    def _highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        self._detail(event.option_index)

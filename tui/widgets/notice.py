@@ -1,0 +1,39 @@
+"""A banner under the header saying what the run is waiting for, or why it ended."""
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from tui.stream import RunState
+
+
+def notice_text(st: RunState, log_tail: list[str], failing_rank: int | None) -> Text | None:
+    """What to tell the user about the state right now (None: nothing to say)."""
+    if st.state == "starting" or (st.state == "running" and st.step is None):
+        what = ("the supervisor to start torchrun" if not st.status.get("torchrun_pid")
+                else "rank 0 to report run_start" if not st.world_size else "the first optimizer step")
+        return Text(f"Starting: waiting for {what}…", style="yellow")
+    if st.state == "stopping":
+        return Text("Stopping: waiting for the final checkpoint and the ranks to exit…", style="yellow")
+    if st.state in ("failed", "killed"):
+        t = Text(f"Run {st.state}: {st.reason or st.run_end_reason or 'no reason recorded'}", style="bold red")
+        if log_tail:
+            who = f"rank {failing_rank}" if failing_rank is not None else "log"
+            t.append(f"\nlast lines of {who}:", style="red")
+            for line in log_tail[-6:]:
+                t.append("\n  " + line, style="grey70")
+        t.append("\npress r to resume from the newest checkpoint", style="dim")
+        return t
+    if st.state == "stopped":
+        return Text(f"Run stopped: {st.reason or st.run_end_reason or 'on request'}"
+                    "  (press r to resume)", style="magenta")
+    return None
+
+
+class Notice(Static):
+    """Hidden when there is nothing to say."""
+
+    def say(self, text: Text | None) -> None:
+        self.display = text is not None
+        if text is not None:
+            self.update(text)

@@ -1,0 +1,87 @@
+"""System panel: per-GPU utilisation / memory / temperature / power, or per-rank CPU and host."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from rich.text import Text
+from textual.widgets import Static
+
+from tui.watch import SystemView
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: Iterable[Any], width: int = 20) -> str:
+    """Utilisation history as block characters; unreadable samples are blanks."""
+    vals = list(values)[-width:]
+    out = []
+    for v in vals:
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out.append(SPARK[min(len(SPARK) - 1, max(0, int(v / 100 * len(SPARK))))])
+        else:
+            out.append(" ")
+    return "".join(out)
+
+
+def _na(v: Any, spec: str = ".0f", unit: str = "") -> str:
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return format(v, spec) + unit
+    return "N/A"
+
+
+def _gib(v: Any) -> str:
+    return _na(v / 2**30 if isinstance(v, (int, float)) else None, ".1f")
+
+
+def bar(used: Any, total: Any, width: int = 12) -> Text:
+    if not isinstance(used, (int, float)) or not isinstance(total, (int, float)) or total <= 0:
+        return Text("N/A".ljust(width), style="dim")
+    frac = min(1.0, max(0.0, used / total))
+    full = int(round(frac * width))
+    style = "red" if frac > 0.95 else "yellow" if frac > 0.8 else "green"
+    return Text("█" * full, style=style) + Text("░" * (width - full), style="grey37")
+
+
+def render_system(view: SystemView) -> Text:
+    """The panel text for the newest sample (or a note that none arrived yet)."""
+    s = view.sample
+    if s is None:
+        return Text("no system samples yet (system.jsonl is written by the supervisor)", style="dim")
+    t = Text()
+    gpus = s.get("gpus") or []
+    if gpus:
+        for g in gpus:
+            idx = g.get("index")
+            t.append(f"GPU{idx} ", style="bold")
+            t.append(f"{str(g.get('name') or 'N/A')[:22]}\n", style="dim")
+            t.append(f" util {_na(g.get('util_pct'), '>3.0f', '%')} ")
+            t.append(sparkline(view.gpu_util.get(idx, ())), style="cyan")
+            t.append("\n mem ")
+            t.append_text(bar(g.get("mem_used_bytes"), g.get("mem_total_bytes")))
+            t.append(f" {_gib(g.get('mem_used_bytes'))}/{_gib(g.get('mem_total_bytes'))} GiB\n")
+            t.append(f" {_na(g.get('temp_c'), '.0f', '°C')}  {_na(g.get('power_w'), '.0f', ' W')}\n")
+    else:
+        why = s.get("nvml_error") or ("no GPUs" if s.get("nvml") else "NVML not available")
+        t.append(f"GPUs: none ({why})\n", style="dim")
+    ranks = s.get("ranks") or []
+    for r in ranks:
+        alive = r.get("alive")
+        t.append(f"rank{r.get('rank')} ", style="bold" if alive is not False else "bold red")
+        t.append(f"cpu {_na(r.get('cpu_pct'), '>5.0f', '%')}  rss {_gib(r.get('rss_bytes'))} GiB")
+        if alive is False:
+            t.append("  exited", style="red")
+        t.append("\n")
+    h = s.get("host") or {}
+    t.append(f"host cpu {_na(h.get('cpu_pct'), '.0f', '%')}  load {_na(h.get('load1'), '.2f')}\n")
+    t.append("host mem ")
+    t.append_text(bar(h.get("mem_used_bytes"), h.get("mem_total_bytes")))
+    t.append(f" {_gib(h.get('mem_used_bytes'))}/{_gib(h.get('mem_total_bytes'))} GiB")
+    return t
+
+
+class SystemPanel(Static, can_focus=True):
+    """Re-rendered when a new sample arrives."""
+
+    def show(self, view: SystemView) -> None:
+        self.update(render_system(view))
