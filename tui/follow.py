@@ -60,13 +60,16 @@ def follow_run(run_dir: Path, out: TextIO, min_interval_s: float = 1.0, poll_s: 
         st = follower.state
         now = clock()
         final = st.state in FINAL_STATES
-        if st.step is not None and st.step != printed_step and (now - last_print >= min_interval_s or final):
-            out.write(step_line(st) + "\n")
-            last_print, printed_step = now, st.step
+        ends = [ev for ev in res.new_events if ev.get("kind") == "run_end"]
         for ev in res.new_events:
-            line = event_line(ev)
+            line = event_line(ev) if ev.get("kind") != "run_end" else None
             if line:
                 out.write(line + "\n")
+        if st.step is not None and st.step != printed_step and (now - last_print >= min_interval_s or final or ends):
+            out.write(step_line(st) + "\n")
+            last_print, printed_step = now, st.step
+        for ev in ends:
+            out.write(f"{event_line(ev)}\n")
         if st.state != state_shown and st.state in ("stopping",):
             out.write(f"state: {st.state}\n")
         state_shown = st.state

@@ -265,7 +265,8 @@ def _worker_exit_code(log_path: Path, offset: int) -> int | None:
             text = f.read().decode("utf-8", "replace")
     except OSError:
         return None
-    m = _EXITCODE.search(text)
+    root = text.find("Root Cause")  # torchrun names the first failure there; others got SIGTERM after
+    m = _EXITCODE.search(text, root if root >= 0 else 0)
     return int(m.group(1)) if m else None
 
 
