@@ -1,0 +1,36 @@
+"""Incident rules over a run's streams: pure functions, no I/O, no torch.
+
+`RunSignals` (diagnose_signals) accumulates events and system samples; each poll the caller
+gathers an `Observation` (status, heartbeats, rank processes, log tails) and `evaluate`
+returns the incidents whose condition holds now. Opening, closing and writing them is
+tui/incidents.py's job; the rules live in diagnose_perf, diagnose_liveness and diagnose_exit.
+"""
+from __future__ import annotations
+
+from engine.config import MonitorConfig
+from tui import diagnose_exit, diagnose_liveness, diagnose_perf
+from tui.diagnose_signals import RunSignals
+from tui.diagnose_types import Finding, Observation, RankProc, fmt_s
+
+__all__ = ["Finding", "Observation", "RankProc", "RunSignals", "evaluate", "fmt_s"]
+
+RULES = (
+    diagnose_exit.worker_exit, diagnose_liveness.hang, diagnose_liveness.straggler,
+    diagnose_perf.dataloader_stall, diagnose_perf.throughput_drop, diagnose_perf.memory_pressure,
+)
+
+
+def evaluate(sig: RunSignals, obs: Observation, m: MonitorConfig) -> dict[str, Finding]:
+    """Every rule whose condition holds now, keyed by code (at most one finding per code)."""
+    found: dict[str, Finding] = {}
+    for rule in RULES:
+        finding = rule(sig, obs, m)
+        if finding is not None and finding.code not in found:
+            found[finding.code] = finding
+    # The more specific diagnosis explains the other: a stalled loader or a hung rank is why
+    # throughput fell, and a hang freezes every heartbeat (no rank is "behind" then).
+    if "dataloader_stall" in found or "hang" in found or "dataloader_stall" in obs.open_codes:
+        found.pop("throughput_drop", None)
+    if "hang" in found:
+        found.pop("straggler", None)
+    return found

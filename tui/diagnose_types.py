@@ -1,0 +1,62 @@
+"""The data the diagnosis rules share: findings, rank processes, one poll's observation."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SEVERITIES = ("info", "warn", "error")
+
+
+@dataclass
+class Finding:
+    """One diagnosed incident: what the `incident` event carries."""
+
+    code: str
+    severity: str
+    step: int | None
+    title: str
+    detail: str
+    advice: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def fields(self) -> dict[str, Any]:
+        return {"code": self.code, "severity": self.severity, "step": self.step, "title": self.title,
+                "detail": self.detail, "advice": self.advice, "evidence": self.evidence}
+
+
+@dataclass
+class RankProc:
+    """What one rank's process was doing when the monitor looked (None: could not be read)."""
+
+    rank: int
+    pid: int | None = None
+    alive: bool | None = None
+    cpu_pct: float | None = None
+    state: str | None = None
+    """Kernel state letter from /proc (R running, S sleeping, D disk wait, Z zombie)."""
+    syscall: str | None = None
+    """The system call it is blocked in, e.g. futex or clock_nanosleep; "running" if on CPU."""
+
+
+@dataclass
+class Observation:
+    """What the monitor read this poll, besides the streams."""
+
+    now: float
+    status: dict[str, Any] = field(default_factory=dict)
+    heartbeats: dict[int, dict[str, Any]] = field(default_factory=dict)
+    procs: dict[int, RankProc] = field(default_factory=dict)
+    rank_logs: dict[int, str] = field(default_factory=dict)
+    """Tails of logs/rank<N>.log, read only once a worker has exited."""
+    torchrun_log: str = ""
+    open_codes: frozenset[str] = frozenset()
+    open_evidence: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def fmt_s(seconds: float | None) -> str:
+    """Seconds for a sentence: 0.42 s, 12 s, 3.5 min."""
+    if seconds is None:
+        return "n/a"
+    if seconds < 10:
+        return f"{seconds:.2g} s" if seconds < 1 else f"{seconds:.1f} s"
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
