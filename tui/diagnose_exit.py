@@ -161,6 +161,10 @@ def worker_exit(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding 
     rc = st.get("exit_code")
     if st.get("state") == "killed" or (rc in (None, 0) and st.get("state") != "failed"):
         return None
+    if (obs.open_evidence.get("nan_loss") or {}).get("action") == "stop":
+        return None  # the engine stopped on purpose, and said why (nan_loss)
+    if sig.run_end is not None and sig.run_end.get("status") in ("completed", "stopped"):
+        return None
     failures, source = _first_failure(obs)
     first = failures[0] if failures else Failure(-1, rc if isinstance(rc, int) else None)
     tail = obs.rank_logs.get(first.rank, "")

@@ -97,6 +97,20 @@ def _tps_ok(r: StepRec) -> bool:
     return not _nan(r.tokens_per_s) and r.tokens_per_s > 0
 
 
+def _time_weighted_median(steps: list[StepRec]) -> float:
+    """The rate the run had for half of the time: many fast steps do not outvote slow minutes."""
+    pairs = sorted((r.tokens_per_s, r.step_time_s if r.step_time_s > 0 else 0.0) for r in steps)
+    total = sum(w for _, w in pairs)
+    if total <= 0:
+        return statistics.median(v for v, _ in pairs)
+    acc = 0.0
+    for value, w in pairs:
+        acc += w
+        if acc >= total / 2:
+            return value
+    return pairs[-1][0]
+
+
 def throughput_drop(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
     """Tokens/s well below the run's own median for a sustained window (pauses excluded)."""
     if not _live(sig, obs):
@@ -115,12 +129,12 @@ def throughput_drop(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Find
     if recent[-1].t - recent[0].t < 0.5 * m.throughput_window_s:
         return None
     base = statistics.median(r.tokens_per_s for r in before)
-    now_rate = statistics.median(r.tokens_per_s for r in recent)
+    now_rate = _time_weighted_median(recent)
     if now_rate >= m.throughput_drop_share * base:
         return None
     first = next((r for r in recent if r.tokens_per_s < m.throughput_drop_share * base), recent[0])
     wait = statistics.median(r.data_wait_s for r in recent if not _nan(r.data_wait_s)) if recent else None
-    detail = (f"tokens/s fell to {now_rate:,.0f} (median of the last {fmt_s(m.throughput_window_s)}, "
+    detail = (f"tokens/s fell to {now_rate:,.0f} (time-weighted median of the last {fmt_s(m.throughput_window_s)}, "
               f"{len(recent)} steps) from {base:,.0f} before, {now_rate / base:.0%} of it; "
               f"median step time {fmt_s(statistics.median(r.step_time_s for r in recent))}, data wait {fmt_s(wait)}")
     evidence = {"tokens_per_s_now": round(now_rate, 1), "tokens_per_s_before": round(base, 1),

@@ -1,0 +1,108 @@
+"""IncidentMonitor bookkeeping: engine incidents copied once and closed, file format, restarts."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine.anomaly import StepAnomalies, nan_incident
+from engine.config import MonitorConfig
+from engine.events import INCIDENT_CODES
+from tui.incidents import IncidentMonitor
+
+from .fakerun import FakeRun
+from .streams import steps
+
+
+def emit_incident(run: FakeRun, inc: dict) -> None:
+    run.event("incident", **inc)
+
+
+def test_engine_incident_copied_once_then_closed_after_clean_steps(tmp_path: Path) -> None:
+    m = MonitorConfig()
+    run = FakeRun(tmp_path / "r", monitor=m)
+    run.start()
+    stream = steps(200, 0)
+    for k in range(100, 104):
+        stream[k]["loss"] *= 3  # a 4-step spike at steps 101..104
+    sa = StepAnomalies(m, 1.0)
+    for s in stream:
+        incs = sa.observe(s)
+        run.do_step(step_time=0.2, loss=s["loss"])
+        for inc in incs:
+            emit_incident(run, inc)
+        run.poll()
+    opened = run.opened("loss_spike")
+    assert len(opened) == 1 and opened[0]["source"] == "engine" and opened[0]["step"] == 101
+    closed = run.closed("loss_spike")
+    assert len(closed) == 1
+    # closed after close_after_steps clean steps following the spike
+    assert closed[0]["closed_reason"].startswith(f"{m.close_after_steps} clean steps up to step {104 + m.close_after_steps}")
+
+
+def test_duplicate_engine_incident_while_open_is_not_repeated(tmp_path: Path) -> None:
+    run = FakeRun(tmp_path / "r")
+    run.start()
+    run.do_step(step_time=0.2)
+    for step in (2, 3, 4):
+        run.do_step(step_time=0.2, loss=float("nan"))
+        emit_incident(run, nan_incident(step, 1e-3, float("nan"), float("nan"), [step * 10], "skip"))
+        run.poll()
+    got = run.opened("nan_loss")
+    assert len(got) == 1 and got[0]["step"] == 2
+    assert got[0]["evidence"]["sample_indices"] == [20]
+    assert got[0]["evidence"]["loss"] == "nan"  # written as the string, readable back
+
+
+def test_nan_with_stop_stays_open_when_the_run_fails(tmp_path: Path) -> None:
+    run = FakeRun(tmp_path / "r")
+    run.start()
+    for _ in range(5):
+        run.do_step(step_time=0.2)
+    emit_incident(run, nan_incident(6, 1e-3, float("inf"), float("nan"), [1, 2], "stop"))
+    run.event("run_end", step=5, status="failed", reason="non-finite loss")
+    run.status({"state": "failed", "attempt": 1, "exit_code": 1})
+    run.poll()
+    assert [r["code"] for r in run.opened()] == ["nan_loss"]
+    assert run.closed() == []
+
+
+def test_records_follow_the_contract(tmp_path: Path) -> None:
+    run = FakeRun(tmp_path / "r", monitor=MonitorConfig(hang_floor_s=5.0))
+    run.start()
+    for _ in range(20):
+        run.do_step(step_time=0.2)
+    run.idle(10)
+    emit_incident(run, nan_incident(21, 1e-3, 1.0, float("nan"), [3], "skip"))
+    run.poll()
+    recs = run.file()
+    assert {r["code"] for r in recs} == {"hang", "nan_loss"}
+    for r in recs:
+        assert {"v", "t", "code", "severity", "step", "title", "detail", "advice", "evidence", "status", "source"} <= set(r)
+        assert r["code"] in INCIDENT_CODES and r["severity"] in ("info", "warn", "error")
+        assert r["status"] in ("open", "closed") and r["source"] in ("engine", "supervisor")
+        assert isinstance(r["evidence"], dict) and r["advice"]
+
+
+def test_a_new_monitor_carries_on_from_the_file(tmp_path: Path) -> None:
+    m = MonitorConfig(hang_floor_s=5.0)
+    run = FakeRun(tmp_path / "r", monitor=m)
+    run.start()
+    for _ in range(10):
+        run.do_step(step_time=0.2)
+    emit_incident(run, nan_incident(11, 1e-3, 1.0, float("nan"), [3], "skip"))
+    run.idle(8)
+    assert {r["code"] for r in run.opened()} == {"hang", "nan_loss"}
+    # a supervisor restart: a fresh monitor on the same run reads everything again
+    again = IncidentMonitor(run.paths.root, m)
+    assert again.poll(now=run.now + 1) == []
+    assert set(again.open) == {"hang", "nan_loss"}
+
+
+def test_poll_reads_only_new_bytes(tmp_path: Path) -> None:
+    run = FakeRun(tmp_path / "r")
+    run.start()
+    for _ in range(50):
+        run.do_step(step_time=0.2)
+    size = run.paths.events.stat().st_size
+    assert run.monitor.events.offset == size
+    run.do_step(step_time=0.2)
+    assert run.monitor.events.offset > size

@@ -1,0 +1,159 @@
+"""crash / oom / nccl_timeout: which rank died first, and why, from exit codes and log tails."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tui.diagnose_exit import classify_log, torchrun_failures
+
+from .fakerun import FakeRun
+
+TORCHRUN_REPORT = """\
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+engine FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-29_07:10:38
+  host      : localhost
+  rank      : {other} (local_rank: {other})
+  exitcode  : -15 (pid: 4137)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 4137
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-29_07:10:38
+  host      : localhost
+  rank      : {root} (local_rank: {root})
+  exitcode  : {code} (pid: 4138)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
+TRACEBACK = """\
+[rank{r}]: Traceback (most recent call last):
+[rank{r}]:   File "/work/main/engine/train.py", line 120, in train
+[rank{r}]:     loss = step(batch)
+[rank{r}]: {last}
+"""
+OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.1 GiB"
+GLOO_TIMEOUT = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] "
+                "Timed out waiting 300000ms for recv operation to complete")
+NCCL_WATCHDOG = ("[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=812, OpType=ALLREDUCE, "
+                 "NumelIn=1024, Timeout(ms)=600000) ran for 600046 milliseconds before timing out.")
+PEER = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
+        "Connection closed by peer [127.0.0.1]:29500")
+
+
+def test_torchrun_report_root_cause_first() -> None:
+    fails = torchrun_failures("noise\n" + TORCHRUN_REPORT.format(root=1, other=0, code=1) + "tail\n")
+    assert [(f.rank, f.exit_code, f.pid) for f in fails] == [(1, 1, 4138), (0, -15, 4137)]
+    # an older report earlier in the file (attempt 1) does not count
+    two = TORCHRUN_REPORT.format(root=0, other=1, code=1) + TORCHRUN_REPORT.format(root=1, other=0, code=-9)
+    assert torchrun_failures(two)[0].rank == 1 and torchrun_failures(two)[0].exit_code == -9
+    assert torchrun_failures("no report here") == []
+
+
+@pytest.mark.parametrize("line,kind", [
+    (OOM, "oom"), (GLOO_TIMEOUT, "timeout"), (NCCL_WATCHDOG, "timeout"), (PEER, "peer"),
+    ("RuntimeError: injected crash at step 40 on rank 1", "exception"),
+    ("ValueError: bad shape", "exception"),
+])
+def test_classify_log(line: str, kind: str) -> None:
+    got_kind, got_line = classify_log(TRACEBACK.format(r=1, last=line) + "\n")
+    assert got_kind == kind
+    assert got_line == line.strip()
+
+
+def test_classify_log_without_traceback() -> None:
+    assert classify_log("step 10 loss 2.3\nstep 11 loss 2.2\n") == (None, "")
+
+
+def crashed_run(tmp_path: Path, root: int, code: int, logs: dict[int, str], host_mem: float = 0.3) -> FakeRun:
+    run = FakeRun(tmp_path / "r")
+    run.start()
+    for _ in range(12):
+        run.do_step(step_time=0.3)
+    run.sample(host_mem_share=host_mem)
+    (run.paths.logs / "torchrun.log").write_text(TORCHRUN_REPORT.format(root=root, other=1 - root, code=code))
+    for r, text in logs.items():
+        run.paths.rank_log(r).write_text("step 1\nstep 2\n" + text)
+    run.status({"state": "running", "attempt": 1, "exit_code": 1, "reason": "a worker exited"})
+    run.poll()
+    return run
+
+
+def test_crash_names_the_first_rank_and_its_exception(tmp_path: Path) -> None:
+    line = "RuntimeError: injected crash at step 13 on rank 1"
+    run = crashed_run(tmp_path, 1, 1, {1: TRACEBACK.format(r=1, last=line), 0: TRACEBACK.format(r=0, last=PEER)})
+    got = run.opened()
+    assert [g["code"] for g in got] == ["crash"]
+    inc = got[0]
+    assert inc["step"] == 13 and inc["severity"] == "error"
+    assert inc["evidence"]["rank"] == 1 and inc["evidence"]["line"] == line
+    assert "rank 1" in inc["detail"] and "first to fail" in inc["detail"]
+    run.poll()  # still failed: not repeated
+    assert len(run.opened()) == 1
+
+
+def test_oom_from_the_log(tmp_path: Path) -> None:
+    run = crashed_run(tmp_path, 0, 1, {0: TRACEBACK.format(r=0, last=OOM)})
+    assert [(g["code"], g["evidence"]["rank"]) for g in run.opened()] == [("oom", 0)]
+    assert "micro_batch_size" in run.opened()[0]["advice"]
+
+
+def test_sigkill_with_full_host_memory_is_the_oom_killer(tmp_path: Path) -> None:
+    run = crashed_run(tmp_path, 1, -9, {1: "step 12\n"}, host_mem=0.97)
+    got = run.opened()
+    assert [(g["code"], g["evidence"]["signal"]) for g in got] == [("oom", "SIGKILL")]
+    assert "OOM killer" in got[0]["detail"]
+
+
+def test_sigkill_with_free_memory_is_a_crash(tmp_path: Path) -> None:
+    run = crashed_run(tmp_path, 1, -9, {1: "step 12\n"}, host_mem=0.3)
+    assert [(g["code"], g["evidence"]["signal"]) for g in run.opened()] == [("crash", "SIGKILL")]
+
+
+def test_collective_timeout(tmp_path: Path) -> None:
+    run = crashed_run(tmp_path, 0, 1, {0: TRACEBACK.format(r=0, last=GLOO_TIMEOUT)})
+    assert [g["code"] for g in run.opened()] == ["nccl_timeout"]
+
+
+def test_root_that_only_lost_its_peer_points_to_the_real_cause(tmp_path: Path) -> None:
+    line = "ZeroDivisionError: division by zero"
+    run = crashed_run(tmp_path, 0, 1, {0: TRACEBACK.format(r=0, last=PEER), 1: TRACEBACK.format(r=1, last=line)})
+    got = run.opened()
+    assert [(g["code"], g["evidence"]["rank"]) for g in got] == [("crash", 1)]
+
+
+def test_sigterm_from_outside_is_no_incident(tmp_path: Path) -> None:
+    run = crashed_run(tmp_path, 0, -15, {0: "step 12\n", 1: "step 12\n"})
+    assert run.opened() == []
+
+
+def test_killed_run_is_no_crash(tmp_path: Path) -> None:
+    run = crashed_run(tmp_path, 0, -15, {})
+    run.status({"state": "killed", "attempt": 1, "exit_code": -15})
+    run.poll()
+    assert run.opened() == []
+
+
+def test_crash_closes_when_the_next_attempt_runs_and_a_second_crash_reopens(tmp_path: Path) -> None:
+    line = "RuntimeError: injected crash"
+    run = crashed_run(tmp_path, 1, 1, {1: TRACEBACK.format(r=1, last=line)})
+    assert len(run.opened("crash")) == 1
+    run.status({"state": "starting", "attempt": 2, "exit_code": None})
+    run.poll()
+    assert [r["code"] for r in run.closed()] == ["crash"]
+    run.start(start_step=10)
+    for _ in range(5):
+        run.do_step(step_time=0.3)
+    run.status({"state": "failed", "attempt": 2, "exit_code": 1})
+    run.poll()
+    assert len(run.opened("crash")) == 2
+    # what is written is what was returned, in order
+    assert [(r["code"], r["status"]) for r in run.file()] == [(r["code"], r["status"]) for r in run.records]

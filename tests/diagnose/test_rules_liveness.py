@@ -1,0 +1,107 @@
+"""hang and straggler from heartbeats and rank processes."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine.config import MonitorConfig
+
+from .fakerun import FakeRun, dead_pid
+
+
+def warm(run: FakeRun, n: int = 30, step_time: float = 0.3) -> None:
+    run.start()
+    for _ in range(n):
+        run.do_step(step_time=step_time)
+
+
+def test_hang_fires_after_the_floor_naming_the_stale_rank(tmp_path: Path) -> None:
+    m = MonitorConfig(hang_floor_s=10.0)
+    run = FakeRun(tmp_path / "r", monitor=m)
+    warm(run)
+    last = run.step
+    t_last = run.now
+    run.heartbeat(0, last + 1)  # rank 0 finished the next step; rank 1 never did
+    run.idle(m.hang_floor_s + 5)
+    got = run.opened("hang")
+    assert len(got) == 1
+    inc = got[0]
+    assert inc["step"] == last + 1 and inc["severity"] == "error"
+    assert m.hang_floor_s <= inc["t"] - t_last <= m.hang_floor_s + 1.0
+    ev = inc["evidence"]
+    assert ev["suspect_ranks"] == [1]
+    assert set(ev["ranks"]) == {"0", "1"} and ev["ranks"]["1"]["heartbeat_step"] == last
+    assert "rank 1" in inc["detail"]
+    # steps resume: the hang closes after close_after_s
+    for _ in range(int(m.close_after_s / 0.3) + 5):
+        run.do_step(step_time=0.3)
+    assert [r["code"] for r in run.closed()] == ["hang"]
+
+
+def test_hang_limit_scales_with_step_time(tmp_path: Path) -> None:
+    m = MonitorConfig(hang_floor_s=5.0, hang_step_factor=10.0)
+    run = FakeRun(tmp_path / "r", monitor=m)
+    warm(run, 20, step_time=2.0)
+    run.idle(2.0 * m.hang_step_factor - 2)
+    assert run.opened("hang") == []
+    run.idle(4)
+    assert len(run.opened("hang")) == 1
+
+
+def test_no_hang_when_processes_are_gone(tmp_path: Path) -> None:
+    m = MonitorConfig(hang_floor_s=5.0)
+    run = FakeRun(tmp_path / "r", monitor=m)
+    run.pids = {0: dead_pid(), 1: dead_pid()}
+    warm(run, 10)
+    run.idle(30)
+    assert run.opened("hang") == []
+
+
+def test_no_hang_during_a_long_checkpoint_or_eval(tmp_path: Path) -> None:
+    m = MonitorConfig(hang_floor_s=10.0)
+    run = FakeRun(tmp_path / "r", monitor=m, eval_every=20, checkpoint_every=30)
+    warm(run, 20)
+    run.idle(m.hang_floor_s * 1.8)  # the first eval: longer than the floor, within the allowance
+    run.event("eval", step=run.step, val_loss=2.0)
+    for _ in range(10):
+        run.do_step(step_time=0.3)
+    run.idle(m.hang_floor_s * 1.8)  # first checkpoint
+    run.event("checkpoint", step=run.step, path="x", bytes=1, seconds=18.0, reason="interval", request_id=None)
+    for _ in range(30):
+        run.do_step(step_time=0.3)
+    assert run.records == []
+
+
+def test_no_hang_while_a_new_attempt_starts(tmp_path: Path) -> None:
+    m = MonitorConfig(hang_floor_s=5.0)
+    run = FakeRun(tmp_path / "r", monitor=m)
+    warm(run, 10)
+    run.status({"state": "starting", "attempt": 2, "exit_code": None})
+    run.idle(20)
+    run.status({"state": "running", "attempt": 2, "exit_code": None})
+    run.idle(8)  # torch imports; attempt 1's events are older than the floor
+    assert run.opened("hang") == []
+
+
+def test_straggler_rank_steadily_behind(tmp_path: Path) -> None:
+    m = MonitorConfig()
+    run = FakeRun(tmp_path / "r", monitor=m)
+    warm(run, 10, step_time=0.5)
+    lag = m.straggler_steps + 1
+    for _ in range(12):
+        run.heartbeat(1, run.step + 1 - lag)
+        run.do_step(step_time=0.5, beats=(0,))
+    got = run.opened("straggler")
+    assert len(got) == 1
+    assert got[0]["evidence"]["lag_steps"] == {"1": lag}
+    assert "rank 1" in got[0]["title"]
+
+
+def test_brief_lag_is_no_straggler(tmp_path: Path) -> None:
+    m = MonitorConfig()
+    run = FakeRun(tmp_path / "r", monitor=m)
+    warm(run, 10, step_time=0.5)
+    run.do_step(step_time=0.5, beats=(0,))
+    run.heartbeat(1, run.step - m.straggler_steps - 1)
+    for _ in range(10):
+        run.do_step(step_time=0.5)
+    assert run.records == []
