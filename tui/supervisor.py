@@ -84,6 +84,12 @@ class Supervisor:
         self.torchrun: subprocess.Popen[bytes] | None = None
 
     # -- status ----------------------------------------------------------------------------
+    def finish(self, state: str, code: int, **fields: Any) -> int:
+        """The last transition; the incident rules see the final state once more."""
+        self.write_status(state, ended=time.time(), **fields)
+        self.incidents.poll()
+        return code
+
     def write_status(self, state: str, **fields: Any) -> None:
         """Record a transition (atomic rename, so readers never see half a file)."""
         self.status.update(fields, state=state, supervisor_pid=os.getpid())
@@ -122,22 +128,17 @@ class Supervisor:
             while True:
                 rc, worker_rc, run_end = self.run_attempt(attempt)
                 if self.kill_requested:
-                    self.write_status("killed", ended=time.time(), exit_code=rc, reason="killed by mt kill")
-                    return 1
+                    return self.finish("killed", 1, exit_code=None, reason="killed by mt kill")
                 if rc == 0:
                     state = (run_end or {}).get("status") or ("stopped" if self.stop_requested else "completed")
                     state = state if state in ("completed", "stopped") else "completed"
-                    self.write_status(state, ended=time.time(), exit_code=0,
-                                      reason=(run_end or {}).get("reason") or state)
-                    return 0
+                    return self.finish(state, 0, exit_code=0, reason=(run_end or {}).get("reason") or state)
                 reason = self.failure_reason(rc, worker_rc, run_end)
                 if self.stop_requested:
-                    self.write_status("failed", ended=time.time(), exit_code=rc, reason=reason)
-                    return 1
+                    return self.finish("failed", 1, exit_code=rc, reason=reason)
                 if worker_rc == 2:
                     # bad config or a refused resume: another attempt would fail the same way
-                    self.write_status("failed", ended=time.time(), exit_code=rc, reason=reason)
-                    return 1
+                    return self.finish("failed", 1, exit_code=rc, reason=reason)
                 if restarts_left > 0:
                     restarts_left -= 1
                     ckpt = newest_checkpoint(self.run_dir)
@@ -146,8 +147,7 @@ class Supervisor:
                     self.status["restarts_left"] = restarts_left
                     attempt += 1
                     continue
-                self.write_status("failed", ended=time.time(), exit_code=rc, reason=reason)
-                return 1
+                return self.finish("failed", 1, exit_code=rc, reason=reason)
         finally:
             self.sampler.close()
 
@@ -188,8 +188,9 @@ class Supervisor:
         rc = tr.returncode
         record.update(ended=time.time(), exit_code=rc)
         worker_rc = _worker_exit_code(log_path, log_offset) if rc else None
-        self.status["exit_code"] = rc
-        if rc:
+        if not self.kill_requested:
+            self.status["exit_code"] = rc
+        if rc and not self.kill_requested:  # a kill is not a crash: no exit code for the rules
             self.status["reason"] = self.failure_reason(rc, worker_rc, run_end)
             write_json_atomic(self.paths.status, self.status)
             self.incidents.poll()  # let the rules classify the crash (crash, oom, ...) now

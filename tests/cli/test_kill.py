@@ -1,0 +1,83 @@
+"""`mt kill` and a SIGKILLed supervisor leave no process of the run behind."""
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.cli.conftest import PidTracker, events, mt, status, wait_for, write_preset
+from tui.procs import run_processes
+
+pytestmark = pytest.mark.slow
+
+SLOW = {"train": {"max_steps": 400}, "checkpoint": {"every_steps": 0}, "faults": {"step_sleep_s": 0.1}}
+
+
+def _launch(tmp_path: Path, runs: Path) -> Path:
+    preset = write_preset(tmp_path / "p.toml", runs, **SLOW)
+    res = mt("launch", preset, "--detach")
+    assert res.returncode == 0, res.stderr
+    return Path(res.stdout.strip())
+
+
+def _track_until_training(run_dir: Path) -> PidTracker:
+    """Gather pids until both ranks have stepped (so workers and their children are known)."""
+    tracker = PidTracker(run_dir)
+
+    def ready() -> bool:
+        tracker.collect()
+        hb = [run_dir / "heartbeat" / f"rank{r}" for r in (0, 1)]
+        return bool(events(run_dir, "step")) and all(h.exists() for h in hb)
+
+    wait_for(ready, 120, "both ranks to train")
+    tracker.collect()
+    return tracker
+
+
+def test_kill_during_run_leaves_nothing(tmp_path: Path, runs: Path) -> None:
+    run_dir = _launch(tmp_path, runs)
+    tracker = _track_until_training(run_dir)
+    assert len(tracker.pids) >= 4  # supervisor, torchrun, two workers
+    res = mt("kill", run_dir, "--grace", "5")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert tracker.alive() == []
+    assert run_processes(run_dir) == []
+    st = status(run_dir)
+    assert st["state"] == "killed"
+    again = mt("kill", run_dir)
+    assert again.returncode == 2 and "already ended (killed)" in again.stderr
+
+
+def test_kill_during_startup_leaves_nothing(tmp_path: Path, runs: Path) -> None:
+    run_dir = _launch(tmp_path, runs)
+    tracker = PidTracker(run_dir)
+    tracker.collect()
+    assert status(run_dir)["supervisor_pid"] in tracker.pids
+    res = mt("kill", run_dir, "--grace", "5")
+    assert res.returncode == 0, res.stdout + res.stderr
+    tracker.collect()
+    assert tracker.alive() == []
+    # the supervisor is gone, so nothing can be started for this run any more
+    assert run_processes(run_dir) == []
+    assert status(run_dir)["state"] == "killed"
+    assert not events(run_dir, "step")
+    # nothing to resume from: a clear message, exit 2
+    res = mt("resume", run_dir, "--detach")
+    assert res.returncode == 2 and "no checkpoint" in res.stderr
+
+
+def test_sigkilled_supervisor_does_not_leave_workers_running(tmp_path: Path, runs: Path) -> None:
+    run_dir = _launch(tmp_path, runs)
+    tracker = _track_until_training(run_dir)
+    sup = status(run_dir)["supervisor_pid"]
+    os.kill(sup, signal.SIGKILL)
+    # torchrun gets SIGTERM from the kernel (PDEATHSIG) and forwards it: the workers stop
+    wait_for(lambda: not tracker.alive(), 90, f"every process of the run to exit (left: {tracker.alive()})")
+    assert run_processes(run_dir) == []
+    end = events(run_dir, "run_end")
+    assert end and end[-1]["status"] == "stopped", end  # a graceful stop, not a crash
+    assert end[-1]["step"] < 400
+    ls = mt("ls", runs)
+    assert "lost" in next(l for l in ls.stdout.splitlines() if l.startswith(run_dir.name))

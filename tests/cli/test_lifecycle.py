@@ -1,0 +1,167 @@
+"""End to end with the real engine: launch, watch, ckpt, stop, resume, ls, auto-resume, multi-node."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from engine.events import FINAL_STATES, schema_errors
+from tests.cli.conftest import MT, REPO, events, mt, run_dir_from, status, wait_for, write_preset
+
+pytestmark = pytest.mark.slow
+
+
+def test_headless_run_completes(tmp_path: Path, runs: Path) -> None:
+    preset = write_preset(tmp_path / "p.toml", runs, train={"log_every": 1})
+    res = mt("launch", preset, "--headless")
+    assert res.returncode == 0, res.stdout + res.stderr
+    run_dir = run_dir_from(res.stdout)
+    st = status(run_dir)
+    assert st["state"] == "completed" and st["exit_code"] == 0 and st["attempt"] == 1
+    max_steps = json.loads((run_dir / "config.json").read_text())["train"]["max_steps"]
+    assert events(run_dir, "run_end")[-1]["status"] == "completed"
+    assert len(events(run_dir, "step")) == max_steps
+    # the headless log is compact: far fewer step lines than steps, the last one at max_steps
+    step_lines = [l for l in res.stdout.splitlines() if l.startswith("step ")]
+    assert step_lines and step_lines[-1].startswith(f"step {max_steps}/{max_steps}")
+    assert len(step_lines) < max_steps
+    # layout: private folder, preset copy, worker logs, supervisor log, system samples
+    assert (run_dir.stat().st_mode & 0o777) == 0o700
+    assert (run_dir / "preset.toml").read_text() == preset.read_text()
+    for rank in (0, 1):
+        assert (run_dir / "logs" / f"rank{rank}.log").is_file()
+    assert "state completed" in (run_dir / "logs" / "supervisor.log").read_text()
+    samples = [json.loads(l) for l in (run_dir / "system.jsonl").read_text().splitlines()]
+    assert samples, "no system samples"
+    for s in samples:
+        assert s["v"] == 1 and isinstance(s["nvml"], bool) and "host" in s and "gpus" in s
+        assert s["nvml"] or s["nvml_error"]
+    live = [r for s in samples for r in s["ranks"] if r["alive"]]
+    assert {r["rank"] for r in live} == {0, 1}
+    assert all(r["rss_bytes"] > 0 and r["cpu_pct"] is not None for r in live)
+    for ev in events(run_dir):
+        assert schema_errors(ev) == [], ev
+
+
+def test_detach_watch_ckpt_stop_resume_ls(tmp_path: Path, runs: Path) -> None:
+    # slowed down so there is time to talk to it while it runs
+    preset = write_preset(tmp_path / "p.toml", runs, train={"max_steps": 60},
+                          checkpoint={"every_steps": 0}, faults={"step_sleep_s": 0.15})
+    res = mt("launch", preset, "--detach", "--name", "flow")
+    assert res.returncode == 0, res.stderr
+    run_dir = Path(res.stdout.strip())
+    assert run_dir.parent == runs and run_dir.name.startswith("flow-")
+    wait_for(lambda: events(run_dir, "step"), 120, "the first step")
+
+    once = mt("watch", run_dir, "--once")
+    assert once.returncode == 0, once.stderr
+    assert "[running]" in once.stdout and "attempt 1" in once.stdout and "/60" in once.stdout
+
+    ck = mt("ckpt", run_dir, "--timeout", "60")
+    assert ck.returncode == 0, ck.stdout + ck.stderr
+    saved = [e for e in events(run_dir, "checkpoint") if e.get("reason") == "request"]
+    assert len(saved) == 1 and ck.stdout.strip() == f"checkpoint saved at step {saved[0]['step']}: {saved[0]['path']}"
+    assert Path(saved[0]["path"]).is_dir()
+
+    stop = mt("stop", run_dir, "--timeout", "120")
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    st = status(run_dir)
+    assert st["state"] == "stopped"
+    final = events(run_dir, "checkpoint")[-1]
+    assert final["reason"] in ("stop", "final", "request") and final["step"] < 60
+    assert f"step {final['step']}" in stop.stdout
+
+    again = mt("stop", run_dir)
+    assert again.returncode == 2 and "already ended (stopped)" in again.stderr
+
+    resumed = mt("resume", run_dir, "--headless")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert status(run_dir)["state"] == "completed" and status(run_dir)["attempt"] == 2
+    starts = events(run_dir, "run_start")
+    assert [s["attempt"] for s in starts] == [1, 2] and starts[1]["start_step"] == final["step"]
+
+    ls = mt("ls", runs)
+    assert ls.returncode == 0
+    row = next(l for l in ls.stdout.splitlines() if l.startswith(run_dir.name))
+    assert "completed" in row and "60/60" in row
+
+
+def test_auto_resume_after_injected_crash(tmp_path: Path, runs: Path) -> None:
+    preset = write_preset(tmp_path / "p.toml", runs, launch={"max_restarts": 1},
+                          faults={"crash_at_step": 12, "crash_rank": 1})
+    res = mt("launch", preset, "--headless")
+    assert res.returncode == 0, res.stdout + res.stderr
+    run_dir = run_dir_from(res.stdout)
+    st = status(run_dir)
+    assert st["state"] == "completed" and st["attempt"] == 2
+    assert [a["attempt"] for a in st["attempts"]] == [1, 2] and st["attempts"][0]["exit_code"] != 0
+    starts = events(run_dir, "run_start")
+    assert [s["attempt"] for s in starts] == [1, 2]
+    assert starts[1]["start_step"] == 8  # the newest checkpoint before the crash at step 12
+    assert events(run_dir, "run_end")[-1]["status"] == "completed"
+
+
+def test_crash_without_restarts_fails(tmp_path: Path, runs: Path) -> None:
+    preset = write_preset(tmp_path / "p.toml", runs, train={"max_steps": 12},
+                          faults={"crash_at_step": 3, "crash_rank": 0})
+    res = mt("launch", preset, "--headless")
+    assert res.returncode == 1, res.stdout + res.stderr
+    run_dir = run_dir_from(res.stdout)
+    st = status(run_dir)
+    assert st["state"] == "failed" and st["attempt"] == 1 and st["exit_code"] != 0 and st["reason"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_node_loopback_job_trains(tmp_path: Path, runs: Path) -> None:
+    preset = write_preset(tmp_path / "p.toml", runs, train={"max_steps": 16},
+                          launch={"nproc_per_node": 1, "nnodes": 2, "rdzv_endpoint": f"127.0.0.1:{_free_port()}"})
+    node1 = subprocess.Popen([*MT, "launch", str(preset), "--headless", "--node-rank", "1"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    node0 = mt("launch", preset, "--headless", "--node-rank", "0")
+    out1, err1 = node1.communicate(timeout=240)
+    assert node0.returncode == 0, node0.stdout + node0.stderr
+    assert node1.returncode == 0, out1 + err1
+    dirs = [run_dir_from(node0.stdout), run_dir_from(out1)]
+    assert dirs[1].name.endswith("-node1")
+    for d in dirs:
+        st = status(d)
+        assert st["state"] == "completed" and st["nnodes"] == 2
+    # exactly one node holds global rank 0 and with it the event stream of a 2-rank world
+    holders = [d for d in dirs if events(d, "run_start")]
+    assert len(holders) == 1
+    start = events(holders[0], "run_start")[0]
+    assert start["world_size"] == 2 and start["nnodes"] == 2
+    assert events(holders[0], "run_end")[-1]["status"] == "completed"
+    ranks = sorted(int(r) for d in dirs for r in status(d)["worker_pids"])
+    assert ranks == [0, 1]
+
+
+def test_ls_shows_broken_and_foreign_folders(tmp_path: Path, runs: Path) -> None:
+    preset = write_preset(tmp_path / "p.toml", runs, train={"max_steps": 4}, checkpoint={"every_steps": 0})
+    res = mt("launch", preset, "--headless")
+    assert res.returncode == 0, res.stderr
+    good = run_dir_from(res.stdout)
+    (runs / "holiday-photos").mkdir()
+    broken = runs / "broken-run"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    (broken / "status.json").write_text("[1, 2")
+    (broken / "events.jsonl").write_bytes(b"\x00\xff garbage\n{\"kind\": 3}\n")
+    ls = mt("ls", runs)
+    assert ls.returncode == 0 and "Traceback" not in ls.stderr
+    lines = ls.stdout.splitlines()
+    assert lines[0].split()[:2] == ["NAME", "STATE"]
+    assert any(l.startswith("holiday-photos") and "(not a run)" in l for l in lines)
+    assert any(l.startswith("broken-run") for l in lines)
+    assert any(l.startswith(good.name) and "completed" in l and "4/4" in l for l in lines)
+    once = mt("watch", broken, "--once")
+    assert once.returncode == 0 and "Traceback" not in once.stderr
+    assert status(good)["state"] in FINAL_STATES
