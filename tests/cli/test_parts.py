@@ -1,0 +1,143 @@
+"""The supervisor's parts on their own: torchrun command, env, sampler, process finding, signals."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+from engine.config import config_from_dict
+from tests.cli.conftest import SMALL, wait_for
+from tui.procs import rank_processes, run_processes, terminate_all
+from tui.runs import checkpoints, newest_checkpoint
+from tui.sampler import SystemSampler
+from tui.supervisor import _worker_exit_code
+from tui.torchrun import torchrun_command, usable_cores, worker_env
+
+
+def _cfg(**launch: object):
+    raw = json.loads(json.dumps(SMALL))
+    raw["launch"].update(launch)
+    return config_from_dict(raw, "test")
+
+
+def test_one_node_uses_standalone(tmp_path: Path) -> None:
+    cmd = torchrun_command(_cfg(nproc_per_node=3), tmp_path, attempt=2, python="py")
+    assert cmd[:3] == ["py", "-m", "torch.distributed.run"]
+    assert "--standalone" in cmd and "--rdzv-endpoint" not in cmd
+    assert cmd[cmd.index("--nproc-per-node") + 1] == "3"
+    assert cmd[-6:] == ["-m", "engine", "--run-dir", str(tmp_path), "--attempt", "2"]
+    assert cmd[cmd.index("--max-restarts") + 1] == "0"
+
+
+def test_several_nodes_use_c10d(tmp_path: Path) -> None:
+    cfg = _cfg(nnodes=2, rdzv_endpoint="10.0.0.1:29500", node_rank=1)
+    cmd = torchrun_command(cfg, tmp_path, attempt=1)
+    assert "--standalone" not in cmd
+    assert cmd[cmd.index("--rdzv-backend") + 1] == "c10d"
+    assert cmd[cmd.index("--rdzv-endpoint") + 1] == "10.0.0.1:29500"
+    assert cmd[cmd.index("--nnodes") + 1] == "2"
+    # every node must derive the same rendezvous id from the same preset
+    other = torchrun_command(_cfg(nnodes=2, rdzv_endpoint="10.0.0.1:29500", node_rank=0), tmp_path / "x", 1)
+    assert cmd[cmd.index("--rdzv-id") + 1] == other[other.index("--rdzv-id") + 1]
+
+
+def test_omp_threads_split_between_local_workers() -> None:
+    env = worker_env(_cfg(nproc_per_node=2), base={"PATH": "/bin"})
+    assert env["OMP_NUM_THREADS"] == str(max(1, usable_cores() // 2))
+    env = worker_env(_cfg(nproc_per_node=64), base={})
+    assert env["OMP_NUM_THREADS"] == "1"
+    env = worker_env(_cfg(nproc_per_node=1), base={"OMP_NUM_THREADS": "7"})
+    assert env["OMP_NUM_THREADS"] == "7"  # the user's choice wins
+
+
+BUSY = "import time\nt = time.time()\nwhile time.time() - t < 60: pass\n"
+
+
+def test_sampler_reads_live_and_dead_rank_processes() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", BUSY])
+    try:
+        sampler = SystemSampler()
+        first = sampler.sample({0: proc.pid, 1: 999_999_999})
+        second = wait_for(lambda: (s := sampler.sample({0: proc.pid, 1: 999_999_999}))["ranks"][0]["cpu_pct"] and s,
+                          30, "a CPU reading of the busy process")
+        for s in (first, second):
+            assert s["v"] == 1 and isinstance(s["t"], float)
+            assert s["nvml"] == bool(s["gpus"]) or (s["nvml"] and s["gpus"] == [])
+            if not s["nvml"]:
+                assert s["nvml_error"] and s["gpus"] == []
+            host = s["host"]
+            assert 0 < host["mem_used_bytes"] < host["mem_total_bytes"] and host["load1"] is not None
+        r0, r1 = second["ranks"]
+        assert r0 == {**r0, "rank": 0, "pid": proc.pid, "alive": True} and r0["rss_bytes"] > 0
+        assert r0["cpu_pct"] > 0
+        assert r1 == {"rank": 1, "pid": 999_999_999, "cpu_pct": None, "rss_bytes": None, "alive": False}
+        proc.kill()
+        proc.wait()
+        gone = sampler.sample({0: proc.pid})["ranks"][0]
+        assert gone["alive"] is False
+        for gpu in second["gpus"]:  # only where NVML works (a GPU machine)
+            assert set(gpu) == {"index", "name", "util_pct", "mem_used_bytes", "mem_total_bytes", "temp_c", "power_w"}
+        sampler.close()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+# A process that names a run directory like torchrun does, with a child that ignores SIGTERM.
+STUBBORN_TREE = (
+    "import signal, subprocess, sys, time\n"
+    "child = subprocess.Popen([sys.executable, '-c', "
+    "'import signal, time\\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\\nprint(1, flush=True)\\ntime.sleep(120)'],"
+    " env={'RANK': '0'}, stdout=subprocess.PIPE, start_new_session=True)\n"
+    "child.stdout.readline()\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(120)\n"
+)
+
+
+def test_run_processes_finds_the_tree_and_terminate_all_escalates(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    parent = subprocess.Popen([sys.executable, "-c", STUBBORN_TREE, "--run-dir", str(run_dir)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout.readline().strip() == "ready"
+        procs = run_processes(run_dir)
+        pids = {p.pid for p in procs}
+        child_pid = psutil.Process(parent.pid).children()[0].pid
+        assert pids == {parent.pid, child_pid}
+        assert {r: p.pid for r, p in rank_processes(parent.pid).items()} == {0: child_pid}
+        assert run_processes(tmp_path / "other") == []
+        report = terminate_all(procs, grace_s=1.0)
+        assert set(report.terminated) == pids
+        assert report.killed == [child_pid]  # it ignored SIGTERM, so it needed SIGKILL
+        assert report.survivors == []
+        assert not psutil.pid_exists(parent.pid)  # psutil reaped our own child
+        assert not psutil.pid_exists(child_pid) or psutil.Process(child_pid).status() == psutil.STATUS_ZOMBIE
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_worker_exit_code_is_the_root_cause(tmp_path: Path) -> None:
+    log = tmp_path / "torchrun.log"
+    old = "old attempt\n  exitcode  : 9 (pid: 1)\n"
+    report = ("Failures:\n[1]:\n  rank      : 0\n  exitcode  : -15 (pid: 11)\n"
+              "Root Cause (first observed failure):\n[0]:\n  rank      : 1\n  exitcode  : 2 (pid: 12)\n")
+    log.write_text(old + report)
+    assert _worker_exit_code(log, len(old)) == 2
+    assert _worker_exit_code(log, log.stat().st_size) is None
+
+
+def test_only_checkpoints_with_a_manifest_count(tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    for name, manifest in (("step-10", True), ("step-30", False), ("step-20", True), (".tmp-step-40-1", True)):
+        (root / name).mkdir(parents=True)
+        (root / name / "model.pt").write_bytes(b"x")
+        if manifest:
+            (root / name / "manifest.json").write_text("{}")
+    assert [s for s, _ in checkpoints(tmp_path)] == [10, 20]
+    assert newest_checkpoint(tmp_path) == root / "step-20"
