@@ -17,6 +17,7 @@ from textual.widgets import Footer, OptionList, Static
 from textual.worker import get_current_worker
 
 from tui.messages import ControlDone, RunUpdated
+from tui.stream import RunState
 from tui.watch import Watcher
 from tui.widgets.dialogs import ConfirmScreen, HelpScreen
 from tui.widgets.header import RunHeader
@@ -76,6 +77,7 @@ class MtApp(App[int]):
         self.loaded = False                   # first poll done (tests wait on it)
         self._dirty = True
         self._auto_rank_done = False
+        self.said: list[tuple[str, str]] = []  # (severity, text) of every notification, oldest first
 
     # ------------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:
@@ -85,12 +87,12 @@ class MtApp(App[int]):
         yield Notice(id="notice")
         with Horizontal(id="main"):
             with Vertical(id="plots"):
-                yield MetricPlot("loss (train, val ●)", [
+                yield MetricPlot("loss: train (cyan, raw grey), val (orange)", [
                     Curve("train", series.loss, "cyan"),
                     Curve("val", series.val_loss, "orange", smooth=False)], id="plot-loss")
                 with Horizontal(id="plots-small"):
                     yield MetricPlot("learning rate", [Curve("lr", series.lr, "green", smooth=False)], id="plot-lr")
-                    yield MetricPlot("grad norm (clip ─)", [Curve("grad_norm", series.grad_norm, "magenta")],
+                    yield MetricPlot("grad norm (red line: clip)", [Curve("grad_norm", series.grad_norm, "magenta")],
                                      hline=st.grad_clip, id="plot-grad")
             with Vertical(id="side"):
                 yield SystemPanel(id="system")
@@ -100,6 +102,14 @@ class MtApp(App[int]):
         yield Footer()
 
     def on_mount(self) -> None:
+        # kept so redraws work while a modal screen (help, confirm) is on top
+        self._header = self.query_one(RunHeader)
+        self._notice = self.query_one(Notice)
+        self._plots = list(self.query(MetricPlot))
+        self._grad = self.query_one("#plot-grad", MetricPlot)
+        self._system = self.query_one(SystemPanel)
+        self._incidents = self.query_one(IncidentsPanel)
+        self._logs = self.query_one(LogsPanel)
         self.query_one("#system").border_title = "2 system"
         self.query_one("#incidents").border_title = "3 incidents"
         self.query_one("#plots").border_title = "1 plots"
@@ -135,14 +145,14 @@ class MtApp(App[int]):
         u = message.update
         self.loaded = True
         self._dirty = True
-        self.query_one(LogsPanel).show(self.watcher.log_rank, u.new_log_lines, u.log_reset)
+        self._logs.show(self.watcher.log_rank, u.new_log_lines, u.log_reset)
         for ev in u.run.new_events:
             self._maybe_notify(ev)
         st = self.watcher.follower.state
         if st.state in ("failed", "killed") and not self._auto_rank_done:
             # show the failing rank's log without being asked
             self._auto_rank_done = True
-            rank = failing_rank(st.reason or st.run_end_reason or "")
+            rank = failing_rank(st)
             if rank is not None and rank != self.watcher.log_rank:
                 self.watcher.set_log_rank(rank)
 
@@ -151,48 +161,51 @@ class MtApp(App[int]):
         if not rid or rid not in self.pending:
             return
         if ev.get("kind") == "checkpoint":
-            self.notify(f"checkpoint saved at step {ev.get('step')}", title="checkpoint")
+            self.say(f"checkpoint saved at step {ev.get('step')}", title="checkpoint")
         elif ev.get("kind") == "control":
             status, action = ev.get("status"), ev.get("action")
             if status == "rejected":
-                self.notify(f"{action} rejected: {ev.get('detail') or ''}", severity="error")
+                self.say(f"{action} rejected: {ev.get('detail') or ''}", severity="error")
             elif status == "accepted" and action == "stop":
-                self.notify("stop accepted: final checkpoint, then the ranks exit")
+                self.say("stop accepted: final checkpoint, then the ranks exit")
             if status in ("done", "rejected"):
                 self.pending.pop(rid, None)
 
     def render_frame(self) -> None:
         """Redraw at a bounded rate; skips when the worker holds the state (bulk load)."""
-        if not self.watcher.lock.acquire(blocking=False):
+        if not hasattr(self, "_header") or not self.watcher.lock.acquire(blocking=False):
             return
         try:
             now = self.clock()
             st = self.watcher.follower.state
-            self.query_one(RunHeader).show(st, now, self.smoothing, self.logy)
-            self.query_one(Notice).say(notice_text(st, self.watcher._log.lines and list(self.watcher._log.lines),
-                                                   self.watcher.log_rank))
-            grad = self.query_one("#plot-grad", MetricPlot)
-            grad.hline = st.grad_clip
-            for plot in self.query(MetricPlot):
+            self._header.show(st, now, self.smoothing, self.logy)
+            self._notice.say(notice_text(st, self.watcher.log_lines(), self.watcher.log_rank))
+            self._grad.hline = st.grad_clip
+            for plot in self._plots:
                 plot.redraw(self.smoothing, self.logy)
             if self._dirty:
-                self.query_one(SystemPanel).show(self.watcher.system)
-                self.query_one(IncidentsPanel).show(st.incidents, now)
+                self._system.show(self.watcher.system)
+                self._incidents.show(st.incidents, now)
                 self._dirty = False
         finally:
             self.watcher.lock.release()
 
     # ------------------------------------------------------------------ actions
+    def say(self, text: str, severity: str = "information", title: str = "") -> None:
+        """Notify, and remember it (the help of a key that did nothing must be visible)."""
+        self.said.append((severity, text))
+        self.notify(text, severity=severity, title=title)  # type: ignore[arg-type]
+
     def _state(self) -> str:
         return self.watcher.follower.state.state
 
     def _refuse_final(self, what: str) -> bool:
         st = self._state()
         if st in ("completed", "stopped", "failed", "killed"):
-            self.notify(f"the run is {st}: nothing to {what}", severity="warning")
+            self.say(f"the run is {st}: nothing to {what}", severity="warning")
             return True
         if st == "stopping" and what != "kill":
-            self.notify(f"the run is already stopping: cannot {what}", severity="warning")
+            self.say(f"the run is already stopping: cannot {what}", severity="warning")
             return True
         return False
 
@@ -211,10 +224,10 @@ class MtApp(App[int]):
             from tui.control import send_request  # the CLI engineer's module; import lazily
             rid = send_request(self.run_dir, action)
         except Exception as e:  # noqa: BLE001 - any failure is shown, never a crash
-            self.notify(f"could not send {action}: {e}", severity="error")
+            self.say(f"could not send {action}: {e}", severity="error")
             return
         self.pending[rid] = action
-        self.notify(text, title=action)
+        self.say(text, title=action)
 
     def action_kill(self) -> None:
         if self._refuse_final("kill"):
@@ -222,7 +235,7 @@ class MtApp(App[int]):
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self.notify("killing the run: SIGTERM, then SIGKILL after the grace period")
+                self.say("killing the run: SIGTERM, then SIGKILL after the grace period")
                 self._kill()
 
         self.push_screen(ConfirmScreen(f"Kill run {self.watcher.follower.state.name}?\n"
@@ -240,11 +253,11 @@ class MtApp(App[int]):
 
     def action_resume(self) -> None:
         st = self._state()
-        if st not in RESUMABLE:
-            self.notify(f"the run is {st}: only a stopped, failed or killed run can be resumed",
+        if st not in RESUMABLE and not self.watcher.follower.state.supervisor_lost:
+            self.say(f"the run is {st}: only a stopped, failed or killed run can be resumed",
                         severity="warning")
             return
-        self.notify("resuming from the newest checkpoint…")
+        self.say("resuming from the newest checkpoint…")
         self._resume()
 
     @work(thread=True, group="control", name="resume run")
@@ -258,7 +271,7 @@ class MtApp(App[int]):
 
     @on(ControlDone)
     def _control_done(self, message: ControlDone) -> None:
-        self.notify(message.text, severity=message.severity)  # type: ignore[arg-type]
+        self.say(message.text, severity=message.severity)
         self._auto_rank_done = False
 
     def action_smoothing(self, delta: float) -> None:
@@ -287,9 +300,12 @@ class MtApp(App[int]):
         self._dirty = True
 
 
-def failing_rank(reason: str) -> int | None:
-    """The rank a failure reason names ("rank 1 exited with code 1"), if any."""
-    m = re.search(r"rank\s*(\d+)", reason)
+def failing_rank(st: RunState) -> int | None:
+    """The rank that failed first: from the newest crash-like incident's evidence, else the reason."""
+    for inc in reversed(st.incidents):
+        if inc.code in ("crash", "oom", "nccl_timeout", "hang") and isinstance(inc.evidence.get("rank"), int):
+            return inc.evidence["rank"]
+    m = re.search(r"rank\s*(\d+)", st.reason or st.run_end_reason or "")
     return int(m.group(1)) if m else None
 
 

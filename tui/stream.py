@@ -124,6 +124,7 @@ class RunState:
     incidents: list[Incident] = field(default_factory=list)
     controls: dict[str, ControlAnswer] = field(default_factory=dict)
     bad_lines: int = 0
+    supervisor_lost: bool = False      # status says live but its supervisor process is gone
     n_steps: int = 0                   # step events seen (all attempts)
     status: dict[str, Any] = field(default_factory=dict, repr=False)
     # (t, step) of recent step events, for a wall-clock ETA that includes eval/ckpt pauses

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,10 +93,11 @@ class Watcher:
         self.follower = RunFollower(Path(run_dir))
         self.system = SystemView()
         self._system_tail = JsonlTail(self.follower.paths.system)
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
         self.log_rank = 0
         self._log = LogTail(self.follower.paths.rank_log(0))
         self._log_reset = True
+        self._live_checked = 0.0
 
     @property
     def paths(self):
@@ -130,4 +132,19 @@ class Watcher:
                 sys_new = True
             reset, self._log_reset = self._log_reset, False
             lines = self._log.poll()
+            self._check_supervisor()
             return WatchUpdate(run=run, system_changed=sys_new, new_log_lines=lines, log_reset=reset)
+
+    def _check_supervisor(self) -> None:
+        """Every 2 s: does a run that claims to be live still have a supervisor?"""
+        st = self.follower.state
+        now = time.monotonic()
+        if st.is_final or not st.status.get("supervisor_pid") or now - self._live_checked < 2.0:
+            st.supervisor_lost = False if st.is_final else st.supervisor_lost
+            return
+        self._live_checked = now
+        try:
+            from tui.runs import supervisor_alive  # the CLI engineer's process check
+            st.supervisor_lost = not supervisor_alive(st.status)
+        except Exception:  # noqa: BLE001 - a failed check must not stop the following
+            st.supervisor_lost = False

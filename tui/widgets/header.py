@@ -26,8 +26,9 @@ def render_header(st: RunState, now: float, width: int, smoothing: float, logy: 
     step = "-" if st.step is None else f"{st.step:,}"
     total = "?" if st.max_steps is None else f"{st.max_steps:,}"
     pct = f" {100 * st.step / st.max_steps:.0f}%" if st.step and st.max_steps else ""
+    state = "lost" if st.supervisor_lost else st.state
     line1 = Text.assemble(
-        (st.name, "bold"), "  ", (f" {st.state.upper()} ", STATE_STYLE.get(st.state, "bold") + " reverse"),
+        (st.name, "bold"), "  ", (f" {state.upper()} ", STATE_STYLE.get(state, "bold red") + " reverse"),
         f"  attempt {st.attempt}  step {step}/{total}{pct} ")
     bar_w = max(0, min(30, width - line1.cell_len - 2))
     line1.append_text(progress_bar(st.step, st.max_steps, bar_w))
@@ -53,5 +54,10 @@ def render_header(st: RunState, now: float, width: int, smoothing: float, logy: 
 class RunHeader(Static):
     """Shows `render_header` for the latest state."""
 
+    _last: Text | None = None
+
     def show(self, st: RunState, now: float, smoothing: float, logy: bool) -> None:
-        self.update(render_header(st, now, self.size.width or 120, smoothing, logy))
+        text = render_header(st, now, self.size.width or 120, smoothing, logy)
+        if text != self._last:  # an unchanged header costs no repaint
+            self._last = text
+            self.update(text, layout=False)

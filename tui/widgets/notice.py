@@ -9,6 +9,9 @@ from tui.stream import RunState
 
 def notice_text(st: RunState, log_tail: list[str], failing_rank: int | None) -> Text | None:
     """What to tell the user about the state right now (None: nothing to say)."""
+    if st.supervisor_lost:
+        return Text(f"status.json says {st.state}, but its supervisor (pid {st.status.get('supervisor_pid')})"
+                    " is gone: the run is lost. Press r to resume from the newest checkpoint.", style="bold red")
     if st.state == "starting" or (st.state == "running" and st.step is None):
         what = ("the supervisor to start torchrun" if not st.status.get("torchrun_pid")
                 else "rank 0 to report run_start" if not st.world_size else "the first optimizer step")
@@ -33,7 +36,12 @@ def notice_text(st: RunState, log_tail: list[str], failing_rank: int | None) -> 
 class Notice(Static):
     """Hidden when there is nothing to say."""
 
+    _last: Text | None = None
+
     def say(self, text: Text | None) -> None:
+        if text == self._last and self.display == (text is not None):
+            return
+        self._last = text
         self.display = text is not None
         if text is not None:
             self.update(text)

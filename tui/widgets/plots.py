@@ -1,9 +1,12 @@
 """Metric plots: raw series dim, debiased-EMA smoothed on top, min/max downsampled to the width."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
+from rich.text import Text
+from textual.app import RenderResult
 from textual_plotext import PlotextPlot
 
 from tui.series import Series, SmoothCache, minmax_downsample
@@ -22,7 +25,7 @@ class Curve:
     cache: SmoothCache = field(default_factory=SmoothCache)
 
 
-class MetricPlot(PlotextPlot):
+class MetricPlot(PlotextPlot, can_focus=True):
     """A plot of one or more curves that redraws only when its data or view changed."""
 
     def __init__(self, title: str, curves: list[Curve], hline: float | None = None, **kw) -> None:
@@ -30,15 +33,41 @@ class MetricPlot(PlotextPlot):
         self.title = title
         self.curves = curves
         self.hline = hline
+        self.min_interval_s = 0.5
+        self.build_s = 0.0          # cost of the last plotext build
         self._key: tuple | None = None
+        self._last_draw = 0.0
+        self._rendered: RenderResult | None = None
+        self._rendered_sig: tuple | None = None
+
+    def render(self) -> RenderResult:
+        """The built figure, rebuilt only after `redraw` changed it or the size changed."""
+        sig = (self._key, self.size, self.app.theme)
+        if self._rendered is not None and sig == self._rendered_sig:
+            return self._rendered
+        t0 = time.perf_counter()
+        try:
+            out = super().render()
+        except Exception as e:  # noqa: BLE001 - plotext corner cases must never kill the app
+            out = Text(f"{self.title}: cannot draw ({type(e).__name__})", style="dim")
+        self.build_s = time.perf_counter() - t0
+        self._rendered, self._rendered_sig = out, sig
+        return out
 
     def redraw(self, weight: float, logy: bool, force: bool = False) -> bool:
         """Rebuild the plotext figure if anything it shows changed; True if it did."""
         width = max(1, self.size.width - AXIS_COLS)
-        key = (tuple(c.series.version for c in self.curves), width, self.size.height, weight, logy, self.hline)
+        view = (width, self.size.height, weight, logy, self.hline)
+        key = (tuple(c.series.version for c in self.curves), view)
         if key == self._key and not force:
             return False
-        self._key = key
+        now = time.monotonic()
+        # New data alone waits its turn: a plotext build costs tens of ms, so data-driven
+        # redraws are spaced to keep the viewer's CPU small. Key presses and resizes are immediate.
+        if not force and self._key is not None and self._key[1] == view and \
+                now - self._last_draw < max(self.min_interval_s, 25 * self.build_s):
+            return False
+        self._key, self._last_draw = key, now
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()
@@ -74,6 +103,7 @@ class MetricPlot(PlotextPlot):
         return True
 
     def _draw_curve(self, c: Curve, width: int, xr: tuple[float, float], weight: float, logy: bool) -> list[float]:
+        """Draw one curve; returns the y values that must fit in the view."""
         x, y = c.series.arrays()
         if not x.size:
             return []
@@ -82,33 +112,36 @@ class MetricPlot(PlotextPlot):
         if logy:
             y = np.where(y > 0, y, np.nan)
         raw = minmax_downsample(x, y, width, xr)
-        bad = raw.bad_x
-        out: list[float] = []
-        smooth = c.smooth and weight > 0
-        if c.smooth:
-            xs, vs = raw.zigzag()
-            if xs:
-                plt_color = "gray" if smooth else c.color
-                self.plt.plot(xs, vs, color=plt_color, marker="braille", label=None if smooth else c.label)
-                out += [min(vs), max(vs)]
+        ok = np.isfinite(raw.ymin)
+        if not ok.any():
+            out: list[float] = []
         else:
-            ok = np.isfinite(y)
-            if ok.any():
-                self.plt.plot(x[ok].tolist(), y[ok].tolist(), color=c.color, marker="dot", label=c.label)
-                out += [float(y[ok].min()), float(y[ok].max())]
-        if smooth:
-            s = c.cache.get(c.series, weight)[: x.size]
-            if logy:
-                s = np.where(s > 0, s, np.nan)
-            d = minmax_downsample(x, s, width, xr)
-            # the smoothed curve is drawn through column means of its extremes: a line, not a band
-            ok = np.isfinite(d.ymin)
-            if ok.any():
-                mid = ((d.ymin[ok] + d.ymax[ok]) / 2).tolist()
-                self.plt.plot(d.x[ok].tolist(), mid, color=c.color, marker="braille", label=c.label)
-        if bad.size and out:
-            # non-finite points: a red ✗ on the top edge of the column they fall in
-            top = max(out)
-            self.plt.scatter(bad.tolist(), [top] * bad.size, color="red", marker="x",
-                             label=f"{c.label} nan/inf")
+            out = [float(raw.ymin[ok].min()), float(raw.ymax[ok].max())]
+        plt = self.plt
+        if c.smooth and ok.any():
+            # Raw points as each column's min and max (scatter, not a line: plotext spends
+            # time per cell a line crosses, and a zigzag crosses the whole height every column).
+            xs = np.concatenate((raw.x[ok], raw.x[ok])).tolist()
+            vs = np.concatenate((raw.ymin[ok], raw.ymax[ok])).tolist()
+            plt.scatter(xs, vs, color="gray" if weight > 0 else c.color, marker="braille")
+            if weight > 0:
+                sm = c.cache.get(c.series, weight)[: x.size]
+                if logy:
+                    sm = np.where(sm > 0, sm, np.nan)
+                d = minmax_downsample(x, sm, width, xr)
+                good = np.isfinite(d.ymin)
+                if good.any():  # a smoothed curve barely moves within a column: draw its middle
+                    mid = ((d.ymin[good] + d.ymax[good]) / 2).tolist()
+                    plt.plot(d.x[good].tolist(), mid, color=c.color, marker="braille")
+        elif ok.any():
+            fin = np.isfinite(y)
+            if int(fin.sum()) <= width:   # sparse (validation loss): every point, joined
+                plt.plot(x[fin].tolist(), y[fin].tolist(), color=c.color, marker="dot")
+            else:
+                mid = ((raw.ymin[ok] + raw.ymax[ok]) / 2).tolist()
+                plt.plot(raw.x[ok].tolist(), mid, color=c.color, marker="braille")
+        if raw.bad_x.size:
+            # non-finite points are marked, never dropped silently: a red x on the top edge
+            top = out[1] if out else 1.0
+            plt.scatter(raw.bad_x.tolist(), [top] * raw.bad_x.size, color="red", marker="x")
         return out

@@ -1,0 +1,224 @@
+"""Pilot tests of the dashboard on recorded and synthetic run directories (no live run)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from textual.widgets import OptionList
+
+from engine.events import read_events
+from tests.tui.conftest import fixed_now
+from tests.tui.synth import SynthRun
+from tui.app import MtApp
+from tui.stream import fmt_duration, fmt_num, load_run_state
+from tui.widgets.dialogs import ConfirmScreen, HelpScreen
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def text_of(app: MtApp, selector: str) -> str:
+    return str(app.query_one(selector).content)
+
+
+def log_text(app: MtApp) -> str:
+    return "\n".join("".join(seg.text for seg in strip) for strip in app.query_one("#logs").lines)
+
+
+async def wait_for(pilot, cond, timeout: float = 10.0) -> None:
+    """Let the app run until cond() is true (the worker polls every 50 ms in tests)."""
+    for _ in range(int(timeout / 0.05)):
+        if cond():
+            return
+        await pilot.pause(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def make_app(run_dir, now: float | None = None) -> MtApp:
+    clock = (lambda: now) if now is not None else None
+    return MtApp(run_dir, clock=clock, poll_s=0.05, redraw_s=0.05) if clock else \
+        MtApp(run_dir, poll_s=0.05, redraw_s=0.05)
+
+
+async def loaded(pilot) -> None:
+    await wait_for(pilot, lambda: pilot.app.loaded)
+    await pilot.pause(0.2)  # one redraw after the first update
+
+
+async def test_header_and_panels_show_recorded_numbers(fixture_run):
+    run = fixture_run("cpu_only")
+    now = fixed_now(run)
+    st = load_run_state(run)
+    app = make_app(run, now)
+    async with app.run_test(size=(140, 44)) as pilot:
+        await loaded(pilot)
+        header = text_of(app, "#header")
+        assert f"step {st.step:,}/{st.max_steps:,}" in header
+        assert f"loss {fmt_num(st.loss)}" in header and f"best {fmt_num(st.best_loss)}" in header
+        assert f"val {fmt_num(st.val_loss)}" in header
+        assert st.state.upper() in header and f"{st.world_size} × {st.device}" in header
+        ck = st.last_checkpoint
+        assert f"ckpt @{ck.step} ({fmt_duration(now - ck.t)} ago)" in header
+        # system panel: the newest system.jsonl sample
+        last = read_events(run / "system.jsonl")[-1]
+        system = text_of(app, "#system")
+        assert f"{last['host']['mem_total_bytes'] / 2**30:.1f} GiB" in system
+        assert "GPUs: none" in system
+        # logs panel: the tail of rank0.log
+        want = (run / "logs" / "rank0.log").read_text().strip().splitlines()[-1]
+        await wait_for(pilot, lambda: want in log_text(app))
+        # plots hold the whole history
+        n_steps = sum(1 for e in read_events(run / "events.jsonl") if e["kind"] == "step")
+        assert len(app.watcher.follower.series.loss) == n_steps
+
+
+async def test_gpu_panel_numbers(fixture_run):
+    run = fixture_run("finished")
+    app = make_app(run, fixed_now(run))
+    async with app.run_test(size=(140, 44)) as pilot:
+        await loaded(pilot)
+        last = read_events(run / "system.jsonl")[-1]
+        system = text_of(app, "#system")
+        for g in last["gpus"]:
+            assert f"GPU{g['index']}" in system
+            assert f"{g['mem_used_bytes'] / 2**30:.1f}/{g['mem_total_bytes'] / 2**30:.1f} GiB" in system
+            assert f"util {g['util_pct']:>3.0f}%" in system
+            if g["power_w"] is None:
+                assert "N/A" in system
+
+
+async def test_failed_run_shows_reason_incidents_and_failing_rank_log(fixture_run):
+    run = fixture_run("incidents")
+    st = load_run_state(run)
+    assert st.state == "failed" and st.incidents
+    app = make_app(run, fixed_now(run))
+    async with app.run_test(size=(140, 44)) as pilot:
+        await loaded(pilot)
+        notice = text_of(app, "#notice")
+        assert st.reason in notice
+        rank = app.watcher.log_rank
+        assert f"rank{rank}.log" in app.query_one("#logs").border_title
+        crash_line = next(line for line in (run / "logs" / f"rank{rank}.log").read_text().splitlines()
+                          if "injected crash" in line)
+        await wait_for(pilot, lambda: crash_line in log_text(app))
+        # incidents: list holds every incident; the highlighted one's detail is shown
+        ol = app.query_one("#incident-list", OptionList)
+        assert ol.option_count == len(st.incidents)
+        await pilot.press("3")
+        assert app.focused is ol
+        shown = app.query_one("#incidents")._shown
+        for i in range(len(shown)):
+            ol.highlighted = i
+            await pilot.pause(0.05)
+            detail = text_of(app, "#incident-detail")
+            assert shown[i].code in detail and (shown[i].advice[:30] in detail)
+
+
+async def test_keys_that_make_no_sense_say_why(fixture_run):
+    run = fixture_run("cpu_only")
+    app = make_app(run, fixed_now(run))
+    async with app.run_test(size=(140, 44)) as pilot:
+        await loaded(pilot)
+        for key, word in (("c", "checkpoint"), ("s", "stop"), ("k", "kill"), ("r", "resumed")):
+            await pilot.press(key)
+            sev, text = app.said[-1]
+            assert sev == "warning" and "completed" in text and word in text
+        assert not isinstance(app.screen, ConfirmScreen)
+
+
+async def test_smoothing_logy_focus_help_keys(fixture_run):
+    run = fixture_run("cpu_only")
+    app = make_app(run, fixed_now(run))
+    async with app.run_test(size=(140, 44)) as pilot:
+        await loaded(pilot)
+        assert app.smoothing == 0.6
+        await pilot.press("e", "e")
+        assert app.smoothing == pytest.approx(0.4)
+        await pilot.press(*"EEEEEE")
+        assert app.smoothing == 0.99
+        await pilot.press(*"eeeeeeeeeee")
+        assert app.smoothing == 0.0
+        await pilot.pause(0.1)
+        assert "smoothing 0.00" in text_of(app, "#header")
+        await pilot.press("l")
+        assert app.logy is True
+        await pilot.pause(0.1)
+        assert "log-y on" in text_of(app, "#header")
+        for n, sel in ((1, "#plot-loss"), (2, "#system"), (3, "#incident-list"), (4, "#logs")):
+            await pilot.press(str(n))
+            assert app.focused is app.query_one(sel)
+        await pilot.press("g")
+        assert app.watcher.log_rank == 1
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        help_text = str(app.screen.query_one("#help").content)
+        for b in app.BINDINGS:
+            shown = {"question_mark": "?"}.get(b.key, b.key)
+            assert shown in help_text or f"{shown} /" in help_text or "1-4" in help_text
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+
+
+async def test_kill_asks_and_no_cancels(tmp_path):
+    r = SynthRun(tmp_path)
+    r.run_start()
+    r.step(1)
+    r.flush()
+    r.status("running")
+    app = make_app(tmp_path)
+    async with app.run_test(size=(140, 44)) as pilot:
+        await loaded(pilot)
+        await pilot.press("k")
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("n")
+        assert not isinstance(app.screen, ConfirmScreen)
+        assert not any("killing" in t for _, t in app.said)
+
+
+async def test_follows_appended_events_live_and_counts_garbage(tmp_path):
+    r = SynthRun(tmp_path, max_steps=50)
+    r.status("starting")
+    app = make_app(tmp_path)
+    async with app.run_test(size=(140, 44)) as pilot:
+        await loaded(pilot)
+        assert "waiting for" in text_of(app, "#notice")
+        r.run_start()
+        r.flush()
+        r.status("running")
+        with open(r.paths.events, "a") as f:
+            for s in range(1, 21):
+                r.step(s)
+                f.write(r.lines[-1] + "\n")
+            f.write("garbage{\n")
+            r.step(21)
+            f.write(r.lines[-1][:15])        # half-written line
+        await wait_for(pilot, lambda: "step 20/50" in text_of(app, "#header"))
+        assert "1 bad lines skipped" in text_of(app, "#header")
+        with open(r.paths.events, "a") as f:
+            f.write(r.lines[-1][15:] + "\n")
+        await wait_for(pilot, lambda: "step 21/50" in text_of(app, "#header"))
+        assert len(app.watcher.follower.series.loss) == 21
+        assert not app.query_one("#notice").display
+
+
+@pytest.mark.parametrize("size,cls", [((50, 12), "too-small"), ((90, 40), "compact"), ((140, 44), None)])
+async def test_narrow_terminal_layouts(fixture_run, size, cls):
+    run = fixture_run("incidents")
+    app = make_app(run, fixed_now(run))
+    async with app.run_test(size=size) as pilot:
+        await loaded(pilot)
+        for c in ("too-small", "compact"):
+            assert app.screen.has_class(c) == (c == cls)
+        if cls == "too-small":
+            assert "too small" in text_of(app, "#too-small")
+        await pilot.press("e", "l", "g")   # still alive, still responsive
+        await pilot.resize_terminal(140, 44)
+        await pilot.pause(0.2)
+        assert not app.screen.has_class("too-small") and not app.screen.has_class("compact")
+        assert app.is_running
+
+
+def test_fixture_incidents_file_matches_schema():
+    from tests.tui.conftest import FIXTURES
+    for line in (FIXTURES / "incidents" / "incidents.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        assert {"code", "severity", "status", "source", "title"} <= rec.keys()
