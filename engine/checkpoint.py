@@ -15,7 +15,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Callable
 
 import numpy as np
 import torch
@@ -65,8 +65,10 @@ def step_of(path: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def save(root: Path, step: int, parts: dict[str, Any], meta: dict[str, Any]) -> Saved:
-    """Write `parts` (file name -> object) as checkpoint `step`; returns where and how big."""
+def save(root: Path, step: int, parts: dict[str, Any], meta: dict[str, Any], after_file: Callable[[str], None] | None = None) -> Saved:
+    """Write `parts` (file name -> object) as checkpoint `step`; returns where and how big.
+
+    `after_file(name)` runs after each file is on disk (the fault injector dies there)."""
     t0 = time.perf_counter()
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step}"
@@ -81,6 +83,8 @@ def save(root: Path, step: int, parts: dict[str, Any], meta: dict[str, Any]) -> 
             f.flush()
             os.fsync(f.fileno())
         files[name] = {"sha256": w.sha.hexdigest(), "bytes": w.size}
+        if after_file:
+            after_file(name)
     manifest = {"format": FORMAT, "version": FORMAT_VERSION, "step": step, "files": files, "created": time.time(), **meta}
     with open(tmp / "manifest.json", "w") as f:
         json.dump(manifest, f, indent=1)
@@ -136,16 +140,16 @@ def candidates(root: Path) -> list[Path]:
     return [p for _, p in sorted(found, key=lambda sp: sp[0], reverse=True)]
 
 
-def find_latest(root: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
-    """The newest checkpoint that verifies, and (folder, reason) for each newer one skipped."""
+def find_latest(root: Path, map_location: torch.device | str = "cpu") -> tuple[Path | None, dict[str, Any] | None, list[tuple[Path, str]]]:
+    """The newest checkpoint that verifies and loads, its parts, and (folder, reason) for each one skipped."""
     skipped = []
     for path in candidates(root):
         try:
             verify(path)
-            return path, skipped
+            return path, load(path, map_location), skipped
         except CheckpointError as e:
             skipped.append((path, str(e)))
-    return None, skipped
+    return None, None, skipped
 
 
 def load(path: Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:

@@ -159,6 +159,14 @@ class FaultsConfig:
     """fp16 only: scale the loss to inf at this step so the GradScaler skips it."""
     step_sleep_s: float = _c(0.0, ge=0)
     """Sleep this long in every step (slows a demo down to watchable speed)."""
+    crash_in_checkpoint_at_step: int = _c(0, ge=0)
+    """Rank 0 dies (SIGKILL-like) halfway through writing this step's checkpoint."""
+
+
+@dataclass
+class DebugConfig:
+    trace_samples: bool = False
+    """Each rank appends the dataset indices it trained on to trace/rank<N>.jsonl."""
 
 
 @dataclass
@@ -171,6 +179,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -279,6 +288,8 @@ def _check(cfg: Config, source: str) -> None:
         raise ConfigError(source, "data.path", f"required when data.source = {_show(cfg.data.source)}")
     if cfg.faults.crash_rank >= cfg.world_size and cfg.faults.crash_at_step:
         raise ConfigError(source, "faults.crash_rank", f"must be < world size ({cfg.world_size})")
+    if cfg.faults.overflow_at_step and t.precision != "fp16":
+        raise ConfigError(source, "faults.overflow_at_step", f"needs train.precision = \"fp16\", got {_show(t.precision)}")
     if cfg.faults.hang_rank >= cfg.world_size and cfg.faults.hang_at_step:
         raise ConfigError(source, "faults.hang_rank", f"must be < world size ({cfg.world_size})")
 

@@ -1,7 +1,10 @@
 """Injected faults ([faults]) for demos and tests. Only the first attempt is faulty, so a resume recovers."""
 from __future__ import annotations
 
+import os
+import signal
 import time
+from typing import Callable
 
 from engine.config import FaultsConfig
 from engine.dist import log
@@ -37,3 +40,14 @@ class Faults:
         if self.armed and self.cfg.stall_at_step and self.cfg.stall_seconds:
             return self.cfg.stall_at_step, self.cfg.stall_seconds
         return None
+
+    def in_checkpoint(self, step: int) -> Callable[[str], None] | None:
+        """A hook for checkpoint.save that kills this process after the first file of that step."""
+        if not (self.armed and self.cfg.crash_in_checkpoint_at_step == step):
+            return None
+
+        def die(name: str) -> None:
+            log(f"injected crash while writing checkpoint step {step} (after {name})")
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        return die

@@ -1,6 +1,7 @@
 """The training loop that runs inside every torchrun worker. Machinery lives in the modules beside it."""
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -70,6 +71,8 @@ class Trainer:
         self.sampler = GlobalOrderSampler(len(splits.train), cfg.run.seed, env.rank, env.world_size, self.samples, stall_at)
         loader = build_loader(splits.train, self.sampler, t.micro_batch_size, cfg, env.rank, env.device.type == "cuda")
         self.batches = iter(loader)
+        self.trace: list[list[int]] | None = [] if cfg.debug.trace_samples else None
+        self.trace_path = paths.root / "trace" / f"rank{env.rank}.jsonl"
 
     # ------------------------------------------------------------------------------------
     def train(self) -> int:
@@ -114,6 +117,7 @@ class Trainer:
 
             self.step, self.samples = step, self.samples + self.global_batch
             self.heartbeat.beat(step)
+            self._write_trace(step)
             fields = self._step_fields(step, loss, lr, grad_norm, step_time, data_wait, skipped, scale, agreed)
             if step % t.log_every == 0 or step == t.max_steps:
                 self.events.emit("step", **fields)
@@ -156,8 +160,18 @@ class Trainer:
                 self.scaler.scale(scaled).backward()
             if not torch.isfinite(loss.detach()):  # rare; the sync is cheap next to the step
                 bad += [int(i) for i in idx]
+            if self.trace is not None:
+                self.trace.append(idx.tolist())
             loss_sum += loss.detach()
         return loss_sum / self.accum, bad, data_wait
+
+    def _write_trace(self, step: int) -> None:
+        if self.trace is None:
+            return
+        self.trace_path.parent.mkdir(exist_ok=True)
+        with open(self.trace_path, "a") as f:
+            f.write(json.dumps({"attempt": self.attempt, "step": step, "rank": self.env.rank, "micro_batches": self.trace}) + "\n")
+        self.trace = []
 
     def _agree(self, loss_local: torch.Tensor, nonfinite: bool, requests: dict[str, list[Request]]) -> dict[str, Any]:
         """Every rank learns the mean loss, whether any rank saw NaN, and whether to checkpoint or stop."""
@@ -228,7 +242,7 @@ class Trainer:
                 "train.pt": train_state,
             }
             meta = {"world_size": self.env.world_size, "global_batch": self.global_batch, "samples_seen": self.samples, "reason": reason}
-            saved = checkpoint.save(self.paths.checkpoints, self.step, parts, meta)
+            saved = checkpoint.save(self.paths.checkpoints, self.step, parts, meta, self.faults.in_checkpoint(self.step))
             checkpoint.prune(self.paths.checkpoints, self.cfg.checkpoint.keep_last, saved.path)
             reqs = requests["checkpoint"] + requests["stop"]
             self.events.emit("checkpoint", step=self.step, path=str(saved.path), bytes=saved.bytes, seconds=round(saved.seconds, 4), reason=reason, request_id=reqs[0].id if reqs else None)
@@ -240,9 +254,10 @@ class Trainer:
 
     def _maybe_resume(self) -> dict[str, Any] | None:
         found: list[Any] = [None, []]
+        parts = None
         if self.env.is_main:
             checkpoint.clean_temporaries(self.paths.checkpoints)
-            path, skipped = checkpoint.find_latest(self.paths.checkpoints)
+            path, parts, skipped = checkpoint.find_latest(self.paths.checkpoints, self.env.device)
             found = [str(path) if path else None, [(str(p), why) for p, why in skipped]]
             for p, why in skipped:
                 log(f"skipping checkpoint {p}: {why}")
@@ -250,7 +265,8 @@ class Trainer:
         dist.broadcast_object_list(found, src=0)
         if found[0] is None:
             return None
-        parts = checkpoint.load(Path(found[0]), map_location=self.env.device)
+        if parts is None:  # rank 0 verified this folder; the others read the same bytes
+            parts = checkpoint.load(Path(found[0]), map_location=self.env.device)
         state = parts["train.pt"]
         t = self.cfg.train
         how = resume.plan(state, self.env.world_size, t.micro_batch_size, t.grad_accum_steps, t.allow_batch_change)

@@ -1,0 +1,105 @@
+"""Checkpoints are atomic and self-checking: damage is detected and an older intact one is used."""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+
+import pytest
+import torch
+
+from engine import checkpoint
+
+from .runner import events, logs, make_run, run_engine
+
+EVERY_3 = {"train": {"max_steps": 9}, "checkpoint": {"every_steps": 3, "keep_last": 5}}
+
+
+def resume_and_get_start(run, attempt: int = 2) -> dict:
+    run_engine(run, attempt=attempt)
+    return [e for e in events(run, "run_start") if e["attempt"] == attempt][0]
+
+
+@pytest.fixture
+def finished(tmp_path):
+    """A run that wrote checkpoints at steps 3, 6 and 9."""
+    run = make_run(tmp_path, **EVERY_3)
+    assert run_engine(run) == 0, logs(run)
+    assert [c["step"] for c in events(run, "checkpoint")] == [3, 6, 9]
+    return run
+
+
+def make_longer(run, max_steps: int = 12) -> None:
+    cfg = json.loads((run / "config.json").read_text())
+    cfg["train"]["max_steps"] = max_steps
+    (run / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "bitflip", "no_manifest"])
+def test_damaged_newest_checkpoint_is_skipped_and_the_previous_used(finished, damage):
+    newest = finished / "checkpoints/step-9"
+    if damage == "truncate":
+        data = (newest / "optim.pt").read_bytes()
+        (newest / "optim.pt").write_bytes(data[: len(data) // 2])
+    elif damage == "bitflip":
+        data = bytearray((newest / "model.pt").read_bytes())
+        data[len(data) // 2] ^= 0x01
+        (newest / "model.pt").write_bytes(bytes(data))
+    else:
+        (newest / "manifest.json").unlink()
+    make_longer(finished)
+    start = resume_and_get_start(finished)
+    assert start["start_step"] == 6 and start["resumed_from"]["step"] == 6
+    skipped = [e for e in events(finished, "incident") if e["code"] == "checkpoint_skipped"]
+    assert len(skipped) == 1 and "step-9" in skipped[0]["evidence"]["path"]
+    assert "skipping checkpoint" in (finished / "logs/rank0.log").read_text()
+    assert events(finished, "run_end")[-1]["status"] == "completed"
+
+
+class Payload:
+    def __reduce__(self):
+        return (os.system, (f"touch {os.environ['PAYLOAD_MARK']}",))
+
+
+def test_pickle_payload_is_refused_and_never_runs(finished, tmp_path, monkeypatch):
+    mark = tmp_path / "payload-ran"
+    monkeypatch.setenv("PAYLOAD_MARK", str(mark))
+    newest = finished / "checkpoints/step-9"
+    (newest / "train.pt").write_bytes(pickle.dumps(Payload()))
+    # a forger can make the manifest agree with the file: only weights_only loading stops it
+    manifest = json.loads((newest / "manifest.json").read_text())
+    import hashlib
+    data = (newest / "train.pt").read_bytes()
+    manifest["files"]["train.pt"] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    (newest / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(checkpoint.CheckpointError, match="weights_only"):
+        checkpoint.load(newest)
+    make_longer(finished)
+    start = resume_and_get_start(finished)
+    assert start["start_step"] == 6
+    assert not mark.exists()
+
+
+def test_crash_while_writing_a_checkpoint_leaves_the_previous_one_in_use(tmp_path):
+    run = make_run(tmp_path, **EVERY_3, faults={"crash_in_checkpoint_at_step": 6})
+    assert run_engine(run) != 0
+    assert [c["step"] for c in events(run, "checkpoint")] == [3]
+    assert not (run / "checkpoints/step-6").exists()
+    assert list((run / "checkpoints").glob(".tmp-step-6-*"))  # the half-written folder
+    start = resume_and_get_start(run)
+    assert start["start_step"] == 3
+    assert not list((run / "checkpoints").glob(".tmp-*"))  # cleaned, never taken for a checkpoint
+    assert events(run, "run_end")[-1]["status"] == "completed"
+
+
+def test_retention_keeps_the_newest_and_refuses_foreign_folders(tmp_path):
+    run = make_run(tmp_path, train={"max_steps": 10}, checkpoint={"every_steps": 2, "keep_last": 2})
+    assert run_engine(run) == 0, logs(run)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-10", "step-8"]
+    foreign = run / "checkpoints/step-99"
+    foreign.mkdir()
+    (foreign / "manifest.json").write_text(json.dumps({"format": "something-else"}))
+    path, parts, skipped = checkpoint.find_latest(run / "checkpoints")
+    assert path.name == "step-10" and "not an mt-checkpoint" in skipped[0][1]
+    assert parts["train.pt"]["step"] == 10 and isinstance(parts["train.pt"]["rng"][0]["numpy"][1], list)
+    assert isinstance(parts["model.pt"]["tok_emb.weight"], torch.Tensor)

@@ -1,0 +1,90 @@
+"""Real training runs: the loss falls, every event matches the schema, precisions work."""
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+
+import pytest
+
+from engine.events import as_float, schema_errors
+
+from .runner import REPO, events, logs, make_run, run_engine
+
+
+@pytest.mark.slow
+def test_tiny_preset_trains_and_every_event_matches_schema(tmp_path):
+    preset = tomllib.loads((REPO / "presets/tiny-cpu.toml").read_text())
+    preset["train"].update(max_steps=40, eval_every=20)
+    preset["checkpoint"]["every_steps"] = 20
+    run = make_run(tmp_path, base=preset)
+    assert run_engine(run, nproc=2) == 0, logs(run)
+
+    lines = (run / "events.jsonl").read_text().splitlines()
+    import json
+    for line in lines:
+        assert schema_errors(json.loads(line)) == [], line
+    steps = events(run, "step")
+    assert [s["step"] for s in steps] == list(range(1, 41))
+    first, last = steps[0]["loss"], sum(s["loss"] for s in steps[-5:]) / 5
+    assert first > 5.0 and last < first - 1.5, (first, last)
+    start = events(run, "run_start")[0]
+    assert start["world_size"] == 2 and start["effective_batch"] == 2 * 8 * 2
+    assert start["tokens_per_step"] == 2 * 8 * 2 * 128
+    assert 0 < start["data_loss_floor"] < last
+    assert [e["step"] for e in events(run, "eval")] == [20, 40]
+    assert [c["reason"] for c in events(run, "checkpoint")] == ["interval", "final"]
+    assert events(run, "run_end")[-1]["status"] == "completed"
+    assert all(s["samples_seen"] == s["step"] * 32 for s in steps)
+    assert all(s["data_wait_s"] >= 0 and s["tokens_per_s"] > 0 for s in steps)
+    for rank in (0, 1):
+        beat = (run / f"heartbeat/rank{rank}").read_text()
+        assert '"step":40' in beat
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_trains(tmp_path, precision):
+    run = make_run(tmp_path, train={"precision": precision, "max_steps": 16, "grad_accum_steps": 1})
+    assert run_engine(run) == 0, logs(run)
+    steps = events(run, "step")
+    assert len(steps) == 16
+    assert all(math.isfinite(s["loss"]) for s in steps)
+    assert sum(s["loss"] for s in steps[-3:]) / 3 < steps[0]["loss"] - 0.3
+    assert ("loss_scale" in steps[0]) == (precision == "fp16")
+    assert events(run, "run_start")[0]["precision"] == precision
+
+
+def test_forced_fp16_overflow_is_reported_as_a_skipped_step(tmp_path):
+    run = make_run(tmp_path, train={"precision": "fp16", "max_steps": 8}, faults={"overflow_at_step": 4})
+    assert run_engine(run) == 0, logs(run)
+    steps = {s["step"]: s for s in events(run, "step")}
+    assert steps[4]["skipped"] is True
+    assert steps[4]["loss_scale"] == steps[3]["loss_scale"] / 2
+    assert math.isfinite(steps[4]["loss"])
+    assert not any(steps[s]["skipped"] for s in steps if s != 4)
+
+
+def test_nan_injection_reports_samples_and_skip_keeps_training_finite(tmp_path):
+    run = make_run(tmp_path, train={"max_steps": 10, "on_nan": "skip"}, faults={"nan_at_step": 5}, checkpoint={"every_steps": 0})
+    assert run_engine(run) == 0, logs(run)
+    steps = {s["step"]: s for s in events(run, "step")}
+    assert math.isnan(as_float(steps[5]["loss"])) and steps[5]["skipped"] is True
+    assert all(math.isfinite(steps[s]["loss"]) for s in steps if s != 5)
+    nan = [e for e in events(run, "incident") if e["code"] == "nan_loss"]
+    assert len(nan) == 1 and nan[0]["step"] == 5
+    # rank 0's first micro-batch of step 5: micro_batch_size samples, dataset indices
+    assert len(nan[0]["evidence"]["sample_indices"]) == 4
+    assert all(0 <= i < 512 for i in nan[0]["evidence"]["sample_indices"])
+    assert events(run, "run_end")[-1]["status"] == "completed"
+
+
+def test_nan_with_on_nan_stop_checkpoints_the_last_good_state(tmp_path):
+    import torch
+    run = make_run(tmp_path, train={"max_steps": 10, "on_nan": "stop"}, faults={"nan_at_step": 5})
+    assert run_engine(run) == 0, logs(run)
+    end = events(run, "run_end")[-1]
+    assert end["status"] == "stopped" and end["step"] == 4
+    ckpt = events(run, "checkpoint")[-1]
+    assert ckpt["step"] == 4 and ckpt["reason"] == "stop"
+    weights = torch.load(f"{ckpt['path']}/model.pt", weights_only=True)
+    assert all(torch.isfinite(w).all() for w in weights.values())
