@@ -1,7 +1,6 @@
 """Liveness rules from heartbeats and rank processes: hang and straggler."""
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 from engine.config import MonitorConfig
@@ -70,13 +69,12 @@ def _suspects(hbs: dict[int, dict[str, Any]], procs: dict[int, RankProc]) -> tup
     if steps and len(set(steps.values())) > 1:
         low = min(steps.values())
         return sorted(r for r, s in steps.items() if s == low), f"its heartbeat is behind (step {low})"
-    kinds = {r: ("waiting" if p.syscall in _WAITING else "running" if p.syscall == "running" else "other")
-             for r, p in procs.items() if p.syscall and p.alive}
-    if len(kinds) >= 2:
-        common, _ = Counter(kinds.values()).most_common(1)[0]
-        odd = sorted(r for r, k in kinds.items() if k != common)
-        if odd and len(odd) < len(kinds) and common == "waiting":
-            return odd, "the others are blocked waiting (in a collective) while it is not"
+    waiting = sorted(r for r, p in procs.items() if p.alive and p.syscall in _WAITING)
+    other = sorted(r for r, p in procs.items() if p.alive and p.syscall and p.syscall not in _WAITING)
+    if waiting and other:
+        calls = ", ".join(sorted({procs[r].syscall or "" for r in other}))
+        return other, (f"it is in {calls} while rank {', '.join(map(str, waiting))} "
+                       f"{'waits' if len(waiting) == 1 else 'wait'} for a peer, as in a collective")
     return [], ""
 
 
@@ -93,7 +91,7 @@ def hang(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
     if not marks:
         return None
     progress = max(marks)
-    med = sig.median_step_time()
+    med = sig.median_step_interval()
     limit = max(m.hang_floor_s, m.hang_step_factor * med) if med else m.hang_floor_s
     if last is None:
         limit *= 2  # start-up: first batches, allocator warm-up, compilation
@@ -122,10 +120,10 @@ def hang(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
              f"{fmt_s(per_rank[str(r)]['heartbeat_age_s'])} old, {_doing(obs.procs.get(r))}" for r in ranks]
     who = (f"rank {', '.join(map(str, suspects))} looks stuck ({why}); " if suspects else "")
     detail = (f"no step for {fmt_s(idle)} after step {step - 1} (limit {fmt_s(limit)}: max of "
-              f"{fmt_s(m.hang_floor_s)} and {m.hang_step_factor:g} x median step {fmt_s(med)}); "
+              f"{fmt_s(m.hang_floor_s)} and {m.hang_step_factor:g} x the median {fmt_s(med)} between steps); "
               f"{who}stale heartbeats: {', '.join(map(str, stale)) or 'none'}. " + "; ".join(lines))
     evidence = {"idle_s": round(idle, 1), "limit_s": round(limit, 1), "last_step": step - 1,
-                "median_step_s": med, "stale_ranks": stale, "suspect_ranks": suspects, "ranks": per_rank}
+                "median_step_interval_s": med, "stale_ranks": stale, "suspect_ranks": suspects, "ranks": per_rank}
     return Finding("hang", "error", step, f"Hang: no progress after step {step - 1}", detail, ADVICE_HANG, evidence)
 
 
@@ -133,7 +131,7 @@ def straggler(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | 
     """A rank's heartbeat steadily `straggler_steps` or more behind the most advanced rank."""
     if not _running(sig, obs):
         return None
-    med = sig.median_step_time() or 1.0
+    med = sig.median_step_interval() or 1.0
     steady = max(3.0, 3 * med)
     lagging = {r: lag for r, (lag, since) in sig.heartbeat_lag.items() if obs.now - since >= steady}
     if not lagging:

@@ -135,14 +135,22 @@ class RunSignals:
         """Whether a step's timing is representative: past warm-up, not right after a pause."""
         if rec.step <= self.start_step + WARMUP_STEPS:
             return False
-        # The step that ends at an eval/checkpoint and the one after may carry its time.
-        return rec.step not in self.pauses and rec.step - 1 not in self.pauses
+        # An eval/checkpoint runs after its step is logged: the next step's wall time (and,
+        # in engines that time steps end to end, its step time) carries the pause.
+        return rec.step - 1 not in self.pauses
 
     def median_step_time(self, last: int = 50) -> float | None:
         times = [r.step_time_s for r in list(self.steps)[-last * 2:] if self.judged(r) and r.step_time_s == r.step_time_s]
         if not times:
             times = [r.step_time_s for r in self.steps if r.step_time_s == r.step_time_s]
         return statistics.median(times[-last:]) if times else None
+
+    def median_step_interval(self, last: int = 50) -> float | None:
+        """Median wall time between consecutive logged steps (includes any per-step sleep)."""
+        recs = list(self.steps)[-(last + 1):]
+        gaps = [(b.t - a.t) / max(1, b.step - a.step) for a, b in zip(recs, recs[1:])
+                if self.judged(b) and b.step > a.step]
+        return statistics.median(gaps) if gaps else self.median_step_time(last)
 
     def pause_expected_after(self, step: int) -> str | None:
         """"eval"/"checkpoint" if the engine is due to pause after this step (per the config)."""

@@ -74,7 +74,7 @@ class IncidentMonitor:
         for ev in self.events.iter_new():
             self.sig.feed_event(ev)
             if ev.get("kind") == "incident":
-                out += self._copy_engine(ev)
+                out += self._copy_engine(ev, now)
             elif ev.get("kind") == "step":
                 out += self._engine_clears(ev, now)
         for sample in self.system.iter_new():
@@ -118,15 +118,16 @@ class IncidentMonitor:
         return pids
 
     # -- engine-side incidents -------------------------------------------------------------
-    def _copy_engine(self, ev: dict[str, Any]) -> list[dict[str, Any]]:
+    def _copy_engine(self, ev: dict[str, Any], now: float) -> list[dict[str, Any]]:
         key = _engine_key(ev)
         code = ev.get("code")
         if key in self.copied or not isinstance(code, str) or code in self.open:
             self.copied.add(key)
             return []
         self.copied.add(key)
-        rec = {"v": SCHEMA_VERSION, "t": as_float(ev.get("t")), **{f: ev.get(f) for f in _FIELDS},
-               "status": "open", "source": "engine"}
+        # t: when it reached this file (like every record); event_t: when the engine raised it
+        rec = {"v": SCHEMA_VERSION, "t": now, **{f: ev.get(f) for f in _FIELDS},
+               "status": "open", "source": "engine", "event_t": as_float(ev.get("t"))}
         self.open[code] = rec
         self.clean_steps[code] = 0
         return [rec]
@@ -138,7 +139,9 @@ class IncidentMonitor:
                 continue
             if is_clear(code, rec.get("evidence") or {}, step):
                 self.clean_steps[code] = self.clean_steps.get(code, 0) + 1
-                if self.clean_steps[code] >= self.m.close_after_steps:
+                # fast runs clear N steps in a second: keep it open long enough to be seen
+                shown = now - as_float(rec.get("t")) >= self.m.close_after_s
+                if self.clean_steps[code] >= self.m.close_after_steps and shown:
                     out.append(self._close(code, now, f"{self.clean_steps[code]} clean steps up to step {step.get('step')}"))
             else:
                 self.clean_steps[code] = 0
@@ -188,4 +191,5 @@ class IncidentMonitor:
 
 
 def _engine_key(ev: dict[str, Any]) -> tuple[Any, ...]:
-    return (ev.get("code"), ev.get("step"), round(as_float(ev.get("t")), 3))
+    t = ev.get("event_t", ev.get("t")) if "source" in ev else ev.get("t")
+    return (ev.get("code"), ev.get("step"), round(as_float(t), 3))

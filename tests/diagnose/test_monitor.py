@@ -16,8 +16,8 @@ def emit_incident(run: FakeRun, inc: dict) -> None:
     run.event("incident", **inc)
 
 
-def test_engine_incident_copied_once_then_closed_after_clean_steps(tmp_path: Path) -> None:
-    m = MonitorConfig()
+def spike_run(tmp_path: Path, m: MonitorConfig) -> FakeRun:
+    """A clean curve with a 4-step loss spike at steps 101..104, the engine's rule emitting."""
     run = FakeRun(tmp_path / "r", monitor=m)
     run.start()
     stream = steps(200, 0)
@@ -30,12 +30,25 @@ def test_engine_incident_copied_once_then_closed_after_clean_steps(tmp_path: Pat
         for inc in incs:
             emit_incident(run, inc)
         run.poll()
+    return run
+
+
+def test_engine_incident_copied_once_then_closed_after_clean_steps(tmp_path: Path) -> None:
+    m = MonitorConfig(close_after_s=0.0)
+    run = spike_run(tmp_path, m)
     opened = run.opened("loss_spike")
     assert len(opened) == 1 and opened[0]["source"] == "engine" and opened[0]["step"] == 101
     closed = run.closed("loss_spike")
     assert len(closed) == 1
     # closed after close_after_steps clean steps following the spike
-    assert closed[0]["closed_reason"].startswith(f"{m.close_after_steps} clean steps up to step {104 + m.close_after_steps}")
+    assert closed[0]["closed_reason"] == f"{m.close_after_steps} clean steps up to step {104 + m.close_after_steps}"
+
+
+def test_engine_incident_stays_open_long_enough_to_be_seen(tmp_path: Path) -> None:
+    m = MonitorConfig(close_after_s=15.0)
+    run = spike_run(tmp_path, m)
+    opened, closed = run.opened("loss_spike")[0], run.closed("loss_spike")[0]
+    assert m.close_after_s <= closed["t"] - opened["t"] <= m.close_after_s + 0.2 + 1e-6
 
 
 def test_duplicate_engine_incident_while_open_is_not_repeated(tmp_path: Path) -> None:
