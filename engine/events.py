@@ -127,7 +127,10 @@ def schema_errors(event: Any) -> list[str]:
 
 def dumps(obj: Any) -> str:
     """One JSONL line. Non-finite floats become the strings "nan"/"inf" so every reader copes."""
-    return json.dumps(_finite(obj), separators=(",", ":"), allow_nan=False)
+    try:
+        return json.dumps(obj, separators=(",", ":"), allow_nan=False)
+    except ValueError:  # rare: a NaN or inf somewhere
+        return json.dumps(_finite(obj), separators=(",", ":"), allow_nan=False)
 
 
 def _finite(obj: Any) -> Any:
