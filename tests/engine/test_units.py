@@ -1,0 +1,68 @@
+"""Pieces of the engine on their own: sampler order, schedule, resume planning, signals."""
+from __future__ import annotations
+
+import itertools
+import signal
+import time
+
+import pytest
+import torch
+from torch.utils.data import DistributedSampler
+
+from engine.config import TrainConfig
+from engine.data import GlobalOrderSampler
+from engine.optim import lr_at
+from engine.resume import ResumeRefused, plan
+
+from .runner import events, make_run, start, wait_for
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_sampler_walks_distributed_samplers_order(world):
+    n, seed = 96, 5
+    for epoch in (0, 1):
+        for rank in range(world):
+            ref = DistributedSampler(range(n), num_replicas=world, rank=rank, seed=seed, shuffle=True, drop_last=True)
+            ref.set_epoch(epoch)
+            ours = GlobalOrderSampler(n, seed, rank, world, start=epoch * n)
+            assert list(itertools.islice(iter(ours), n // world)) == list(ref)
+
+
+def test_sampler_resumes_mid_epoch_on_another_world_size():
+    n, seed, pos = 64, 3, 24
+    whole = list(itertools.islice(iter(GlobalOrderSampler(n, seed, 0, 1, 0)), n))
+    two = [list(itertools.islice(iter(GlobalOrderSampler(n, seed, r, 2, pos)), (n - pos) // 2)) for r in (0, 1)]
+    merged = [i for pair in zip(*two) for i in pair]
+    assert merged == whole[pos:]
+
+
+def test_schedule_warmup_cosine_linear_constant():
+    t = TrainConfig(lr=1.0, min_lr=0.1, warmup_steps=10, max_steps=110)
+    assert lr_at(1, t) == pytest.approx(0.1) and lr_at(10, t) == pytest.approx(1.0)
+    assert lr_at(60, t) == pytest.approx(0.55) and lr_at(110, t) == pytest.approx(0.1)
+    t.schedule = "linear"
+    assert lr_at(60, t) == pytest.approx(0.55) and lr_at(35, t) == pytest.approx(0.775)
+    t.schedule = "constant"
+    assert lr_at(100, t) == 1.0
+
+
+def test_resume_plan_keeps_global_batch_or_refuses():
+    state = {"world_size": 4, "global_batch": 64, "grad_accum_steps": 2}
+    assert plan(state, 4, 8, 2, False).exact
+    p = plan(state, 2, 8, 2, False)
+    assert p.grad_accum_steps == 4 and not p.exact and "keeps the global batch at 64" in p.note
+    with pytest.raises(ResumeRefused, match="allow_batch_change"):
+        plan(state, 3, 8, 2, False)
+    assert plan(state, 3, 8, 2, True).grad_accum_steps == 2
+
+
+def test_second_signal_exits_at_once(tmp_path):
+    run = make_run(tmp_path, train={"max_steps": 50}, faults={"step_sleep_s": 3.0})
+    proc = start(run)
+    wait_for(lambda: events(run, "run_start"), what="run_start")
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == 128 + signal.SIGTERM
+    assert not events(run, "run_end")  # no cleanup, no final checkpoint: the user insisted
