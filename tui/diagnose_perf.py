@@ -53,27 +53,48 @@ def _gpu_util(sig: RunSignals, obs: Observation, window_s: float) -> float | Non
     return sum(u for _, u in utils) / len(utils)
 
 
-def dataloader_stall(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
-    """Data wait a large share of recent step time (and, with NVML, GPUs idle meanwhile)."""
-    if not _live(sig, obs):
-        return None
+def _stall_window(sig: RunSignals, steps: list[StepRec], end: int, m: MonitorConfig) -> list[StepRec]:
+    """The last `stall_steps` judged steps up to index `end`, within stall_window_s of it."""
     recent: list[StepRec] = []
-    for r in reversed(sig.steps):
-        if obs.now - r.t > m.stall_window_s or len(recent) == m.stall_steps:
+    t_end = steps[end].t
+    for r in reversed(steps[: end + 1]):
+        if t_end - r.t > m.stall_window_s or len(recent) == m.stall_steps:
             break
         if sig.judged(r) and not _nan(r.data_wait_s) and not _nan(r.step_time_s):
             recent.append(r)
     recent.reverse()
-    if len(recent) < min(2, m.stall_steps):
+    return recent
+
+
+def dataloader_stall(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
+    """Data wait a large share of recent step time (and, with NVML, GPUs idle meanwhile)."""
+    if not _live(sig, obs) or not sig.steps:
         return None
-    wait = sum(r.data_wait_s for r in recent)
-    total = sum(max(r.step_time_s, r.data_wait_s) for r in recent)
-    share = wait / total if total > 0 else 0.0
+    # Fast runs log many steps between two polls: judge the window ending at each new step,
+    # or a stall that has already scrolled out of the last few steps would go unseen.
+    tail = list(sig.steps)[-(min(obs.new_steps, 500) + 4 * m.stall_steps):]
+    ends = range(max(0, len(tail) - max(1, obs.new_steps)), len(tail))
+    ends = [i for i in ends if obs.now - tail[i].t <= m.stall_window_s]
     gpu = _gpu_util(sig, obs, m.stall_window_s)
     gpu_idle = gpu is not None and gpu <= m.stall_gpu_util_pct
     # Without NVML (CPU runs) the data-wait share decides alone; with it, idle GPUs lower the
     # bar to half the share (the GPU confirms what the share suggests).
     need = m.stall_data_share / 2 if gpu_idle else m.stall_data_share
+    for end in ends:
+        recent = _stall_window(sig, tail, end, m)
+        finding = _stall_finding(sig, recent, need, gpu, m)
+        if finding is not None:
+            return finding
+    return None
+
+
+def _stall_finding(sig: RunSignals, recent: list[StepRec], need: float, gpu: float | None,
+                   m: MonitorConfig) -> Finding | None:
+    if len(recent) < min(2, m.stall_steps):
+        return None
+    wait = sum(r.data_wait_s for r in recent)
+    total = sum(max(r.step_time_s, r.data_wait_s) for r in recent)
+    share = wait / total if total > 0 else 0.0
     if share < need or wait < m.stall_min_wait_s:
         return None
     first = next((r for r in recent if r.data_wait_s >= need * max(r.step_time_s, r.data_wait_s)), recent[0])

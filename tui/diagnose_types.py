@@ -49,6 +49,8 @@ class Observation:
     rank_logs: dict[int, str] = field(default_factory=dict)
     """Tails of logs/rank<N>.log, read only once a worker has exited."""
     torchrun_log: str = ""
+    new_steps: int = 0
+    """Step events read since the previous poll (step-driven rules judge each of them)."""
     open_codes: frozenset[str] = frozenset()
     open_evidence: dict[str, dict[str, Any]] = field(default_factory=dict)
 

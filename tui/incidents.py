@@ -71,15 +71,20 @@ class IncidentMonitor:
         """Read what is new, run the rules, append and return the records written."""
         now = time.time() if now is None else now
         out: list[dict[str, Any]] = []
+        new_steps = 0
         for ev in self.events.iter_new():
             self.sig.feed_event(ev)
             if ev.get("kind") == "incident":
                 out += self._copy_engine(ev, now)
             elif ev.get("kind") == "step":
+                new_steps += 1
                 out += self._engine_clears(ev, now)
+            elif ev.get("kind") == "run_start":
+                new_steps = 0  # the steps read so far belong to an earlier attempt
         for sample in self.system.iter_new():
             self.sig.feed_system(sample)
         obs = self._observe(now)
+        obs.new_steps = new_steps
         found = evaluate(self.sig, obs, self.m)
         out += self._lifecycle(found, obs)
         self._append(out)

@@ -66,10 +66,11 @@ class FakeRun:
         self.event("run_start", attempt=self.attempt, world_size=self.world, start_step=start_step, max_steps=10**6)
 
     def do_step(self, step_time: float = 0.2, data_wait: float = 0.01, tokens: float = 4096,
-                loss: float = 3.0, beats: tuple[int, ...] | None = None, **extra: Any) -> None:
+                loss: float = 3.0, beats: tuple[int, ...] | None = None, poll: bool = True, **extra: Any) -> None:
         """One optimizer step taking step_time seconds (the monitor polls each second meanwhile)."""
         whole = int(step_time)
-        self.idle(float(whole))
+        if poll:
+            self.idle(float(whole))
         self.now += step_time - whole
         self.step += 1
         self.event("step", step=self.step, loss=loss, lr=1e-3, grad_norm=0.5, clipped=False,
@@ -77,7 +78,8 @@ class FakeRun:
                    skipped=False, **extra)
         for r in range(self.world) if beats is None else beats:
             self.heartbeat(r, self.step)
-        self.poll()
+        if poll:
+            self.poll()
 
     def sample(self, gpu_util: float | None = None, mem_share: float | None = None,
                host_mem_share: float = 0.3) -> None:

@@ -37,6 +37,17 @@ def test_one_long_stall_fires_when_its_step_lands(tmp_path: Path) -> None:
     assert [g["step"] for g in got] == [run.step]
 
 
+def test_stall_between_two_polls_of_a_fast_run_is_seen(tmp_path: Path) -> None:
+    run = FakeRun(tmp_path / "r")
+    warm(run, step_time=0.05)
+    at = run.step + 1
+    run.do_step(step_time=4.5, data_wait=4.4, poll=False)
+    for _ in range(12):  # far more steps than the stall window holds before the next poll
+        run.do_step(step_time=0.05, poll=False)
+    run.poll()
+    assert [g["step"] for g in run.opened("dataloader_stall")] == [at]
+
+
 def test_stall_closes_after_it_clears_and_can_reopen(tmp_path: Path) -> None:
     m = MonitorConfig()
     run = FakeRun(tmp_path / "r", monitor=m)
