@@ -113,7 +113,7 @@ def test_detach_watch_ckpt_stop_resume_ls(tmp_path: Path, runs: Path) -> None:
 
 
 def test_auto_resume_after_injected_crash(tmp_path: Path, runs: Path) -> None:
-    preset = write_preset(tmp_path / "p.toml", runs, launch={"max_restarts": 1},
+    preset = write_preset(tmp_path / "p.toml", runs, launch={"max_restarts": 1}, train={"max_steps": 16},
                           faults={"crash_at_step": 12, "crash_rank": 1})
     res = mt("launch", preset, "--headless")
     assert res.returncode == 0, res.stdout + res.stderr
@@ -128,8 +128,8 @@ def test_auto_resume_after_injected_crash(tmp_path: Path, runs: Path) -> None:
 
 
 def test_crash_without_restarts_fails(tmp_path: Path, runs: Path) -> None:
-    preset = write_preset(tmp_path / "p.toml", runs, train={"max_steps": 12},
-                          launch={"nproc_per_node": 1}, faults={"crash_at_step": 3, "crash_rank": 0})
+    preset = write_preset(tmp_path / "p.toml", runs, train={"max_steps": 6, "warmup_steps": 0},
+                          launch={"nproc_per_node": 1}, faults={"crash_at_step": 2, "crash_rank": 0})
     res = mt("launch", preset, "--headless")
     assert res.returncode == 1, res.stdout + res.stderr
     run_dir = run_dir_from(res.stdout)
