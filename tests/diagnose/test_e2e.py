@@ -1,0 +1,71 @@
+"""End to end: real runs of the tiny CPU model with injected [faults], under `mt launch`.
+
+The supervisor runs the IncidentMonitor; each fault must put its code into incidents.jsonl
+within 10 s (or 3 logged steps) of the fault, at the fault's step; a clean run of the same
+preset, judged with the same thresholds, must raise no warn/error incident.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .scenarios import CLEAN, FAULTS, NAN_THEN_STALL, Outcome, launch
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+LATENCY_S = 10.0
+LATE_STEPS = 3
+
+
+def on_time(o: Outcome, code: str) -> None:
+    lat, late = o.latency_s(code), o.steps_late(code)
+    assert lat is not None, (code, o.codes, o.run_dir)
+    assert lat <= LATENCY_S or (late is not None and late <= LATE_STEPS), (code, lat, late, o.run_dir)
+
+
+def test_nan_and_stall(tmp_path: Path) -> None:
+    o = launch(NAN_THEN_STALL, tmp_path)
+    assert o.state == "completed"
+    nan, stall = o.first("nan_loss"), o.first("dataloader_stall")
+    assert nan and stall, (o.codes, o.run_dir)
+    assert nan["step"] == NAN_THEN_STALL.faults["nan_at_step"] and nan["source"] == "engine"
+    assert nan["evidence"]["sample_indices"] and nan["evidence"]["action"] == "skip"
+    assert stall["step"] == NAN_THEN_STALL.faults["stall_at_step"] and stall["source"] == "supervisor"
+    assert stall["evidence"]["data_share"] >= 0.5
+    on_time(o, "nan_loss")
+    on_time(o, "dataloader_stall")
+    assert sorted(o.codes) == ["dataloader_stall", "nan_loss"]  # nothing else on the way
+
+
+def test_crash(tmp_path: Path) -> None:
+    scn = next(s for s in FAULTS if s.name == "crash")
+    o = launch(scn, tmp_path)
+    assert o.state == "failed"
+    crash = o.first("crash")
+    assert crash, (o.codes, o.run_dir)
+    assert crash["step"] == scn.faults["crash_at_step"]
+    assert crash["evidence"]["rank"] == scn.faults["crash_rank"]
+    assert "injected crash" in crash["evidence"]["line"]
+    on_time(o, "crash")
+    assert o.codes == ["crash"]
+
+
+def test_hang_then_collective_timeout(tmp_path: Path) -> None:
+    scn = next(s for s in FAULTS if s.name == "hang_timeout")
+    o = launch(scn, tmp_path)
+    assert o.state == "failed"
+    hang, timeout = o.first("hang"), o.first("nccl_timeout")
+    assert hang and timeout, (o.codes, o.run_dir)
+    assert hang["step"] == scn.faults["hang_at_step"]
+    assert hang["evidence"]["suspect_ranks"] == [scn.faults["hang_rank"]]
+    on_time(o, "hang")
+    # the rank that timed out is not the culprit; the timeout says which one the hang named
+    assert timeout["t"] > hang["t"] and f"rank {scn.faults['hang_rank']}" in timeout["detail"]
+    assert sorted(o.codes) == ["hang", "nccl_timeout"]
+
+
+def test_clean_run_raises_nothing(tmp_path: Path) -> None:
+    o = launch(CLEAN, tmp_path)
+    assert o.state == "completed"
+    assert o.alarms() == [], o.alarms()
