@@ -248,7 +248,7 @@ class StepAnomalies:
         if not (collapsed or n_skipped >= self.m.overflow_max_skipped):
             return None
         evidence = {"skipped_in_window": n_skipped, "window_steps": len(self.skipped),
-                    "loss_scale": _r(scale), "min_scale": self.m.overflow_min_scale,
+                    "loss_scale": scale, "min_scale": self.m.overflow_min_scale,
                     "grad_norm": _r(_finite(step.get("grad_norm"))), "lr": _r(_finite(step.get("lr")))}
         if collapsed:
             detail = (f"GradScaler loss scale fell to {scale:.3g} at step {s} (below "

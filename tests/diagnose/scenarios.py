@@ -75,6 +75,10 @@ class Scenario:
     steps: int = 30
     step_sleep_s: float = 0.0
     pg_timeout_s: float = 300.0
+    train: dict[str, Any] = field(default_factory=dict)
+    """Extra [train] keys (e.g. precision)."""
+    monitor: dict[str, Any] = field(default_factory=dict)
+    """[monitor] keys on top of MONITOR, for this scenario only."""
     kill_after_detect: bool = False
     timeout_s: float = 150.0
 
@@ -84,7 +88,10 @@ class Scenario:
         faults = dict(self.faults)
         if self.step_sleep_s:
             faults["step_sleep_s"] = self.step_sleep_s
-        text += "\n[monitor]\n" + "".join(f"{k} = {v!r}\n" for k, v in MONITOR.items())
+        for k, v in self.train.items():
+            text = text.replace("[train]\n", f"[train]\n{k} = {json.dumps(v)}\n")
+        monitor = {**MONITOR, **self.monitor}
+        text += "\n[monitor]\n" + "".join(f"{k} = {v!r}\n" for k, v in monitor.items())
         if faults:
             text += "\n[faults]\n" + "".join(f"{k} = {v!r}\n" for k, v in faults.items())
         path = folder / f"{self.name}.toml"
@@ -195,6 +202,9 @@ FAULTS = [
     Scenario("nan", {"nan_at_step": 17}, {"nan_loss": "nan_at_step"}),
     Scenario("crash", {"crash_at_step": 17, "crash_rank": 1}, {"crash": "crash_at_step"}),
     Scenario("hang", {"hang_at_step": 17, "hang_rank": 1}, {"hang": "hang_at_step"}, kill_after_detect=True),
+    # the fault overflows one step; a real overflow storm skips many, so one skip is the bar here
+    Scenario("fp16_overflow", {"overflow_at_step": 17}, {"fp16_overflow": "overflow_at_step"},
+             train={"precision": "fp16"}, monitor={"overflow_max_skipped": 1}),
     # a hung rank left alone: the collective times out after pg_timeout_s and the run fails
     Scenario("hang_timeout", {"hang_at_step": 17, "hang_rank": 1},
              {"hang": "hang_at_step", "nccl_timeout": "hang_at_step"}, pg_timeout_s=12.0),
