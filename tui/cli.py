@@ -26,7 +26,7 @@ OK, RUN_FAILED, BAD_INPUT = 0, 1, 2
 
 RunDirArg = Annotated[Path, typer.Argument(help="A run directory, e.g. runs/tiny-cpu-20260101-120000.", show_default=False)]
 DetachOpt = Annotated[bool, typer.Option("--detach", help="Print the run directory and return; the run keeps going.")]
-HeadlessOpt = Annotated[bool, typer.Option("--headless", help="No dashboard: print progress lines and exit with the run's result.")]
+HeadlessOpt = Annotated[bool, typer.Option("--headless", help="No dashboard: print progress lines and exit with the run's result (SIGTERM stops the run gracefully; Ctrl-C only detaches).")]
 NprocOpt = Annotated[Optional[int], typer.Option("--nproc", help="Worker processes on this node (overrides launch.nproc_per_node).", show_default=False)]
 
 
@@ -42,11 +42,10 @@ def _attach(run_dir: Path, detach: bool, headless: bool) -> None:
         typer.echo(str(run_dir))
         return
     if headless:
-        from tui.follow import exit_code_for, follow_run
+        from tui.follow import follow_headless
 
         typer.echo(f"run dir: {run_dir}")
-        state = follow_run(run_dir, sys.stdout)
-        raise typer.Exit(exit_code_for(state))
+        raise typer.Exit(follow_headless(run_dir, sys.stdout))
     from tui.app import run_app
 
     raise typer.Exit(run_app(run_dir))

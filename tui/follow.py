@@ -5,6 +5,8 @@ per checkpoint, eval, incident, control answer and attempt.
 """
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any, Callable, TextIO
@@ -86,3 +88,41 @@ def follow_run(run_dir: Path, out: TextIO, min_interval_s: float = 1.0, poll_s: 
             out.flush()
             return "lost"
         time.sleep(poll_s)
+
+
+class Detached(Exception):
+    """The viewer let go of the run (Ctrl-C or a closed terminal); the run keeps going."""
+
+
+def follow_headless(run_dir: Path, out: TextIO) -> int:
+    """follow_run with the signals a batch job sees; returns the exit code for `mt`.
+
+    SIGTERM (SLURM time limit, preemption, `kill`) is passed to the supervisor as a graceful
+    stop, so the run writes a final checkpoint, and we keep following until it has ended.
+    Ctrl-C or a hang-up only detaches this viewer: the run keeps going.
+    """
+    def stop_run(_signum: int, _frame: object) -> None:
+        pid = read_status(Path(run_dir)).get("supervisor_pid")
+        out.write("SIGTERM: stopping the run gracefully (final checkpoint)\n")
+        if isinstance(pid, int):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    def detach(_signum: int, _frame: object) -> None:
+        raise Detached
+
+    old = {s: signal.signal(s, h) for s, h in ((signal.SIGTERM, stop_run), (signal.SIGINT, detach), (signal.SIGHUP, detach))}
+    try:
+        return exit_code_for(follow_run(Path(run_dir), out))
+    except Detached:
+        try:
+            out.write(f"detached; the run keeps going. Follow it: mt watch {run_dir}  stop it: mt stop {run_dir}\n")
+            out.flush()
+        except OSError:  # the terminal is gone
+            pass
+        return 130
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)

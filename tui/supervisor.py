@@ -129,10 +129,13 @@ class Supervisor:
                 rc, worker_rc, run_end = self.run_attempt(attempt)
                 if self.kill_requested:
                     return self.finish("killed", 1, exit_code=None, reason="killed by mt kill")
-                if rc == 0:
-                    state = (run_end or {}).get("status") or ("stopped" if self.stop_requested else "completed")
-                    state = state if state in ("completed", "stopped") else "completed"
-                    return self.finish(state, 0, exit_code=0, reason=(run_end or {}).get("reason") or state)
+                ended = (run_end or {}).get("status")
+                # torchrun itself exits 1 after forwarding a SIGTERM even when every worker
+                # stopped cleanly, so the engine's own run_end is the word on how it ended
+                if rc == 0 or ended in ("completed", "stopped"):
+                    state = ended if ended in ("completed", "stopped") else \
+                        ("stopped" if self.stop_requested else "completed")
+                    return self.finish(state, 0, exit_code=rc, reason=(run_end or {}).get("reason") or state)
                 reason = self.failure_reason(rc, worker_rc, run_end)
                 if self.stop_requested:
                     return self.finish("failed", 1, exit_code=rc, reason=reason)
@@ -167,8 +170,8 @@ class Supervisor:
                           started=self.status.get("started") or started, ended=None, exit_code=None,
                           reason=None, nproc=self.cfg.launch.nproc_per_node,
                           nnodes=self.cfg.launch.nnodes, node_rank=self.cfg.launch.node_rank)
-        if self.kill_requested or self.stop_requested:
-            return (-signal.SIGTERM, None, None)
+        if self.kill_requested or self.stop_requested:  # a signal arrived before torchrun started
+            return (-signal.SIGTERM, None, {"status": "stopped", "reason": "stopped before start"})
         log_path = self.paths.logs / "torchrun.log"
         log_offset = log_path.stat().st_size if log_path.exists() else 0
         cmd = torchrun_command(self.cfg, self.run_dir, attempt)
@@ -188,9 +191,11 @@ class Supervisor:
         rc = tr.returncode
         record.update(ended=time.time(), exit_code=rc)
         worker_rc = _worker_exit_code(log_path, log_offset) if rc else None
-        if not self.kill_requested:
+        clean = (run_end or {}).get("status") in ("completed", "stopped")
+        if not self.kill_requested and not clean:
             self.status["exit_code"] = rc
-        if rc and not self.kill_requested:  # a kill is not a crash: no exit code for the rules
+        # a kill, or a stop that torchrun reports as exit 1, is not a crash for the rules
+        if rc and not self.kill_requested and not clean:
             self.status["reason"] = self.failure_reason(rc, worker_rc, run_end)
             write_json_atomic(self.paths.status, self.status)
             self.incidents.poll()  # let the rules classify the crash (crash, oom, ...) now
@@ -215,6 +220,8 @@ class Supervisor:
                 self.append_sample(ranks)
                 self.incidents.poll()
             run_end = self.follow_events(attempt) or run_end
+            if self.stop_requested and self.status.get("state") == "running":
+                self.write_status("stopping", reason="SIGTERM: graceful stop")
             if self.kill_requested and kill_deadline is None:
                 # mt kill signals everything itself; this covers a supervisor-only SIGUSR1
                 kill_deadline = now + 15.0

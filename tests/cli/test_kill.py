@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.cli.conftest import PidTracker, events, mt, status, wait_for, write_preset
+from tests.cli.conftest import MT, REPO, PidTracker, events, mt, run_dir_from, status, wait_for, write_preset
 from tui.procs import run_processes
 
 pytestmark = pytest.mark.slow
@@ -36,9 +37,23 @@ def _track_until_training(run_dir: Path) -> PidTracker:
     return tracker
 
 
+def _launch_headless(tmp_path: Path, runs: Path) -> tuple[subprocess.Popen[str], Path]:
+    """`mt launch --headless` in its own session (like a terminal or a batch job)."""
+    preset = write_preset(tmp_path / "p.toml", runs, **SLOW)
+    viewer = subprocess.Popen([*MT, "launch", str(preset), "--headless"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True)
+    first = viewer.stdout.readline()
+    return viewer, run_dir_from(first)
+
+
 def test_kill_during_run_leaves_nothing(tmp_path: Path, runs: Path) -> None:
-    run_dir = _launch(tmp_path, runs)
+    viewer, run_dir = _launch_headless(tmp_path, runs)
     tracker = _track_until_training(run_dir)
+    # Ctrl-C in the headless viewer only detaches it: the run keeps going
+    os.killpg(viewer.pid, signal.SIGINT)
+    out, _ = viewer.communicate(timeout=30)
+    assert viewer.returncode == 130 and "detached" in out
+    assert status(run_dir)["state"] == "running" and not tracker.alive() == []
     assert len(tracker.pids) >= 4  # supervisor, torchrun, two workers
     res = mt("kill", run_dir, "--grace", "5")
     assert res.returncode == 0, res.stdout + res.stderr
@@ -81,3 +96,17 @@ def test_sigkilled_supervisor_does_not_leave_workers_running(tmp_path: Path, run
     assert end[-1]["step"] < 400
     ls = mt("ls", runs)
     assert "lost" in next(l for l in ls.stdout.splitlines() if l.startswith(run_dir.name))
+
+
+def test_sigterm_to_headless_stops_the_run_gracefully(tmp_path: Path, runs: Path) -> None:
+    viewer, run_dir = _launch_headless(tmp_path, runs)
+    tracker = _track_until_training(run_dir)
+    viewer.send_signal(signal.SIGTERM)  # what SLURM sends at the time limit
+    out, err = viewer.communicate(timeout=120)
+    assert viewer.returncode == 0, out + err
+    assert "SIGTERM: stopping the run gracefully" in out and "run stopped" in out
+    st = status(run_dir)
+    assert st["state"] == "stopped"
+    ck = events(run_dir, "checkpoint")[-1]
+    assert ck["reason"] == "stop" and Path(ck["path"]).is_dir()
+    wait_for(lambda: not tracker.alive(), 30, "the run's processes to exit")
