@@ -190,6 +190,11 @@ class MtApp(App[int]):
         finally:
             self.watcher.lock.release()
 
+    def settled(self) -> bool:
+        """Everything read so far is on screen (tests and benchmarks wait for this)."""
+        return (self.loaded and not self._dirty and all(p.drawn_current() for p in self._plots)
+                and self._logs.is_vertical_scroll_end and not self.watcher.log_switch_pending)
+
     # ------------------------------------------------------------------ actions
     def say(self, text: str, severity: str = "information", title: str = "") -> None:
         """Notify, and remember it (the help of a key that did nothing must be visible)."""

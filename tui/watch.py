@@ -110,6 +110,11 @@ class Watcher:
             self._log = LogTail(self.follower.paths.rank_log(rank))
             self._log_reset = True
 
+    @property
+    def log_switch_pending(self) -> bool:
+        """A rank switch the worker has not read yet."""
+        return self._log_reset
+
     def log_lines(self) -> list[str]:
         with self.lock:
             return list(self._log.lines)

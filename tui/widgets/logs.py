@@ -12,4 +12,10 @@ class LogsPanel(RichLog):
             self.clear()
             self.border_title = f"4 logs: rank{rank}.log  (g: next rank)"
         for line in lines:
-            self.write(line, scroll_end=True)
+            self.write(line, scroll_end=False)
+        if lines:
+            self.scroll_end(animate=False, immediate=False)
+
+    def on_resize(self) -> None:
+        # a tail view stays at the tail when the layout around it changes
+        self.scroll_end(animate=False, immediate=False)

@@ -54,6 +54,11 @@ class MetricPlot(PlotextPlot, can_focus=True):
         self._rendered, self._rendered_sig = out, sig
         return out
 
+    def drawn_current(self) -> bool:
+        """The figure shows the newest data of every curve."""
+        return (self._key is not None and self._key[0] == tuple(c.series.version for c in self.curves)
+                and self._key[1][:2] == (max(1, self.size.width - AXIS_COLS), self.size.height))
+
     def redraw(self, weight: float, logy: bool, force: bool = False) -> bool:
         """Rebuild the plotext figure if anything it shows changed; True if it did."""
         width = max(1, self.size.width - AXIS_COLS)
