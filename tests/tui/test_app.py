@@ -94,7 +94,9 @@ async def test_failed_run_shows_reason_incidents_and_failing_rank_log(fixture_ru
     async with app.run_test(size=(140, 44)) as pilot:
         await loaded(pilot)
         notice = text_of(app, "#notice")
-        assert st.reason in notice
+        assert f"Run failed: {st.reason[:80]}" in notice
+        crash = next(i for i in st.incidents if i.code == "crash")
+        assert f"first failure: {crash.title}" in notice
         rank = app.watcher.log_rank
         assert f"rank{rank}.log" in app.query_one("#logs").border_title
         crash_line = next(line for line in (run / "logs" / f"rank{rank}.log").read_text().splitlines()

@@ -19,18 +19,28 @@ def notice_text(st: RunState, log_tail: list[str], failing_rank: int | None) -> 
     if st.state == "stopping":
         return Text("Stopping: waiting for the final checkpoint and the ranks to exit…", style="yellow")
     if st.state in ("failed", "killed"):
-        t = Text(f"Run {st.state}: {st.reason or st.run_end_reason or 'no reason recorded'}", style="bold red")
+        reason = _plain(st.reason or st.run_end_reason or "no reason recorded")
+        t = Text(f"Run {st.state}: {reason}", style="bold red")
+        first = next((i for i in reversed(st.incidents)
+                      if i.code in ("crash", "oom", "nccl_timeout", "hang") and i.status == "open"), None)
+        if first is not None:
+            t.append(f"\nfirst failure: {first.title}", style="red")
         if log_tail:
-            who = f"rank {failing_rank}" if failing_rank is not None else "log"
+            who = f"rank{failing_rank}.log" if failing_rank is not None else "log"
             t.append(f"\nlast lines of {who}:", style="red")
-            for line in log_tail[-6:]:
-                t.append("\n  " + line, style="grey70")
+            for line in log_tail[-4:]:
+                t.append("\n  " + _plain(line), style="grey70")
         t.append("\npress r to resume from the newest checkpoint", style="dim")
         return t
     if st.state == "stopped":
         return Text(f"Run stopped: {st.reason or st.run_end_reason or 'on request'}"
                     "  (press r to resume)", style="magenta")
     return None
+
+
+def _plain(s: str) -> str:
+    """Drop emoji variation selectors, whose width terminals disagree on (a torn border)."""
+    return "".join(ch for ch in s if ch != "\ufe0f" and ord(ch) < 0x1F000)
 
 
 class Notice(Static):
