@@ -8,7 +8,7 @@ tui/incidents.py's job; the rules live in diagnose_perf, diagnose_liveness and d
 from __future__ import annotations
 
 from engine.config import MonitorConfig
-from tui import diagnose_exit, diagnose_liveness, diagnose_perf
+from tui import diagnose_exit, diagnose_liveness, diagnose_perf, diagnose_stall
 from tui.diagnose_signals import RunSignals
 from tui.diagnose_types import Finding, Observation, RankProc, fmt_s
 
@@ -16,7 +16,7 @@ __all__ = ["Finding", "Observation", "RankProc", "RunSignals", "evaluate", "fmt_
 
 RULES = (
     diagnose_exit.worker_exit, diagnose_liveness.hang, diagnose_liveness.straggler,
-    diagnose_perf.dataloader_stall, diagnose_perf.throughput_drop, diagnose_perf.memory_pressure,
+    diagnose_stall.dataloader_stall, diagnose_perf.throughput_drop, diagnose_perf.memory_pressure,
 )
 
 
@@ -33,4 +33,7 @@ def evaluate(sig: RunSignals, obs: Observation, m: MonitorConfig) -> dict[str, F
         found.pop("throughput_drop", None)
     if "hang" in found:
         found.pop("straggler", None)
+    # Every rank waiting on its input while the loader works is a stall, however long it lasts.
+    if (found.get("dataloader_stall") and found["dataloader_stall"].evidence.get("in_progress")):
+        found.pop("hang", None)
     return found

@@ -6,7 +6,7 @@ from typing import Any
 from engine.config import MonitorConfig
 from engine.events import as_float
 from tui.diagnose_signals import RunSignals
-from tui.diagnose_types import Finding, Observation, RankProc, fmt_s
+from tui.diagnose_types import WAITING_SYSCALLS, Finding, Observation, RankProc, fmt_s
 
 ADVICE_HANG = (
     "Look at which rank stopped first and what the others do: ranks blocked in a collective "
@@ -23,9 +23,6 @@ ADVICE_STRAGGLER = (
     "(variable sequence lengths) needs bucketing or packing."
 )
 
-# System calls that mean "waiting for someone else" (a peer in a collective, a queue, a lock).
-_WAITING = {"futex", "poll", "ppoll", "select", "pselect6", "epoll_wait", "epoll_pwait",
-            "epoll_pwait2", "recvfrom", "recvmsg", "read", "sched_yield"}
 
 
 def _this_attempt(sig: RunSignals, obs: Observation) -> dict[int, dict[str, Any]]:
@@ -50,6 +47,19 @@ def _running(sig: RunSignals, obs: Observation) -> bool:
     return sig.attempt is not None and sig.run_end is None
 
 
+def last_progress(sig: RunSignals, obs: Observation) -> float | None:
+    """The newest sign of life of this attempt: an event or a heartbeat."""
+    marks = [t for t in (sig.attempt_t0, sig.last_event_t) if t is not None]
+    marks += [as_float(hb.get("t")) for hb in _this_attempt(sig, obs).values()]
+    marks = [t for t in marks if t == t]
+    return max(marks) if marks else None
+
+
+def running(sig: RunSignals, obs: Observation) -> bool:
+    """This attempt's engine is up and has not ended (a hang or a stall can only happen then)."""
+    return _running(sig, obs)
+
+
 def _doing(p: RankProc | None) -> str:
     if p is None:
         return "no process info"
@@ -69,8 +79,8 @@ def _suspects(hbs: dict[int, dict[str, Any]], procs: dict[int, RankProc]) -> tup
     if steps and len(set(steps.values())) > 1:
         low = min(steps.values())
         return sorted(r for r, s in steps.items() if s == low), f"its heartbeat is behind (step {low})"
-    waiting = sorted(r for r, p in procs.items() if p.alive and p.syscall in _WAITING)
-    other = sorted(r for r, p in procs.items() if p.alive and p.syscall and p.syscall not in _WAITING)
+    waiting = sorted(r for r, p in procs.items() if p.alive and p.syscall in WAITING_SYSCALLS)
+    other = sorted(r for r, p in procs.items() if p.alive and p.syscall and p.syscall not in WAITING_SYSCALLS)
     if waiting and other:
         calls = ", ".join(sorted({procs[r].syscall or "" for r in other}))
         return other, (f"it is in {calls} while rank {', '.join(map(str, waiting))} "
@@ -86,11 +96,9 @@ def hang(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
         return None  # everyone has exited: that is for the exit rules
     hbs = _this_attempt(sig, obs)
     last = sig.last_step
-    marks = [t for t in (sig.attempt_t0, sig.last_event_t, last.t if last else None) if t is not None]
-    marks += [as_float(hb.get("t")) for hb in hbs.values() if as_float(hb.get("t")) == as_float(hb.get("t"))]
-    if not marks:
+    progress = last_progress(sig, obs)
+    if progress is None:
         return None
-    progress = max(marks)
     med = sig.median_step_interval()
     limit = max(m.hang_floor_s, m.hang_step_factor * med) if med else m.hang_floor_s
     if last is None:
@@ -103,6 +111,9 @@ def hang(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
     if idle < limit:
         return None
     step = (last.step if last else sig.start_step) + 1
+    stall = obs.open_evidence.get("dataloader_stall") or {}
+    if stall.get("in_progress") and stall.get("step") == step:
+        return None  # this quiet spell was already seen to be the input pipeline's
     suspects, why = _suspects(hbs, obs.procs)
     ranks = sorted(set(hbs) | set(obs.procs))
     per_rank = {}

@@ -1,4 +1,4 @@
-"""Throughput rules: dataloader stall, throughput drop, GPU memory pressure."""
+"""Throughput rules: throughput drop, GPU memory pressure (and helpers the stall rule shares)."""
 from __future__ import annotations
 
 import statistics
@@ -10,12 +10,6 @@ from tui.diagnose_types import Finding, Observation, fmt_s
 
 LIVE_STATES = ("starting", "running", "stopping")
 
-ADVICE_STALL = (
-    "The accelerator is waiting for input. First raise [data] num_workers (one to a few per "
-    "GPU) and keep pin_memory on; tokenize offline into one flat token file instead of "
-    "tokenizing on the fly; avoid many small-file reads (pack into shards) and prefetch shards "
-    "(prefetch_factor, local copies of remote data). Watch data_wait_s per step fall."
-)
 ADVICE_THROUGHPUT = (
     "Compare data_wait_s, step_time_s and GPU utilisation around the drop: a rising data wait "
     "is the input pipeline, a slower step with busy GPUs is thermal/clock throttling or "
@@ -30,22 +24,23 @@ ADVICE_MEMORY = (
 )
 
 
-def _live(sig: RunSignals, obs: Observation) -> bool:
+def is_live(sig: RunSignals, obs: Observation) -> bool:
+    """The run is (still) going: no run_end for this attempt, no final state."""
     state = obs.status.get("state")
     return sig.run_end is None and (state is None or state in LIVE_STATES)
 
 
-def _nan(x: float) -> bool:
+def is_nan(x: float) -> bool:
     return x != x
 
 
-def _gpu_util(sig: RunSignals, obs: Observation, window_s: float) -> float | None:
+def gpu_util(sig: RunSignals, obs: Observation, window_s: float) -> float | None:
     """Mean GPU utilisation over the window, if NVML sampled it for (most of) the window."""
     samples = [s for s in sig.recent_system(obs.now, window_s) if s.get("nvml") and s.get("gpus")]
     utils = []
     for s in samples:
         vals = [as_float(g.get("util_pct")) for g in s["gpus"]]
-        vals = [v for v in vals if not _nan(v)]
+        vals = [v for v in vals if not is_nan(v)]
         if vals:
             utils.append((as_float(s.get("t")), sum(vals) / len(vals)))
     if len(utils) < 2 or utils[-1][0] - utils[0][0] < 0.8 * window_s:
@@ -53,69 +48,8 @@ def _gpu_util(sig: RunSignals, obs: Observation, window_s: float) -> float | Non
     return sum(u for _, u in utils) / len(utils)
 
 
-def _stall_window(sig: RunSignals, steps: list[StepRec], end: int, m: MonitorConfig) -> list[StepRec]:
-    """The last `stall_steps` judged steps up to index `end`, within stall_window_s of it."""
-    recent: list[StepRec] = []
-    t_end = steps[end].t
-    for r in reversed(steps[: end + 1]):
-        if t_end - r.t > m.stall_window_s or len(recent) == m.stall_steps:
-            break
-        if sig.judged(r) and not _nan(r.data_wait_s) and not _nan(r.step_time_s):
-            recent.append(r)
-    recent.reverse()
-    return recent
-
-
-def dataloader_stall(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
-    """Data wait a large share of recent step time (and, with NVML, GPUs idle meanwhile)."""
-    if not _live(sig, obs) or not sig.steps:
-        return None
-    # Fast runs log many steps between two polls: judge the window ending at each new step,
-    # or a stall that has already scrolled out of the last few steps would go unseen.
-    tail = list(sig.steps)[-(min(obs.new_steps, 500) + 4 * m.stall_steps):]
-    ends = range(max(0, len(tail) - max(1, obs.new_steps)), len(tail))
-    ends = [i for i in ends if obs.now - tail[i].t <= m.stall_window_s]
-    gpu = _gpu_util(sig, obs, m.stall_window_s)
-    gpu_idle = gpu is not None and gpu <= m.stall_gpu_util_pct
-    # Without NVML (CPU runs) the data-wait share decides alone; with it, idle GPUs lower the
-    # bar to half the share (the GPU confirms what the share suggests).
-    need = m.stall_data_share / 2 if gpu_idle else m.stall_data_share
-    for end in ends:
-        recent = _stall_window(sig, tail, end, m)
-        finding = _stall_finding(sig, recent, need, gpu, m)
-        if finding is not None:
-            return finding
-    return None
-
-
-def _stall_finding(sig: RunSignals, recent: list[StepRec], need: float, gpu: float | None,
-                   m: MonitorConfig) -> Finding | None:
-    if len(recent) < min(2, m.stall_steps):
-        return None
-    wait = sum(r.data_wait_s for r in recent)
-    total = sum(max(r.step_time_s, r.data_wait_s) for r in recent)
-    share = wait / total if total > 0 else 0.0
-    if share < need or wait < m.stall_min_wait_s:
-        return None
-    first = next((r for r in recent if r.data_wait_s >= need * max(r.step_time_s, r.data_wait_s)), recent[0])
-    n = len(recent)
-    gpu_txt = f"GPU utilisation averaged {gpu:.0f}% over the last {fmt_s(m.stall_window_s)} while " if gpu is not None else ""
-    detail = (f"{gpu_txt}data wait was {share:.0%} of step time over steps {recent[0].step}-{recent[-1].step}: "
-              f"each step waited {fmt_s(wait / n)} for data of {fmt_s(total / n)}")
-    if sig.facts.num_workers is not None:
-        detail += f" ([data] num_workers = {sig.facts.num_workers})"
-    evidence = {
-        "steps": [r.step for r in recent], "data_wait_s": [round(r.data_wait_s, 4) for r in recent],
-        "step_time_s": [round(r.step_time_s, 4) for r in recent], "data_share": round(share, 3),
-        "threshold_share": need, "gpu_util_pct": None if gpu is None else round(gpu, 1),
-        "num_workers": sig.facts.num_workers,
-    }
-    return Finding("dataloader_stall", "warn", first.step, f"Dataloader stall at step {first.step}",
-                   detail, ADVICE_STALL, evidence)
-
-
 def _tps_ok(r: StepRec) -> bool:
-    return not _nan(r.tokens_per_s) and r.tokens_per_s > 0
+    return not is_nan(r.tokens_per_s) and r.tokens_per_s > 0
 
 
 def _time_weighted_median(steps: list[StepRec]) -> float:
@@ -134,7 +68,7 @@ def _time_weighted_median(steps: list[StepRec]) -> float:
 
 def throughput_drop(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
     """Tokens/s well below the run's own median for a sustained window (pauses excluded)."""
-    if not _live(sig, obs):
+    if not is_live(sig, obs):
         return None
     recent: list[StepRec] = []
     before: list[StepRec] = []
@@ -154,7 +88,7 @@ def throughput_drop(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Find
     if now_rate >= m.throughput_drop_share * base:
         return None
     first = next((r for r in recent if r.tokens_per_s < m.throughput_drop_share * base), recent[0])
-    wait = statistics.median(r.data_wait_s for r in recent if not _nan(r.data_wait_s)) if recent else None
+    wait = statistics.median(r.data_wait_s for r in recent if not is_nan(r.data_wait_s)) if recent else None
     detail = (f"tokens/s fell to {now_rate:,.0f} (time-weighted median of the last {fmt_s(m.throughput_window_s)}, "
               f"{len(recent)} steps) from {base:,.0f} before, {now_rate / base:.0%} of it; "
               f"median step time {fmt_s(statistics.median(r.step_time_s for r in recent))}, data wait {fmt_s(wait)}")
@@ -167,7 +101,7 @@ def throughput_drop(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Find
 
 def memory_pressure(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
     """A GPU's memory above the share of its total for the whole window."""
-    if not _live(sig, obs):
+    if not is_live(sig, obs):
         return None
     samples = [s for s in sig.recent_system(obs.now, m.memory_window_s) if s.get("nvml") and s.get("gpus")]
     if len(samples) < 2 or as_float(samples[-1].get("t")) - as_float(samples[0].get("t")) < 0.8 * m.memory_window_s:
@@ -177,7 +111,7 @@ def memory_pressure(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Find
     for s in samples:
         for g in s["gpus"]:
             used, total = as_float(g.get("mem_used_bytes")), as_float(g.get("mem_total_bytes"))
-            if _nan(used) or _nan(total) or total <= 0:
+            if is_nan(used) or is_nan(total) or total <= 0:
                 continue
             idx = int(g.get("index", 0))
             shares.setdefault(idx, []).append(used / total)

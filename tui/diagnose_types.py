@@ -5,6 +5,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SEVERITIES = ("info", "warn", "error")
+# System calls that mean "waiting for someone else": a peer in a collective, a queue, a lock.
+WAITING_SYSCALLS = frozenset({"futex", "poll", "ppoll", "select", "pselect6", "epoll_wait", "epoll_pwait",
+                              "epoll_pwait2", "recvfrom", "recvmsg", "read", "sched_yield"})
 
 
 @dataclass
@@ -25,6 +28,15 @@ class Finding:
 
 
 @dataclass
+class ChildProc:
+    """A process a rank started (its DataLoader workers), as seen in /proc."""
+
+    pid: int
+    state: str | None = None
+    syscall: str | None = None
+
+
+@dataclass
 class RankProc:
     """What one rank's process was doing when the monitor looked (None: could not be read)."""
 
@@ -36,6 +48,8 @@ class RankProc:
     """Kernel state letter from /proc (R running, S sleeping, D disk wait, Z zombie)."""
     syscall: str | None = None
     """The system call it is blocked in, e.g. futex or clock_nanosleep; "running" if on CPU."""
+    children: list[ChildProc] = field(default_factory=list)
+    """Its child processes (DataLoader workers); read only when the run has gone quiet."""
 
 
 @dataclass
@@ -53,6 +67,7 @@ class Observation:
     """Step events read since the previous poll (step-driven rules judge each of them)."""
     open_codes: frozenset[str] = frozenset()
     open_evidence: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Code -> evidence of the incident open now, with its `step` added."""
 
 
 def fmt_s(seconds: float | None) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.events import RunPaths, as_float, read_json
-from tui.diagnose_types import RankProc
+from tui.diagnose_types import ChildProc, RankProc
 
 # x86-64 numbers of the calls a training process blocks in (others are shown by number).
 _SYSCALLS_X86_64 = {
@@ -83,6 +83,20 @@ def _syscall(pid: int) -> str | None:
     return f"syscall {num}"
 
 
+def _children(pid: int) -> list[int]:
+    """Child pids of a process (needs CONFIG_PROC_CHILDREN; empty where the kernel lacks it)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as f:
+            return [int(x) for x in f.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _child(pid: int) -> ChildProc:
+    st = _stat(pid)
+    return ChildProc(pid, st[0] if st else None, _syscall(pid))
+
+
 class ProcReader:
     """Per-rank process facts; keeps the last CPU tick counts to turn them into a CPU %."""
 
@@ -111,5 +125,6 @@ class ProcReader:
                 p.cpu_pct = cpu
             if detailed and p.alive:
                 p.syscall = _syscall(pid)
+                p.children = [_child(c) for c in _children(pid)]
             out[rank] = p
         return out

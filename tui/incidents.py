@@ -102,7 +102,7 @@ class IncidentMonitor:
         sample = self.sig.system[-1] if self.sig.system else None
         procs = self.procs.read(pids, sample, detailed=quiet)
         obs = Observation(now, status, hbs, procs, open_codes=frozenset(self.open),
-                          open_evidence={c: r.get("evidence") or {} for c, r in self.open.items()})
+                          open_evidence={c: {**(r.get("evidence") or {}), "step": r.get("step")} for c, r in self.open.items()})
         if status.get("exit_code") not in (None, 0) or status.get("state") == "failed":
             ranks = set(pids) | set(range(self.sig.world_size or 0))
             obs.rank_logs = {r: read_tail(self.paths.rank_log(r)) for r in sorted(ranks)}

@@ -198,7 +198,7 @@ def fault_time(key: str, step: int, events: list[dict[str, Any]]) -> float | Non
 
 # The scenarios the issue asks for, one fault per run (the scorecard runs these).
 FAULTS = [
-    Scenario("stall", {"stall_at_step": 17, "stall_seconds": 5.0}, {"dataloader_stall": "stall_at_step"}),
+    Scenario("stall", {"stall_at_step": 17, "stall_seconds": 10.0}, {"dataloader_stall": "stall_at_step"}),
     Scenario("nan", {"nan_at_step": 17}, {"nan_loss": "nan_at_step"}),
     Scenario("crash", {"crash_at_step": 17, "crash_rank": 1}, {"crash": "crash_at_step"}),
     Scenario("hang", {"hang_at_step": 17, "hang_rank": 1}, {"hang": "hang_at_step"}, kill_after_detect=True),
@@ -211,7 +211,7 @@ FAULTS = [
 ]
 CLEAN = Scenario("clean")
 # The end-to-end tests fold the NaN and the stall into one run to save a start-up.
-NAN_THEN_STALL = Scenario("nan_stall", {"nan_at_step": 8, "stall_at_step": 17, "stall_seconds": 5.0},
+NAN_THEN_STALL = Scenario("nan_stall", {"nan_at_step": 8, "stall_at_step": 17, "stall_seconds": 8.0},
                           {"nan_loss": "nan_at_step", "dataloader_stall": "stall_at_step"})
 
 
