@@ -104,9 +104,8 @@ def hang(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
     if last is None:
         limit *= 2  # start-up: first batches, allocator warm-up, compilation
     else:
-        pause = sig.pause_expected_after(last.step)
-        if pause and last.step not in sig.pauses:
-            limit += max(m.hang_floor_s, 3 * sig.pause_s.get(pause, 0.0))
+        for kind in sig.pauses_due(last.step):  # a long eval or checkpoint is not a hang
+            limit += m.hang_floor_s + sig.pause_allowance(kind)
     idle = obs.now - progress
     if idle < limit:
         return None

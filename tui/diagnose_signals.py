@@ -33,6 +33,7 @@ class RunFacts:
     eval_every: int = 0
     checkpoint_every: int = 0
     num_workers: int | None = None
+    eval_batches: int = 0
     world_size: int | None = None
     device: str | None = None
 
@@ -47,7 +48,10 @@ class RunSignals:
         self.start_step = 0
         self.world_size: int | None = self.facts.world_size
         self.steps: deque[StepRec] = deque(maxlen=_KEEP_STEPS)
-        self.pauses: dict[int, str] = {}  # step -> "eval"/"checkpoint" done after it
+        self.pauses: dict[int, set[str]] = {}  # step -> {"eval", "checkpoint"} done after it
+        self.max_steps: int | None = None
+        self.params_total: int | None = None
+        self.pending_request = False  # a checkpoint/stop request accepted, not yet written
         self.pause_s: dict[str, float] = {}  # kind -> longest pause seen (this run)
         self.last_event_t: float | None = None
         self.run_end: dict[str, Any] | None = None
@@ -68,12 +72,18 @@ class RunSignals:
             self._pause(str(kind), ev, t)
         elif kind == "run_end":
             self.run_end = ev
+        elif kind == "control" and ev.get("action") in ("checkpoint", "stop"):
+            self.pending_request = ev.get("status") == "accepted"
 
     def _new_attempt(self, ev: dict[str, Any], t: float) -> None:
         self.attempt = int(ev.get("attempt") or 1)
         self.attempt_t0 = t
         self.start_step = int(ev.get("start_step") or 0)
         self.world_size = int(ev.get("world_size") or 0) or self.world_size
+        self.max_steps = int(as_float(ev.get("max_steps"))) if as_float(ev.get("max_steps")) > 0 else None
+        params = as_float(ev.get("params_total"))
+        self.params_total = int(params) if params > 0 else self.params_total
+        self.pending_request = False
         self.steps.clear()
         self.step_times.clear()
         self.run_end = None
@@ -95,7 +105,9 @@ class RunSignals:
             step = int(ev["step"])
         except (KeyError, TypeError, ValueError):
             return
-        self.pauses[step] = kind
+        self.pauses.setdefault(step, set()).add(kind)
+        if kind == "checkpoint":
+            self.pending_request = False
         began = self.step_times.get(step)
         if began is not None and t == t:
             self.pause_s[kind] = max(self.pause_s.get(kind, 0.0), t - began)
@@ -152,14 +164,26 @@ class RunSignals:
                 if self.judged(b) and b.step > a.step]
         return statistics.median(gaps) if gaps else self.median_step_time(last)
 
-    def pause_expected_after(self, step: int) -> str | None:
-        """"eval"/"checkpoint" if the engine is due to pause after this step (per the config)."""
-        f = self.facts
-        if f.checkpoint_every and step % f.checkpoint_every == 0:
-            return "checkpoint"
-        if f.eval_every and step % f.eval_every == 0:
-            return "eval"
-        return None
+    def pauses_due(self, step: int) -> set[str]:
+        """The pauses the engine is due to take after this step and has not reported yet."""
+        f, due = self.facts, set()
+        final = self.max_steps is not None and step >= self.max_steps
+        if self.pending_request or final or (f.checkpoint_every and step % f.checkpoint_every == 0):
+            due.add("checkpoint")
+        if f.eval_every and (step % f.eval_every == 0 or final):
+            due.add("eval")
+        return due - self.pauses.get(step, set())
+
+    def pause_allowance(self, kind: str) -> float:
+        """Seconds a pause of this kind may take: 3x the longest seen, else an estimate."""
+        seen = self.pause_s.get(kind)
+        if seen is not None:
+            return 3 * seen
+        interval = self.median_step_interval() or 1.0
+        if kind == "eval":
+            return 2 * max(1, self.facts.eval_batches) * interval
+        # weights + two AdamW moments + a copy in flight, written at a slow 50 MB/s
+        return 16 * (self.params_total or 0) / 50e6
 
     def recent_system(self, now: float, window_s: float) -> list[dict[str, Any]]:
         """System samples of the last window_s seconds, oldest first."""

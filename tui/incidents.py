@@ -35,7 +35,8 @@ def run_facts(paths: RunPaths) -> RunFacts:
     except ConfigError:
         return RunFacts()
     return RunFacts(eval_every=cfg.train.eval_every, checkpoint_every=cfg.checkpoint.every_steps,
-                    num_workers=cfg.data.num_workers, world_size=cfg.world_size, device=cfg.launch.device)
+                    num_workers=cfg.data.num_workers, eval_batches=cfg.train.eval_batches,
+                    world_size=cfg.world_size, device=cfg.launch.device)
 
 
 class IncidentMonitor:

@@ -59,11 +59,12 @@ class FakeRun:
         self.paths.heartbeat(rank).write_text(json.dumps({"step": step, "t": self.now if t is None else t,
                                                           "pid": self.pids[rank], "rank": rank, "attempt": self.attempt}))
 
-    def start(self, start_step: int = 0) -> None:
+    def start(self, start_step: int = 0, params_total: int = 800_000, max_steps: int = 10**6) -> None:
         self.attempt += 1
         self.step = start_step
         self.status({"state": "running", "attempt": self.attempt, "exit_code": None})
-        self.event("run_start", attempt=self.attempt, world_size=self.world, start_step=start_step, max_steps=10**6)
+        self.event("run_start", attempt=self.attempt, world_size=self.world, start_step=start_step,
+                   max_steps=max_steps, params_total=params_total)
 
     def do_step(self, step_time: float = 0.2, data_wait: float = 0.01, tokens: float = 4096,
                 loss: float = 3.0, beats: tuple[int, ...] | None = None, poll: bool = True, **extra: Any) -> None:

@@ -71,6 +71,46 @@ def test_no_hang_during_a_long_checkpoint_or_eval(tmp_path: Path) -> None:
     assert run.records == []
 
 
+def test_checkpoint_after_eval_at_the_same_step_still_gets_its_time(tmp_path: Path) -> None:
+    m = MonitorConfig(hang_floor_s=10.0)
+    run = FakeRun(tmp_path / "r", monitor=m, eval_every=20, checkpoint_every=20)
+    warm(run, 20)
+    run.idle(2)
+    run.event("eval", step=run.step, val_loss=2.0)  # the eval is done; the checkpoint is not
+    run.idle(m.hang_floor_s * 1.8)
+    run.event("checkpoint", step=run.step, path="x", bytes=1, seconds=18.0, reason="interval", request_id=None)
+    for _ in range(10):
+        run.do_step(step_time=0.3)
+    assert run.records == []
+
+
+def test_requested_checkpoint_is_a_pause_not_a_hang(tmp_path: Path) -> None:
+    m = MonitorConfig(hang_floor_s=10.0)
+    run = FakeRun(tmp_path / "r", monitor=m)
+    warm(run, 23)
+    run.event("control", request_id="r1", action="checkpoint", status="accepted", detail="")
+    run.do_step(step_time=0.3)
+    run.idle(m.hang_floor_s * 1.8)
+    run.event("checkpoint", step=run.step, path="x", bytes=1, seconds=18.0, reason="request", request_id="r1")
+    for _ in range(5):
+        run.do_step(step_time=0.3)
+    assert run.records == []
+
+
+def test_big_model_first_checkpoint_gets_time_by_its_size(tmp_path: Path) -> None:
+    m = MonitorConfig()
+    run = FakeRun(tmp_path / "r", monitor=m, checkpoint_every=50)
+    run.start(params_total=7_000_000_000)  # ~112 GB of weights and optimizer state
+    for _ in range(50):
+        run.do_step(step_time=0.3)
+    run.idle(300, every=5.0)
+    assert run.records == []
+    # once written, the next quiet spell is judged at the normal limit again
+    run.event("checkpoint", step=run.step, path="x", bytes=1, seconds=300.0, reason="interval", request_id=None)
+    run.idle(m.hang_floor_s + 2)
+    assert [r["code"] for r in run.opened()] == ["hang"]
+
+
 def test_no_hang_while_a_new_attempt_starts(tmp_path: Path) -> None:
     m = MonitorConfig(hang_floor_s=5.0)
     run = FakeRun(tmp_path / "r", monitor=m)
