@@ -159,6 +159,12 @@ def resume_run(run_dir: Path, nproc: int | None = None) -> None:
     status = read_status(run_dir)
     if status.get("state") not in FINAL_STATES and supervisor_alive(status):
         raise ResumeError(f"{run_dir}: the run is still {status.get('state')} (supervisor pid {status.get('supervisor_pid')})")
+    from tui.procs import run_processes  # psutil only here
+
+    left = run_processes(run_dir)
+    if left:
+        raise ResumeError(f"{run_dir}: processes of the last attempt are still running "
+                          f"({', '.join(str(p.pid) for p in left)}); wait for them or `mt kill` the run")
     if status.get("state") == "completed":
         raise ResumeError(f"{run_dir}: the run already completed; nothing to resume")
     ckpt = newest_checkpoint(run_dir)

@@ -1,4 +1,12 @@
-"""Build the torchrun command line and environment for one attempt (pure functions)."""
+"""Build the torchrun command line and environment for one attempt (pure functions).
+
+Multi-node: run `mt launch PRESET --node-rank K` once per node with the same preset
+(`nnodes`, `rdzv_endpoint`). Each node gets its own run directory (`<name>-<stamp>` on node 0,
+`...-node<K>` elsewhere; no shared filesystem is assumed) and its own supervisor. torchrun's
+c10d rendezvous assigns global ranks (sorted by host name, then torchrun pid), so the node
+that receives global rank 0 holds events.jsonl and the checkpoints; the others hold their ranks'
+logs, heartbeats, status.json and system.jsonl (status.json `worker_pids` lists the ranks).
+"""
 from __future__ import annotations
 
 import os

@@ -151,3 +151,23 @@ def test_toml_error_names_line_and_column(tmp_path: Path) -> None:
     result = runner.invoke(app, ["launch", str(path)])
     assert result.exit_code == 2
     assert "line" in result.stderr and "column" in result.stderr
+
+
+def test_resume_refuses_while_a_process_of_the_run_lives(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    run_dir = _made_run(tmp_path, "stopped")
+    ckpt = run_dir / "checkpoints" / "step-4"
+    ckpt.mkdir()
+    (ckpt / "manifest.json").write_text("{}")
+    # stands in for a worker of the last attempt that is still finishing its graceful stop
+    straggler = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--run-dir", str(run_dir)])
+    try:
+        result = runner.invoke(app, ["resume", str(run_dir), "--detach"])
+        assert result.exit_code == 2, result.stderr
+        assert "still running" in result.stderr and str(straggler.pid) in result.stderr
+    finally:
+        straggler.kill()
+        straggler.wait()
+    assert (run_dir / "status.json").read_text().count('"stopped"') == 1

@@ -5,15 +5,18 @@ import os
 import signal
 import subprocess
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
 from tests.cli.conftest import MT, REPO, PidTracker, events, mt, run_dir_from, status, wait_for, write_preset
+from tui.control import kill_run
 from tui.procs import run_processes
 
 pytestmark = pytest.mark.slow
 
-SLOW = {"train": {"max_steps": 400}, "checkpoint": {"every_steps": 0}, "faults": {"step_sleep_s": 0.1}}
+# Slow enough that it is still training when the test acts; kill/stop end it long before.
+SLOW = {"train": {"max_steps": 3000}, "checkpoint": {"every_steps": 0}, "faults": {"step_sleep_s": 0.1}}
 
 
 def _launch(tmp_path: Path, runs: Path) -> Path:
@@ -32,7 +35,7 @@ def _track_until_training(run_dir: Path) -> PidTracker:
         hb = [run_dir / "heartbeat" / f"rank{r}" for r in (0, 1)]
         return bool(events(run_dir, "step")) and all(h.exists() for h in hb)
 
-    wait_for(ready, 120, "both ranks to train")
+    wait_for(ready, 180, "both ranks to train")
     tracker.collect()
     return tracker
 
@@ -46,8 +49,26 @@ def _launch_headless(tmp_path: Path, runs: Path) -> tuple[subprocess.Popen[str],
     return viewer, run_dir_from(first)
 
 
-def test_kill_during_run_leaves_nothing(tmp_path: Path, runs: Path) -> None:
-    viewer, run_dir = _launch_headless(tmp_path, runs)
+@pytest.fixture(scope="module")
+def started(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[subprocess.Popen[str] | None, Path]]]:
+    """Three runs started at once, so their start-ups overlap instead of adding up."""
+    runs: dict[str, tuple[subprocess.Popen[str] | None, Path]] = {}
+    for name in ("killed", "sigterm"):
+        tmp = tmp_path_factory.mktemp(name)
+        runs[name] = _launch_headless(tmp, tmp / "runs")
+    tmp = tmp_path_factory.mktemp("sigkill")
+    runs["sigkill"] = (None, _launch(tmp, tmp / "runs"))
+    yield runs
+    for viewer, run_dir in runs.values():  # never leak a run, whatever a test did
+        if run_processes(run_dir):
+            kill_run(run_dir, grace_s=2.0)
+        if viewer is not None and viewer.poll() is None:
+            viewer.kill()
+            viewer.communicate()
+
+
+def test_kill_during_run_leaves_nothing(started: dict) -> None:
+    viewer, run_dir = started["killed"]
     tracker = _track_until_training(run_dir)
     # Ctrl-C in the headless viewer only detaches it: the run keeps going
     os.killpg(viewer.pid, signal.SIGINT)
@@ -83,8 +104,8 @@ def test_kill_during_startup_leaves_nothing(tmp_path: Path, runs: Path) -> None:
     assert res.returncode == 2 and "no checkpoint" in res.stderr
 
 
-def test_sigkilled_supervisor_does_not_leave_workers_running(tmp_path: Path, runs: Path) -> None:
-    run_dir = _launch(tmp_path, runs)
+def test_sigkilled_supervisor_does_not_leave_workers_running(started: dict) -> None:
+    run_dir = started["sigkill"][1]
     tracker = _track_until_training(run_dir)
     sup = status(run_dir)["supervisor_pid"]
     os.kill(sup, signal.SIGKILL)
@@ -93,13 +114,13 @@ def test_sigkilled_supervisor_does_not_leave_workers_running(tmp_path: Path, run
     assert run_processes(run_dir) == []
     end = events(run_dir, "run_end")
     assert end and end[-1]["status"] == "stopped", end  # a graceful stop, not a crash
-    assert end[-1]["step"] < 400
-    ls = mt("ls", runs)
+    assert end[-1]["step"] < 3000
+    ls = mt("ls", run_dir.parent)
     assert "lost" in next(l for l in ls.stdout.splitlines() if l.startswith(run_dir.name))
 
 
-def test_sigterm_to_headless_stops_the_run_gracefully(tmp_path: Path, runs: Path) -> None:
-    viewer, run_dir = _launch_headless(tmp_path, runs)
+def test_sigterm_to_headless_stops_the_run_gracefully(started: dict) -> None:
+    viewer, run_dir = started["sigterm"]
     tracker = _track_until_training(run_dir)
     viewer.send_signal(signal.SIGTERM)  # what SLURM sends at the time limit
     out, err = viewer.communicate(timeout=120)

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -14,37 +16,17 @@ from tests.cli.conftest import MT, REPO, events, mt, run_dir_from, status, wait_
 pytestmark = pytest.mark.slow
 
 
-def test_headless_run_completes(tmp_path: Path, runs: Path) -> None:
-    preset = write_preset(tmp_path / "p.toml", runs, train={"log_every": 1})
-    res = mt("launch", preset, "--headless")
-    assert res.returncode == 0, res.stdout + res.stderr
-    run_dir = run_dir_from(res.stdout)
-    st = status(run_dir)
-    assert st["state"] == "completed" and st["exit_code"] == 0 and st["attempt"] == 1
-    max_steps = json.loads((run_dir / "config.json").read_text())["train"]["max_steps"]
-    assert events(run_dir, "run_end")[-1]["status"] == "completed"
-    assert len(events(run_dir, "step")) == max_steps
-    # the headless log is compact: far fewer step lines than steps, the last one at max_steps
-    step_lines = [l for l in res.stdout.splitlines() if l.startswith("step ")]
-    assert step_lines and step_lines[-1].startswith(f"step {max_steps}/{max_steps}")
-    assert len(step_lines) < max_steps
-    # layout: private folder, preset copy, worker logs, supervisor log, system samples
-    assert (run_dir.stat().st_mode & 0o777) == 0o700
-    assert (run_dir / "preset.toml").read_text() == preset.read_text()
-    for rank in (0, 1):
-        assert (run_dir / "logs" / f"rank{rank}.log").is_file()
-    assert "state completed" in (run_dir / "logs" / "supervisor.log").read_text()
-    samples = [json.loads(l) for l in (run_dir / "system.jsonl").read_text().splitlines()]
-    assert samples, "no system samples"
-    for s in samples:
-        assert s["v"] == 1 and isinstance(s["nvml"], bool) and "host" in s and "gpus" in s
-        assert s["nvml"] or s["nvml_error"]
-    live = [r for s in samples for r in s["ranks"] if r["alive"]]
-    assert {r["rank"] for r in live} == {0, 1}
-    assert all(r["rss_bytes"] > 0 and r["cpu_pct"] is not None for r in live)
-    for ev in events(run_dir):
-        assert schema_errors(ev) == [], ev
-    _ls_copes_with_foreign_and_broken_folders(runs, run_dir, max_steps)
+@pytest.fixture(scope="module")
+def headless_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.Popen[str], Path, Path]]:
+    """`mt launch --headless` started early, so it trains while the detach test talks to its run."""
+    tmp = tmp_path_factory.mktemp("headless")
+    preset = write_preset(tmp / "p.toml", tmp / "runs", train={"log_every": 1})
+    proc = subprocess.Popen([*MT, "launch", str(preset), "--headless"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO)
+    yield proc, preset, tmp / "runs"
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
 
 
 def _ls_copes_with_foreign_and_broken_folders(runs: Path, good: Path, max_steps: int) -> None:
@@ -65,7 +47,7 @@ def _ls_copes_with_foreign_and_broken_folders(runs: Path, good: Path, max_steps:
     assert once.returncode == 0 and "Traceback" not in once.stderr
 
 
-def test_detach_watch_ckpt_stop_resume_ls(tmp_path: Path, runs: Path) -> None:
+def test_detach_watch_ckpt_stop_resume_ls(tmp_path: Path, runs: Path, headless_run: object) -> None:
     # slowed down so there is time to talk to it while it runs
     preset = write_preset(tmp_path / "p.toml", runs, train={"max_steps": 40},
                           checkpoint={"every_steps": 0}, faults={"step_sleep_s": 0.1})
@@ -73,7 +55,11 @@ def test_detach_watch_ckpt_stop_resume_ls(tmp_path: Path, runs: Path) -> None:
     assert res.returncode == 0, res.stderr
     run_dir = Path(res.stdout.strip())
     assert run_dir.parent == runs and run_dir.name.startswith("flow-")
-    wait_for(lambda: events(run_dir, "step"), 120, "the first step")
+    wait_for(lambda: events(run_dir, "step"), 180, "the first step")
+    # the supervisor lives in its own session, not ours: a closed terminal or a quit viewer
+    # (SIGHUP/SIGINT to our session or process group) never reaches it
+    sup = status(run_dir)["supervisor_pid"]
+    assert os.getsid(sup) != os.getsid(0) and os.getpgid(sup) != os.getpgid(0)
 
     once = mt("watch", run_dir, "--once")
     assert once.returncode == 0, once.stderr
@@ -112,12 +98,52 @@ def test_detach_watch_ckpt_stop_resume_ls(tmp_path: Path, runs: Path) -> None:
     assert "completed" in row and "40/40" in row
 
 
-def test_auto_resume_after_injected_crash(tmp_path: Path, runs: Path) -> None:
-    preset = write_preset(tmp_path / "p.toml", runs, launch={"max_restarts": 1}, train={"max_steps": 16},
-                          faults={"crash_at_step": 12, "crash_rank": 1})
-    res = mt("launch", preset, "--headless")
-    assert res.returncode == 0, res.stdout + res.stderr
+def test_headless_run_completes(headless_run: tuple[subprocess.Popen[str], Path, Path]) -> None:
+    proc, preset, runs = headless_run
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stdout + stderr
+    res = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     run_dir = run_dir_from(res.stdout)
+    st = status(run_dir)
+    assert st["state"] == "completed" and st["exit_code"] == 0 and st["attempt"] == 1
+    max_steps = json.loads((run_dir / "config.json").read_text())["train"]["max_steps"]
+    assert events(run_dir, "run_end")[-1]["status"] == "completed"
+    assert len(events(run_dir, "step")) == max_steps
+    # the headless log is compact: far fewer step lines than steps, the last one at max_steps
+    step_lines = [l for l in res.stdout.splitlines() if l.startswith("step ")]
+    assert step_lines and step_lines[-1].startswith(f"step {max_steps}/{max_steps}")
+    assert len(step_lines) < max_steps
+    # layout: private folder, preset copy, worker logs, supervisor log, system samples
+    assert (run_dir.stat().st_mode & 0o777) == 0o700
+    assert (run_dir / "preset.toml").read_text() == preset.read_text()
+    for rank in (0, 1):
+        assert (run_dir / "logs" / f"rank{rank}.log").is_file()
+    assert "state completed" in (run_dir / "logs" / "supervisor.log").read_text()
+    samples = [json.loads(l) for l in (run_dir / "system.jsonl").read_text().splitlines()]
+    assert samples, "no system samples"
+    for s in samples:
+        assert s["v"] == 1 and isinstance(s["nvml"], bool) and "host" in s and "gpus" in s
+        assert s["nvml"] or s["nvml_error"]
+    live = [r for s in samples for r in s["ranks"] if r["alive"]]
+    assert {r["rank"] for r in live} == {0, 1}
+    assert all(r["rss_bytes"] > 0 and r["cpu_pct"] is not None for r in live)
+    for ev in events(run_dir):
+        assert schema_errors(ev) == [], ev
+    _ls_copes_with_foreign_and_broken_folders(runs, run_dir, max_steps)
+
+
+def test_injected_crash_auto_resumes_or_fails(tmp_path: Path, runs: Path) -> None:
+    # two runs at once (their start-ups overlap): one may restart once, the other may not
+    resumes = write_preset(tmp_path / "a.toml", runs, launch={"max_restarts": 1}, train={"max_steps": 16},
+                           faults={"crash_at_step": 12, "crash_rank": 1})
+    fails = write_preset(tmp_path / "b.toml", runs, train={"max_steps": 6, "warmup_steps": 0},
+                         launch={"nproc_per_node": 1}, faults={"crash_at_step": 2, "crash_rank": 0})
+    procs = [subprocess.Popen([*MT, "launch", str(p), "--headless"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=REPO) for p in (resumes, fails)]
+    (out_a, err_a), (out_b, err_b) = (p.communicate(timeout=300) for p in procs)
+
+    assert procs[0].returncode == 0, out_a + err_a
+    run_dir = run_dir_from(out_a)
     st = status(run_dir)
     assert st["state"] == "completed" and st["attempt"] == 2
     assert [a["attempt"] for a in st["attempts"]] == [1, 2] and st["attempts"][0]["exit_code"] != 0
@@ -125,16 +151,13 @@ def test_auto_resume_after_injected_crash(tmp_path: Path, runs: Path) -> None:
     assert [s["attempt"] for s in starts] == [1, 2]
     assert starts[1]["start_step"] == 8  # the newest checkpoint before the crash at step 12
     assert events(run_dir, "run_end")[-1]["status"] == "completed"
+    assert "attempt 2 started" in out_a
 
-
-def test_crash_without_restarts_fails(tmp_path: Path, runs: Path) -> None:
-    preset = write_preset(tmp_path / "p.toml", runs, train={"max_steps": 6, "warmup_steps": 0},
-                          launch={"nproc_per_node": 1}, faults={"crash_at_step": 2, "crash_rank": 0})
-    res = mt("launch", preset, "--headless")
-    assert res.returncode == 1, res.stdout + res.stderr
-    run_dir = run_dir_from(res.stdout)
+    assert procs[1].returncode == 1, out_b + err_b
+    run_dir = run_dir_from(out_b)
     st = status(run_dir)
     assert st["state"] == "failed" and st["attempt"] == 1 and st["exit_code"] != 0 and st["reason"]
+    assert f"run failed ({st['reason']})" in out_b
 
 
 def _free_port() -> int:
