@@ -210,9 +210,10 @@ FAULTS = [
              {"hang": "hang_at_step", "nccl_timeout": "hang_at_step"}, pg_timeout_s=12.0),
 ]
 CLEAN = Scenario("clean")
-# The end-to-end tests fold the NaN and the stall into one run to save a start-up.
-NAN_THEN_STALL = Scenario("nan_stall", {"nan_at_step": 8, "stall_at_step": 17, "stall_seconds": 8.0},
-                          {"nan_loss": "nan_at_step", "dataloader_stall": "stall_at_step"})
+# The end-to-end tests fold a NaN, a stall and a crash into one run to save start-ups.
+NAN_STALL_CRASH = Scenario(
+    "nan_stall_crash", {"nan_at_step": 8, "stall_at_step": 17, "stall_seconds": 8.0, "crash_at_step": 24, "crash_rank": 1},
+    {"nan_loss": "nan_at_step", "dataloader_stall": "stall_at_step", "crash": "crash_at_step"})
 
 
 def summary(o: Outcome) -> dict[str, Any]:
@@ -223,5 +224,5 @@ def summary(o: Outcome) -> dict[str, Any]:
 
 
 if __name__ == "__main__":  # python -m tests.diagnose.scenarios NAME DIR: one scenario, for debugging
-    by_name = {s.name: s for s in FAULTS + [CLEAN, NAN_THEN_STALL]}
+    by_name = {s.name: s for s in FAULTS + [CLEAN, NAN_STALL_CRASH]}
     print(json.dumps(summary(launch(by_name[sys.argv[1]], Path(sys.argv[2]))), indent=1, default=str))

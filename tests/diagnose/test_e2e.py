@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .scenarios import CLEAN, FAULTS, NAN_THEN_STALL, Outcome, launch
+from .scenarios import CLEAN, FAULTS, NAN_STALL_CRASH, Outcome, launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -24,34 +24,25 @@ def on_time(o: Outcome, code: str) -> None:
     assert lat <= LATENCY_S or (late is not None and late <= LATE_STEPS), (code, lat, late, o.run_dir)
 
 
-def test_nan_and_stall(tmp_path: Path) -> None:
-    o = launch(NAN_THEN_STALL, tmp_path)
-    assert o.state == "completed"
-    nan, stall = o.first("nan_loss"), o.first("dataloader_stall")
-    assert nan and stall, (o.codes, o.run_dir)
-    assert nan["step"] == NAN_THEN_STALL.faults["nan_at_step"] and nan["source"] == "engine"
-    assert nan["evidence"]["sample_indices"] and nan["evidence"]["action"] == "skip"
-    assert stall["step"] == NAN_THEN_STALL.faults["stall_at_step"] and stall["source"] == "supervisor"
-    # an 8 s stall is seen while it lasts: every rank waits on its queue, its worker is busy
-    ev = stall["evidence"]
-    assert ev["in_progress"] and ev["idle_s"] < NAN_THEN_STALL.faults["stall_seconds"]
-    assert all(any(w["syscall"] not in ("poll", "futex") for w in r["workers"]) for r in ev["ranks"].values())
-    on_time(o, "nan_loss")
-    on_time(o, "dataloader_stall")
-    assert sorted(o.codes) == ["dataloader_stall", "nan_loss"]  # nothing else on the way
-
-
-def test_crash(tmp_path: Path) -> None:
-    scn = next(s for s in FAULTS if s.name == "crash")
+def test_nan_stall_and_crash(tmp_path: Path) -> None:
+    scn = NAN_STALL_CRASH
     o = launch(scn, tmp_path)
     assert o.state == "failed"
-    crash = o.first("crash")
-    assert crash, (o.codes, o.run_dir)
+    nan, stall, crash = o.first("nan_loss"), o.first("dataloader_stall"), o.first("crash")
+    assert nan and stall and crash, (o.codes, o.run_dir)
+    assert nan["step"] == scn.faults["nan_at_step"] and nan["source"] == "engine"
+    assert nan["evidence"]["sample_indices"] and nan["evidence"]["action"] == "skip"
+    assert stall["step"] == scn.faults["stall_at_step"] and stall["source"] == "supervisor"
+    # an 8 s stall is seen while it lasts: every rank waits on its queue, its worker is busy
+    ev = stall["evidence"]
+    assert ev["in_progress"] and ev["idle_s"] < scn.faults["stall_seconds"]
+    assert all(any(w["syscall"] not in ("poll", "futex") for w in r["workers"]) for r in ev["ranks"].values())
     assert crash["step"] == scn.faults["crash_at_step"]
-    assert crash["evidence"]["rank"] == scn.faults["crash_rank"]
+    assert crash["evidence"]["rank"] == scn.faults["crash_rank"]  # the first to die, not its peer
     assert "injected crash" in crash["evidence"]["line"]
-    on_time(o, "crash")
-    assert o.codes == ["crash"]
+    for code in ("nan_loss", "dataloader_stall", "crash"):
+        on_time(o, code)
+    assert sorted(o.codes) == ["crash", "dataloader_stall", "nan_loss"]  # nothing else on the way
 
 
 def test_hang_then_collective_timeout(tmp_path: Path) -> None:
