@@ -17,7 +17,8 @@ from textual.widgets import Footer, OptionList, Static
 from textual.worker import get_current_worker
 
 from tui.messages import ControlDone, RunUpdated
-from tui.stream import RunState
+from tui.stream import PollResult, RunState
+from tui.watch import WatchUpdate
 from tui.watch import Watcher
 from tui.widgets.dialogs import ConfirmScreen, HelpScreen
 from tui.widgets.header import RunHeader
@@ -133,8 +134,9 @@ class MtApp(App[int]):
     def follow(self) -> None:
         """Poll the run directory for new bytes and hand them to the UI as messages."""
         worker = get_current_worker()
+        quick = lambda: self.post_message(RunUpdated(WatchUpdate(run=PollResult(changed=True))))  # noqa: E731
         while not worker.is_cancelled:
-            update = self.watcher.poll()
+            update = self.watcher.poll(on_quick=quick)
             if (update.run.changed or update.system_changed or update.new_log_lines
                     or update.log_reset or not self.loaded):
                 self.post_message(RunUpdated(update))
@@ -192,7 +194,7 @@ class MtApp(App[int]):
 
     def settled(self) -> bool:
         """Everything read so far is on screen (tests and benchmarks wait for this)."""
-        return (self.loaded and not self._dirty and all(p.drawn_current() for p in self._plots)
+        return (self.loaded and self.watcher.history_ready and not self._dirty and all(p.drawn_current() for p in self._plots)
                 and self._logs.is_vertical_scroll_end and not self.watcher.log_switch_pending)
 
     # ------------------------------------------------------------------ actions

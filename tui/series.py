@@ -51,6 +51,18 @@ class Series:
             self.version += 1
             self.generation += 1
 
+    def clear(self) -> None:
+        del self.x[:], self.y[:]
+        self.version += 1
+        self.generation += 1
+
+    def replace(self, other: "Series") -> None:
+        """Take another series' points, keeping this object (widgets hold references to it)."""
+        self.clear()
+        self.x.extend(other.x)
+        self.y.extend(other.y)
+        self.version += 1
+
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """Zero-copy numpy views (valid until the next append)."""
         return (np.frombuffer(self.x, dtype=np.float64), np.frombuffer(self.y, dtype=np.float64))

@@ -75,6 +75,10 @@ class RunSeries:
         for s in self.all().values():
             s.truncate_after(step)
 
+    def replace(self, other: "RunSeries") -> None:
+        for name, s in self.all().items():
+            s.replace(other.all()[name])
+
     def add_step(self, ev: dict[str, Any]) -> None:
         x = float(ev.get("step") or 0)
         self.loss.append(x, as_float(ev.get("loss")))
@@ -97,6 +101,7 @@ class RunState:
     loss: float | None = None
     best_loss: float | None = None
     best_loss_step: int | None = None
+    best_loss_partial: bool = False    # best_loss covers only the newest steps (quick read)
     val_loss: float | None = None
     val_loss_step: int | None = None
     lr: float | None = None
@@ -288,10 +293,12 @@ class PollResult:
 class RunFollower:
     """Follows one run directory incrementally: each poll reads only newly appended bytes."""
 
-    def __init__(self, run_dir: Path, keep_series: bool = True) -> None:
+    def __init__(self, run_dir: Path, keep_series: bool = True, write_cache: bool = True) -> None:
         self.paths = RunPaths(Path(run_dir))
         self.state = new_state(self.paths.root)
         self.series = RunSeries() if keep_series else None
+        self.write_cache = write_cache
+        self.opened = False    # the first read of events.jsonl happened
         self.events = JsonlTail(self.paths.events)
         self.incidents = JsonlTail(self.paths.incidents)
         self._status_mtime: float | None = None
@@ -299,6 +306,11 @@ class RunFollower:
     def poll(self, max_bytes: int | None = None) -> PollResult:
         """Read what was appended since the last poll (at most max_bytes of events)."""
         res = PollResult()
+        if not self.opened:
+            self.opened = True
+            if self.is_big():
+                self.adopt(self.bulk())
+                res.changed = True
         resets = self.events.resets
         for ev in self.events.iter_new(max_bytes):
             if self.events.resets != resets:
@@ -317,10 +329,35 @@ class RunFollower:
         res.changed |= self._poll_status()
         return res
 
+    def is_big(self) -> bool:
+        """Large enough for the bulk column scan (and its cache) to beat line-by-line JSON."""
+        try:
+            return self.paths.events.stat().st_size >= BULK_MIN_BYTES
+        except OSError:
+            return False
+
+    def bulk(self) -> Any:
+        """Read events.jsonl as it is now with the column scanner (no shared state touched)."""
+        from tui.scan import bulk_read  # numpy + regex machinery, only for big files
+        return bulk_read(self.paths.root, keep_series=self.series is not None, write_cache=self.write_cache)
+
+    def adopt(self, bulk: Any) -> None:
+        """Take a bulk read's state and history, and follow on from the byte it ended at."""
+        self.state = bulk.state
+        if self.series is not None and bulk.series is not None:
+            self.series.replace(bulk.series)
+        self.events = _TailFrom(self.paths.events, bulk.end, bulk.ino)
+        self.events.bad_lines = bulk.state.bad_lines
+        self.incidents = JsonlTail(self.paths.incidents)
+        self._status_mtime = None
+        self.opened = True
+
     def _restart(self) -> None:
         tail = self.events
         self.state = new_state(self.paths.root)
-        self.series = RunSeries() if self.series is not None else None
+        if self.series is not None:
+            for s in self.series.all().values():
+                s.clear()
         self.incidents = JsonlTail(self.paths.incidents)
         self._status_mtime = None
         self.events = JsonlTail(self.paths.events)
@@ -354,9 +391,29 @@ class RunFollower:
         return apply_status(self.state, read_json(self.paths.status))
 
 
+class _TailFrom(JsonlTail):
+    """A JsonlTail that starts at a known line boundary of a known file (after a bulk read)."""
+
+    def __init__(self, path: Path, offset: int, ino: int) -> None:
+        super().__init__(path)
+        self.offset = offset
+        self._ino = ino  # so a replaced or truncated file is still noticed
+
+
+BULK_MIN_BYTES = 4 << 20
+
+
 def load_run_state(run_dir: Path) -> RunState:
-    """The current state of a run, read once (no plot history kept)."""
-    follower = RunFollower(Path(run_dir), keep_series=False)
+    """The current state of a run, read once (no plot history kept); fast on huge files.
+
+    A big events.jsonl is read from the viewer's cache when it has one, else tail-first:
+    every non-step event plus the newest steps (best loss then says it is partial).
+    """
+    follower = RunFollower(Path(run_dir), keep_series=False, write_cache=False)
+    if follower.is_big():
+        from tui.scan import has_cache, quick_read
+        if not has_cache(follower.paths):
+            follower.adopt(quick_read(follower.paths.root))
     follower.poll()
     return follower.state
 
@@ -393,6 +450,7 @@ def format_summary(st: RunState, now: float | None = None) -> str:
         f"  elapsed {fmt_duration(st.elapsed_s(now))}  ETA {fmt_duration(st.eta_s())}",
         f"loss {fmt_num(st.loss)}  best {fmt_num(st.best_loss)}"
         f"{'' if st.best_loss_step is None else f' @{st.best_loss_step}'}"
+        f"{' (recent steps only)' if st.best_loss_partial else ''}"
         f"  val {fmt_num(st.val_loss)}  lr {fmt_num(st.lr, '.3g')}  grad_norm {fmt_num(st.grad_norm)}"
         f"  tok/s {fmt_num(st.tokens_per_s, ',.0f')}",
         f"world {st.world_size or '?'} x {st.device or '?'}  precision {st.precision or '?'}"

@@ -11,7 +11,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from engine.events import JsonlTail
 from tui.stream import PollResult, RunFollower
@@ -98,6 +98,7 @@ class Watcher:
         self._log = LogTail(self.follower.paths.rank_log(0))
         self._log_reset = True
         self._live_checked = 0.0
+        self.history_ready = False     # the plots hold the whole file read so far
 
     @property
     def paths(self):
@@ -128,9 +129,32 @@ class Watcher:
             n = 0
         return max(ws, n, 1)
 
-    def poll(self) -> WatchUpdate:
+    def open_big(self, on_quick: Callable[[], None]) -> None:
+        """First read of a big events.jsonl: the newest state at once, then the full history.
+
+        The bulk read runs without the lock, so the UI keeps drawing the quick state meanwhile.
+        """
+        from tui.scan import has_cache, quick_read
+        f = self.follower
+        if not has_cache(f.paths):
+            quick = quick_read(f.paths.root)
+            with self.lock:
+                f.adopt(quick)
+                f.poll()            # status, incidents and whatever was appended meanwhile
+            on_quick()
+        bulk = f.bulk()
+        with self.lock:
+            f.adopt(bulk)
+            self.history_ready = True
+
+    def poll(self, on_quick: Callable[[], None] | None = None) -> WatchUpdate:
+        """Read everything new; `on_quick` is called once a big run's header state is ready."""
+        f = self.follower
+        if not f.opened and f.is_big():
+            self.open_big(on_quick or (lambda: None))
         with self.lock:
             run = self.follower.poll()
+            self.history_ready = True
             sys_new = False
             for rec in self._system_tail.iter_new():
                 self.system.add(rec)

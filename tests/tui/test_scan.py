@@ -1,0 +1,145 @@
+"""The bulk column scanner, its sidecar cache and the tail-first quick read agree with the
+line-by-line follower (the reference) on the same bytes."""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from engine.events import dumps
+from tests.tui.synth import SynthRun, finished_run
+from tui import scan, stream
+from tui.scan import CACHE_DIR, bulk_read, has_cache, quick_state
+from tui.stream import RunFollower, load_run_state
+
+FIELDS = ("step", "loss", "best_loss", "best_loss_step", "val_loss", "lr", "grad_norm", "tokens_per_s",
+          "attempt", "state", "n_steps", "bad_lines", "world_size", "device", "run_end_status")
+
+
+def reference(run_dir):
+    f = RunFollower(run_dir)
+    f.events = stream.JsonlTail(f.paths.events)  # plain line-by-line reading, never the bulk path
+    f.opened = True
+    f.poll()
+    return f
+
+
+def same(a, b) -> None:
+    for name in FIELDS:
+        va, vb = getattr(a, name), getattr(b, name)
+        assert va == vb or (isinstance(va, float) and math.isnan(va) and math.isnan(vb)), name
+    ea, eb = a.eta_s(), b.eta_s()
+    assert (ea is None and eb is None) or ea == pytest.approx(eb)
+    assert (a.last_checkpoint and a.last_checkpoint.step) == (b.last_checkpoint and b.last_checkpoint.step)
+    assert [(i.code, i.step) for i in a.incidents] == [(i.code, i.step) for i in b.incidents]
+
+
+def same_series(fa, sb) -> None:
+    for name, s in fa.series.all().items():
+        xa, ya = s.arrays()
+        xb, yb = sb.all()[name].arrays()
+        assert np.array_equal(xa, xb) and np.array_equal(ya, yb, equal_nan=True), name
+
+
+def messy_run(tmp_path, steps: int = 300):
+    """Resumed attempt, nan/inf values, garbage lines, an incident, evals, a key-order change."""
+    r = SynthRun(tmp_path, max_steps=steps)
+    r.run_start()
+    for s in range(1, 121):
+        r.step(s, loss=float("nan") if s == 50 else None)
+        if s % 40 == 0:
+            r.event("eval", step=s, val_loss=2.0 + 1 / s)
+            r.event("checkpoint", step=s, path=f"c/{s}", bytes=1, seconds=0.1, reason="interval", request_id=None)
+    r.lines.append("{broken json")
+    r.lines.append("")
+    r.event("incident", step=77, code="loss_spike", severity="warn", title="spike", detail="",
+            advice="", evidence={"loss": 9})
+    r.event("run_end", step=120, status="failed", reason="rank 1 crashed")
+    r.run_start(attempt=2, start_step=80)
+    for s in range(81, steps + 1):
+        r.step(s, grad_norm=float("inf") if s == 200 else 0.5)
+    # the writer changed its key order: still parsed (by relearning or the JSON fallback)
+    ev = json.loads(r.lines[-1])
+    r.lines.append(dumps({k: ev[k] for k in reversed(list(ev))} | {"step": steps + 1}))
+    r.flush()
+    return r
+
+
+def test_bulk_equals_line_by_line(tmp_path):
+    messy_run(tmp_path)
+    ref = reference(tmp_path)
+    bulk = bulk_read(tmp_path, write_cache=False)
+    same(ref.state, bulk.state)
+    same_series(ref, bulk.series)
+    assert bulk.state.bad_lines == 1 and bulk.end == os.path.getsize(tmp_path / "events.jsonl")
+
+
+def test_cache_is_written_reused_and_extended(tmp_path):
+    r = messy_run(tmp_path)
+    first = bulk_read(tmp_path, min_cache_bytes=0)
+    assert first.cached and has_cache(stream.RunPaths(tmp_path))
+    again = bulk_read(tmp_path, min_cache_bytes=0)
+    assert again.from_cache == first.end
+    same(first.state, again.state)
+    with open(r.paths.events, "a") as f:       # the run goes on: the cache covers a prefix
+        for s in range(302, 340):
+            r.step(s)
+            f.write(r.lines[-1] + "\n")
+    grown = bulk_read(tmp_path, min_cache_bytes=0)
+    assert grown.from_cache == first.end and grown.state.step == 339
+    ref = reference(tmp_path)
+    same(ref.state, grown.state)
+    same_series(ref, grown.series)
+
+
+def test_cache_ignored_when_the_file_is_replaced(tmp_path):
+    messy_run(tmp_path)
+    bulk_read(tmp_path, min_cache_bytes=0)
+    other = tmp_path / "other"
+    finished_run(other, steps=30)
+    os.replace(other / "events.jsonl", tmp_path / "events.jsonl")
+    assert not has_cache(stream.RunPaths(tmp_path))
+    b = bulk_read(tmp_path, write_cache=False)
+    assert b.from_cache == 0 and b.state.step == 30
+
+
+def test_half_written_last_line_is_left_for_the_follower(tmp_path):
+    r = messy_run(tmp_path)
+    r.step(999)
+    with open(r.paths.events, "a") as f:
+        f.write(r.lines[-1][:30])
+    b = bulk_read(tmp_path, write_cache=False)
+    assert b.state.step == 301 and b.end == os.path.getsize(r.paths.events) - 30
+
+
+def test_quick_state_is_latest_with_partial_best(tmp_path):
+    messy_run(tmp_path)
+    ref = reference(tmp_path).state
+    q, _ = quick_state(tmp_path, tail_bytes=4096)
+    for name in ("step", "loss", "lr", "attempt", "state", "world_size", "run_end_status"):
+        assert getattr(q, name) == getattr(ref, name), name
+    assert q.last_checkpoint.step == ref.last_checkpoint.step and q.val_loss == ref.val_loss
+    assert q.best_loss_partial and q.best_loss >= ref.best_loss
+
+
+def test_follower_and_load_run_state_use_the_bulk_path_on_big_files(tmp_path, monkeypatch):
+    r = messy_run(tmp_path)
+    monkeypatch.setattr(stream, "BULK_MIN_BYTES", 1000)
+    monkeypatch.setattr(scan, "QUICK_TAIL_BYTES", 4096)
+    ref = reference(tmp_path)
+    st = load_run_state(tmp_path)           # no cache yet: tail-first, partial best
+    assert st.step == ref.state.step and st.best_loss_partial
+    f = RunFollower(tmp_path)               # the viewer's follower writes the cache
+    f.poll()
+    same(ref.state, f.state)
+    same_series(ref, f.series)
+    assert (tmp_path / CACHE_DIR / "index.json").exists()
+    with open(r.paths.events, "a") as fh:   # and keeps following from where the scan ended
+        r.step(302)
+        fh.write(r.lines[-1] + "\n")
+    assert f.poll().new_steps == 1 and f.state.step == 302
+    exact = load_run_state(tmp_path)        # with the cache: exact again
+    assert not exact.best_loss_partial and exact.best_loss == ref.state.best_loss
