@@ -45,10 +45,14 @@ def markov_entropy(succ: np.ndarray, cum: np.ndarray, iters: int = 200) -> float
 
 
 class TokenWindows(Dataset):
-    """Sample i is tokens[i*T : i*T + T + 1] as (input, target, i); keys may carry a stall."""
+    """Sample i is tokens[s : s + T + 1] with s = (first + i) * stride, as (input, target, i).
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, first: int, count: int, vocab: int, source: str) -> None:
-        self.tokens, self.seq_len, self.first, self.count = tokens, seq_len, first, count
+    stride = T for a flat token stream (windows share their boundary token), T + 1 for rows
+    that were cut to length T + 1. A key may carry an injected stall: (i, seconds).
+    """
+
+    def __init__(self, tokens: np.ndarray, seq_len: int, stride: int, first: int, count: int, vocab: int, source: str) -> None:
+        self.tokens, self.seq_len, self.stride, self.first, self.count = tokens, seq_len, stride, first, count
         self.vocab, self.source = vocab, source
 
     def __len__(self) -> int:
@@ -57,8 +61,8 @@ class TokenWindows(Dataset):
     def __getitem__(self, key: int | tuple[int, float]) -> tuple[torch.Tensor, torch.Tensor, int]:
         i, stall = (key, 0.0) if isinstance(key, int) else key
         if stall:
-            time.sleep(stall)  # injected dataloader stall ([faults] stall_at_step)
-        start = (self.first + i) * self.seq_len
+            time.sleep(stall)  # injected dataloader stall ([faults] stall_at_step), in the worker
+        start = (self.first + i) * self.stride
         chunk = torch.from_numpy(np.asarray(self.tokens[start : start + self.seq_len + 1], dtype=np.int64))
         if int(chunk.max()) >= self.vocab:
             raise DataError(
@@ -74,9 +78,10 @@ class Splits:
     loss_floor: float | None
 
 
-def _windows(tokens: np.ndarray, cfg: Config, source: str) -> Splits:
+def _windows(tokens: np.ndarray, cfg: Config, source: str, stride: int | None = None) -> Splits:
     T = cfg.model.seq_len
-    n = (len(tokens) - 1) // T
+    stride = stride or T
+    n = (len(tokens) - 1) // stride if stride == T else len(tokens) // stride
     if n < 1:
         raise DataError(f"{source}: {len(tokens)} tokens is shorter than model.seq_len + 1 ({T + 1})")
     n_val = int(n * cfg.data.val_fraction)
@@ -86,8 +91,8 @@ def _windows(tokens: np.ndarray, cfg: Config, source: str) -> Splits:
     if n_train < 1:
         raise DataError(f"{source}: no training windows left after data.val_fraction = {cfg.data.val_fraction}")
     v = cfg.model.vocab_size
-    train = TokenWindows(tokens, T, 0, n_train, v, source)
-    val = TokenWindows(tokens, T, n_train, n_val, v, source) if n_val else None
+    train = TokenWindows(tokens, T, stride, 0, n_train, v, source)
+    val = TokenWindows(tokens, T, stride, n_train, n_val, v, source) if n_val else None
     return Splits(train, val, None)
 
 
@@ -104,8 +109,8 @@ def build_splits(cfg: Config) -> Splits:
             seqs[:, t] = state
             k = (rng.random(n)[:, None] > cum[state]).sum(axis=1).clip(max=cum.shape[1] - 1)
             state = succ[state, k]
-        # each sample is its own window: lay them end to end with stride T + 1
-        splits = _windows_rows(seqs, cfg)
+        # each row is its own sample: windows with stride T + 1 over the rows laid end to end
+        splits = _windows(seqs.reshape(-1), cfg, "synthetic", stride=T + 1)
         splits.loss_floor = markov_entropy(succ, cum)
         return splits
     path = Path(d.path)
@@ -134,29 +139,6 @@ def build_splits(cfg: Config) -> Splits:
         if top >= m.vocab_size:
             raise DataError(f"{path}: token id {top} is >= model.vocab_size ({m.vocab_size})")
     return _windows(tokens, cfg, str(path))
-
-
-def _windows_rows(seqs: np.ndarray, cfg: Config) -> Splits:
-    """Windows over pre-cut rows of length T + 1 (seq_len shifts by one inside each row)."""
-    n, T1 = seqs.shape
-    flat = seqs.reshape(-1)
-    n_val = int(n * cfg.data.val_fraction)
-    v, src = cfg.model.vocab_size, "synthetic"
-    train = _RowWindows(flat, T1, 0, n - n_val, v, src)
-    val = _RowWindows(flat, T1, n - n_val, n_val, v, src) if n_val else None
-    return Splits(train, val, None)
-
-
-class _RowWindows(TokenWindows):
-    """Windows laid out with stride T + 1, so row i is exactly sample i."""
-
-    def __getitem__(self, key: int | tuple[int, float]) -> tuple[torch.Tensor, torch.Tensor, int]:
-        i, stall = (key, 0.0) if isinstance(key, int) else key
-        if stall:
-            time.sleep(stall)
-        start = (self.first + i) * self.seq_len
-        chunk = torch.from_numpy(self.tokens[start : start + self.seq_len])
-        return chunk[:-1], chunk[1:], i
 
 
 class GlobalOrderSampler(Sampler):

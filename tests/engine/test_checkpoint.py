@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,13 +22,19 @@ def resume_and_get_start(run, attempt: int = 2) -> dict:
     return [e for e in events(run, "run_start") if e["attempt"] == attempt][0]
 
 
-@pytest.fixture
-def finished(tmp_path):
-    """A run that wrote checkpoints at steps 3, 6 and 9."""
-    run = make_run(tmp_path, **EVERY_3)
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    """A run that wrote checkpoints at steps 3, 6 and 9 (trained once per module)."""
+    run = make_run(tmp_path_factory.mktemp("pristine"), **EVERY_3)
     assert run_engine(run) == 0, logs(run)
     assert [c["step"] for c in events(run, "checkpoint")] == [3, 6, 9]
     return run
+
+
+@pytest.fixture
+def finished(pristine, tmp_path):
+    """A private copy of the pristine run for a test to damage."""
+    return Path(shutil.copytree(pristine, tmp_path / "run"))
 
 
 def make_longer(run, max_steps: int = 12) -> None:
