@@ -82,6 +82,7 @@ class Supervisor:
         self.kill_requested = False
         self.events = JsonlTail(self.paths.events)
         self.torchrun: subprocess.Popen[bytes] | None = None
+        self.current_attempt: int | None = None  # from the newest run_start event
 
     # -- status ----------------------------------------------------------------------------
     def finish(self, state: str, code: int, **fields: Any) -> int:
@@ -172,6 +173,7 @@ class Supervisor:
                           nnodes=self.cfg.launch.nnodes, node_rank=self.cfg.launch.node_rank)
         if self.kill_requested or self.stop_requested:  # a signal arrived before torchrun started
             return (-signal.SIGTERM, None, {"status": "stopped", "reason": "stopped before start"})
+        self.current_attempt = None
         log_path = self.paths.logs / "torchrun.log"
         log_offset = log_path.stat().st_size if log_path.exists() else 0
         cmd = torchrun_command(self.cfg, self.run_dir, attempt)
@@ -245,7 +247,8 @@ class Supervisor:
                 self.write_status("stopping", reason=f"stop requested ({ev.get('request_id')})")
             elif kind == "run_start":
                 self.current_attempt = ev.get("attempt")
-            elif kind == "run_end" and getattr(self, "current_attempt", attempt) == attempt:
+            elif kind == "run_end" and self.current_attempt in (None, attempt):
+                # None: the engine ended before run_start (bad data, refused resume)
                 run_end = ev
         return run_end
 
