@@ -24,7 +24,6 @@ ADVICE_STRAGGLER = (
 )
 
 
-
 def _this_attempt(sig: RunSignals, obs: Observation) -> dict[int, dict[str, Any]]:
     """Heartbeats written by the current attempt (older files are left-overs)."""
     out = {}
@@ -35,7 +34,8 @@ def _this_attempt(sig: RunSignals, obs: Observation) -> dict[int, dict[str, Any]
     return out
 
 
-def _running(sig: RunSignals, obs: Observation) -> bool:
+def running(sig: RunSignals, obs: Observation) -> bool:
+    """This attempt's engine is up and has not ended (a hang or a stall can only happen then)."""
     state = obs.status.get("state")
     if state is not None and state != "running":
         return False
@@ -53,11 +53,6 @@ def last_progress(sig: RunSignals, obs: Observation) -> float | None:
     marks += [as_float(hb.get("t")) for hb in _this_attempt(sig, obs).values()]
     marks = [t for t in marks if t == t]
     return max(marks) if marks else None
-
-
-def running(sig: RunSignals, obs: Observation) -> bool:
-    """This attempt's engine is up and has not ended (a hang or a stall can only happen then)."""
-    return _running(sig, obs)
 
 
 def _doing(p: RankProc | None) -> str:
@@ -90,7 +85,7 @@ def _suspects(hbs: dict[int, dict[str, Any]], procs: dict[int, RankProc]) -> tup
 
 def hang(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
     """No new step for max(floor, factor x median step time) while rank processes live."""
-    if not _running(sig, obs):
+    if not running(sig, obs):
         return None
     if obs.procs and not any(p.alive for p in obs.procs.values()):
         return None  # everyone has exited: that is for the exit rules
@@ -139,7 +134,7 @@ def hang(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
 
 def straggler(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
     """A rank's heartbeat steadily `straggler_steps` or more behind the most advanced rank."""
-    if not _running(sig, obs):
+    if not running(sig, obs):
         return None
     med = sig.median_step_interval() or 1.0
     steady = max(3.0, 3 * med)

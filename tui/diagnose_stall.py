@@ -13,6 +13,8 @@ ADVICE_STALL = (
     "tokenizing on the fly; avoid many small-file reads (pack into shards) and prefetch shards "
     "(prefetch_factor, local copies of remote data). Watch data_wait_s per step fall."
 )
+
+
 def _stall_window(sig: RunSignals, steps: list[StepRec], end: int, m: MonitorConfig) -> list[StepRec]:
     """The last `stall_steps` judged steps up to index `end`, within stall_window_s of it."""
     recent: list[StepRec] = []
@@ -79,9 +81,9 @@ def dataloader_stall(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Fin
     """Data wait a large share of recent step time (and, with NVML, GPUs idle meanwhile)."""
     if not is_live(sig, obs) or not sig.steps:
         return None
-    now = stall_in_progress(sig, obs, m)
-    if now is not None:
-        return now
+    ongoing = stall_in_progress(sig, obs, m)
+    if ongoing is not None:
+        return ongoing
     # Fast runs log many steps between two polls: judge the window ending at each new step,
     # or a stall that has already scrolled out of the last few steps would go unseen.
     tail = list(sig.steps)[-(min(obs.new_steps, 500) + 4 * m.stall_steps):]
@@ -102,6 +104,7 @@ def dataloader_stall(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Fin
 
 def _stall_finding(sig: RunSignals, recent: list[StepRec], need: float, gpu: float | None,
                    m: MonitorConfig) -> Finding | None:
+    """The incident for one window of steps, if their data wait is `need` of their time."""
     if len(recent) < min(2, m.stall_steps):
         return None
     wait = sum(r.data_wait_s for r in recent)
