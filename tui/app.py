@@ -183,12 +183,21 @@ class MtApp(App[int]):
             self._header.show(st, now, self.smoothing, self.logy)
             self._notice.say(notice_text(st, self.watcher.log_lines(), self.watcher.log_rank))
             self._grad.hline = st.grad_clip
-            for plot in self._plots:
-                plot.redraw(self.smoothing, self.logy)
+            # plots after this refresh: a first frame of a huge run shows the header at once
+            self.call_after_refresh(self._redraw_plots)
             if self._dirty:
                 self._system.show(self.watcher.system)
                 self._incidents.show(st.incidents, now)
                 self._dirty = False
+        finally:
+            self.watcher.lock.release()
+
+    def _redraw_plots(self) -> None:
+        if not self.watcher.lock.acquire(blocking=False):
+            return
+        try:
+            for plot in self._plots:
+                plot.redraw(self.smoothing, self.logy)
         finally:
             self.watcher.lock.release()
 

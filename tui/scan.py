@@ -17,15 +17,16 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from engine.events import RunPaths, as_float, write_json_atomic
-from tui.stream import RunSeries, RunState, new_state, reduce_event, reduce_step
+from engine.events import RunPaths, as_float, read_json, write_json_atomic
+from tui.stream import CheckpointInfo, RunSeries, RunState, new_state, reduce_event, reduce_step
 
-COLS = ("step", "loss", "lr", "grad_norm", "tokens_per_s")
+COLS = ("step", "loss", "lr", "grad_norm")
 CHUNK = 16 << 20                 # bytes per read: bounds memory whatever the file size
 CACHE_DIR = ".mt-index"
 CACHE_VERSION = 1
 HEAD_BYTES = 4096
 QUICK_TAIL_BYTES = 2 << 20       # steps a quick read parses (~5000 step lines)
+QUICK_SCAN_BYTES = 48 << 20      # how far back a quick read looks for other events
 _NONSTEP = re.compile(rb'"kind":"(?!step")')
 _STEP = b'"kind":"step"'
 _VAL = rb'(?:"[^"]*"|[^,"{}\[\]]*)'
@@ -228,7 +229,7 @@ def _apply_rows(st: RunState, series: RunSeries | None, rows: np.ndarray) -> Non
     last = rows[-1]
     st.n_steps += len(rows)
     st.step = int(last[0])
-    st.loss, st.lr, st.grad_norm, st.tokens_per_s = (float(v) for v in last[1:5])
+    st.loss, st.lr, st.grad_norm = (float(v) for v in last[1:4])
     if st.state == "starting":
         st.state = "running"
 
@@ -379,25 +380,66 @@ def quick_read(run_dir: Path, tail_bytes: int | None = None) -> BulkResult:
 
 
 def quick_state(run_dir: Path, tail_bytes: int | None = None) -> tuple[RunState, int]:
-    """The latest state fast (all non-step events + the last `tail_bytes` of steps), and the
-    offset it covers. Best loss then covers only the tail; `best_loss_partial` says so.
+    """The latest state fast, and the offset it covers: steps from the last `tail_bytes`,
+    other events from the last QUICK_SCAN_BYTES (plus the run_start at the head of the file).
+
+    Best loss then covers only the tail (`best_loss_partial`); incidents come from
+    incidents.jsonl, which mirrors the engine's; a checkpoint older than the window is taken
+    from the checkpoints folder.
     """
     paths = RunPaths(Path(run_dir))
     size = os.stat(paths.events).st_size
-    tail_bytes = QUICK_TAIL_BYTES if tail_bytes is None else tail_bytes
+    tail_start = _line_start(paths.events, max(0, size - (QUICK_TAIL_BYTES if tail_bytes is None else tail_bytes)))
+    win_start = _line_start(paths.events, max(0, tail_start - QUICK_SCAN_BYTES))
     cols = Columns()
-    tail_start = max(0, size - tail_bytes)
-    for off, ev in _nonstep_events(paths.events, 0, tail_start):
-        cols.events.append((off, 0, ev))
-    scanner = ColumnScanner()
-    with open(paths.events, "rb") as f:
-        f.seek(tail_start)
-        skip = len(f.readline()) if tail_start else 0  # land on a line boundary
-    end = scanner.scan(paths.events, tail_start + skip, size, cols)
+    cols.events = [(off, 0, ev) for off, ev in _nonstep_events(paths.events, win_start, tail_start)]
+    end = ColumnScanner().scan(paths.events, tail_start, size, cols)
+    if win_start > 0 and not any(ev.get("kind") == "run_start" for _, _, ev in cols.events):
+        cols.events[:0] = _head_run_start(paths, win_start)
     state, _ = replay(paths.root, cols, keep_series=False)
     fix_recent(state, paths.events, end)
     state.best_loss_partial = tail_start > 0
+    if state.last_checkpoint is None and win_start > 0:
+        state.last_checkpoint = _newest_checkpoint_dir(paths)
     return state, end
+
+
+def _line_start(path: Path, offset: int) -> int:
+    """The first line boundary at or after offset."""
+    if offset <= 0:
+        return 0
+    with open(path, "rb") as f:
+        f.seek(offset - 1)
+        return offset - 1 + len(f.readline())
+
+
+def _head_run_start(paths: RunPaths, win_start: int) -> list[tuple[int, int, dict[str, Any]]]:
+    """The current attempt's run_start when it lies before the scanned window."""
+    with open(paths.events, "rb") as f:
+        try:
+            first = json.loads(f.readline())
+        except ValueError:
+            first = None
+    status = read_json(paths.status) or {}
+    if isinstance(first, dict) and first.get("kind") == "run_start" and \
+            status.get("attempt") in (None, first.get("attempt")):
+        return [(0, 0, first)]
+    # a later attempt started before the window: find it the slow way (every non-step event)
+    return [(off, 0, ev) for off, ev in _nonstep_events(paths.events, 0, win_start)]
+
+
+def _newest_checkpoint_dir(paths: RunPaths) -> CheckpointInfo | None:
+    best = None
+    try:
+        for d in paths.checkpoints.glob("step-*"):
+            tail = d.name[5:]
+            if d.is_dir() and tail.isdigit() and (best is None or int(tail) > best[0]):
+                best = (int(tail), d)
+    except OSError:
+        return None
+    if best is None:
+        return None
+    return CheckpointInfo(step=best[0], path=str(best[1]), t=best[1].stat().st_mtime, reason="")
 
 
 def _nonstep_events(path: Path, start: int, end: int) -> Iterator[tuple[int, dict[str, Any]]]:

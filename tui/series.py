@@ -87,25 +87,45 @@ class EmaState:
     def extend(self, values: np.ndarray) -> np.ndarray:
         w = min(max(self.weight, 0.0), 1.0)
         out = np.array(values, dtype=np.float64, copy=True)
-        if w == 0.0:
-            # weight 0 is the raw series; keep the accumulator coherent for later points
-            finite = np.isfinite(out)
-            self.count += int(finite.sum())
-            if finite.any():
-                self.last = float(out[finite][-1])
+        finite = np.isfinite(out)
+        z = out[finite]
+        if not z.size:
             return out
-        last, count = self.last, self.count
-        # The recurrence is inherently sequential; a plain loop over Python floats is ~0.2 µs
-        # per point, i.e. 0.2 s for a million, and is only redone when the weight changes.
-        vals = out.tolist()
-        isfin = math.isfinite
-        for i, v in enumerate(vals):
-            if isfin(v):
-                last = last * w + (1.0 - w) * v
-                count += 1
-                vals[i] = last / (1.0 - w**count) if w != 1.0 else last
-        self.last, self.count = last, count
-        return np.array(vals, dtype=np.float64)
+        if w == 0.0:
+            self.last, self.count = float(z[-1]), self.count + z.size
+            return out
+        acc = _ema_accumulate(z, w, self.last)
+        counts = self.count + np.arange(1, z.size + 1, dtype=np.float64)
+        out[finite] = acc if w == 1.0 else acc / (1.0 - w ** counts)
+        self.last, self.count = float(acc[-1]), self.count + z.size
+        return out
+
+
+_BLOCK = 256
+
+
+def _ema_accumulate(z: np.ndarray, w: float, last: float) -> np.ndarray:
+    """acc[k] = w * acc[k-1] + (1 - w) * z[k], acc[-1] = last, without a per-point Python loop.
+
+    Blocks of 256 points go through one matrix product (the in-block recurrence unrolled:
+    only decaying powers of w, so no precision loss); a short loop carries between blocks.
+    """
+    n = z.size
+    nb = -(-n // _BLOCK)
+    zb = np.zeros(nb * _BLOCK)
+    zb[:n] = z
+    zb = zb.reshape(nb, _BLOCK)
+    i = np.arange(_BLOCK)
+    lag = i[:, None] - i[None, :]
+    kernel = np.where(lag >= 0, (1.0 - w) * w ** np.maximum(lag, 0), 0.0)  # kernel[i, j]
+    inner = zb @ kernel.T               # each block as if it started from 0
+    decay = w ** (i + 1.0)              # how the carried-in value fades along a block
+    carry = np.empty(nb)
+    c, w_block = last, w ** _BLOCK
+    for b in range(nb):                 # n / 256 iterations
+        carry[b] = c
+        c = inner[b, -1] + w_block * c
+    return (inner + carry[:, None] * decay[None, :]).reshape(-1)[:n]
 
 
 @dataclass

@@ -65,11 +65,9 @@ class RunSeries:
     val_loss: Series = field(default_factory=Series)
     lr: Series = field(default_factory=Series)
     grad_norm: Series = field(default_factory=Series)
-    tokens_per_s: Series = field(default_factory=Series)
 
     def all(self) -> dict[str, Series]:
-        return {"loss": self.loss, "val_loss": self.val_loss, "lr": self.lr,
-                "grad_norm": self.grad_norm, "tokens_per_s": self.tokens_per_s}
+        return {"loss": self.loss, "val_loss": self.val_loss, "lr": self.lr, "grad_norm": self.grad_norm}
 
     def truncate_after(self, step: float) -> None:
         for s in self.all().values():
@@ -84,7 +82,6 @@ class RunSeries:
         self.loss.append(x, as_float(ev.get("loss")))
         self.lr.append(x, as_float(ev.get("lr")))
         self.grad_norm.append(x, as_float(ev.get("grad_norm")))
-        self.tokens_per_s.append(x, as_float(ev.get("tokens_per_s")))
 
 
 @dataclass

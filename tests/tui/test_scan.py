@@ -143,3 +143,22 @@ def test_follower_and_load_run_state_use_the_bulk_path_on_big_files(tmp_path, mo
     assert f.poll().new_steps == 1 and f.state.step == 302
     exact = load_run_state(tmp_path)        # with the cache: exact again
     assert not exact.best_loss_partial and exact.best_loss == ref.state.best_loss
+
+
+def test_quick_state_window_takes_run_start_from_the_head_and_checkpoint_from_disk(tmp_path, monkeypatch):
+    r = SynthRun(tmp_path, max_steps=500)
+    r.run_start()
+    for s in range(1, 201):
+        r.step(s)
+        if s == 10:
+            r.event("checkpoint", step=10, path="checkpoints/step-10", bytes=1, seconds=0.1,
+                    reason="interval", request_id=None)
+    r.flush()
+    r.status("running")
+    (tmp_path / "checkpoints" / "step-10").mkdir(parents=True)
+    monkeypatch.setattr(scan, "QUICK_SCAN_BYTES", 2000)
+    q, _ = quick_state(tmp_path, tail_bytes=2000)
+    ref = reference(tmp_path).state
+    assert (q.step, q.world_size, q.device, q.attempt, q.state) == \
+        (ref.step, ref.world_size, ref.device, ref.attempt, ref.state)
+    assert q.last_checkpoint.step == 10 and q.last_checkpoint.path.endswith("step-10")

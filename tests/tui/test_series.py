@@ -79,3 +79,14 @@ def test_series_truncate_and_arrays():
     s.truncate_after(5)
     x, y = s.arrays()
     assert x.tolist() == [1, 2, 3, 4, 5] and y.tolist() == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("weight", [0.05, 0.6, 0.999])
+def test_blocked_ema_matches_the_loop_across_many_blocks_and_splits(weight):
+    rng = np.random.default_rng(3)
+    vals = rng.normal(2.0, 1.0, 3000)
+    vals[[255, 256, 511, 1999]] = [np.nan, np.inf, -np.inf, np.nan]   # at block edges
+    want = tensorboard_smooth(vals.tolist(), weight)
+    inc = EmaState(weight)
+    got = np.concatenate([inc.extend(vals[:700]), inc.extend(vals[700:701]), inc.extend(vals[701:])])
+    assert np.allclose(got, want, rtol=1e-10, atol=0, equal_nan=True)
