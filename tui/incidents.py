@@ -98,8 +98,8 @@ class IncidentMonitor:
         self.sig.note_heartbeats(hbs, now, self.m.straggler_steps)
         pids = self._rank_pids(hbs, status)
         progress = self.sig.last_progress_t()
-        # the syscall probe is only worth it once the run has been quiet for a while
-        quiet = progress is not None and now - progress > min(5.0, self.m.hang_floor_s / 2)
+        # the syscall probe is only worth it once the run has been quiet for a couple of seconds
+        quiet = progress is not None and now - progress > 2.0
         sample = self.sig.system[-1] if self.sig.system else None
         procs = self.procs.read(pids, sample, detailed=quiet)
         obs = Observation(now, status, hbs, procs, open_codes=frozenset(self.open),
@@ -118,9 +118,11 @@ class IncidentMonitor:
             for r, p in worker_pids.items():
                 if str(r).isdigit() and isinstance(p, int):
                     pids[int(r)] = p
-        for r, hb in hbs.items():
+        if pids:  # the supervisor's own list: this node's workers only
+            return pids
+        for r, hb in hbs.items():  # without it (a bare torchrun), the heartbeats name them
             if isinstance(hb.get("pid"), int) and hb.get("attempt") in (None, self.sig.attempt):
-                pids.setdefault(r, hb["pid"])
+                pids[r] = hb["pid"]
         return pids
 
     # -- engine-side incidents -------------------------------------------------------------
