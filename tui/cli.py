@@ -251,7 +251,7 @@ def kill(
     forced = f", {len(result.killed)} needed SIGKILL" if result.killed else ""
     if result.survivors:
         fail(f"{run_dir}: processes still alive after SIGKILL: {result.survivors}", RUN_FAILED)
-    typer.echo(f"killed: {n} process(es) terminated{forced}; state killed")
+    typer.echo(f"killed: {n} process(es) terminated{forced}; state {result.state}")
 
 
 @app.command()

@@ -4,7 +4,6 @@ Used by `mt ckpt` / `mt stop` / `mt kill` and by the dashboard's c / s / k keys.
 """
 from __future__ import annotations
 
-import os
 import signal
 import time
 import uuid
@@ -134,20 +133,22 @@ def kill_run(run_dir: Path, grace_s: float = 10.0) -> KillResult:
     recorded = [status.get("torchrun_pid"), *(status.get("worker_pids") or {}).values()]
     recorded += [a.get("torchrun_pid") for a in status.get("attempts") or [] if isinstance(a, dict)]
     procs = run_processes(run_dir, [p for p in recorded if isinstance(p, int)])
-    if status.get("state") in FINAL_STATES and not procs:
+    was_final = status.get("state") in FINAL_STATES
+    if was_final and not procs:
         raise ControlError(f"{run_dir}: the run has already ended ({status.get('state')}); nothing to kill")
-    if not procs and not (sup_pid and supervisor_alive(status)) and status.get("supervisor_pid"):
+    if not procs and sup_pid:
         raise ControlError(f"{run_dir}: no process of this run is running")
     result = KillResult()
-    if sup_pid and supervisor_alive(status):
+    # only a pid whose command line names this run is signalled: a stale pid may be reused
+    sup = [p for p in procs if p.pid == sup_pid]
+    if sup:
         try:
-            os.kill(sup_pid, signal.SIGUSR1)  # tells it: no restart, record `killed`
-        except ProcessLookupError:
+            sup[0].send_signal(signal.SIGUSR1)  # tells it: no restart, record `killed`
+        except Exception:  # noqa: BLE001 - psutil.NoSuchProcess: it just ended
             pass
     others = [p for p in procs if p.pid != sup_pid]
     _merge(result, terminate_all(others, grace_s))
     # the supervisor writes `killed` and exits once torchrun is gone; give it a moment
-    sup = [p for p in run_processes(run_dir, [sup_pid]) if p.pid == sup_pid]
     if sup:
         import psutil
 
@@ -155,13 +156,15 @@ def kill_run(run_dir: Path, grace_s: float = 10.0) -> KillResult:
         _merge(result, terminate_all(alive, 2.0))
     # anything started meanwhile (a worker spawned during start-up) goes the same way
     for _ in range(3):
-        rest = run_processes(run_dir, [sup_pid])
+        rest = run_processes(run_dir)
         if not rest:
             break
         _merge(result, terminate_all(rest, grace_s))
-    result.survivors = [p.pid for p in run_processes(run_dir, [sup_pid])]
+    result.survivors = [p.pid for p in run_processes(run_dir)]
     status = read_status(run_dir)
-    if status.get("state") != "killed":
+    if was_final:
+        result.state = str(status.get("state"))  # stragglers of an ended run: keep its outcome
+    elif status.get("state") != "killed":
         status.update(state="killed", ended=time.time(), reason="killed by mt kill")
         write_json_atomic(paths.status, status)
     return result
