@@ -156,8 +156,10 @@ def load(path: Path, map_location: torch.device | str = "cpu") -> dict[str, Any]
     """Every part of a verified checkpoint; anything that would need unpickling code is refused."""
     parts = {}
     for name in FILES:
+        # RNG states must stay CPU tensors (torch.set_rng_state takes no others)
+        where = "cpu" if name == "train.pt" else map_location
         try:
-            parts[name] = torch.load(path / name, map_location=map_location, weights_only=True)
+            parts[name] = torch.load(path / name, map_location=where, weights_only=True)
         except Exception as e:  # weights_only refuses pickled code with UnpicklingError
             raise CheckpointError(f"{path}/{name}: refused by weights_only load: {type(e).__name__}: {e}") from None
     return parts

@@ -27,7 +27,7 @@ from engine.model import GPT, count_params, flops_per_token
 from engine.optim import build_optimizer, lr_at, set_lr
 
 # what every rank contributes to the one collective of each step
-_LOSS, _NONFINITE, _STOP, _CKPT, _MEM, _PEAK = range(6)
+_LOSS, _STOP, _CKPT, _MEM, _PEAK = range(5)
 
 
 class Trainer:
@@ -89,17 +89,17 @@ class Trainer:
             requests = self._poll_control()
 
             t0 = time.perf_counter()
-            loss_local, bad_indices, data_wait = self._forward_backward(step)
+            loss_local, micro_losses, data_wait = self._forward_backward(step)
             if t.precision == "fp16":
                 self.scaler.unscale_(self.optimizer)  # clip and measure true (unscaled) gradients
             grad_norm_t = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip or math.inf)
-            agreed = self._agree(loss_local, bool(bad_indices), requests)  # one small collective; a sync point
+            agreed = self._agree(loss_local, requests)  # one small collective; a sync point
             loss, grad_norm = agreed["loss"], float(grad_norm_t)
             nonfinite = agreed["nonfinite"] or (t.precision != "fp16" and not math.isfinite(grad_norm))
 
             skipped, scale = nonfinite, None
             if nonfinite:
-                self._report_nan(step, lr, grad_norm, loss, bad_indices)
+                self._report_nan(step, lr, grad_norm, loss, micro_losses)
                 if t.on_nan == "stop":
                     self.optimizer.zero_grad(set_to_none=True)
                     self._save("stop", requests, rng_override=rng_before)
@@ -138,10 +138,13 @@ class Trainer:
         return self._end("completed", f"reached max_steps = {t.max_steps}")
 
     # ------------------------------------------------------------------------------------
-    def _forward_backward(self, step: int) -> tuple[torch.Tensor, list[int], float]:
-        """All micro-steps of one optimizer step; gradients sync only on the last (no_sync before)."""
+    def _forward_backward(self, step: int) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]], float]:
+        """All micro-steps of one optimizer step; gradients sync only on the last (no_sync before).
+
+        Returns the mean loss, (loss, sample indices) of each micro-batch, and the data wait.
+        Nothing here reads a value back from the device, so micro-steps queue without a sync."""
         loss_sum = torch.zeros((), device=self.env.device, dtype=torch.float64)
-        bad: list[int] = []
+        micro_losses = []
         data_wait = 0.0
         for micro in range(self.accum):
             t0 = time.perf_counter()
@@ -158,12 +161,11 @@ class Trainer:
                 if self.faults.overflow_now(step):
                     scaled = scaled * 1e30  # gradients overflow, the reported loss stays finite
                 self.scaler.scale(scaled).backward()
-            if not torch.isfinite(loss.detach()):  # rare; the sync is cheap next to the step
-                bad += [int(i) for i in idx]
+            micro_losses.append((loss.detach(), idx))
             if self.trace is not None:
                 self.trace.append(idx.tolist())
             loss_sum += loss.detach()
-        return loss_sum / self.accum, bad, data_wait
+        return loss_sum / self.accum, micro_losses, data_wait
 
     def _write_trace(self, step: int) -> None:
         if self.trace is None:
@@ -173,11 +175,11 @@ class Trainer:
             f.write(json.dumps({"attempt": self.attempt, "step": step, "rank": self.env.rank, "micro_batches": self.trace}) + "\n")
         self.trace = []
 
-    def _agree(self, loss_local: torch.Tensor, nonfinite: bool, requests: dict[str, list[Request]]) -> dict[str, Any]:
+    def _agree(self, loss_local: torch.Tensor, requests: dict[str, list[Request]]) -> dict[str, Any]:
         """Every rank learns the mean loss, whether any rank saw NaN, and whether to checkpoint or stop."""
         mem, peak = memory(self.env.device)
         stop = self.signals.received is not None or bool(requests["stop"])
-        row = torch.tensor([0.0, float(nonfinite), float(stop), float(bool(requests["checkpoint"])), mem, peak], dtype=torch.float64, device=self.env.device)
+        row = torch.tensor([0.0, float(stop), float(bool(requests["checkpoint"])), mem, peak], dtype=torch.float64, device=self.env.device)
         row[_LOSS] = loss_local
         rows = [torch.empty_like(row) for _ in range(self.env.world_size)]
         dist.all_gather(rows, row)
@@ -185,14 +187,15 @@ class Trainer:
         losses = table[:, _LOSS]
         return {
             "loss": float(losses.sum() / len(losses)) if bool(torch.isfinite(losses).all()) else float("nan"),
-            "nonfinite": bool(table[:, _NONFINITE].any()) or not bool(torch.isfinite(losses).all()),
+            "nonfinite": not bool(torch.isfinite(losses).all()),  # a NaN in any micro-batch poisons its rank's mean
             "stop": bool(table[:, _STOP].any()),
             "ckpt": bool(table[:, _CKPT].any()),
             "mem": int(table[:, _MEM].max()),
             "peak": int(table[:, _PEAK].max()),
         }
 
-    def _report_nan(self, step: int, lr: float, grad_norm: float, loss: float, bad_local: list[int]) -> None:
+    def _report_nan(self, step: int, lr: float, grad_norm: float, loss: float, micro_losses: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        bad_local = [int(i) for micro_loss, idx in micro_losses if not torch.isfinite(micro_loss) for i in idx]
         gathered: list[list[int]] = [[] for _ in range(self.env.world_size)]
         dist.all_gather_object(gathered, bad_local)
         indices = sorted({i for part in gathered for i in part})
