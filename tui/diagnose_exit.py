@@ -9,7 +9,7 @@ from typing import Any
 from engine.config import MonitorConfig
 from engine.events import as_float
 from tui.diagnose_signals import RunSignals
-from tui.diagnose_types import Finding, Observation
+from tui.diagnose_types import Finding, Observation, RankProc
 
 _OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|"
                   r"HIP out of memory|std::bad_alloc|\bMemoryError\b|Cannot allocate memory|"
@@ -150,16 +150,23 @@ def _first_failure(obs: Observation) -> tuple[list[Failure], str]:
     for rank, tail in sorted(obs.rank_logs.items()):
         kind, _ = classify_log(tail)
         if kind is not None:
-            # a rank that only lost its peer did not die first
-            ranked.append((kind == "peer", rank))
-    return [Failure(r, None) for _, r in sorted(ranked)], "rank logs"
+            # a rank that only lost its peer, or is still alive, did not die first
+            alive = (obs.procs.get(rank) or RankProc(rank)).alive is not False
+            ranked.append((kind == "peer", alive, rank))
+    return [Failure(r, None) for _, _, r in sorted(ranked)], "rank logs"
 
 
 def worker_exit(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
-    """A worker exited non-zero: classify the first one to die."""
+    """A worker exited non-zero: classify the first one to die.
+
+    Known for sure once torchrun has exited (status.json has its exit code); before that, a
+    rank process that has gone and left a clear cause in its log already counts.
+    """
     st = obs.status
     rc = st.get("exit_code")
-    if st.get("state") == "killed" or (rc in (None, 0) and st.get("state") != "failed"):
+    exited = rc not in (None, 0) or st.get("state") == "failed"
+    dying = st.get("state") in ("running", "stopping") and any(p.alive is False for p in obs.procs.values())
+    if st.get("state") == "killed" or not (exited or dying):
         return None
     if (obs.open_evidence.get("nan_loss") or {}).get("action") == "stop":
         return None  # the engine stopped on purpose, and said why (nan_loss)
@@ -176,7 +183,7 @@ def worker_exit(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding 
                 first, kind, line = f, k2, l2
                 break
     signum, signame = _signal_name(first.exit_code)
-    if kind is None and signum in _POLITE:
+    if kind is None and (signum in _POLITE or not exited):
         return None
     host_mem = _host_memory_share(sig)
     if kind == "oom":

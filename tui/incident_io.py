@@ -35,13 +35,21 @@ def read_heartbeats(paths: RunPaths) -> dict[int, dict[str, Any]]:
     return out
 
 
-def read_tail(path: Path, max_bytes: int = 32768) -> str:
-    """The last max_bytes of a text file ('' when missing)."""
+def file_size(path: Path) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def read_tail(path: Path, max_bytes: int = 32768, since: int = 0) -> str:
+    """The last max_bytes of a text file written after offset `since` ('' when missing)."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
-            f.seek(max(0, size - max_bytes))
+            since = since if since <= size else 0  # truncated or replaced: all of it is new
+            f.seek(max(since, size - max_bytes))
             return f.read().decode("utf-8", "replace")
     except OSError:
         return ""

@@ -19,7 +19,7 @@ from engine.config import ConfigError, MonitorConfig, load_config_json
 from engine.events import FINAL_STATES, SCHEMA_VERSION, JsonlTail, RunPaths, as_float, dumps, read_events, read_json
 from tui.diagnose import Finding, Observation, RunSignals, evaluate
 from tui.diagnose_signals import RunFacts
-from tui.incident_io import ProcReader, read_heartbeats, read_tail
+from tui.incident_io import ProcReader, file_size, read_heartbeats, read_tail
 
 EXIT_CODES = ("crash", "oom", "nccl_timeout")
 # What stays open once the run is over: the facts that explain how it ended.
@@ -53,6 +53,8 @@ class IncidentMonitor:
         self.clear_since: dict[str, float] = {}
         self.clean_steps: dict[str, int] = {}
         self.copied: set[tuple[Any, ...]] = set()  # engine incidents already in the file
+        self.attempt_seen: Any = None
+        self.log_from: dict[Path, int] = {}  # log -> its size when this attempt began
         self._resume_file()
 
     def _resume_file(self) -> None:
@@ -94,6 +96,10 @@ class IncidentMonitor:
     def _observe(self, now: float) -> Observation:
         status = read_json(self.paths.status)
         status = status if isinstance(status, dict) else {}
+        if status.get("attempt") != self.attempt_seen:
+            # logs are appended across attempts: only what this attempt wrote may explain its end
+            self.attempt_seen = status.get("attempt")
+            self.log_from = {p: file_size(p) for p in self._logs()}
         hbs = read_heartbeats(self.paths)
         self.sig.note_heartbeats(hbs, now, self.m.straggler_steps)
         pids = self._rank_pids(hbs, status)
@@ -104,12 +110,22 @@ class IncidentMonitor:
         procs = self.procs.read(pids, sample, detailed=quiet)
         obs = Observation(now, status, hbs, procs, open_codes=frozenset(self.open),
                           open_evidence={c: {**(r.get("evidence") or {}), "step": r.get("step")} for c, r in self.open.items()})
-        if status.get("exit_code") not in (None, 0) or status.get("state") == "failed":
+        exited = status.get("exit_code") not in (None, 0) or status.get("state") == "failed"
+        ended_well = (self.sig.run_end or {}).get("status") in ("completed", "stopped")
+        if exited or (any(p.alive is False for p in procs.values()) and not ended_well):
             ranks = set(pids) | set(range(self.sig.world_size or 0))
-            obs.rank_logs = {r: read_tail(self.paths.rank_log(r)) for r in sorted(ranks)}
-            obs.rank_logs = {r: t for r, t in obs.rank_logs.items() if t}
-            obs.torchrun_log = read_tail(self.paths.logs / "torchrun.log", 65536)
+            logs = {r: read_tail(self.paths.rank_log(r), since=self.log_from.get(self.paths.rank_log(r), 0))
+                    for r in sorted(ranks)}
+            obs.rank_logs = {r: t for r, t in logs.items() if t}
+            trl = self.paths.logs / "torchrun.log"
+            obs.torchrun_log = read_tail(trl, 65536, since=self.log_from.get(trl, 0))
         return obs
+
+    def _logs(self) -> list[Path]:
+        try:
+            return [p for p in self.paths.logs.iterdir() if p.suffix == ".log"]
+        except OSError:
+            return []
 
     def _rank_pids(self, hbs: dict[int, dict[str, Any]], status: dict[str, Any]) -> dict[int, int]:
         pids: dict[int, int] = {}

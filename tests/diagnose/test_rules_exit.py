@@ -7,7 +7,7 @@ import pytest
 
 from tui.diagnose_exit import classify_log, torchrun_failures
 
-from .fakerun import FakeRun
+from .fakerun import FakeRun, dead_pid
 
 TORCHRUN_REPORT = """\
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
@@ -157,3 +157,38 @@ def test_crash_closes_when_the_next_attempt_runs_and_a_second_crash_reopens(tmp_
     assert len(run.opened("crash")) == 2
     # what is written is what was returned, in order
     assert [(r["code"], r["status"]) for r in run.file()] == [(r["code"], r["status"]) for r in run.records]
+
+
+def test_a_dead_rank_with_a_traceback_is_a_crash_before_torchrun_reports(tmp_path: Path) -> None:
+    run = FakeRun(tmp_path / "r")
+    run.start()
+    for _ in range(12):
+        run.do_step(step_time=0.3)
+    run.pids[1] = dead_pid()
+    run.heartbeat(1, run.step)
+    run.poll()
+    assert run.opened() == []  # gone, but no cause yet: wait for torchrun's word
+    line = "RuntimeError: injected crash at step 13 on rank 1"
+    run.paths.rank_log(1).write_text(TRACEBACK.format(r=1, last=line))
+    run.paths.rank_log(0).write_text("step 12\n")
+    run.poll()
+    got = run.opened()
+    assert [(g["code"], g["evidence"]["rank"], g["evidence"]["source"]) for g in got] == [("crash", 1, "rank logs")]
+
+
+def test_an_earlier_attempts_traceback_does_not_explain_this_one(tmp_path: Path) -> None:
+    old = "RuntimeError: injected crash at step 13 on rank 1"
+    run = crashed_run(tmp_path, 1, 1, {1: TRACEBACK.format(r=1, last=old)})
+    assert run.opened("crash")[0]["evidence"]["line"] == old
+    run.status({"state": "starting", "attempt": 2, "exit_code": None})
+    run.poll()
+    run.start(start_step=10)
+    for _ in range(5):
+        run.do_step(step_time=0.3)
+    # attempt 2 is SIGKILLed: nothing new in the logs, torchrun reports -9
+    with open(run.paths.logs / "torchrun.log", "a") as f:
+        f.write(TORCHRUN_REPORT.format(root=1, other=0, code=-9))
+    run.status({"state": "failed", "attempt": 2, "exit_code": 1})
+    run.poll()
+    second = run.opened("crash")[1]
+    assert second["evidence"]["signal"] == "SIGKILL" and second["evidence"]["line"] is None
