@@ -218,5 +218,10 @@ def worker_exit(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding 
         "log_tail": [ln for ln in tail.splitlines() if ln.strip()][-8:], "host_mem_share": host_mem,
         "last_step": last.step if last else None,
     }
-    title = {"crash": "Worker crashed", "oom": "Out of memory", "nccl_timeout": "Collective timeout"}[code]
-    return Finding(code, "error", step, f"{title}: {who} at step {step}", detail, ADVICE[code], evidence)
+    if code == "nccl_timeout":
+        stuck = hang_ev.get("suspect_ranks")
+        title = (f"Collective timeout at step {step}: rank {', '.join(map(str, stuck))} had stopped" if stuck
+                 else f"Collective timeout at step {step}: {who} gave up waiting")
+    else:
+        title = f"{'Worker crashed' if code == 'crash' else 'Out of memory'}: {who} at step {step}"
+    return Finding(code, "error", step, title, detail, ADVICE[code], evidence)

@@ -121,6 +121,7 @@ def test_sigkill_with_free_memory_is_a_crash(tmp_path: Path) -> None:
 def test_collective_timeout(tmp_path: Path) -> None:
     run = crashed_run(tmp_path, 0, 1, {0: TRACEBACK.format(r=0, last=GLOO_TIMEOUT)})
     assert [g["code"] for g in run.opened()] == ["nccl_timeout"]
+    assert "rank 0 gave up waiting" in run.opened()[0]["title"]
 
 
 def test_root_that_only_lost_its_peer_points_to_the_real_cause(tmp_path: Path) -> None:
