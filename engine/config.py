@@ -113,34 +113,46 @@ class MonitorConfig:
     stall_steps: int = _c(4, ge=1)
     """The data-wait share is taken over this many most recent steps."""
     stall_gpu_util_pct: float = _c(10.0, ge=0, le=100)
+    """GPUs at or below this mean utilisation over stall_window_s count as idle (NVML only)."""
     stall_data_share: float = _c(0.5, gt=0, le=1)
-    """Share of step time spent waiting for data that makes a stall."""
+    """Share of step time spent waiting for data that makes a stall (half of it with idle GPUs)."""
     stall_min_wait_s: float = _c(0.5, ge=0)
     """Total data wait over those steps must also exceed this (ms-scale jitter is no stall)."""
     spike_mads: float = _c(8.0, gt=0)
+    """A loss spike is this many noise sigmas (robust, from step-to-step differences) above the median."""
     spike_min_jump: float = _c(0.5, gt=0)
     """Relative jump over the rolling median a spike must also exceed."""
     spike_min_history: int = _c(20, ge=3)
+    """Steps of history before loss and grad-norm spikes are judged (per attempt)."""
     spike_window: int = _c(100, ge=5)
-    """Steps in the rolling median of loss and grad norm."""
+    """Steps in the loss-noise estimate and in the grad-norm rolling median."""
     grad_explosion_factor: float = _c(10.0, gt=1)
+    """Grad norm this many times its rolling median is an explosion."""
     clip_active_share: float = _c(0.9, gt=0, le=1)
+    """Clipping on this share of the last clip_window steps is reported (info)."""
     clip_window: int = _c(50, ge=1)
     """Steps over which the clipped share is measured (only after the first spike_window)."""
     overflow_window: int = _c(20, ge=1)
+    """fp16: steps in which skipped steps are counted."""
     overflow_max_skipped: int = _c(5, ge=1)
+    """fp16: this many skipped steps in the window is an overflow incident."""
     overflow_min_scale: float = _c(1.0, gt=0)
     """A GradScaler loss scale below this has collapsed: the gradients overflow even unscaled."""
     close_after_steps: int = _c(10, ge=1)
     """An engine-side incident closes after this many clean logged steps."""
     close_after_s: float = _c(15.0, ge=0)
-    """A supervisor-side incident closes after its condition has been clear this long."""
+    """An incident stays open at least this long, and closes once clear this long."""
     throughput_drop_share: float = _c(0.5, gt=0, lt=1)
+    """Tokens/s below this share of the run's own median is a drop."""
     throughput_window_s: float = _c(30.0, gt=0)
+    """The low rate must hold for half of this window (eval/checkpoint steps excluded)."""
     hang_floor_s: float = _c(30.0, gt=0)
+    """No step for max(this, hang_step_factor x the median step interval) is a hang."""
     hang_step_factor: float = _c(20.0, gt=1)
     straggler_steps: int = _c(3, ge=1)
+    """A rank's heartbeat this many steps behind the leading one, steadily, is a straggler."""
     memory_pressure_share: float = _c(0.95, gt=0, le=1)
+    """GPU memory above this share of total, for all of memory_window_s, is pressure."""
     memory_window_s: float = _c(30.0, gt=0)
 
 
