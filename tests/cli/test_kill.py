@@ -1,9 +1,14 @@
 """`mt kill` and a SIGKILLed supervisor leave no process of the run behind."""
 from __future__ import annotations
 
+import fcntl
 import os
+import pty
 import signal
+import struct
 import subprocess
+import termios
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -57,7 +62,7 @@ def started(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tupl
         tmp = tmp_path_factory.mktemp(name)
         runs[name] = _launch_headless(tmp, tmp / "runs")
     tmp = tmp_path_factory.mktemp("sigkill")
-    runs["sigkill"] = (None, _launch(tmp, tmp / "runs"))
+    runs["sigkill"] = _launch_in_dashboard(tmp, tmp / "runs")
     yield runs
     for viewer, run_dir in runs.values():  # never leak a run, whatever a test did
         if run_processes(run_dir):
@@ -65,6 +70,55 @@ def started(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tupl
         if viewer is not None and viewer.poll() is None:
             viewer.kill()
             viewer.communicate()
+
+
+class DashboardTerminal:
+    """`mt launch PRESET` (no flags: it opens the dashboard) on a pseudo-terminal we drain."""
+
+    def __init__(self, args: list[str]) -> None:
+        self.master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+
+        def own_terminal() -> None:  # a session of its own, with the pty as its terminal
+            os.setsid()
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+        self.proc = subprocess.Popen(args, stdin=slave, stdout=slave, stderr=slave, cwd=REPO,
+                                     env={**os.environ, "TERM": "xterm-256color"}, preexec_fn=own_terminal)
+        os.close(slave)
+        self.screen = bytearray()
+        # the app blocks once the pty buffer is full, so someone must keep reading it
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                data = os.read(self.master, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            self.screen += data
+
+    def press(self, key: bytes) -> None:
+        os.write(self.master, key)
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def kill(self) -> None:
+        self.proc.kill()
+
+    def communicate(self) -> None:
+        self.proc.wait()
+        os.close(self.master)
+
+
+def _launch_in_dashboard(tmp_path: Path, runs: Path) -> tuple[DashboardTerminal, Path]:
+    preset = write_preset(tmp_path / "p.toml", runs, **SLOW)
+    term = DashboardTerminal([*MT, "launch", str(preset)])
+    found = wait_for(lambda: [p for p in runs.glob("*") if (p / "status.json").exists()], 60, "the run directory")
+    return term, found[0]
 
 
 def test_kill_during_run_leaves_nothing(started: dict) -> None:
@@ -102,6 +156,18 @@ def test_kill_during_startup_leaves_nothing(tmp_path: Path, runs: Path) -> None:
     # nothing to resume from: a clear message, exit 2
     res = mt("resume", run_dir, "--detach")
     assert res.returncode == 2 and "no checkpoint" in res.stderr
+
+
+def test_quitting_the_dashboard_leaves_the_run_running(started: dict) -> None:
+    term, run_dir = started["sigkill"]
+    tracker = _track_until_training(run_dir)
+    wait_for(lambda: run_dir.name.encode() in term.screen or b"step" in term.screen, 60, "the dashboard to draw")
+    term.press(b"q")
+    wait_for(lambda: term.poll() is not None, 30, "the dashboard to quit")
+    assert term.poll() == 0
+    assert status(run_dir)["state"] == "running" and sorted(tracker.alive()) == sorted(tracker.pids)
+    steps = len(events(run_dir, "step"))
+    wait_for(lambda: len(events(run_dir, "step")) > steps, 60, "training to go on without a viewer")
 
 
 def test_sigkilled_supervisor_does_not_leave_workers_running(started: dict) -> None:
