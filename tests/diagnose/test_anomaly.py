@@ -192,8 +192,9 @@ def test_observe_is_cheap() -> None:
     assert per_step < 1e-3, per_step  # generous: a few us in practice, the step itself is ms
 
 
-def test_anomaly_module_never_imports_torch() -> None:
-    code = "import sys, engine.anomaly; sys.exit(1 if 'torch' in sys.modules else 0)"
+@pytest.mark.parametrize("module", ["engine.anomaly", "tui.incidents", "tui.diagnose"])
+def test_diagnosis_never_imports_torch(module: str) -> None:
+    code = f"import sys, {module}; sys.exit(1 if 'torch' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
