@@ -68,7 +68,7 @@ class MtApp(App[int]):
     logy: reactive[bool] = reactive(False)
 
     def __init__(self, run_dir: Path, clock: Callable[[], float] = time.time,
-                 poll_s: float = 0.25, redraw_s: float = 0.25) -> None:
+                 poll_s: float = 0.25, redraw_s: float = 0.5) -> None:
         super().__init__()
         self.run_dir = Path(run_dir)
         self.clock = clock
@@ -108,6 +108,8 @@ class MtApp(App[int]):
         self._notice = self.query_one(Notice)
         self._plots = list(self.query(MetricPlot))
         self._grad = self.query_one("#plot-grad", MetricPlot)
+        for small in ("#plot-lr", "#plot-grad"):   # secondary plots refresh half as often
+            self.query_one(small, MetricPlot).min_interval_s = 2.0
         self._system = self.query_one(SystemPanel)
         self._incidents = self.query_one(IncidentsPanel)
         self._logs = self.query_one(LogsPanel)

@@ -9,6 +9,7 @@ import math
 from array import array
 from bisect import bisect_right
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Iterable
 
 import numpy as np
@@ -104,6 +105,15 @@ class EmaState:
 _BLOCK = 256
 
 
+@lru_cache(maxsize=8)
+def _kernel(w: float) -> tuple[np.ndarray, np.ndarray]:
+    """The in-block EMA matrix kernel[i, j] = (1-w) w^(i-j) (i >= j), and w^(i+1) for the carry."""
+    i = np.arange(_BLOCK)
+    lag = i[:, None] - i[None, :]
+    kernel = np.where(lag >= 0, (1.0 - w) * w ** np.maximum(lag, 0), 0.0)
+    return kernel, w ** (i + 1.0)
+
+
 def _ema_accumulate(z: np.ndarray, w: float, last: float) -> np.ndarray:
     """acc[k] = w * acc[k-1] + (1 - w) * z[k], acc[-1] = last, without a per-point Python loop.
 
@@ -115,11 +125,8 @@ def _ema_accumulate(z: np.ndarray, w: float, last: float) -> np.ndarray:
     zb = np.zeros(nb * _BLOCK)
     zb[:n] = z
     zb = zb.reshape(nb, _BLOCK)
-    i = np.arange(_BLOCK)
-    lag = i[:, None] - i[None, :]
-    kernel = np.where(lag >= 0, (1.0 - w) * w ** np.maximum(lag, 0), 0.0)  # kernel[i, j]
+    kernel, decay = _kernel(w)
     inner = zb @ kernel.T               # each block as if it started from 0
-    decay = w ** (i + 1.0)              # how the carried-in value fades along a block
     carry = np.empty(nb)
     c, w_block = last, w ** _BLOCK
     for b in range(nb):                 # n / 256 iterations

@@ -10,10 +10,18 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.events import FINAL_STATES, JsonlTail, RunPaths, as_float, read_json
-from tui.series import Series
+
+if TYPE_CHECKING:
+    from tui.series import Series
+
+
+def _series() -> "Series":
+    # imported here: tui.series needs numpy, which `mt ls` / `mt watch --once` never pay for
+    from tui.series import Series
+    return Series()
 
 
 @dataclass
@@ -61,12 +69,12 @@ class ControlAnswer:
 class RunSeries:
     """Full plot history of a run, x = optimizer step."""
 
-    loss: Series = field(default_factory=Series)
-    val_loss: Series = field(default_factory=Series)
-    lr: Series = field(default_factory=Series)
-    grad_norm: Series = field(default_factory=Series)
+    loss: "Series" = field(default_factory=_series)
+    val_loss: "Series" = field(default_factory=_series)
+    lr: "Series" = field(default_factory=_series)
+    grad_norm: "Series" = field(default_factory=_series)
 
-    def all(self) -> dict[str, Series]:
+    def all(self) -> dict[str, "Series"]:
         return {"loss": self.loss, "val_loss": self.val_loss, "lr": self.lr, "grad_norm": self.grad_norm}
 
     def truncate_after(self, step: float) -> None:

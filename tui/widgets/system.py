@@ -83,5 +83,12 @@ def render_system(view: SystemView) -> Text:
 class SystemPanel(Static, can_focus=True):
     """Re-rendered when a new sample arrives."""
 
+    _last: Text | None = None
+
     def show(self, view: SystemView) -> None:
-        self.update(render_system(view))
+        text = render_system(view)
+        if text != self._last:
+            # a relayout only when the number of lines changes (the panel is height: auto)
+            relayout = self._last is None or len(text.split()) != len(self._last.split())
+            self._last = text
+            self.update(text, layout=relayout)
