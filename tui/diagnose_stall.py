@@ -28,8 +28,15 @@ def _stall_window(sig: RunSignals, steps: list[StepRec], end: int, m: MonitorCon
     return recent
 
 
+# Children that are not DataLoader workers: torch.compile's worker pool compiles while the
+# rank waits for it, which is start-up cost, not input.
+_NOT_LOADERS = ("compile_worker", "_inductor", "triton")
+
+
 def _busy(c: ChildProc) -> bool:
     """A DataLoader worker doing something (reading, decoding, sleeping) rather than idling on its queue."""
+    if any(tag in c.cmdline for tag in _NOT_LOADERS):
+        return False
     return c.state in ("R", "D") or (c.syscall is not None and c.syscall not in WAITING_SYSCALLS)
 
 
@@ -50,6 +57,8 @@ def stall_in_progress(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Fi
     last = sig.last_step
     if not running(sig, obs) or last is None or last.step <= sig.start_step + WARMUP_STEPS:
         return None
+    if sig.pauses_due(last.step):
+        return None  # an eval or checkpoint runs now: waiting ranks are expected
     progress = last_progress(sig, obs)
     interval = sig.median_step_interval() or 0.0
     idle = obs.now - progress if progress is not None else 0.0

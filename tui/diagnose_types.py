@@ -34,6 +34,7 @@ class ChildProc:
     pid: int
     state: str | None = None
     syscall: str | None = None
+    cmdline: str = ""
 
 
 @dataclass

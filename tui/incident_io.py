@@ -100,9 +100,17 @@ def _children(pid: int) -> list[int]:
         return []
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read(4096).replace(b"\0", b" ").decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+
+
 def _child(pid: int) -> ChildProc:
     st = _stat(pid)
-    return ChildProc(pid, st[0] if st else None, _syscall(pid))
+    return ChildProc(pid, st[0] if st else None, _syscall(pid), _cmdline(pid))
 
 
 class ProcReader:

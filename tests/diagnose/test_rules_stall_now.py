@@ -90,3 +90,21 @@ def test_once_seen_as_a_stall_the_same_quiet_spell_is_no_hang() -> None:
     assert set(evaluate(sig, obs, M)) == {"hang"}
     obs.open_evidence = {"dataloader_stall": {"in_progress": True, "step": 21}}
     assert evaluate(sig, obs, M) == {}
+
+
+def test_compile_workers_are_not_a_dataloader() -> None:
+    sig = signals()
+    obs = observe(sig, 4.0, WAITING, {0: "running", 1: "running"})
+    for p in obs.procs.values():
+        p.children[0].cmdline = "python -m torch._inductor.compile_worker --workers=8"
+    assert "dataloader_stall" not in evaluate(sig, obs, M)
+
+
+def test_no_stall_judged_while_an_eval_is_due() -> None:
+    sig = RunSignals(RunFacts(num_workers=1, world_size=2, eval_every=20, eval_batches=4))
+    for ev in [{"kind": "run_start", "t": T0, "attempt": 1, "start_step": 0, "world_size": 2}] + [
+            {"kind": "step", "t": T0 + k * STEP_S, "step": k, "step_time_s": STEP_S, "data_wait_s": 0.01,
+             "tokens_per_s": 1000.0} for k in range(1, 21)]:
+        sig.feed_event(ev)
+    found = evaluate(sig, observe(sig, 4.0, WAITING, {0: "clock_nanosleep", 1: "clock_nanosleep"}), M)
+    assert "dataloader_stall" not in found
