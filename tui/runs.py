@@ -85,7 +85,7 @@ def newest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def run_dirs(runs_dir: Path) -> list[Path]:
-    """Sub-folders of runs_dir, newest first (by creation in the name's timestamp, then mtime)."""
+    """Sub-folders of runs_dir, newest first (by when launch wrote preset.toml, never rewritten)."""
     try:
         entries = [p for p in Path(runs_dir).iterdir() if p.is_dir() and not p.name.startswith(".")]
     except OSError:
@@ -93,7 +93,8 @@ def run_dirs(runs_dir: Path) -> list[Path]:
 
     def key(p: Path) -> float:
         try:
-            return (RunPaths(p).config.stat().st_mtime if is_run_dir(p) else p.stat().st_mtime)
+            preset = RunPaths(p).preset
+            return (preset if preset.exists() else p).stat().st_mtime
         except OSError:
             return 0.0
 

@@ -132,7 +132,7 @@ def test_headless_run_completes(headless_run: tuple[subprocess.Popen[str], Path,
     _ls_copes_with_foreign_and_broken_folders(runs, run_dir, max_steps)
 
 
-def test_injected_crash_auto_resumes_or_fails(tmp_path: Path, runs: Path) -> None:
+def test_injected_crash_auto_resumes_or_fails(tmp_path: Path, runs: Path, two_node_job: object) -> None:
     # two runs at once (their start-ups overlap): one may restart once, the other may not
     resumes = write_preset(tmp_path / "a.toml", runs, launch={"max_restarts": 1}, train={"max_steps": 16},
                            faults={"crash_at_step": 12, "crash_rank": 1})
@@ -166,13 +166,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_node_loopback_job_trains(tmp_path: Path, runs: Path) -> None:
-    preset = write_preset(tmp_path / "p.toml", runs, train={"max_steps": 16},
+@pytest.fixture(scope="module")
+def two_node_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[subprocess.Popen[str]]]:
+    """Two `mt launch --node-rank K` of one preset (a 2-node job on loopback), started early so
+    they train while the crash test runs."""
+    tmp = tmp_path_factory.mktemp("two-node")
+    preset = write_preset(tmp / "p.toml", tmp / "runs", train={"max_steps": 16},
                           launch={"nproc_per_node": 1, "nnodes": 2, "rdzv_endpoint": f"127.0.0.1:{_free_port()}"})
-    node1 = subprocess.Popen([*MT, "launch", str(preset), "--headless", "--node-rank", "1"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-    node0 = mt("launch", preset, "--headless", "--node-rank", "0")
-    out1, err1 = node1.communicate(timeout=240)
+    nodes = [subprocess.Popen([*MT, "launch", str(preset), "--headless", "--node-rank", str(k)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+             for k in (0, 1)]
+    yield nodes
+    for p in nodes:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+
+
+def test_two_node_loopback_job_trains(two_node_job: list[subprocess.Popen[str]]) -> None:
+    (out0, err0), (out1, err1) = (p.communicate(timeout=300) for p in two_node_job)
+    node0 = subprocess.CompletedProcess(two_node_job[0].args, two_node_job[0].returncode, out0, err0)
+    node1 = two_node_job[1]
     assert node0.returncode == 0, node0.stdout + node0.stderr
     assert node1.returncode == 0, out1 + err1
     dirs = [run_dir_from(node0.stdout), run_dir_from(out1)]
