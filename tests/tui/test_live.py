@@ -1,0 +1,102 @@
+"""The dashboard's keys on a live run started by the test (real engine, supervisor, torchrun)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import psutil
+import pytest
+
+from engine.events import read_events, read_json
+from tests.tui.test_app import wait_for
+from tui.app import MtApp
+from tui.widgets.dialogs import ConfirmScreen
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+PRESET = """
+[run]
+name = "live"
+runs_dir = "{runs}"
+[launch]
+nproc_per_node = 2
+device = "cpu"
+[model]
+vocab_size = 64
+n_layer = 1
+n_head = 2
+d_model = 32
+seq_len = 32
+[train]
+micro_batch_size = 4
+max_steps = 2000
+lr = 1e-3
+min_lr = 1e-4
+warmup_steps = 2
+[checkpoint]
+every_steps = 0
+[faults]
+step_sleep_s = 0.1
+"""
+
+
+def status(run_dir: Path) -> dict:
+    return read_json(run_dir / "status.json") or {}
+
+
+def kinds(run_dir: Path, kind: str) -> list[dict]:
+    return [e for e in read_events(run_dir / "events.jsonl") if e.get("kind") == kind]
+
+
+async def test_keys_checkpoint_stop_resume_kill_on_a_live_run(tmp_path):
+    from tui.control import kill_run
+    from tui.launch import Overrides, launch_run
+
+    preset = tmp_path / "live.toml"
+    preset.write_text(PRESET.format(runs=tmp_path / "runs"))
+    run_dir = launch_run(preset, Overrides())
+    app = MtApp(run_dir, poll_s=0.1, redraw_s=0.1)
+    try:
+        async with app.run_test(size=(140, 44)) as pilot:
+            st = lambda: app.watcher.follower.state  # noqa: E731
+            await wait_for(pilot, lambda: st().state == "running" and (st().step or 0) >= 2, 180)
+            assert "RUNNING" in str(app._header.content)
+
+            # c: a checkpoint event carrying our request id, and a notification naming its step
+            await pilot.press("c")
+            assert len(app.pending) == 1
+            rid = next(iter(app.pending))
+            await wait_for(pilot, lambda: any("checkpoint saved at step" in t for _, t in app.said), 60)
+            ck = [e for e in kinds(run_dir, "checkpoint") if e.get("request_id") == rid]
+            assert len(ck) == 1
+            assert ("information", f"checkpoint saved at step {ck[0]['step']}") in app.said
+
+            # s: a graceful stop (final checkpoint, state stopped), then c says why it won't
+            await pilot.press("s")
+            await wait_for(pilot, lambda: st().state == "stopped", 120)
+            stopped_at = st().step
+            assert kinds(run_dir, "checkpoint")[-1]["reason"] == "stop"
+            await pilot.press("c")
+            assert app.said[-1] == ("warning", "the run is stopped: nothing to checkpoint")
+
+            # r: a new attempt from the newest checkpoint, followed by the same viewer
+            await pilot.press("r")
+            await wait_for(pilot, lambda: st().attempt == 2 and st().state == "running"
+                           and (st().step or 0) > stopped_at, 180)
+            assert "attempt 2" in str(app._header.content)
+
+            # k: asks first; yes kills torchrun and every worker
+            workers = [int(p) for p in (status(run_dir).get("worker_pids") or {}).values()]
+            await pilot.press("k")
+            assert isinstance(app.screen, ConfirmScreen)
+            await pilot.press("y")
+            await wait_for(pilot, lambda: st().state == "killed", 120)
+            await wait_for(pilot, lambda: not [p for p in workers if psutil.pid_exists(p)
+                                               and psutil.Process(p).status() != psutil.STATUS_ZOMBIE], 30)
+            assert "KILLED" in str(app._header.content)
+    finally:
+        if status(run_dir).get("state") not in ("completed", "stopped", "failed", "killed"):
+            kill_run(run_dir, grace_s=2.0)
+    # the events of both attempts are valid JSON lines, written by the engine
+    assert {e["attempt"] for e in kinds(run_dir, "run_start")} == {1, 2}
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "killed"
