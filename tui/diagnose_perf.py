@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import statistics
+from typing import Any
 
 from engine.config import MonitorConfig
 from engine.events import as_float
@@ -66,6 +67,24 @@ def _time_weighted_median(steps: list[StepRec]) -> float:
     return pairs[-1][0]
 
 
+def _host_view(sig: RunSignals, obs: Observation) -> tuple[dict[str, Any], str]:
+    """The newest system sample's host load and rank CPU, and a sentence when the host is oversubscribed."""
+    sample = sig.system[-1] if sig.system else None
+    if sample is None or obs.now - as_float(sample.get("t")) > 10:
+        return {}, ""
+    h = sample.get("host") or {}
+    load, cpu = as_float(h.get("load1")), as_float(h.get("cpu_pct"))
+    ranks = [as_float(r.get("cpu_pct")) for r in sample.get("ranks") or [] if isinstance(r, dict)]
+    view = {"load1": None if is_nan(load) else round(load, 2), "cpu_pct": None if is_nan(cpu) else cpu,
+            "cores": sig.facts.host_cores, "rank_cpu_pct": [None if is_nan(c) else c for c in ranks]}
+    cores = sig.facts.host_cores
+    if cores and not is_nan(load) and load > 1.5 * cores:
+        shown = ", ".join(f"{c:.0f}%" for c in ranks if not is_nan(c))
+        return view, (f"; the host is oversubscribed: load {load:.1f} on {cores} cores"
+                      + (f", the ranks get {shown} CPU" if shown else "") + " (other processes compete)")
+    return view, ""
+
+
 def throughput_drop(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
     """Tokens/s well below the run's own median for a sustained window (pauses excluded)."""
     if not is_live(sig, obs):
@@ -92,9 +111,11 @@ def throughput_drop(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Find
     detail = (f"tokens/s fell to {now_rate:,.0f} (time-weighted median of the last {fmt_s(m.throughput_window_s)}, "
               f"{len(recent)} steps) from {base:,.0f} before, {now_rate / base:.0%} of it; "
               f"median step time {fmt_s(statistics.median(r.step_time_s for r in recent))}, data wait {fmt_s(wait)}")
+    host, host_txt = _host_view(sig, obs)
+    detail += host_txt
     evidence = {"tokens_per_s_now": round(now_rate, 1), "tokens_per_s_before": round(base, 1),
                 "ratio": round(now_rate / base, 3), "steps": [recent[0].step, recent[-1].step],
-                "threshold_share": m.throughput_drop_share, "data_wait_s_median": wait}
+                "threshold_share": m.throughput_drop_share, "data_wait_s_median": wait, "host": host}
     return Finding("throughput_drop", "warn", first.step, f"Throughput drop from step {first.step}",
                    detail, ADVICE_THROUGHPUT, evidence)
 

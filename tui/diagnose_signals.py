@@ -36,6 +36,7 @@ class RunFacts:
     eval_batches: int = 0
     world_size: int | None = None
     device: str | None = None
+    host_cores: int | None = None
 
 
 class RunSignals:

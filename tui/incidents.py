@@ -36,7 +36,14 @@ def run_facts(paths: RunPaths) -> RunFacts:
         return RunFacts()
     return RunFacts(eval_every=cfg.train.eval_every, checkpoint_every=cfg.checkpoint.every_steps,
                     num_workers=cfg.data.num_workers, eval_batches=cfg.train.eval_batches,
-                    world_size=cfg.world_size, device=cfg.launch.device)
+                    world_size=cfg.world_size, device=cfg.launch.device, host_cores=_cores())
+
+
+def _cores() -> int | None:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
 
 
 class IncidentMonitor:

@@ -83,7 +83,7 @@ class FakeRun:
             self.poll()
 
     def sample(self, gpu_util: float | None = None, mem_share: float | None = None,
-               host_mem_share: float = 0.3) -> None:
+               host_mem_share: float = 0.3, load1: float = 1.0, rank_cpu: float = 100.0) -> None:
         gpus = []
         if gpu_util is not None:
             total = 80 * 2**30
@@ -92,10 +92,10 @@ class FakeRun:
         host_total = 64 * 2**30
         with open(self.paths.system, "a") as f:
             f.write(dumps({"v": 1, "t": self.now, "nvml": gpu_util is not None, "nvml_error": None, "gpus": gpus,
-                           "ranks": [{"rank": r, "pid": p, "cpu_pct": 100.0, "rss_bytes": 2**30, "alive": True}
+                           "ranks": [{"rank": r, "pid": p, "cpu_pct": rank_cpu, "rss_bytes": 2**30, "alive": True}
                                      for r, p in self.pids.items()],
                            "host": {"cpu_pct": 50.0, "mem_used_bytes": int(host_total * host_mem_share),
-                                    "mem_total_bytes": host_total, "load1": 1.0}}) + "\n")
+                                    "mem_total_bytes": host_total, "load1": load1}}) + "\n")
 
     def idle(self, seconds: float, every: float = 1.0, **sample: Any) -> None:
         """Simulated time passes with no step; the monitor polls every `every` seconds."""

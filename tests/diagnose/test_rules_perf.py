@@ -103,6 +103,19 @@ def test_throughput_drop_sustained_fires_once(tmp_path: Path) -> None:
     assert got[0]["t"] - t_first <= 0.5 * m.throughput_window_s + 3.0
 
 
+def test_throughput_drop_names_an_oversubscribed_host(tmp_path: Path) -> None:
+    m = MonitorConfig()
+    run = FakeRun(tmp_path / "r", monitor=m)
+    run.monitor.sig.facts.host_cores = 2
+    warm(run, 80, step_time=0.5)
+    for _ in range(int(m.throughput_window_s / 1.5)):
+        run.do_step(step_time=1.5, data_wait=0.01)
+        run.sample(load1=7.5, rank_cpu=16.0)
+    got = run.opened("throughput_drop")
+    assert len(got) == 1 and "oversubscribed: load 7.5 on 2 cores" in got[0]["detail"]
+    assert got[0]["evidence"]["host"]["rank_cpu_pct"] == [16.0, 16.0]
+
+
 def test_short_dip_and_pauses_are_no_throughput_drop(tmp_path: Path) -> None:
     m = MonitorConfig()
     run = FakeRun(tmp_path / "r", monitor=m, eval_every=20, checkpoint_every=50)
