@@ -240,6 +240,8 @@ class StepAnomalies:
         return None
 
     def _overflow(self, s: int, step: dict[str, Any], skipped: bool) -> dict[str, Any] | None:
+        if step.get("loss_scale") is None:
+            return None  # no GradScaler (fp32/bf16): a skipped step there is a NaN, not an overflow
         scale = _finite(step.get("loss_scale"))
         if not self.calibrating:
             self.skipped.append(skipped)

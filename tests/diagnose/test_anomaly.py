@@ -155,6 +155,13 @@ def test_fp16_scale_collapse() -> None:
     assert [(i["code"], i["step"]) for i in got] == [("fp16_overflow", first_low)]
 
 
+def test_skipped_nan_steps_in_fp32_are_not_fp16_overflow() -> None:
+    stream = steps(100, 4)
+    for k in range(50, 60):  # the engine skips non-finite steps; without a scaler that is NaN
+        stream[k].update(loss=float("nan"), grad_norm=float("nan"), skipped=True)
+    assert run(stream) == []
+
+
 def test_nan_loss_is_left_to_nan_incident() -> None:
     stream = steps(100, 4)
     stream[50]["loss"] = float("nan")
