@@ -13,6 +13,7 @@ from collections import deque
 from typing import Any
 
 from engine.config import MonitorConfig
+from engine.events import as_float
 
 # MAD * 1.4826 estimates the standard deviation of normally distributed noise; successive
 # differences carry sqrt(2) times the noise, and almost none of the (slow) trend, so the noise
@@ -99,33 +100,23 @@ ADVICE = {
 
 def is_clear(code: str, evidence: dict[str, Any], step: dict[str, Any]) -> bool:
     """Whether one step event no longer shows the condition an engine incident reported."""
-    loss = _finite(_num(step.get("loss")))
+    loss = _finite(as_float(step.get("loss")))
     if code == "nan_loss":
         return loss is not None
     if code == "loss_spike":
         limit = _finite(evidence.get("threshold"))
         return loss is not None and (limit is None or loss <= limit)
     if code == "grad_explosion":
-        gn = _finite(_num(step.get("grad_norm")))
+        gn = _finite(as_float(step.get("grad_norm")))
         limit = _finite(evidence.get("threshold"))
         if evidence.get("reason") == "clipping":
             return not step.get("clipped")
         return gn is not None and (limit is None or gn <= limit)
     if code == "fp16_overflow":
-        scale = _finite(_num(step.get("loss_scale")))
+        scale = _finite(as_float(step.get("loss_scale")))
         floor = _finite(evidence.get("min_scale")) or 0.0
         return not step.get("skipped") and (scale is None or scale >= floor)
     return True
-
-
-def _num(value: Any) -> Any:
-    """Events carry non-finite floats as strings ("nan", "inf"); read them back."""
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return value
 
 
 class StepAnomalies:
