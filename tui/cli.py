@@ -59,7 +59,7 @@ def launch(
     name: Annotated[Optional[str], typer.Option("--name", help="Run name (overrides run.name).", show_default=False)] = None,
     runs_dir: Annotated[Optional[Path], typer.Option("--runs-dir", help="Where run directories go (overrides run.runs_dir).", show_default=False)] = None,
     nproc: NprocOpt = None,
-    node_rank: Annotated[Optional[int], typer.Option("--node-rank", help="This node's rank in a multi-node job (overrides launch.node_rank).", show_default=False)] = None,
+    node_rank: Annotated[Optional[int], typer.Option("--node-rank", help="This node's rank in a multi-node job (overrides launch.node_rank). Every node runs mt launch with the same preset and gets its own run dir (suffix -node<K>); the one that gets global rank 0 holds the events.", show_default=False)] = None,
 ) -> None:
     """Validate PRESET, create its run directory, start the run detached and open the dashboard.
 

@@ -97,11 +97,13 @@ class SystemSampler:
             return entry
         try:
             with p.oneshot():
-                entry["alive"] = p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-                entry["cpu_pct"] = p.cpu_percent(None)
-                entry["rss_bytes"] = p.memory_info().rss
+                status = p.status()
+                cpu, rss = p.cpu_percent(None), p.memory_info().rss
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            entry["alive"] = False
+            return entry
+        # an exiting process has already given back its memory (rss 0) before it is a zombie
+        if p.is_running() and status not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD) and rss > 0:
+            entry.update(alive=True, cpu_pct=cpu, rss_bytes=rss)
         return entry
 
     def sample(self, rank_pids: dict[int, int], now: float | None = None) -> dict[str, Any]:
