@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, NoReturn, Optional
+from typing import TYPE_CHECKING, Annotated, NoReturn, Optional
 
 import typer
+
+if TYPE_CHECKING:
+    from tui.control import Answer
 
 app = typer.Typer(
     name="mt",
@@ -157,10 +160,7 @@ def ls_runs(
     typer.echo(runs_table(runs_dir))
 
 
-def _answer_line(answer: object) -> str:
-    from tui.control import Answer
-
-    assert isinstance(answer, Answer)
+def _answer_line(answer: Answer) -> str:
     ck = answer.checkpoint
     if answer.status == "done" and ck:
         return f"checkpoint saved at step {ck.get('step')}: {ck.get('path')}"

@@ -152,6 +152,9 @@ def test_injected_crash_auto_resumes_or_fails(tmp_path: Path, runs: Path, two_no
     assert starts[1]["start_step"] == 8  # the newest checkpoint before the crash at step 12
     assert events(run_dir, "run_end")[-1]["status"] == "completed"
     assert "attempt 2 started" in out_a
+    # the supervisor ran the incident rules on the crash before starting attempt 2
+    incidents = [json.loads(l) for l in (run_dir / "incidents.jsonl").read_text().splitlines()]
+    assert any(i["code"] == "crash" for i in incidents), incidents
 
     assert procs[1].returncode == 1, out_b + err_b
     run_dir = run_dir_from(out_b)
