@@ -101,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         print(table(frows, ["fault", "expected", "detected", "step", "right_step", "latency_s", "steps_late", "other_alarms", "run_state"]))
         print(f"\nClean runs ({len(crows)}): warn/error incidents = {sum(len(r['false_alarms']) for r in crows)}\n")
         print(table(crows, ["run", "state", "false_alarms", "info", "wall_s"]))
-        ok = all(r["detected"] and r["right_step"] for r in frows) and not any(r["false_alarms"] for r in crows)
+        ok = (all(r["detected"] and r["right_step"] and not r["other_alarms"] for r in frows)
+              and not any(r["false_alarms"] for r in crows))
     syn = synthetic()
     result["synthetic"] = syn
     print("\nEngine-side rules on synthetic curves (300 steps, fall + noise, warmup, clipping):")

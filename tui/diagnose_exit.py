@@ -20,6 +20,10 @@ _TIMEOUT = re.compile(r"Watchdog caught collective operation timeout|collective 
                       r"Socket Timeout", re.I)
 _PEER_GONE = re.compile(r"Connection (?:closed|reset) by peer|Broken pipe|ECONNRESET|"
                         r"Connection refused.*(?:gloo|store)|NCCL.*remote process exited", re.I)
+# Someone asked the process (or its DataLoader worker) to stop: mt stop/kill, a scheduler, Ctrl-C.
+_TERMINATED = re.compile(r"killed by signal: (?:Terminated|Interrupt|Hangup)|^KeyboardInterrupt|"
+                         r"Signal (?:15|2|1) \(SIG(?:TERM|INT|HUP)\) received")
+_KILLED = re.compile(r"killed by signal: Killed")
 _EXC_LINE = re.compile(r"^(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Interrupt|Exit|Failure)\b:?.*$")
 _PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:\s?")
 _ROOT = "Root Cause (first observed failure):"
@@ -99,15 +103,20 @@ def _parse_blocks(text: str) -> list[Failure]:
 
 
 def classify_log(tail: str) -> tuple[str | None, str]:
-    """(kind, the line that shows it) for a rank's log tail; kind is oom, timeout, peer or exception."""
+    """(kind, the line that shows it) for a rank's log tail.
+
+    kind: oom, timeout, peer (lost a peer), terminated (asked to stop), killed (SIGKILL, e.g.
+    of a DataLoader worker by the OOM killer), exception, or None when the tail says nothing.
+    """
     lines = [_PREFIX.sub("", ln).rstrip() for ln in tail.splitlines() if ln.strip()]
     for kind, pattern in (("oom", _OOM), ("timeout", _TIMEOUT)):
         hit = next((ln for ln in reversed(lines) if pattern.search(ln)), None)
         if hit:
             return kind, hit.strip()
     exc = next((ln.strip() for ln in reversed(lines) if _EXC_LINE.match(ln.strip())), None)
-    if exc and _PEER_GONE.search(exc):
-        return "peer", exc
+    for kind, pattern in (("terminated", _TERMINATED), ("killed", _KILLED), ("peer", _PEER_GONE)):
+        if exc and pattern.search(exc):
+            return kind, exc
     if exc:
         return "exception", exc
     hit = next((ln for ln in reversed(lines) if _PEER_GONE.search(ln)), None)
@@ -176,15 +185,15 @@ def worker_exit(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding 
     first = failures[0] if failures else Failure(-1, rc if isinstance(rc, int) else None)
     tail = obs.rank_logs.get(first.rank, "")
     kind, line = classify_log(tail)
-    if kind == "peer":  # it only lost a peer: look for a rank that has a cause of its own
+    if kind in ("peer", "terminated"):  # a consequence: look for a rank with a cause of its own
         for f in failures[1:] + [Failure(r, None) for r in sorted(obs.rank_logs) if r != first.rank]:
             k2, l2 = classify_log(obs.rank_logs.get(f.rank, ""))
-            if k2 not in (None, "peer"):
+            if k2 not in (None, "peer", "terminated"):
                 first, kind, line = f, k2, l2
                 break
     signum, signame = _signal_name(first.exit_code)
-    if kind is None and (signum in _POLITE or not exited):
-        return None
+    if kind == "terminated" or (kind is None and (signum in _POLITE or not exited)):
+        return None  # stopped from outside (mt stop/kill, a scheduler): the status says so
     host_mem = _host_memory_share(sig)
     if kind == "oom":
         code, what = "oom", f"ran out of memory: {line}"
@@ -192,8 +201,10 @@ def worker_exit(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding 
         code, what = "nccl_timeout", f"timed out in a collective: {line}"
     elif kind == "peer":
         code, what = "nccl_timeout", f"lost its collective peer: {line}"
-    elif signum == signal.SIGKILL and host_mem is not None and host_mem >= 0.9:
+    elif (signum == signal.SIGKILL or kind == "killed") and host_mem is not None and host_mem >= 0.9:
         code, what = "oom", f"was killed by SIGKILL with host memory at {host_mem:.0%}: the kernel's OOM killer"
+    elif kind == "killed":
+        code, what = "crash", f"lost a process to SIGKILL (the kernel's OOM killer, or kill -9): {line}"
     elif signame:
         code, what = "crash", f"was killed by {signame}" + (f" ({line})" if line else "") + (
             " (the kernel's OOM killer, or kill -9)" if signum == signal.SIGKILL else "")

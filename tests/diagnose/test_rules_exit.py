@@ -62,6 +62,9 @@ def test_torchrun_report_root_cause_first() -> None:
     (OOM, "oom"), (GLOO_TIMEOUT, "timeout"), (NCCL_WATCHDOG, "timeout"), (PEER, "peer"),
     ("RuntimeError: injected crash at step 40 on rank 1", "exception"),
     ("ValueError: bad shape", "exception"),
+    ("RuntimeError: DataLoader worker (pid 21925) is killed by signal: Terminated. ", "terminated"),
+    ("KeyboardInterrupt", "terminated"),
+    ("RuntimeError: DataLoader worker (pid 812) is killed by signal: Killed. ", "killed"),
 ])
 def test_classify_log(line: str, kind: str) -> None:
     got_kind, got_line = classify_log(TRACEBACK.format(r=1, last=line) + "\n")
@@ -193,3 +196,24 @@ def test_an_earlier_attempts_traceback_does_not_explain_this_one(tmp_path: Path)
     run.poll()
     second = run.opened("crash")[1]
     assert second["evidence"]["signal"] == "SIGKILL" and second["evidence"]["line"] is None
+
+
+def test_mt_kill_terminating_loader_workers_is_no_crash(tmp_path: Path) -> None:
+    term = "RuntimeError: DataLoader worker (pid 21925) is killed by signal: Terminated. "
+    run = FakeRun(tmp_path / "r")
+    run.start()
+    for _ in range(12):
+        run.do_step(step_time=0.3)
+    run.pids[0] = dead_pid()  # rank 0 died of its worker's SIGTERM; torchrun still tearing down
+    run.heartbeat(0, run.step)
+    run.paths.rank_log(0).write_text(TRACEBACK.format(r=0, last=term))
+    run.poll()
+    run.status({"state": "running", "attempt": 1, "exit_code": 1})
+    run.poll()
+    assert run.opened() == []
+
+
+def test_loader_worker_killed_with_full_host_memory_is_oom(tmp_path: Path) -> None:
+    line = "RuntimeError: DataLoader worker (pid 812) is killed by signal: Killed. "
+    run = crashed_run(tmp_path, 0, 1, {0: TRACEBACK.format(r=0, last=line)}, host_mem=0.96)
+    assert [g["code"] for g in run.opened()] == ["oom"]
