@@ -169,12 +169,14 @@ def worker_exit(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding 
     """A worker exited non-zero: classify the first one to die.
 
     Known for sure once torchrun has exited (status.json has its exit code); before that, a
-    rank process that has gone and left a clear cause in its log already counts.
+    rank that has gone, or printed an error since the last step, with a clear cause in its
+    log already counts.
     """
     st = obs.status
     rc = st.get("exit_code")
     exited = rc not in (None, 0) or st.get("state") == "failed"
-    dying = st.get("state") in ("running", "stopping") and any(p.alive is False for p in obs.procs.values())
+    dying = st.get("state") in ("running", "stopping") and (
+        obs.fresh_error or any(p.alive is False for p in obs.procs.values()))
     if st.get("state") == "killed" or not (exited or dying):
         return None
     if (obs.open_evidence.get("nan_loss") or {}).get("action") == "stop":

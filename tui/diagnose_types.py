@@ -64,6 +64,8 @@ class Observation:
     rank_logs: dict[int, str] = field(default_factory=dict)
     """Tails of logs/rank<N>.log, read only once a worker has exited."""
     torchrun_log: str = ""
+    fresh_error: bool = False
+    """A rank's log shows an error written after the last step: a crash under way."""
     new_steps: int = 0
     """Step events read since the previous poll (step-driven rules judge each of them)."""
     open_codes: frozenset[str] = frozenset()

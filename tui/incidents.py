@@ -18,6 +18,7 @@ from engine.anomaly import is_clear
 from engine.config import ConfigError, MonitorConfig, load_config_json
 from engine.events import FINAL_STATES, SCHEMA_VERSION, JsonlTail, RunPaths, as_float, dumps, read_events, read_json
 from tui.diagnose import Finding, Observation, RunSignals, evaluate
+from tui.diagnose_exit import classify_log
 from tui.diagnose_signals import RunFacts
 from tui.incident_io import ProcReader, file_size, read_heartbeats, read_tail
 
@@ -62,6 +63,7 @@ class IncidentMonitor:
         self.copied: set[tuple[Any, ...]] = set()  # engine incidents already in the file
         self.attempt_seen: Any = None
         self.log_from: dict[Path, int] = {}  # log -> its size when this attempt began
+        self.log_mark: dict[int, int] = {}  # rank -> its log's size when the last step was read
         self._resume_file()
 
     def _resume_file(self) -> None:
@@ -93,6 +95,8 @@ class IncidentMonitor:
                 new_steps = 0  # the steps read so far belong to an earlier attempt
         for sample in self.system.iter_new():
             self.sig.feed_system(sample)
+        if new_steps:  # the logs up to here belong to a run that was still stepping
+            self.log_mark = {r: file_size(self.paths.rank_log(r)) for r in range(self.sig.world_size or 0)}
         obs = self._observe(now)
         obs.new_steps = new_steps
         found = evaluate(self.sig, obs, self.m)
@@ -119,7 +123,9 @@ class IncidentMonitor:
                           open_evidence={c: {**(r.get("evidence") or {}), "step": r.get("step")} for c, r in self.open.items()})
         exited = status.get("exit_code") not in (None, 0) or status.get("state") == "failed"
         ended_well = (self.sig.run_end or {}).get("status") in ("completed", "stopped")
-        if exited or (any(p.alive is False for p in procs.values()) and not ended_well):
+        if quiet and not ended_well and not exited:
+            obs.fresh_error = self._fresh_error()
+        if exited or obs.fresh_error or (any(p.alive is False for p in procs.values()) and not ended_well):
             ranks = set(pids) | set(range(self.sig.world_size or 0))
             logs = {r: read_tail(self.paths.rank_log(r), since=self.log_from.get(self.paths.rank_log(r), 0))
                     for r in sorted(ranks)}
@@ -127,6 +133,17 @@ class IncidentMonitor:
             trl = self.paths.logs / "torchrun.log"
             obs.torchrun_log = read_tail(trl, 65536, since=self.log_from.get(trl, 0))
         return obs
+
+    def _fresh_error(self) -> bool:
+        """A rank printed an error since the run last stepped (and no eval/checkpoint is due)."""
+        last = self.sig.last_step
+        if last is None or self.sig.pauses_due(last.step):
+            return False
+        for rank, mark in self.log_mark.items():
+            kind, _ = classify_log(read_tail(self.paths.rank_log(rank), since=mark))
+            if kind in ("exception", "oom", "timeout", "killed"):
+                return True
+        return False
 
     def _logs(self) -> list[Path]:
         try:

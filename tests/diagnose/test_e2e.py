@@ -19,9 +19,12 @@ LATE_STEPS = 3
 
 
 def on_time(o: Outcome, code: str) -> None:
+    """Within 10 s of the fault; a step-driven (engine-side) code may instead be within 3 steps.
+    A crash, hang or stall stops the steps, so for them only the clock counts."""
     lat, late = o.latency_s(code), o.steps_late(code)
     assert lat is not None, (code, o.codes, o.run_dir)
-    assert lat <= LATENCY_S or (late is not None and late <= LATE_STEPS), (code, lat, late, o.run_dir)
+    by_steps = code in ("nan_loss", "loss_spike", "grad_explosion", "fp16_overflow") and late is not None
+    assert lat <= LATENCY_S or (by_steps and late <= LATE_STEPS), (code, lat, late, o.run_dir)
 
 
 def test_nan_stall_and_crash(tmp_path: Path) -> None:

@@ -217,3 +217,34 @@ def test_loader_worker_killed_with_full_host_memory_is_oom(tmp_path: Path) -> No
     line = "RuntimeError: DataLoader worker (pid 812) is killed by signal: Killed. "
     run = crashed_run(tmp_path, 0, 1, {0: TRACEBACK.format(r=0, last=line)}, host_mem=0.96)
     assert [g["code"] for g in run.opened()] == ["oom"]
+
+
+def test_an_error_printed_after_the_last_step_is_a_crash_under_way(tmp_path: Path) -> None:
+    run = FakeRun(tmp_path / "r")
+    run.start()
+    run.paths.rank_log(1).write_text(TRACEBACK.format(r=1, last="UserWarning: harmless, long before"))
+    for _ in range(12):
+        run.do_step(step_time=0.3)
+    with open(run.paths.rank_log(1), "a") as f:  # still alive, tearing down its process group
+        f.write(TRACEBACK.format(r=1, last="RuntimeError: injected crash at step 13 on rank 1"))
+    run.idle(1)
+    assert run.opened() == []  # one quiet second is nothing yet
+    run.idle(2)
+    got = run.opened()
+    assert [(g["code"], g["evidence"]["rank"]) for g in got] == [("crash", 1)]
+    assert got[0]["evidence"]["line"].startswith("RuntimeError: injected crash")
+
+
+def test_an_old_traceback_of_a_live_run_is_no_crash(tmp_path: Path) -> None:
+    run = FakeRun(tmp_path / "r", checkpoint_every=12)
+    run.start()
+    for _ in range(6):
+        run.do_step(step_time=0.3)
+    with open(run.paths.rank_log(0), "a") as f:  # printed and survived: the run kept stepping
+        f.write(TRACEBACK.format(r=0, last="ValueError: a retried read failed"))
+    for _ in range(6):
+        run.do_step(step_time=0.3)
+    with open(run.paths.rank_log(0), "a") as f:  # printed while the due checkpoint is written
+        f.write(TRACEBACK.format(r=0, last="OSError: slow disk, retrying"))
+    run.idle(8)
+    assert run.opened() == []
