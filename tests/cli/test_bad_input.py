@@ -171,3 +171,14 @@ def test_resume_refuses_while_a_process_of_the_run_lives(tmp_path: Path) -> None
         straggler.kill()
         straggler.wait()
     assert (run_dir / "status.json").read_text().count('"stopped"') == 1
+
+
+def test_ls_of_a_missing_folder(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["ls", str(tmp_path / "nope")])
+    assert result.exit_code == 2 and "no such directory" in result.stderr
+
+
+def test_resume_without_any_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # `mt resume` alone looks for the newest run under ./runs
+    result = runner.invoke(app, ["resume"])
+    assert result.exit_code == 2 and "no run under runs/" in result.stderr
