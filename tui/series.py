@@ -5,7 +5,6 @@ arrays), not a million dicts.
 """
 from __future__ import annotations
 
-import math
 from array import array
 from bisect import bisect_right
 from dataclasses import dataclass, field

@@ -162,3 +162,4 @@ def test_quick_state_window_takes_run_start_from_the_head_and_checkpoint_from_di
     assert (q.step, q.world_size, q.device, q.attempt, q.state) == \
         (ref.step, ref.world_size, ref.device, ref.attempt, ref.state)
     assert q.last_checkpoint.step == 10 and q.last_checkpoint.path.endswith("step-10")
+
