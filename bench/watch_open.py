@@ -34,7 +34,7 @@ from pathlib import Path
 from tui.app import MtApp
 from tui.stream import load_run_state
 async def main():
-    app = MtApp(Path(sys.argv[1]), poll_s=0.05, redraw_s=0.05)
+    app = MtApp(Path(sys.argv[1]))  # default poll and redraw rates
     want = int(sys.argv[2])
     out = {}
     async with app.run_test(size=(140, 44)) as pilot:
@@ -44,7 +44,7 @@ async def main():
             if app.settled() and len(app.watcher.follower.series.loss) >= want:
                 out["plots_full_s"] = time.perf_counter() - t0
                 break
-            await pilot.pause(0.02)
+            await pilot.pause(0.05)
     out["points"] = len(app.watcher.follower.series.loss)
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(out)

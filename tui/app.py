@@ -147,8 +147,12 @@ class MtApp(App[int]):
     @on(RunUpdated)
     def _run_updated(self, message: RunUpdated) -> None:
         u = message.update
+        first = not self.loaded
         self.loaded = True
         self._dirty = True
+        if first:  # draw now rather than at the next tick, and tell the worker it is shown
+            self.render_frame()
+            self.call_after_refresh(self.watcher.frame_shown.set)
         self._logs.show(self.watcher.log_rank, u.new_log_lines, u.log_reset)
         for ev in u.run.new_events:
             self._maybe_notify(ev)

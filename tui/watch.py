@@ -99,6 +99,7 @@ class Watcher:
         self._log_reset = True
         self._live_checked = 0.0
         self.history_ready = False     # the plots hold the whole file read so far
+        self.frame_shown = threading.Event()  # set by the UI once a first frame is on screen
 
     @property
     def paths(self):
@@ -142,6 +143,8 @@ class Watcher:
                 f.adopt(quick)
                 f.poll()            # status, incidents and whatever was appended meanwhile
             on_quick()
+            # let the UI paint the header before the bulk scan competes with it for the GIL
+            self.frame_shown.wait(2.0)
         bulk = f.bulk()
         with self.lock:
             f.adopt(bulk)
