@@ -13,7 +13,8 @@ from typing import Any, Callable, TextIO
 
 from engine.events import FINAL_STATES, as_float
 from tui.runs import read_status, supervisor_alive
-from tui.stream import RunFollower, RunState, fmt_duration, fmt_num
+from tui.stream import RunFollower, RunState
+from tui.summary import fmt_duration, fmt_num
 
 
 def step_line(st: RunState) -> str:

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tui.runs import effective_state, is_run_dir, read_status, run_dirs
-from tui.stream import fmt_duration, fmt_num, format_summary, load_run_state
+from tui.stream import load_run_state
+from tui.summary import fmt_duration, fmt_num, format_summary
 
 
 @dataclass
