@@ -53,9 +53,15 @@ def _tps_ok(r: StepRec) -> bool:
     return not is_nan(r.tokens_per_s) and r.tokens_per_s > 0
 
 
+def _weight(r: StepRec) -> float:
+    """The wall time a step held the run (its interval; its step time when that is unknown)."""
+    w = r.interval_s if not is_nan(r.interval_s) else r.step_time_s
+    return w if w > 0 else 0.0
+
+
 def _time_weighted_median(steps: list[StepRec]) -> float:
     """The rate the run had for half of the time: many fast steps do not outvote slow minutes."""
-    pairs = sorted((r.tokens_per_s, r.step_time_s if r.step_time_s > 0 else 0.0) for r in steps)
+    pairs = sorted((r.tokens_per_s, _weight(r)) for r in steps)
     total = sum(w for _, w in pairs)
     if total <= 0:
         return statistics.median(v for v, _ in pairs)
@@ -94,7 +100,9 @@ def throughput_drop(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Find
     for r in reversed(sig.steps):  # newest first; the baseline is the last 500 steps before
         if len(before) == 500:
             break
-        if sig.judged(r) and _tps_ok(r):
+        # steps that mostly waited for data are the stall rule's; they would only echo it here
+        data_bound = not is_nan(r.data_wait_s) and r.data_wait_s >= m.stall_data_share * max(r.step_time_s, 1e-9)
+        if sig.judged(r) and _tps_ok(r) and not data_bound:
             (recent if obs.now - r.t <= m.throughput_window_s else before).append(r)
     recent.reverse()
     if len(recent) < 3 or len(before) < 10:
@@ -104,9 +112,10 @@ def throughput_drop(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Find
         return None
     base = statistics.median(r.tokens_per_s for r in before)
     now_rate = _time_weighted_median(recent)
-    if now_rate >= m.throughput_drop_share * base:
-        return None
-    first = next((r for r in recent if r.tokens_per_s < m.throughput_drop_share * base), recent[0])
+    slow = [r for r in recent if r.tokens_per_s < m.throughput_drop_share * base]
+    if now_rate >= m.throughput_drop_share * base or len(slow) < 3:
+        return None  # one long step, however long, is a hiccup (or a hang), not a lower rate
+    first = slow[0]
     wait = statistics.median(r.data_wait_s for r in recent if not is_nan(r.data_wait_s)) if recent else None
     detail = (f"tokens/s fell to {now_rate:,.0f} (time-weighted median of the last {fmt_s(m.throughput_window_s)}, "
               f"{len(recent)} steps) from {base:,.0f} before, {now_rate / base:.0%} of it; "

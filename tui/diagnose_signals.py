@@ -24,6 +24,8 @@ class StepRec:
     step_time_s: float
     data_wait_s: float
     tokens_per_s: float
+    interval_s: float = float("nan")
+    """Wall time since the previous logged step of this attempt, per step logged in between."""
 
 
 @dataclass
@@ -94,8 +96,10 @@ class RunSignals:
             step = int(ev["step"])
         except (KeyError, TypeError, ValueError):
             return
+        prev = self.steps[-1] if self.steps else None
+        interval = (t - prev.t) / (step - prev.step) if prev and step > prev.step else float("nan")
         rec = StepRec(t, step, as_float(ev.get("step_time_s")), as_float(ev.get("data_wait_s")),
-                      as_float(ev.get("tokens_per_s")))
+                      as_float(ev.get("tokens_per_s")), interval)
         self.steps.append(rec)
         self.step_times[step] = t
         if len(self.step_times) > _KEEP_STEPS:
@@ -160,9 +164,7 @@ class RunSignals:
 
     def median_step_interval(self, last: int = 50) -> float | None:
         """Median wall time between consecutive logged steps (includes any per-step sleep)."""
-        recs = list(self.steps)[-(last + 1):]
-        gaps = [(b.t - a.t) / max(1, b.step - a.step) for a, b in zip(recs, recs[1:])
-                if self.judged(b) and b.step > a.step]
+        gaps = [r.interval_s for r in list(self.steps)[-last:] if self.judged(r) and r.interval_s == r.interval_s]
         return statistics.median(gaps) if gaps else self.median_step_time(last)
 
     def pauses_due(self, step: int) -> set[str]:

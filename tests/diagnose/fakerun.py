@@ -67,12 +67,15 @@ class FakeRun:
                    max_steps=max_steps, params_total=params_total)
 
     def do_step(self, step_time: float = 0.2, data_wait: float = 0.01, tokens: float = 4096,
-                loss: float = 3.0, beats: tuple[int, ...] | None = None, poll: bool = True, **extra: Any) -> None:
-        """One optimizer step taking step_time seconds (the monitor polls each second meanwhile)."""
-        whole = int(step_time)
+                loss: float = 3.0, beats: tuple[int, ...] | None = None, poll: bool = True,
+                sleep: float = 0.0, **extra: Any) -> None:
+        """One optimizer step taking step_time seconds, plus `sleep` seconds the engine does not
+        time (like [faults] step_sleep_s); the monitor polls each second meanwhile."""
+        wall = step_time + sleep
+        whole = int(wall)
         if poll:
             self.idle(float(whole))
-        self.now += step_time - whole
+        self.now += wall - whole
         self.step += 1
         self.event("step", step=self.step, loss=loss, lr=1e-3, grad_norm=0.5, clipped=False,
                    tokens_per_s=tokens / step_time, step_time_s=step_time, data_wait_s=data_wait,

@@ -116,6 +116,26 @@ def test_throughput_drop_names_an_oversubscribed_host(tmp_path: Path) -> None:
     assert got[0]["evidence"]["host"]["rank_cpu_pct"] == [16.0, 16.0]
 
 
+def test_one_long_step_is_no_throughput_drop(tmp_path: Path) -> None:
+    m = MonitorConfig()
+    run = FakeRun(tmp_path / "r", monitor=m)
+    warm(run, 80, step_time=0.3, sleep=0.4)  # paced like the demos: the engine times 0.3 of 0.7 s
+    run.do_step(step_time=m.throughput_window_s * 0.6, data_wait=0.01)  # a 18 s freeze, once
+    for _ in range(80):
+        run.do_step(step_time=0.3, sleep=0.4)
+    assert run.records == []
+
+
+def test_a_stall_does_not_echo_as_a_throughput_drop(tmp_path: Path) -> None:
+    m = MonitorConfig()
+    run = FakeRun(tmp_path / "r", monitor=m)
+    warm(run, 80, step_time=0.3, sleep=0.4)
+    run.do_step(step_time=10.0, data_wait=9.8, sleep=0.4)
+    for _ in range(80):  # long enough for the stall to close while step 81 is still in the window
+        run.do_step(step_time=0.3, sleep=0.4)
+    assert [r["code"] for r in run.opened()] == ["dataloader_stall"]
+
+
 def test_short_dip_and_pauses_are_no_throughput_drop(tmp_path: Path) -> None:
     m = MonitorConfig()
     run = FakeRun(tmp_path / "r", monitor=m, eval_every=20, checkpoint_every=50)
