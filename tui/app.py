@@ -109,7 +109,7 @@ class MtApp(App[int]):
         self._plots = list(self.query(MetricPlot))
         self._grad = self.query_one("#plot-grad", MetricPlot)
         for small in ("#plot-lr", "#plot-grad"):   # secondary plots refresh half as often
-            self.query_one(small, MetricPlot).min_interval_s = 2.0
+            self.query_one(small, MetricPlot).min_interval_s = 4.0
         self._system = self.query_one(SystemPanel)
         self._incidents = self.query_one(IncidentsPanel)
         self._logs = self.query_one(LogsPanel)
