@@ -60,7 +60,8 @@ async def test_keys_checkpoint_stop_resume_kill_on_a_live_run(tmp_path):
         async with app.run_test(size=(140, 44)) as pilot:
             st = lambda: app.watcher.follower.state  # noqa: E731
             await wait_for(pilot, lambda: st().state == "running" and (st().step or 0) >= 2, 180)
-            assert "RUNNING" in str(app._header.content)
+            header = lambda: str(app._header.content)  # noqa: E731
+            await wait_for(pilot, lambda: "RUNNING" in header(), 10)
 
             # c: a checkpoint event carrying our request id, and a notification naming its step
             await pilot.press("c")
@@ -83,7 +84,7 @@ async def test_keys_checkpoint_stop_resume_kill_on_a_live_run(tmp_path):
             await pilot.press("r")
             await wait_for(pilot, lambda: st().attempt == 2 and st().state == "running"
                            and (st().step or 0) > stopped_at, 180)
-            assert "attempt 2" in str(app._header.content)
+            await wait_for(pilot, lambda: "attempt 2" in header(), 10)
 
             # k: asks first; yes kills torchrun and every worker
             workers = [int(p) for p in (status(run_dir).get("worker_pids") or {}).values()]
@@ -93,7 +94,7 @@ async def test_keys_checkpoint_stop_resume_kill_on_a_live_run(tmp_path):
             await wait_for(pilot, lambda: st().state == "killed", 120)
             await wait_for(pilot, lambda: not [p for p in workers if psutil.pid_exists(p)
                                                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE], 30)
-            assert "KILLED" in str(app._header.content)
+            await wait_for(pilot, lambda: "KILLED" in header(), 10)
     finally:
         if status(run_dir).get("state") not in ("completed", "stopped", "failed", "killed"):
             kill_run(run_dir, grace_s=2.0)
