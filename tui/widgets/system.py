@@ -50,7 +50,17 @@ def render_system(view: SystemView) -> Text:
         return Text("no system samples yet (system.jsonl is written by the supervisor)", style="dim")
     t = Text()
     gpus = s.get("gpus") or []
-    if gpus:
+    if len(gpus) > 2:
+        for g in gpus:  # a node of many GPUs: one line each
+            idx = g.get("index")
+            t.append(f"GPU{idx} ", style="bold")
+            t.append(f"{_na(g.get('util_pct'), '>3.0f', '%')} ")
+            t.append(sparkline(view.gpu_util.get(idx, ()), 8), style="cyan")
+            t.append(" ")
+            t.append_text(bar(g.get("mem_used_bytes"), g.get("mem_total_bytes"), 6))
+            t.append(f" {_gib(g.get('mem_used_bytes'))}/{_gib(g.get('mem_total_bytes'))}G"
+                     f" {_na(g.get('temp_c'), '.0f', '°C')} {_na(g.get('power_w'), '.0f', 'W')}\n")
+    elif gpus:
         for g in gpus:
             idx = g.get("index")
             t.append(f"GPU{idx} ", style="bold")
