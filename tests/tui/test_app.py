@@ -204,6 +204,22 @@ async def test_follows_appended_events_live_and_counts_garbage(tmp_path):
         assert not app.query_one("#notice").display
 
 
+async def test_run_whose_supervisor_is_gone_is_shown_lost(tmp_path):
+    r = SynthRun(tmp_path)
+    r.run_start()
+    r.step(1)
+    r.flush()
+    r.status("running")
+    st = json.loads(r.paths.status.read_text())
+    st["supervisor_pid"] = 2**22 + 12345           # above pid_max: never a live process
+    r.paths.status.write_text(json.dumps(st))
+    app = make_app(tmp_path)
+    async with app.run_test(size=(140, 44)) as pilot:
+        await loaded(pilot)
+        await wait_for(pilot, lambda: "LOST" in text_of(app, "#header"))
+        assert "supervisor" in text_of(app, "#notice") and "is gone" in text_of(app, "#notice")
+
+
 async def test_narrow_terminal_layouts(fixture_run):
     """Starts too small, then compact, then full: a notice or another layout, never a crash."""
     run = fixture_run("incidents")

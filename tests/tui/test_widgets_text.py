@@ -40,3 +40,27 @@ def test_no_gpus_says_why_and_sparkline_blanks_unknowns():
     view.add(rec)
     assert "GPUs: none (NVML Shared Library Not Found)" in render_system(view).plain
     assert sparkline([0, None, 100, "x"]) == "▁ █ "
+
+
+def test_notice_for_every_state(tmp_path):
+    from tui.stream import RunState
+    from tui.widgets.notice import notice_text
+
+    def st(state: str, **kw) -> RunState:
+        s = RunState(run_dir=tmp_path, state=state)
+        for k, v in kw.items():
+            setattr(s, k, v)
+        return s
+
+    assert "supervisor to start torchrun" in notice_text(st("starting"), [], None).plain
+    assert "run_start" in notice_text(st("starting", status={"torchrun_pid": 5}), [], None).plain
+    assert "first optimizer step" in notice_text(
+        st("running", status={"torchrun_pid": 5}, world_size=2), [], None).plain
+    assert "final checkpoint" in notice_text(st("stopping", step=3), [], None).plain
+    assert "press r" in notice_text(st("stopped", step=3, reason="stop requested"), [], None).plain
+    failed = notice_text(st("failed", step=3, reason="rank 1 exited 1"), ["a", "b", "Boom 🏖️"], 1).plain
+    assert "Run failed: rank 1 exited 1" in failed and "rank1.log" in failed and "Boom" in failed
+    assert "🏖" not in failed
+    assert "Run killed" in notice_text(st("killed", step=3), [], None).plain
+    assert notice_text(st("completed", step=3), ["x"], 0) is None
+    assert notice_text(st("running", step=3), [], None) is None
