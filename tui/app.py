@@ -113,20 +113,27 @@ class MtApp(App[int]):
         self._system = self.query_one(SystemPanel)
         self._incidents = self.query_one(IncidentsPanel)
         self._logs = self.query_one(LogsPanel)
+        self._too_small = self.query_one("#too-small", Static)
+        self._main_screen = self.screen
         self.query_one("#system").border_title = "2 system"
         self.query_one("#incidents").border_title = "3 incidents"
         self.query_one("#plots").border_title = "1 plots"
         self.query_one("#logs").border_title = "4 logs: rank0.log  (g: next rank)"
+        self._apply_size(self.size.width, self.size.height)
         self.follow()
         self.set_interval(self.redraw_s, self.render_frame)
 
     def on_resize(self, event: Resize) -> None:
-        w, h = event.size.width, event.size.height
+        if hasattr(self, "_main_screen"):
+            self._apply_size(event.size.width, event.size.height)
+
+    def _apply_size(self, w: int, h: int) -> None:
         small = w < MIN_W or h < MIN_H
-        self.screen.set_class(small, "too-small")
-        self.screen.set_class(not small and w < COMPACT_W, "compact")
+        # the main screen, even while a help or confirm dialog is on top
+        self._main_screen.set_class(small, "too-small")
+        self._main_screen.set_class(not small and w < COMPACT_W, "compact")
         if small:
-            self.query_one("#too-small", Static).update(
+            self._too_small.update(
                 f"Terminal {w}×{h} is too small for the dashboard (need {MIN_W}×{MIN_H}).\n"
                 "Enlarge the window, or use `mt watch --once`. q quits.")
         self._dirty = True

@@ -234,6 +234,10 @@ async def test_narrow_terminal_layouts(fixture_run):
             if cls == "too-small":
                 assert "too small" in text_of(app, "#too-small")
             await pilot.press("l")           # still responsive in every layout
+        await pilot.press("question_mark")   # resizing under a dialog changes the main screen
+        await pilot.resize_terminal(90, 40)
+        await pilot.pause(0.2)
+        assert isinstance(app.screen, HelpScreen) and app.screen_stack[0].has_class("compact")
         assert app.is_running
 
 
