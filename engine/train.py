@@ -20,7 +20,7 @@ from engine.config import Config
 from engine.control import ControlInbox, Request, StopSignals
 from engine.data import GlobalOrderSampler, Splits, build_loader, val_batches
 from engine.dist import DistEnv, log, seed_everything
-from engine.events import EventWriter, NullEventWriter, RunPaths
+from engine.events import EventWriter, NullEventWriter, RunPaths, read_json
 from engine.faults import Faults
 from engine.metrics import Heartbeat, device_name, git_commit, memory, peak_flops
 from engine.model import GPT, count_params, flops_per_token
@@ -256,20 +256,20 @@ class Trainer:
         dist.barrier()
 
     def _maybe_resume(self) -> dict[str, Any] | None:
-        found: list[Any] = [None, []]
+        found: list[Any] = [None, [], None, None]
         parts = None
         if self.env.is_main:
             checkpoint.clean_temporaries(self.paths.checkpoints)
             path, parts, skipped = checkpoint.find_latest(self.paths.checkpoints, self.env.device)
-            found = [str(path) if path else None, [(str(p), why) for p, why in skipped]]
+            manifest = checkpoint.verify(path)["files"] if path else None  # cached by the OS: just read
+            found = [str(path) if path else None, [(str(p), why) for p, why in skipped], path.name if path else None, manifest]
             for p, why in skipped:
                 log(f"skipping checkpoint {p}: {why}")
                 self.events.emit("incident", step=0, code="checkpoint_skipped", severity="warn", title="Checkpoint skipped on resume", detail=why, advice="The newest intact checkpoint is used instead; inspect or delete the damaged folder.", evidence={"path": str(p)})
         dist.broadcast_object_list(found, src=0)
         if found[0] is None:
             return None
-        if parts is None:  # rank 0 verified this folder; the others read the same bytes
-            parts = checkpoint.load(Path(found[0]), map_location=self.env.device)
+        parts = self._share_checkpoint(self.paths.checkpoints / found[2], found[3], parts)
         state = parts["train.pt"]
         t = self.cfg.train
         how = resume.plan(state, self.env.world_size, t.micro_batch_size, t.grad_accum_steps, t.allow_batch_change)
@@ -286,6 +286,21 @@ class Trainer:
         return {"path": found[0], "step": self.step, "samples_seen": self.samples, "world_size_before": int(state["world_size"]),
                 "grad_accum_before": int(state["grad_accum_steps"]), "grad_accum_now": self.accum, "exact": how.exact,
                 "note": how.note, "skipped": found[1]}
+
+    def _share_checkpoint(self, path: Path, files: dict[str, Any], parts: dict[str, Any] | None) -> dict[str, Any]:
+        """Every rank's copy of the checkpoint rank 0 chose: read from its own run directory where
+        the same checkpoint is there (one node, shared filesystem), else sent by rank 0."""
+        local = read_json(path / "manifest.json")
+        same = isinstance(local, dict) and local.get("files") == files
+        visible = torch.tensor([float(same)], device=self.env.device)
+        dist.all_reduce(visible, op=dist.ReduceOp.MIN)
+        if bool(visible.item()):
+            return parts if parts is not None else checkpoint.load(path, map_location=self.env.device)
+        box = [{k: _to_cpu(v) for k, v in parts.items()} if parts is not None else None]
+        dist.broadcast_object_list(box, src=0)
+        if not same:
+            log(f"{path} is not in this run directory: received the checkpoint from rank 0")
+        return box[0]
 
     def _step_fields(self, step: int, loss: float, lr: float, grad_norm: float, step_time: float, data_wait: float,
                      skipped: bool, scale: float | None, agreed: dict[str, Any]) -> dict[str, Any]:
@@ -324,6 +339,17 @@ class Trainer:
         self.events.emit("run_end", step=self.step, status=status, reason=reason)
         log(f"run_end {status}: {reason}")
         return 0
+
+
+def _to_cpu(obj: Any) -> Any:
+    """A state tree with every tensor on the CPU, so it can travel through broadcast_object_list."""
+    if isinstance(obj, torch.Tensor):
+        return obj.cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
 
 
 def describe_failure(exc: BaseException) -> str:
