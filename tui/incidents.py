@@ -205,6 +205,10 @@ class IncidentMonitor:
                 self.open[code] = rec
                 out.append(rec)
         state = obs.status.get("state")
+        if state not in FINAL_STATES and self.sig.run_end is not None:
+            # the engine's run_end comes before torchrun and the supervisor finish: settle now,
+            # as the supervisor may not poll again once it has written the final state
+            state = str(self.sig.run_end.get("status") or "")
         if state in FINAL_STATES:
             keep = KEEP_WHEN_FAILED if state in ("failed", "killed") else KEEP_WHEN_DONE
             for code in list(self.open):

@@ -136,3 +136,17 @@ def test_missing_and_torn_files_are_survived(tmp_path: Path) -> None:
         f.write('ep","step":1,"loss":"nan","step_time_s":0.1,"data_wait_s":0.0,"tokens_per_s":1.0}\n')
     mon.poll(now=4.0)
     assert mon.sig.last_step is not None and mon.sig.last_step.step == 1
+
+
+def test_open_incidents_settle_when_the_engine_ends_the_run(tmp_path: Path) -> None:
+    m = MonitorConfig()
+    run = FakeRun(tmp_path / "r", monitor=m)
+    run.start()
+    for _ in range(30):
+        run.do_step(step_time=0.25, data_wait=0.01)
+    for _ in range(4):
+        run.do_step(step_time=2.2, data_wait=2.0)
+    assert [r["code"] for r in run.opened()] == ["dataloader_stall"]
+    run.event("run_end", step=run.step, status="completed", reason="reached max_steps")
+    run.poll()  # status.json still says running: the supervisor has not caught up yet
+    assert [(r["code"], r["closed_reason"]) for r in run.closed()] == [("dataloader_stall", "run completed")]
