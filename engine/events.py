@@ -39,6 +39,7 @@ FINAL_STATES = ("completed", "stopped", "failed", "killed")
 INCIDENT_CODES = (
     "dataloader_stall", "nan_loss", "loss_spike", "grad_explosion", "fp16_overflow",
     "throughput_drop", "hang", "straggler", "memory_pressure", "oom", "nccl_timeout", "crash",
+    "checkpoint_skipped",  # beyond DESIGN.md: a damaged checkpoint passed over on resume
 )
 CONTROL_ACTIONS = ("checkpoint", "stop")
 

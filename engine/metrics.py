@@ -67,8 +67,9 @@ class Heartbeat:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
 
-    def beat(self, step: int) -> None:
-        record = json.dumps({"step": step, "t": time.time(), "pid": os.getpid(), "rank": self.rank, "attempt": self.attempt})
+    def beat(self, step: int, phase: str = "train") -> None:
+        """`phase` says what the rank does next (train, eval, checkpoint), so a long pause is explained."""
+        record = json.dumps({"step": step, "t": time.time(), "pid": os.getpid(), "rank": self.rank, "attempt": self.attempt, "phase": phase})
         os.pwrite(self._fd, record.ljust(self.WIDTH).encode() + b"\n", 0)
 
     def close(self) -> None:

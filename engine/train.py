@@ -126,6 +126,7 @@ class Trainer:
                     self.events.emit("incident", **incident)
 
             if t.eval_every and self.splits.val is not None and (step % t.eval_every == 0 or step == t.max_steps):
+                self.heartbeat.beat(step, "eval")
                 self.events.emit("eval", step=step, val_loss=self._evaluate())
             stop = agreed["stop"]
             reason = "stop" if stop else "final" if step == t.max_steps else "request" if agreed["ckpt"] else (
@@ -229,6 +230,7 @@ class Trainer:
 
     def _save(self, reason: str, requests: dict[str, list[Request]], rng_override: dict | None = None) -> None:
         """Collective: gather every rank's RNG state, rank 0 writes atomically and prunes."""
+        self.heartbeat.beat(self.step, "checkpoint")
         rng = rng_override or checkpoint.capture_rng(self.env.device)
         rngs: list[Any] = [None] * self.env.world_size
         dist.all_gather_object(rngs, rng)

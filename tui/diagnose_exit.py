@@ -177,8 +177,8 @@ def worker_exit(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding 
     exited = rc not in (None, 0) or st.get("state") == "failed"
     dying = st.get("state") in ("running", "stopping") and (
         obs.fresh_error or any(p.alive is False for p in obs.procs.values()))
-    if st.get("state") == "killed" or not (exited or dying):
-        return None
+    if st.get("state") == "killed" or st.get("reason") == "kill requested" or not (exited or dying):
+        return None  # mt kill: a SIGKILL after the grace period is the user's doing, not a crash
     if (obs.open_evidence.get("nan_loss") or {}).get("action") == "stop":
         return None  # the engine stopped on purpose, and said why (nan_loss)
     if sig.run_end is not None and sig.run_end.get("status") in ("completed", "stopped"):

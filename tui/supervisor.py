@@ -225,6 +225,8 @@ class Supervisor:
             if self.stop_requested and self.status.get("state") == "running":
                 self.write_status("stopping", reason="SIGTERM: graceful stop")
             if self.kill_requested and kill_deadline is None:
+                # said before the processes die, so the incident rules never read the kill as a crash
+                self.write_status("stopping", reason="kill requested")
                 # mt kill signals everything itself; this covers a supervisor-only SIGUSR1
                 kill_deadline = now + 15.0
                 if tr.poll() is None:
