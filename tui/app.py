@@ -74,7 +74,8 @@ class MtApp(App[int]):
         self.clock = clock
         self.poll_s, self.redraw_s = poll_s, redraw_s
         self.watcher = Watcher(self.run_dir)
-        self.pending: dict[str, str] = {}     # request id -> action we sent
+        self.pending: dict[str, str] = {}     # request id -> action, until the engine answers
+        self.sent: list[tuple[str, str]] = []  # (request id, action) of every request, oldest first
         self.loaded = False                   # first poll done (tests wait on it)
         self._dirty = True
         self._auto_rank_done = False
@@ -172,18 +173,22 @@ class MtApp(App[int]):
                 self.watcher.set_log_rank(rank)
 
     def _maybe_notify(self, ev: dict) -> None:
+        """Tell the user what the engine answered to a request this viewer sent."""
         rid = ev.get("request_id")
         if not rid or rid not in self.pending:
             return
         if ev.get("kind") == "checkpoint":
+            # its `control done` may come before or after it: this is the answer that counts
             self.say(f"checkpoint saved at step {ev.get('step')}", title="checkpoint")
+            self.pending.pop(rid, None)
         elif ev.get("kind") == "control":
             status, action = ev.get("status"), ev.get("action")
             if status == "rejected":
                 self.say(f"{action} rejected: {ev.get('detail') or ''}", severity="error")
+                self.pending.pop(rid, None)
             elif status == "accepted" and action == "stop":
                 self.say("stop accepted: final checkpoint, then the ranks exit")
-            if status in ("done", "rejected"):
+            elif status == "done" and action != "checkpoint":
                 self.pending.pop(rid, None)
 
     def render_frame(self) -> None:
@@ -256,6 +261,7 @@ class MtApp(App[int]):
             self.say(f"could not send {action}: {e}", severity="error")
             return
         self.pending[rid] = action
+        self.sent.append((rid, action))
         self.say(text, title=action)
 
     def action_kill(self) -> None:

@@ -246,3 +246,31 @@ def test_fixture_incidents_file_matches_schema():
     for line in (FIXTURES / "incidents" / "incidents.jsonl").read_text().splitlines():
         rec = json.loads(line)
         assert {"code", "severity", "status", "source", "title"} <= rec.keys()
+
+
+async def test_answers_to_our_requests_are_notified_in_any_order(tmp_path):
+    r = SynthRun(tmp_path)
+    r.run_start()
+    r.step(1)
+    r.flush()
+    r.status("running")
+    app = make_app(tmp_path)
+    async with app.run_test(size=(140, 44)) as pilot:
+        await loaded(pilot)
+        app.pending.update({"ck-1": "checkpoint", "ck-2": "checkpoint", "st-1": "stop"})
+        with open(r.paths.events, "a") as f:
+            for kind, fields in (
+                ("control", dict(request_id="ck-1", action="checkpoint", status="done", detail="")),
+                ("checkpoint", dict(step=7, path="c/7", bytes=1, seconds=0.1, reason="request", request_id="ck-1")),
+                ("checkpoint", dict(step=8, path="c/8", bytes=1, seconds=0.1, reason="request", request_id="ck-2")),
+                ("control", dict(request_id="ck-2", action="checkpoint", status="done", detail="")),
+                ("control", dict(request_id="st-1", action="stop", status="rejected", detail="already stopping")),
+                ("checkpoint", dict(step=9, path="c/9", bytes=1, seconds=0.1, reason="interval", request_id=None)),
+            ):
+                r.event(kind, **fields)
+                f.write(r.lines[-1] + "\n")
+        await wait_for(pilot, lambda: not app.pending)
+        texts = [t for _, t in app.said]
+        assert "checkpoint saved at step 7" in texts and "checkpoint saved at step 8" in texts
+        assert "stop rejected: already stopping" in texts
+        assert "checkpoint saved at step 9" not in texts     # not ours: no notification
