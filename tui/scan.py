@@ -127,15 +127,21 @@ def bulk_read(run_dir: Path, keep_series: bool = True, write_cache: bool = True,
     return BulkResult(state, series, end, st.st_ino, start, cached)
 
 
-def quick_read(run_dir: Path, tail_bytes: int | None = None) -> BulkResult:
+def quick_read(run_dir: Path, tail_bytes: int | None = None, keep_series: bool = False) -> BulkResult:
     """`quick_state` packaged like a bulk read, so a follower can adopt it and carry on."""
     paths = RunPaths(Path(run_dir))
     st = os.stat(paths.events)
-    state, end = quick_state(run_dir, tail_bytes)
-    return BulkResult(state, None, end, st.st_ino, 0, False)
+    state, end, series = _quick(run_dir, tail_bytes, keep_series)
+    return BulkResult(state, series, end, st.st_ino, 0, False)
 
 
 def quick_state(run_dir: Path, tail_bytes: int | None = None) -> tuple[RunState, int]:
+    """The latest state fast, and the offset it covers (see `_quick`)."""
+    state, end, _ = _quick(run_dir, tail_bytes, keep_series=False)
+    return state, end
+
+
+def _quick(run_dir: Path, tail_bytes: int | None, keep_series: bool) -> tuple[RunState, int, RunSeries | None]:
     """The latest state fast, and the offset it covers: steps from the last `tail_bytes`,
     other events from the last QUICK_SCAN_BYTES (plus the run_start at the head of the file).
 
@@ -152,12 +158,12 @@ def quick_state(run_dir: Path, tail_bytes: int | None = None) -> tuple[RunState,
     end = ColumnScanner().scan(paths.events, tail_start, size, cols)
     if win_start > 0 and not any(ev.get("kind") == "run_start" for _, _, ev in cols.events):
         cols.events[:0] = _head_run_start(paths, win_start)
-    state, _ = replay(paths.root, cols, keep_series=False)
+    state, series = replay(paths.root, cols, keep_series=keep_series)
     fix_recent(state, paths.events, end)
     state.best_loss_partial = tail_start > 0
     if state.last_checkpoint is None and win_start > 0:
         state.last_checkpoint = _newest_checkpoint_dir(paths)
-    return state, end
+    return state, end, series
 
 
 def _line_start(path: Path, offset: int) -> int:

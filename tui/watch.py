@@ -138,7 +138,7 @@ class Watcher:
         from tui.scan import has_cache, quick_read
         f = self.follower
         if not has_cache(f.paths):
-            quick = quick_read(f.paths.root)
+            quick = quick_read(f.paths.root, keep_series=True)  # the newest steps plotted at once
             with self.lock:
                 f.adopt(quick)
                 f.poll()            # status, incidents and whatever was appended meanwhile

@@ -274,3 +274,29 @@ async def test_answers_to_our_requests_are_notified_in_any_order(tmp_path):
         assert "checkpoint saved at step 7" in texts and "checkpoint saved at step 8" in texts
         assert "stop rejected: already stopping" in texts
         assert "checkpoint saved at step 9" not in texts     # not ours: no notification
+
+
+async def test_big_run_shows_the_newest_state_first_then_the_whole_history(tmp_path, monkeypatch):
+    from tests.tui.synth import finished_run
+    from tui import scan, stream
+
+    finished_run(tmp_path, steps=400)
+    ref = load_run_state(tmp_path)
+    monkeypatch.setattr(stream, "BULK_MIN_BYTES", 1000)
+    monkeypatch.setattr(scan, "QUICK_TAIL_BYTES", 4096)
+    quick_points: list[int] = []
+    real_quick = scan.quick_read
+
+    def spy(*a, **kw):
+        res = real_quick(*a, **kw)
+        quick_points.append(len(res.series.loss))
+        return res
+
+    monkeypatch.setattr(scan, "quick_read", spy)
+    app = make_app(tmp_path, ref.ended)
+    async with app.run_test(size=(140, 44)) as pilot:
+        await wait_for(pilot, app.settled, 20)
+        assert 0 < quick_points[0] < 400                        # the tail came first
+        assert len(app.watcher.follower.series.loss) == 400     # then everything
+        assert f"best {fmt_num(ref.best_loss)}" in text_of(app, "#header")
+        assert (tmp_path / scan.CACHE_DIR / "index.json").exists()
