@@ -19,7 +19,7 @@ from tui.scan_columns import _NONSTEP, _STEP, CHUNK, COLS, Columns, ColumnScanne
 from tui.stream import CheckpointInfo, RunSeries, RunState, new_state, reduce_event, reduce_step
 
 QUICK_TAIL_BYTES = 2 << 20       # steps a quick read parses (~5000 step lines)
-QUICK_SCAN_BYTES = 48 << 20      # how far back a quick read looks for other events
+QUICK_SCAN_BYTES = 16 << 20      # how far back a quick read looks for other events (~40k steps)
 
 
 # ---------------------------------------------------------------- replay into state and series
