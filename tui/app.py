@@ -1,7 +1,6 @@
 """The live dashboard (`mt watch RUN_DIR`): a thin App that wires the follower to the widgets."""
 from __future__ import annotations
 
-import re
 import sys
 import time
 from pathlib import Path
@@ -17,9 +16,8 @@ from textual.widgets import Footer, OptionList, Static
 from textual.worker import get_current_worker
 
 from tui.messages import ControlDone, RunUpdated
-from tui.stream import PollResult, RunState
-from tui.watch import WatchUpdate
-from tui.watch import Watcher
+from tui.stream import PollResult
+from tui.watch import Watcher, WatchUpdate
 from tui.widgets.dialogs import ConfirmScreen, HelpScreen
 from tui.widgets.header import RunHeader
 from tui.widgets.incidents import IncidentsPanel
@@ -168,7 +166,7 @@ class MtApp(App[int]):
         if st.state in ("failed", "killed") and not self._auto_rank_done:
             # show the failing rank's log without being asked
             self._auto_rank_done = True
-            rank = failing_rank(st)
+            rank = st.failing_rank()
             if rank is not None and rank != self.watcher.log_rank:
                 self.watcher.set_log_rank(rank)
 
@@ -281,8 +279,10 @@ class MtApp(App[int]):
     def _kill(self) -> None:
         try:
             from tui.control import kill_run
-            kill_run(self.run_dir, grace_s=10.0)
-            self.post_message(ControlDone("run killed"))
+            result = kill_run(self.run_dir, grace_s=10.0)
+            left = getattr(result, "survivors", None)
+            self.post_message(ControlDone(f"kill left processes running: {left}", "error") if left
+                              else ControlDone("run killed"))
         except Exception as e:  # noqa: BLE001
             self.post_message(ControlDone(f"kill failed: {e}", "error"))
 
@@ -333,15 +333,6 @@ class MtApp(App[int]):
     @on(OptionList.OptionSelected)
     def _incident_selected(self) -> None:
         self._dirty = True
-
-
-def failing_rank(st: RunState) -> int | None:
-    """The rank that failed first: from the newest crash-like incident's evidence, else the reason."""
-    for inc in reversed(st.incidents):
-        if inc.code in ("crash", "oom", "nccl_timeout", "hang") and isinstance(inc.evidence.get("rank"), int):
-            return inc.evidence["rank"]
-    m = re.search(r"rank\s*(\d+)", st.reason or st.run_end_reason or "")
-    return int(m.group(1)) if m else None
 
 
 def run_app(run_dir: Path) -> int:

@@ -6,6 +6,7 @@ call; `load_run_state()` is the one-shot read used by `mt ls` / `mt watch --once
 from __future__ import annotations
 
 import math
+import re
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,6 +156,14 @@ class RunState:
         if s1 <= s0 or t1 <= t0:
             return None
         return max(0, self.max_steps - self.step) * (t1 - t0) / (s1 - s0)
+
+    def failing_rank(self) -> int | None:
+        """The rank that failed first: the newest crash-like incident's evidence, else the reason."""
+        for inc in reversed(self.incidents):
+            if inc.code in ("crash", "oom", "nccl_timeout", "hang") and isinstance(inc.evidence.get("rank"), int):
+                return inc.evidence["rank"]
+        m = re.search(r"rank\s*(\d+)", self.reason or self.run_end_reason or "")
+        return int(m.group(1)) if m else None
 
     def elapsed_s(self, now: float) -> float | None:
         if self.started is None:

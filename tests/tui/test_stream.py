@@ -135,3 +135,14 @@ def test_starting_run_without_events(tmp_path):
     st = load_run_state(tmp_path)
     assert st.state == "starting" and st.step is None
     assert "step -/100" in format_summary(st)
+
+
+def test_failing_rank_prefers_the_first_failure_over_the_reason(tmp_path):
+    from tests.tui.conftest import FIXTURES
+    st = load_run_state(FIXTURES / "incidents")
+    assert "rank 0" in st.reason                 # the status names the rank that lost its peer,
+    crash = next(i for i in st.incidents if i.code == "crash")
+    assert st.failing_rank() == crash.evidence["rank"] == 1   # the crash incident the one that died
+    r = SynthRun(tmp_path)
+    r.status("failed", reason="rank 3 exited with code 1")
+    assert load_run_state(tmp_path).failing_rank() == 3
