@@ -3,4 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# the real tiny preset end to end through mt launch --headless (about a minute)
+export MT_TEST_TINY="${MT_TEST_TINY:-1}"
 exec .venv/bin/python -m pytest -q --durations=15 "$@"
