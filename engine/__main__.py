@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     from engine.control import StopSignals
     from engine.data import DataError, build_splits
     from engine.resume import ResumeRefused
-    from engine.train import Trainer, describe_failure
+    from engine.train import Trainer, report_failure
 
     rank = dist.read_env()[0]
     dist.redirect_output(paths.rank_log(rank))
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         env = dist.init(cfg)
     except Exception as e:
-        dist.log(f"cannot start the process group: {describe_failure(e)}")
+        dist.log(f"cannot start the process group: {report_failure(e)}")
         return 1
     trainer = None
     try:
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
             EventWriter(paths.events).emit("run_end", step=0, status="failed", reason=f"resume refused: {e}")
         return 2
     except Exception as e:
-        reason = f"rank {rank}: {describe_failure(e)}"
+        reason = f"rank {rank}: {report_failure(e)}"
         if rank == 0:
             step = trainer.step if trainer else 0
             EventWriter(paths.events).emit("run_end", step=step, status="failed", reason=reason)

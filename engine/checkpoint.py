@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import random
-import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -20,10 +19,11 @@ from typing import Any, BinaryIO, Callable
 import numpy as np
 import torch
 
+from engine.events import checkpoint_step
+
 FORMAT = "mt-checkpoint"
 FORMAT_VERSION = 1
 FILES = ("model.pt", "optim.pt", "train.pt")
-_STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
 class CheckpointError(ValueError):
@@ -61,8 +61,7 @@ def _fsync_dir(path: Path) -> None:
 
 
 def step_of(path: Path) -> int | None:
-    m = _STEP_DIR.match(path.name)
-    return int(m.group(1)) if m else None
+    return checkpoint_step(path.name)
 
 
 def save(root: Path, step: int, parts: dict[str, Any], meta: dict[str, Any], after_file: Callable[[str], None] | None = None) -> Saved:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import time
 from dataclasses import dataclass
@@ -180,6 +181,24 @@ def read_json(path: Path) -> Any | None:
         return None
 
 
+_CHECKPOINT_DIR = re.compile(r"^step-(\d+)$")
+
+
+def checkpoint_step(name: str) -> int | None:
+    """The step of a checkpoint folder name (`step-<S>`), None for any other name."""
+    m = _CHECKPOINT_DIR.match(name)
+    return int(m.group(1)) if m else None
+
+
+def parse_line(line: bytes) -> dict[str, Any] | None:
+    """One JSONL line as a dict; None when it is not a JSON object (torn, garbage, a list)."""
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
 class JsonlTail:
     """Reads only the new complete lines of a growing JSONL file.
 
@@ -187,13 +206,14 @@ class JsonlTail:
     not JSON objects, and starts over when the file is truncated or replaced.
     """
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, offset: int = 0, ino: int | None = None) -> None:
+        """Start at `offset` (a line boundary) of the file with inode `ino`, e.g. after a bulk read."""
         self.path = Path(path)
-        self.offset = 0
+        self.offset = offset
         self.bad_lines = 0
         self.resets = 0
         self._partial = b""
-        self._ino: int | None = None
+        self._ino = ino
 
     def read_new(self, max_bytes: int | None = None) -> list[dict[str, Any]]:
         return list(self.iter_new(max_bytes))
@@ -220,28 +240,20 @@ class JsonlTail:
         for line in lines:
             if not line.strip():
                 continue
-            try:
-                obj = json.loads(line)
-            except ValueError:
+            obj = parse_line(line)
+            if obj is None:
                 self.bad_lines += 1
-                continue
-            if isinstance(obj, dict):
-                yield obj
             else:
-                self.bad_lines += 1
+                yield obj
 
 
 def read_events(path: Path | str) -> list[dict[str, Any]]:
     """Every valid line of a JSONL file (the last line counts when it is complete JSON)."""
     tail = JsonlTail(path)
     events = tail.read_new()
-    if tail._partial.strip():
-        try:
-            obj = json.loads(tail._partial)
-            if isinstance(obj, dict):
-                events.append(obj)
-        except ValueError:
-            pass
+    last = parse_line(tail._partial) if tail._partial.strip() else None
+    if last is not None:
+        events.append(last)
     return events
 
 

@@ -354,7 +354,7 @@ def _to_cpu(obj: Any) -> Any:
     return obj
 
 
-def describe_failure(exc: BaseException) -> str:
-    """The one line a run_end carries for a failure; the traceback goes to the rank log."""
+def report_failure(exc: BaseException) -> str:
+    """Print the traceback to the rank log; return the one line a run_end carries."""
     traceback.print_exception(exc)
     return f"{type(exc).__name__}: {exc}".splitlines()[0][:500]

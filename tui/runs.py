@@ -1,14 +1,10 @@
 """Reading a run directory from outside: status, liveness, checkpoints, the newest run."""
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
-from engine.events import FINAL_STATES, RunPaths, read_json
-
-_CKPT = re.compile(r"^step-(\d+)$")
-
+from engine.events import FINAL_STATES, RunPaths, checkpoint_step, read_json
 
 class NotARunError(ValueError):
     """A path that is not an mt run directory; str() is the message for the user."""
@@ -70,11 +66,11 @@ def checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     except OSError:
         return []
     for p in entries:
-        m = _CKPT.match(p.name)
+        step = checkpoint_step(p.name)
         # the engine writes manifest.json last; without it the folder is not a checkpoint
         # (the engine verifies sizes and hashes on load; torch-free code cannot do more cheaply)
-        if m and (p / "manifest.json").is_file():
-            found.append((int(m.group(1)), p))
+        if step is not None and (p / "manifest.json").is_file():
+            found.append((step, p))
     return sorted(found)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.events import as_float
+from engine.events import as_float, parse_line
 
 COLS = ("step", "loss", "lr", "grad_norm")
 CHUNK = 4 << 20                  # bytes per read: bounds memory, and keeps each regex call
@@ -166,12 +166,8 @@ class ColumnScanner:
             at, pos = pos, pos + len(line) + 1
             if not line.strip():
                 continue
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                out.bad_lines += 1
-                continue
-            if not isinstance(ev, dict):
+            ev = parse_line(line)
+            if ev is None:
                 out.bad_lines += 1
             elif ev.get("kind") == "step":
                 rows.append([as_float(ev.get(c)) for c in COLS])

@@ -359,7 +359,7 @@ class RunFollower:
         self.state = bulk.state
         if self.series is not None and bulk.series is not None:
             self.series.replace(bulk.series)
-        self.events = _TailFrom(self.paths.events, bulk.end, bulk.ino)
+        self.events = JsonlTail(self.paths.events, bulk.end, bulk.ino)
         self.events.bad_lines = bulk.state.bad_lines
         self.incidents = JsonlTail(self.paths.incidents)
         self._status_mtime = None
@@ -402,15 +402,6 @@ class RunFollower:
             return False
         self._status_mtime = mtime
         return apply_status(self.state, read_json(self.paths.status))
-
-
-class _TailFrom(JsonlTail):
-    """A JsonlTail that starts at a known line boundary of a known file (after a bulk read)."""
-
-    def __init__(self, path: Path, offset: int, ino: int) -> None:
-        super().__init__(path)
-        self.offset = offset
-        self._ino = ino  # so a replaced or truncated file is still noticed
 
 
 BULK_MIN_BYTES = 4 << 20
