@@ -81,10 +81,28 @@ def main() -> None:
             beat.beat(i)
             inbox.poll()
         per_step = (time.perf_counter() - t0) / n
+        with_idx, without = emit_cost(Path(tmp) / "emit", fields)
     ratio = statistics.median(e / b for e, b in zip(eng, base))
     share = per_step / statistics.median(eng_step)
     print(f"engine / minimal DDP loop tokens/s: median ratio {ratio:.3f} over {a.rounds} rounds (goal >= 0.98)")
     print(f"events + heartbeat + control poll: {per_step * 1e6:.0f} us per step = {100 * share:.3f}% of a {statistics.median(eng_step) * 1e3:.0f} ms step (goal <= 1%)")
+    print(f"step event with its events.idx record: {with_idx * 1e6:.1f} us, without: {without * 1e6:.1f} us "
+          f"(ratio {with_idx / without:.2f}, +{(with_idx - without) * 1e6:.1f} us per step)")
+
+
+def emit_cost(d: Path, fields: dict, rounds: int = 7, n: int = 2000) -> tuple[float, float]:
+    """Median seconds per step event with and without the binary index, alternating rounds."""
+    d.mkdir(parents=True)
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for r in range(rounds):
+        for index in (True, False) if r % 2 else (False, True):
+            writer = EventWriter(d / f"events-{index}-{r}.jsonl", index=index)
+            t0 = time.perf_counter()
+            for _ in range(n):
+                writer.emit("step", **fields)
+            times[index].append((time.perf_counter() - t0) / n)
+            writer.close()
+    return statistics.median(times[True]), statistics.median(times[False])
 
 
 if __name__ == "__main__":

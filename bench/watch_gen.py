@@ -1,6 +1,9 @@
 """Generate a big synthetic run directory (default 1,000,000 step events, ~400 MB) for the viewer benchmarks.
 
-Usage: python bench/watch_gen.py /tmp/bigrun [--steps N]
+Usage: python bench/watch_gen.py /tmp/bigrun [--steps N] [--no-index]
+
+The binary index beside events.jsonl is built with the engine's own encoder
+(`engine.eventindex.open_index`, what an EventWriter does when it opens a file it has not indexed).
 """
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import math
 import random
 from pathlib import Path
 
+from engine.eventindex import index_path, open_index
 from engine.events import dumps, write_json_atomic
 
 T0 = 1_700_000_000.0
@@ -27,7 +31,7 @@ def step_line(step: int, t: float, rng: random.Random) -> str:
     })
 
 
-def generate(root: Path, steps: int) -> None:
+def generate(root: Path, steps: int, index: bool = True) -> None:
     root.mkdir(parents=True, exist_ok=True)
     (root / "config.json").write_text(json.dumps({"run": {"name": "big"}, "train": {"max_steps": steps * 2, "grad_clip": 1.0}}))
     rng = random.Random(0)
@@ -53,6 +57,9 @@ def generate(root: Path, steps: int) -> None:
                 buf = []
         if buf:
             f.write("\n".join(buf) + "\n")
+    index_path(root / "events.jsonl").unlink(missing_ok=True)
+    if index:
+        open_index(root / "events.jsonl", catch_up_bytes=1 << 40).close()
     write_json_atomic(root / "status.json", {"state": "running", "attempt": 1, "supervisor_pid": 1,
                                             "torchrun_pid": 2, "started": T0, "ended": None,
                                             "exit_code": None, "reason": None})
@@ -62,6 +69,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("root", type=Path)
     ap.add_argument("--steps", type=int, default=1_000_000)
+    ap.add_argument("--no-index", action="store_true", help="no engine index (a run from an older engine)")
     a = ap.parse_args()
-    generate(a.root, a.steps)
+    generate(a.root, a.steps, index=not a.no_index)
     print(a.root, (a.root / "events.jsonl").stat().st_size // 2**20, "MiB")

@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         reason = f"rank {rank}: {report_failure(e)}"
         if rank == 0:
-            step = trainer.step if trainer else 0
-            EventWriter(paths.events).emit("run_end", step=step, status="failed", reason=reason)
+            events = trainer.events if trainer else EventWriter(paths.events)
+            events.emit("run_end", step=trainer.step if trainer else 0, status="failed", reason=reason)
         return 1
     finally:
         dist.shutdown()

@@ -1,7 +1,8 @@
 """Opening a big events.jsonl fast: bulk read into state + history, and a tail-first quick read.
 
-events.jsonl stays the source of truth; `tui.scan_cache` keeps what a bulk read found so the
-next open only scans what was appended since.
+events.jsonl stays the source of truth. A bulk read starts from the engine's binary index
+(`tui.scan_index`) or, for a run without one, from the viewer's own cache (`tui.scan_cache`),
+and scans only the bytes neither covers.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import numpy as np
 from engine.events import RunPaths, as_float, read_json
 from tui.scan_cache import CACHE_DIR, has_cache, load_cache, save_cache  # noqa: F401 (re-exported)
 from tui.scan_columns import _NONSTEP, _STEP, CHUNK, COLS, Columns, ColumnScanner
+from tui.scan_index import index_end, load_index
 from tui.stream import CheckpointInfo, RunSeries, RunState, new_state, reduce_event, reduce_step
 
 QUICK_TAIL_BYTES = 2 << 20       # steps a quick read parses (~5000 step lines)
@@ -32,13 +34,15 @@ def replay(run_dir: Path, cols: Columns, keep_series: bool = True) -> tuple[RunS
     m = cols.matrix()
     prev = 0
     for _, k, ev in cols.events:
-        _apply_rows(st, series, m[prev:k])
-        prev = k
-        if series is not None:
-            if ev.get("kind") == "run_start":
+        kind = ev.get("kind")
+        if kind == "run_start":
+            # only a new attempt interacts with the step rows: apply those before it in one go
+            _apply_rows(st, series, m[prev:k])
+            prev = k
+            if series is not None:
                 series.truncate_after(float(ev.get("start_step") or 0))
-            elif ev.get("kind") == "eval":
-                series.val_loss.append(float(ev.get("step") or 0), as_float(ev.get("val_loss")))
+        elif kind == "eval" and series is not None:
+            series.val_loss.append(float(ev.get("step") or 0), as_float(ev.get("val_loss")))
         reduce_event(st, ev)
     _apply_rows(st, series, m[prev:])
     st.bad_lines = cols.bad_lines
@@ -114,7 +118,7 @@ def bulk_read(run_dir: Path, keep_series: bool = True, write_cache: bool = True,
         min_cache_bytes = stream.BULK_MIN_BYTES
     paths = RunPaths(Path(run_dir))
     st = os.stat(paths.events)
-    hit = load_cache(paths)
+    hit = _best_start(paths, st.st_size)
     cols, start = hit if hit else (Columns(), 0)
     # One thread, in chunks: worker processes were tried and bought little on 2 cores, at the
     # price of spawn's re-import of __main__ in every embedding.
@@ -125,6 +129,27 @@ def bulk_read(run_dir: Path, keep_series: bool = True, write_cache: bool = True,
     if write_cache and end - start >= min_cache_bytes:
         cached = save_cache(paths, cols, end)
     return BulkResult(state, series, end, st.st_ino, start, cached)
+
+
+def has_fast_start(paths: RunPaths) -> bool:
+    """A bulk read would start from an index or cache covering (nearly) all of events.jsonl."""
+    from tui import stream
+    try:
+        size = os.stat(paths.events).st_size
+    except OSError:
+        return False
+    return size - index_end(paths) < stream.BULK_MIN_BYTES or has_cache(paths)
+
+
+def _best_start(paths: RunPaths, size: int) -> tuple[Columns, int] | None:
+    """The engine's index when it covers (nearly) everything, else whichever of it and the
+    viewer's cache covers more."""
+    from tui import stream
+    hit = load_index(paths)
+    if hit and size - hit[1] < stream.BULK_MIN_BYTES:
+        return hit
+    cached = load_cache(paths)
+    return max((h for h in (hit, cached) if h), key=lambda h: h[1], default=None)
 
 
 def quick_read(run_dir: Path, tail_bytes: int | None = None, keep_series: bool = False) -> BulkResult:

@@ -18,7 +18,7 @@ from engine.events import RunPaths, write_json_atomic
 from tui.scan_columns import COLS, Columns
 
 CACHE_DIR = ".mt-index"
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 HEAD_BYTES = 4096
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from engine.events import as_float, parse_line
 
-COLS = ("step", "loss", "lr", "grad_norm")
+COLS = ("step", "loss", "lr", "grad_norm", "tokens_per_s")
 CHUNK = 4 << 20                  # bytes per read: bounds memory, and keeps each regex call
                                  # (which holds the GIL) short so the UI thread stays live
 _NONSTEP = re.compile(rb'"kind":"(?!step")')
@@ -52,10 +52,10 @@ def _step_pattern(line: bytes) -> re.Pattern[bytes] | None:
         ev = json.loads(line)
     except ValueError:
         return None
-    if not isinstance(ev, dict) or ev.get("kind") != "step" or not all(c in ev for c in COLS):
+    if not isinstance(ev, dict) or ev.get("kind") != "step" or "step" not in ev:
         return None
     parts = []
-    last_wanted = max(list(ev).index(c) for c in COLS)
+    last_wanted = max(list(ev).index(c) for c in COLS if c in ev)  # a column it lacks stays nan
     for key, value in list(ev.items())[: last_wanted + 1]:
         if isinstance(value, (dict, list)):
             return None
@@ -154,7 +154,7 @@ class ColumnScanner:
 
     def _add(self, found: list[tuple[bytes, ...]], out: Columns) -> None:
         names = list(self.pattern.groupindex)          # group order = key order of the line
-        block = np.empty((len(found), len(COLS)))
+        block = np.full((len(found), len(COLS)), np.nan)
         for j, name in enumerate(names):
             block[:, COLS.index(name)] = _to_float([row[j] for row in found])
         out.add_rows(block)

@@ -5,8 +5,6 @@ arrays), not a million dicts.
 """
 from __future__ import annotations
 
-from array import array
-from bisect import bisect_right
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Iterable
@@ -14,61 +12,76 @@ from typing import Iterable
 import numpy as np
 
 
-@dataclass
 class Series:
-    """One (x, y) curve, x ascending (optimizer step); `version` bumps on every change."""
+    """One (x, y) curve, x ascending (optimizer step); `version` bumps on every change.
 
-    x: array = field(default_factory=lambda: array("d"))
-    y: array = field(default_factory=lambda: array("d"))
-    version: int = 0
-    generation: int = 0  # bumps when points are removed (caches must start over)
+    Points live in numpy buffers that double when full, so a bulk load is one copy and a
+    live append is amortised O(1).
+    """
+
+    def __init__(self) -> None:
+        self._x = np.empty(0)
+        self._y = np.empty(0)
+        self._n = 0
+        self.version = 0
+        self.generation = 0  # bumps when points are removed (caches must start over)
 
     def __len__(self) -> int:
-        return len(self.x)
+        return self._n
+
+    def _reserve(self, extra: int) -> None:
+        need = self._n + extra
+        if need > self._x.size:
+            cap = max(need, 2 * self._x.size, 256)
+            x, y = np.empty(cap), np.empty(cap)
+            x[: self._n], y[: self._n] = self._x[: self._n], self._y[: self._n]
+            self._x, self._y = x, y
 
     def append(self, x: float, y: float) -> None:
-        self.x.append(x)
-        self.y.append(y)
+        self._reserve(1)
+        self._x[self._n], self._y[self._n] = x, y
+        self._n += 1
         self.version += 1
 
     def extend(self, xs: Iterable[float] | np.ndarray, ys: Iterable[float] | np.ndarray) -> None:
         """Append many points at once (bulk load from a scan)."""
-        if isinstance(xs, np.ndarray):
-            self.x.frombytes(np.ascontiguousarray(xs, dtype=np.float64).tobytes())
-            self.y.frombytes(np.ascontiguousarray(ys, dtype=np.float64).tobytes())
-        else:
-            self.x.extend(xs)
-            self.y.extend(ys)
-        if len(self.x) != len(self.y):
+        xs = np.asarray(xs if isinstance(xs, np.ndarray) else list(xs), dtype=np.float64)
+        ys = np.asarray(ys if isinstance(ys, np.ndarray) else list(ys), dtype=np.float64)
+        if xs.shape != ys.shape:
             raise ValueError("x and y of different lengths")
+        self._reserve(xs.size)
+        self._x[self._n:self._n + xs.size], self._y[self._n:self._n + ys.size] = xs, ys
+        self._n += xs.size
         self.version += 1
 
     def truncate_after(self, x: float) -> None:
         """Drop points with x > `x`: a resumed attempt replaces what followed its checkpoint."""
-        if self.x and self.x[-1] > x:
-            keep = bisect_right(self.x, x)
-            del self.x[keep:], self.y[keep:]
+        if self._n and self._x[self._n - 1] > x:
+            self._n = int(np.searchsorted(self._x[: self._n], x, side="right"))
             self.version += 1
             self.generation += 1
 
     def clear(self) -> None:
-        del self.x[:], self.y[:]
+        self._n = 0
         self.version += 1
         self.generation += 1
 
     def replace(self, other: "Series") -> None:
-        """Take another series' points, keeping this object (widgets hold references to it)."""
-        self.clear()
-        self.x.extend(other.x)
-        self.y.extend(other.y)
+        """Take another series' points, keeping this object (widgets hold references to it).
+
+        The buffers are taken over, not copied: `other` must not be used afterwards.
+        """
+        self._x, self._y, self._n = other._x, other._y, other._n
         self.version += 1
+        self.generation += 1
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """Zero-copy numpy views (valid until the next append)."""
-        return (np.frombuffer(self.x, dtype=np.float64), np.frombuffer(self.y, dtype=np.float64))
+        """Views of the points; later appends never change what a view shows (new points go
+        past its end; a full buffer is replaced, not resized)."""
+        return self._x[: self._n], self._y[: self._n]
 
     def last(self) -> float | None:
-        return self.y[-1] if self.y else None
+        return float(self._y[self._n - 1]) if self._n else None
 
 
 def ema_debiased(values: np.ndarray | Iterable[float], weight: float) -> np.ndarray:

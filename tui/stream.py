@@ -73,9 +73,11 @@ class RunSeries:
     val_loss: "Series" = field(default_factory=_series)
     lr: "Series" = field(default_factory=_series)
     grad_norm: "Series" = field(default_factory=_series)
+    tokens_per_s: "Series" = field(default_factory=_series)
 
     def all(self) -> dict[str, "Series"]:
-        return {"loss": self.loss, "val_loss": self.val_loss, "lr": self.lr, "grad_norm": self.grad_norm}
+        return {"loss": self.loss, "val_loss": self.val_loss, "lr": self.lr, "grad_norm": self.grad_norm,
+                "tokens_per_s": self.tokens_per_s}
 
     def truncate_after(self, step: float) -> None:
         for s in self.all().values():
@@ -90,6 +92,7 @@ class RunSeries:
         self.loss.append(x, as_float(ev.get("loss")))
         self.lr.append(x, as_float(ev.get("lr")))
         self.grad_norm.append(x, as_float(ev.get("grad_norm")))
+        self.tokens_per_s.append(x, as_float(ev.get("tokens_per_s")))
 
 
 @dataclass
@@ -410,13 +413,14 @@ BULK_MIN_BYTES = 4 << 20
 def load_run_state(run_dir: Path) -> RunState:
     """The current state of a run, read once (no plot history kept); fast on huge files.
 
-    A big events.jsonl is read from the viewer's cache when it has one, else tail-first:
-    every non-step event plus the newest steps (best loss then says it is partial).
+    A big events.jsonl is read from the engine's index or the viewer's cache when one covers
+    it, else tail-first: every non-step event plus the newest steps (best loss then says it
+    is partial).
     """
     follower = RunFollower(Path(run_dir), keep_series=False, write_cache=False)
     if follower.is_big():
-        from tui.scan import has_cache, quick_read
-        if not has_cache(follower.paths):
+        from tui.scan import has_fast_start, quick_read
+        if not has_fast_start(follower.paths):
             follower.adopt(quick_read(follower.paths.root))
     follower.poll()
     return follower.state

@@ -135,9 +135,9 @@ class Watcher:
 
         The bulk read runs without the lock, so the UI keeps drawing the quick state meanwhile.
         """
-        from tui.scan import has_cache, quick_read
+        from tui.scan import has_fast_start, quick_read
         f = self.follower
-        if not has_cache(f.paths):
+        if not has_fast_start(f.paths):
             quick = quick_read(f.paths.root, keep_series=True)  # the newest steps plotted at once
             with self.lock:
                 f.adopt(quick)

@@ -13,6 +13,7 @@ from typing import Any
 import psutil
 
 from engine.config import config_from_dict
+from engine.eventindex import HEADER, RECORD, index_lines, index_path
 from engine.events import read_events
 
 REPO = Path(__file__).resolve().parents[2]
@@ -119,3 +120,18 @@ def logs(run: Path) -> str:
     for p in sorted(run.glob("logs/*.log")) + sorted(run.glob("launcher-*.log")):
         parts.append(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}")
     return "\n".join(parts)
+
+
+def index_problem(events: Path) -> str | None:
+    """None when events.idx is exactly the index a fresh read of events.jsonl would build."""
+    data = events.read_bytes()
+    have = index_path(events).read_bytes()[HEADER.size:]
+    want = index_lines(data, 0)
+    if have == want:
+        return None
+    for i in range(0, max(len(have), len(want)), RECORD.size):
+        a, b = have[i:i + RECORD.size], want[i:i + RECORD.size]
+        if a != b:
+            return f"record {i // RECORD.size}: {RECORD.unpack(a) if len(a) == RECORD.size else a!r} != " \
+                   f"{RECORD.unpack(b) if len(b) == RECORD.size else b!r}"
+    return "?"

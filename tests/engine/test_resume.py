@@ -8,7 +8,7 @@ import signal
 import pytest
 import torch
 
-from .runner import events, kill_tree, logs, make_run, run_engine, start, steps_by_attempt, wait_for
+from .runner import events, index_problem, kill_tree, logs, make_run, run_engine, start, steps_by_attempt, wait_for
 
 HARD = {  # dropout, loader workers and accumulation all on: every source of state must be restored
     "model": {"dropout": 0.1},
@@ -48,6 +48,7 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run_bitwise(tmp_path):
         assert (s["loss"], s["grad_norm"], s["samples_seen"]) == (ref[s["step"]]["loss"], ref[s["step"]]["grad_norm"], ref[s["step"]]["samples_seen"]), s["step"]
     a, b = final_weights(reference), final_weights(run)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert index_problem(run / "events.jsonl") is None   # the binary index survived the kill too
 
 
 @pytest.mark.slow

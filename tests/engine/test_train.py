@@ -9,7 +9,7 @@ import pytest
 
 from engine.events import as_float, schema_errors
 
-from .runner import REPO, events, logs, make_run, run_engine
+from .runner import REPO, events, index_problem, logs, make_run, run_engine
 
 
 @pytest.mark.slow
@@ -40,6 +40,7 @@ def test_tiny_preset_trains_and_every_event_matches_schema(tmp_path):
     for rank in (0, 1):
         beat = json.loads((run / f"heartbeat/rank{rank}").read_text())
         assert beat["step"] == 40 and beat["rank"] == rank
+    assert index_problem(run / "events.jsonl") is None
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])

@@ -300,3 +300,21 @@ async def test_big_run_shows_the_newest_state_first_then_the_whole_history(tmp_p
         assert len(app.watcher.follower.series.loss) == 400     # then everything
         assert f"best {fmt_num(ref.best_loss)}" in text_of(app, "#header")
         assert (tmp_path / scan.CACHE_DIR / "index.json").exists()
+
+
+async def test_big_run_with_the_engine_index_opens_with_its_whole_history(tmp_path, monkeypatch):
+    from engine.eventindex import open_index
+    from tests.tui.synth import finished_run
+    from tui import scan, stream
+
+    finished_run(tmp_path, steps=400)
+    open_index(tmp_path / "events.jsonl").close()
+    ref = load_run_state(tmp_path)
+    monkeypatch.setattr(stream, "BULK_MIN_BYTES", 1000)
+    monkeypatch.setattr(scan, "quick_read", lambda *a, **kw: pytest.fail("the index makes a quick read pointless"))
+    app = make_app(tmp_path, ref.ended)
+    async with app.run_test(size=(140, 44)) as pilot:
+        await wait_for(pilot, app.settled, 20)
+        assert len(app.watcher.follower.series.loss) == 400
+        assert f"best {fmt_num(ref.best_loss)}" in text_of(app, "#header")
+        assert not (tmp_path / scan.CACHE_DIR).exists()         # nothing to cache: the index covers it

@@ -163,3 +163,74 @@ def test_quick_state_window_takes_run_start_from_the_head_and_checkpoint_from_di
         (ref.step, ref.world_size, ref.device, ref.attempt, ref.state)
     assert q.last_checkpoint.step == 10 and q.last_checkpoint.path.endswith("step-10")
 
+
+
+# ---------------------------------------------------------------- the engine's binary index
+
+
+def indexed(run_dir):
+    """Index events.jsonl the way an engine writer opening it would (catching up every line)."""
+    from engine.eventindex import open_index
+    open_index(run_dir / "events.jsonl", catch_up_bytes=1 << 30).close()
+
+
+def test_bulk_read_from_the_engine_index_equals_line_by_line(tmp_path):
+    messy_run(tmp_path)
+    indexed(tmp_path)
+    ref = reference(tmp_path)
+    bulk = bulk_read(tmp_path, write_cache=False)
+    assert bulk.from_cache == bulk.end == os.path.getsize(tmp_path / "events.jsonl")  # nothing scanned
+    same(ref.state, bulk.state)
+    same_series(ref, bulk.series)
+
+
+def test_a_lagging_index_is_used_and_the_rest_scanned(tmp_path):
+    r = messy_run(tmp_path)
+    indexed(tmp_path)
+    covered = os.path.getsize(r.paths.events)
+    with open(r.paths.events, "a") as f:     # lines the engine wrote after the index's last record
+        for s in range(302, 330):
+            r.step(s)
+            f.write(r.lines[-1] + "\n")
+    ref = reference(tmp_path)
+    bulk = bulk_read(tmp_path, write_cache=False)
+    assert bulk.from_cache == covered and bulk.state.step == 329
+    same(ref.state, bulk.state)
+    same_series(ref, bulk.series)
+
+
+@pytest.mark.parametrize("damage", ["replaced", "line_removed", "record_changed", "garbage"])
+def test_an_index_that_disagrees_with_events_jsonl_is_ignored(tmp_path, damage):
+    from engine.eventindex import index_path
+    r = messy_run(tmp_path)
+    indexed(tmp_path)
+    idx = index_path(r.paths.events)
+    if damage == "replaced":                # another run's events.jsonl of about the same size
+        other = tmp_path / "other"
+        finished_run(other, steps=300)
+        os.replace(other / "events.jsonl", r.paths.events)
+    elif damage == "line_removed":          # someone edited the file: every later offset moved
+        lines = r.paths.events.read_bytes().splitlines(keepends=True)
+        r.paths.events.write_bytes(b"".join(lines[:5] + lines[6:]))
+    elif damage == "record_changed":        # the last record's loss no longer matches its line
+        data = bytearray(idx.read_bytes())
+        data[-3 * 8 - 1] ^= 0x40           # the top byte of the loss field
+        idx.write_bytes(bytes(data))
+    else:
+        idx.write_bytes(b"not an index at all" * 10)
+    ref = reference(tmp_path)
+    bulk = bulk_read(tmp_path, write_cache=False)
+    assert bulk.from_cache == 0
+    same(ref.state, bulk.state)
+    same_series(ref, bulk.series)
+
+
+def test_watch_once_is_exact_from_the_index(tmp_path, monkeypatch):
+    messy_run(tmp_path)
+    indexed(tmp_path)
+    monkeypatch.setattr(stream, "BULK_MIN_BYTES", 1000)
+    st = load_run_state(tmp_path)
+    ref = reference(tmp_path).state
+    same(ref, st)
+    assert not st.best_loss_partial
+    assert not (tmp_path / CACHE_DIR).exists()     # the index made the viewer's cache unnecessary

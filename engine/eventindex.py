@@ -1,0 +1,140 @@
+"""events.idx: a fixed-width binary index of events.jsonl, one 64-byte record per line.
+
+Rank 0 appends a record after each event line, so a viewer loads a million steps with one
+read instead of parsing 400 MB of JSON. events.jsonl stays the source of truth: readers check
+records against the lines they point at and ignore an index that disagrees; the writer repairs
+a torn or lagging index when it opens. Stdlib only (the viewer side imports it).
+"""
+from __future__ import annotations
+
+import os
+import struct
+import sys
+from pathlib import Path
+from typing import Any
+
+from engine.events import as_float, parse_line
+
+MAGIC = b"MTEVIDX1"
+VERSION = 1
+FIELDS = ("end", "kind", "step", "t", "loss", "lr", "grad_norm", "tokens_per_s")
+RECORD = struct.Struct("<8d")
+HEADER = struct.Struct("<8sII48x")       # magic, version, fields per record; as long as a record
+assert HEADER.size == RECORD.size
+# kind codes; an eval's val_loss goes in the loss field, so a viewer needs no JSON for it
+KIND_CODES = {"step": 0, "run_start": 1, "eval": 2, "checkpoint": 3, "incident": 4, "control": 5, "run_end": 6}
+KIND_OTHER = 7      # a valid event of a kind this version does not know
+KIND_BAD = -1       # a line that is not a JSON object (counted by readers, never shown)
+CATCH_UP_BYTES = 64 << 20   # the most events.jsonl the writer re-reads to repair its index
+
+
+def index_path(events: Path) -> Path:
+    """Where the index of an events file lives (beside it)."""
+    return Path(events).with_suffix(".idx")
+
+
+def encode(ev: dict[str, Any] | None, end: int) -> bytes:
+    """The record of one line: `end` is the byte offset just past its newline."""
+    if ev is None:
+        return RECORD.pack(end, KIND_BAD, *([float("nan")] * 6))
+    kind = KIND_CODES.get(ev.get("kind"), KIND_OTHER)
+    loss = ev.get("val_loss") if kind == KIND_CODES["eval"] else ev.get("loss")
+    return RECORD.pack(end, kind, _num(ev.get("step")), _num(ev.get("t")), _num(loss),
+                       _num(ev.get("lr")), _num(ev.get("grad_norm")), _num(ev.get("tokens_per_s")))
+
+
+def _num(v: Any) -> float:
+    return float("nan") if v is None else as_float(v)
+
+
+def index_lines(data: bytes, base: int) -> bytes:
+    """Records for the complete lines of `data`, which starts at byte `base` of the file."""
+    out = []
+    pos = base
+    for line in data.split(b"\n")[:-1]:
+        pos += len(line) + 1
+        if line.strip():
+            out.append(encode(parse_line(line), pos))
+    return b"".join(out)
+
+
+class IndexWriter:
+    """Appends records to events.idx; stops for good after a failed write (a gap would lie)."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd = fd
+
+    def add(self, ev: dict[str, Any], end: int) -> None:
+        if self._fd < 0:
+            return
+        try:
+            os.write(self._fd, encode(ev, end))
+        except OSError as e:
+            print(f"events index {self.path}: {e}; the viewer will read events.jsonl instead", file=sys.stderr)
+            self.close()
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def open_index(events: Path, catch_up_bytes: int = CATCH_UP_BYTES) -> IndexWriter | None:
+    """The index of `events`, repaired to cover every complete line of it; None if that would
+    mean re-reading more than `catch_up_bytes` (readers then scan the uncovered rest)."""
+    path = index_path(events)
+    try:
+        size = os.stat(events).st_size
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as e:
+        print(f"events index {path}: {e}; the viewer will read events.jsonl instead", file=sys.stderr)
+        return None
+    try:
+        covered = _repair(fd, events, size)
+        if size - covered > catch_up_bytes:
+            os.close(fd)
+            return None
+        if size > covered:
+            with open(events, "rb") as f:
+                f.seek(covered)
+                data = f.read(size - covered)
+            os.lseek(fd, 0, os.SEEK_END)
+            os.write(fd, index_lines(data, covered))
+        os.lseek(fd, 0, os.SEEK_END)
+        return IndexWriter(path, fd)
+    except OSError as e:
+        os.close(fd)
+        print(f"events index {path}: {e}; the viewer will read events.jsonl instead", file=sys.stderr)
+        return None
+
+
+def _repair(fd: int, events: Path, size: int) -> int:
+    """Cut a torn record; start over when the index does not match events.jsonl. Returns the
+    byte of events.jsonl the index now covers up to."""
+    isize = os.fstat(fd).st_size
+    n = max(0, (isize - HEADER.size) // RECORD.size)
+    head = os.pread(fd, HEADER.size, 0)
+    ok = len(head) == HEADER.size and HEADER.unpack(head)[:2] == (MAGIC, VERSION)
+    end = 0
+    if ok and n:
+        last = os.pread(fd, RECORD.size, HEADER.size + (n - 1) * RECORD.size)
+        prev = RECORD.unpack(os.pread(fd, RECORD.size, HEADER.size + (n - 2) * RECORD.size))[0] if n > 1 else 0
+        end = int(RECORD.unpack(last)[0])
+        ok = end <= size and line_matches(events, int(prev), end, last)
+    if not ok:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, HEADER.pack(MAGIC, VERSION, len(FIELDS)), 0)
+        return 0
+    os.ftruncate(fd, HEADER.size + n * RECORD.size)
+    return end
+
+
+def line_matches(events: Path, start: int, end: int, record: bytes) -> bool:
+    """The line at [start, end) of events.jsonl is the one `record` (raw bytes) describes."""
+    if not 0 <= start < end:
+        return False
+    with open(events, "rb") as f:
+        f.seek(start)
+        line = f.read(end - start)
+    return line.endswith(b"\n") and encode(parse_line(line), end) == record
