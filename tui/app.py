@@ -30,6 +30,8 @@ MIN_W, MIN_H = 60, 16   # below this nothing useful fits: say so instead of draw
 COMPACT_W = 110         # below this the side panels go under the plots
 PANELS = {1: "#plot-loss", 2: "#system", 3: "#incident-list", 4: "#logs"}
 RESUMABLE = ("stopped", "failed", "killed")
+INLINE_READ_BYTES = 1 << 20  # run files this small are read before the first paint (< 0.1 s)
+LOCK_WAIT_S = 0.05           # a poll holds the watcher's lock for ms; a bulk load reads without it
 
 
 class MtApp(App[int]):
@@ -83,7 +85,7 @@ class MtApp(App[int]):
     def compose(self) -> ComposeResult:
         series = self.watcher.follower.series
         st = self.watcher.follower.state
-        yield RunHeader(id="header")
+        yield RunHeader(f"{self.run_dir.name}  reading the run…", id="header")
         yield Notice(id="notice")
         with Horizontal(id="main"):
             with Vertical(id="plots"):
@@ -119,12 +121,28 @@ class MtApp(App[int]):
         self.query_one("#plots").border_title = "1 plots"
         self.query_one("#logs").border_title = "4 logs: rank0.log  (g: next rank)"
         self._apply_size(self.size.width, self.size.height)
+        if self._quick_to_read():
+            # A small run is read before the first paint, so the first frame shows it; painting
+            # an empty dashboard first would cost a second full layout. The worker reads the rest.
+            self._show_update(self.watcher.poll())
         self.follow()
         self.set_interval(self.redraw_s, self.render_frame)
+
+    def _quick_to_read(self) -> bool:
+        """The run's files are small enough to read before the first paint."""
+        total = 0
+        for path in (self.watcher.paths.events, self.watcher.paths.system, self.watcher.paths.incidents):
+            try:
+                total += path.stat().st_size
+            except OSError:
+                pass
+        return total < INLINE_READ_BYTES
 
     def on_resize(self, event: Resize) -> None:
         if hasattr(self, "_main_screen"):
             self._apply_size(event.size.width, event.size.height)
+            # the header's bar and the plots fit the new size once it is laid out, not a tick later
+            self.call_after_refresh(self.render_frame)
 
     def _apply_size(self, w: int, h: int) -> None:
         small = w < MIN_W or h < MIN_H
@@ -152,7 +170,9 @@ class MtApp(App[int]):
 
     @on(RunUpdated)
     def _run_updated(self, message: RunUpdated) -> None:
-        u = message.update
+        self._show_update(message.update)
+
+    def _show_update(self, u: WatchUpdate) -> None:
         first = not self.loaded
         self.loaded = True
         self._dirty = True
@@ -190,8 +210,9 @@ class MtApp(App[int]):
                 self.pending.pop(rid, None)
 
     def render_frame(self) -> None:
-        """Redraw at a bounded rate; skips when the worker holds the state (bulk load)."""
-        if not hasattr(self, "_header") or not self.watcher.lock.acquire(blocking=False):
+        """Redraw at a bounded rate; skips until the first poll, and if the worker holds the
+        state longer than LOCK_WAIT_S."""
+        if not self.loaded or not self.watcher.lock.acquire(timeout=LOCK_WAIT_S):
             return
         try:
             now = self.clock()
@@ -209,7 +230,7 @@ class MtApp(App[int]):
             self.watcher.lock.release()
 
     def _redraw_plots(self) -> None:
-        if not self.watcher.lock.acquire(blocking=False):
+        if not self.watcher.lock.acquire(timeout=LOCK_WAIT_S):
             return
         try:
             for plot in self._plots:
