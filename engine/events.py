@@ -215,6 +215,20 @@ class JsonlTail:
         self._partial = b""
         self._ino = ino
 
+    @classmethod
+    def near_end(cls, path: Path | str, max_bytes: int) -> "JsonlTail":
+        """A tail that skips all but (about) the last max_bytes: for files where only recent lines matter."""
+        try:
+            with open(path, "rb") as f:
+                st = os.fstat(f.fileno())
+                start = max(0, st.st_size - max_bytes)
+                if start:
+                    f.seek(start - 1)
+                    start += len(f.readline()) - 1     # to the next line boundary
+                return cls(path, start, st.st_ino)
+        except OSError:
+            return cls(path)
+
     def read_new(self, max_bytes: int | None = None) -> list[dict[str, Any]]:
         return list(self.iter_new(max_bytes))
 

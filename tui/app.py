@@ -47,6 +47,8 @@ class MtApp(App[int]):
         Binding("e", "smoothing(-0.1)", "Smooth−", id="smooth-down", tooltip="Less smoothing (0 = raw)"),
         Binding("E", "smoothing(0.1)", "Smooth+", id="smooth-up", tooltip="More smoothing"),
         Binding("l", "toggle_logy", "Log-y", id="logy", tooltip="Logarithmic y axis"),
+        Binding("t", "toggle_throughput", "Tok/s", id="throughput",
+                tooltip="Plot tokens/s in place of the learning rate (and back)"),
         Binding("g", "next_rank", "Next log", id="next-rank", tooltip="Show the next rank's log"),
         Binding("1", "focus_panel(1)", "Plots", show=False, id="focus-1"),
         Binding("2", "focus_panel(2)", "System", show=False, id="focus-2"),
@@ -59,6 +61,7 @@ class MtApp(App[int]):
         ("c", "checkpoint now (notified when saved)"), ("s", "graceful stop (final checkpoint)"),
         ("k", "kill the run (asks to confirm)"), ("r", "resume a stopped / failed / killed run"),
         ("e / E", "smoothing down / up (0 = raw, default 0.6)"), ("l", "toggle log-y"),
+        ("t", "tokens/s plot in place of the learning rate (and back)"),
         ("g", "next rank's log"), ("1-4", "focus plots / system / incidents / logs"),
         ("↑ ↓", "select an incident (in the incidents panel)"),
         ("q", "quit the viewer (the run keeps going)"), ("?", "this help"),
@@ -94,6 +97,7 @@ class MtApp(App[int]):
                     Curve("val", series.val_loss, "orange", smooth=False)], id="plot-loss")
                 with Horizontal(id="plots-small"):
                     yield MetricPlot("learning rate", [Curve("lr", series.lr, "green", smooth=False)], id="plot-lr")
+                    yield MetricPlot("tokens/s", [Curve("tokens/s", series.tokens_per_s, "yellow")], id="plot-tps")
                     yield MetricPlot("grad norm (red line: clip)", [Curve("grad_norm", series.grad_norm, "magenta")],
                                      hline=st.grad_clip, id="plot-grad")
             with Vertical(id="side"):
@@ -109,7 +113,8 @@ class MtApp(App[int]):
         self._notice = self.query_one(Notice)
         self._plots = list(self.query(MetricPlot))
         self._grad = self.query_one("#plot-grad", MetricPlot)
-        for small in ("#plot-lr", "#plot-grad"):   # secondary plots refresh half as often
+        self.query_one("#plot-tps").display = False   # until `t` swaps it for the learning rate
+        for small in ("#plot-lr", "#plot-grad", "#plot-tps"):   # secondary plots refresh half as often
             self.query_one(small, MetricPlot).min_interval_s = 4.0
         self._system = self.query_one(SystemPanel)
         self._incidents = self.query_one(IncidentsPanel)
@@ -233,14 +238,15 @@ class MtApp(App[int]):
         if not self.watcher.lock.acquire(timeout=LOCK_WAIT_S):
             return
         try:
-            for plot in self._plots:
+            for plot in self._shown_plots():
                 plot.redraw(self.smoothing, self.logy)
         finally:
             self.watcher.lock.release()
 
     def settled(self) -> bool:
         """Everything read so far is on screen (tests and benchmarks wait for this)."""
-        return (self.loaded and self.watcher.history_ready and not self._dirty and all(p.drawn_current() for p in self._plots)
+        return (self.loaded and self.watcher.history_ready and not self._dirty
+                and all(p.drawn_current() for p in self._shown_plots())
                 and self._logs.is_vertical_scroll_end and not self.watcher.log_switch_pending)
 
     # ------------------------------------------------------------------ actions
@@ -335,6 +341,15 @@ class MtApp(App[int]):
 
     def action_toggle_logy(self) -> None:
         self.logy = not self.logy
+
+    def action_toggle_throughput(self) -> None:
+        lr, tps = self.query_one("#plot-lr", MetricPlot), self.query_one("#plot-tps", MetricPlot)
+        lr.display, tps.display = tps.display, lr.display
+        self.render_frame()
+
+    def _shown_plots(self) -> list[MetricPlot]:
+        """The plots on screen: a hidden one is not redrawn (nor waited for)."""
+        return [p for p in self._plots if p.display]
 
     def watch_smoothing(self) -> None:
         self.render_frame()

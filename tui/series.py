@@ -1,68 +1,87 @@
-"""Plot history in compact arrays, TensorBoard's debiased EMA, and min/max downsampling.
+"""Plot history in compact arrays: a million points cost 16 MB per series, not a million dicts.
 
-Pure numeric code: no Textual, no torch. A million points cost 16 MB per series (two float64
-arrays), not a million dicts.
+numpy is loaded with the first point, not with this module, so a dashboard can show its
+header before any plot needs numpy. Smoothing and downsampling live in `tui.plotmath`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from functools import lru_cache
-from typing import Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class Series:
     """One (x, y) curve, x ascending (optimizer step); `version` bumps on every change.
 
     Points live in numpy buffers that double when full, so a bulk load is one copy and a
-    live append is amortised O(1).
+    live append is amortised O(1). Until something needs the arrays, appended points wait in
+    a list: a dashboard shows its header without waiting for numpy to load.
     """
 
     def __init__(self) -> None:
-        self._x = np.empty(0)
-        self._y = np.empty(0)
+        self._x: np.ndarray | None = None
+        self._y: np.ndarray | None = None
         self._n = 0
+        self._waiting: list[tuple[float, float]] = []
         self.version = 0
         self.generation = 0  # bumps when points are removed (caches must start over)
 
     def __len__(self) -> int:
-        return self._n
+        return self._n + len(self._waiting)
+
+    def _flush(self) -> None:
+        if self._waiting:
+            waiting, self._waiting = self._waiting, []
+            self._reserve(len(waiting))
+            for i, (x, y) in enumerate(waiting, start=self._n):
+                self._x[i], self._y[i] = x, y
+            self._n += len(waiting)
 
     def _reserve(self, extra: int) -> None:
         need = self._n + extra
-        if need > self._x.size:
-            cap = max(need, 2 * self._x.size, 256)
-            x, y = np.empty(cap), np.empty(cap)
-            x[: self._n], y[: self._n] = self._x[: self._n], self._y[: self._n]
+        have = 0 if self._x is None else self._x.size
+        if need > have:
+            cap = max(need, 2 * have, 256)
+            x, y = _np().empty(cap), _np().empty(cap)
+            if self._n:
+                x[: self._n], y[: self._n] = self._x[: self._n], self._y[: self._n]
             self._x, self._y = x, y
 
     def append(self, x: float, y: float) -> None:
-        self._reserve(1)
-        self._x[self._n], self._y[self._n] = x, y
-        self._n += 1
+        if self._x is None or self._waiting:
+            self._waiting.append((x, y))
+        else:
+            self._reserve(1)
+            self._x[self._n], self._y[self._n] = x, y
+            self._n += 1
         self.version += 1
 
     def extend(self, xs: Iterable[float] | np.ndarray, ys: Iterable[float] | np.ndarray) -> None:
         """Append many points at once (bulk load from a scan)."""
-        xs = np.asarray(xs if isinstance(xs, np.ndarray) else list(xs), dtype=np.float64)
-        ys = np.asarray(ys if isinstance(ys, np.ndarray) else list(ys), dtype=np.float64)
+        self._flush()
+        np_ = _np()
+        xs = np_.asarray(xs if isinstance(xs, np_.ndarray) else list(xs), dtype=np_.float64)
+        ys = np_.asarray(ys if isinstance(ys, np_.ndarray) else list(ys), dtype=np_.float64)
         if xs.shape != ys.shape:
             raise ValueError("x and y of different lengths")
         self._reserve(xs.size)
-        self._x[self._n:self._n + xs.size], self._y[self._n:self._n + ys.size] = xs, ys
+        if xs.size:
+            self._x[self._n:self._n + xs.size], self._y[self._n:self._n + ys.size] = xs, ys
         self._n += xs.size
         self.version += 1
 
     def truncate_after(self, x: float) -> None:
         """Drop points with x > `x`: a resumed attempt replaces what followed its checkpoint."""
+        self._flush()
         if self._n and self._x[self._n - 1] > x:
-            self._n = int(np.searchsorted(self._x[: self._n], x, side="right"))
+            self._n = int(_np().searchsorted(self._x[: self._n], x, side="right"))
             self.version += 1
             self.generation += 1
 
     def clear(self) -> None:
         self._n = 0
+        self._waiting = []
         self.version += 1
         self.generation += 1
 
@@ -71,148 +90,26 @@ class Series:
 
         The buffers are taken over, not copied: `other` must not be used afterwards.
         """
-        self._x, self._y, self._n = other._x, other._y, other._n
+        other._flush()
+        self._x, self._y, self._n, self._waiting = other._x, other._y, other._n, []
         self.version += 1
         self.generation += 1
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """Views of the points; later appends never change what a view shows (new points go
         past its end; a full buffer is replaced, not resized)."""
+        self._flush()
+        if self._x is None:
+            empty = _np().empty(0)
+            return empty, empty
         return self._x[: self._n], self._y[: self._n]
 
     def last(self) -> float | None:
+        if self._waiting:
+            return self._waiting[-1][1]
         return float(self._y[self._n - 1]) if self._n else None
 
 
-def ema_debiased(values: np.ndarray | Iterable[float], weight: float) -> np.ndarray:
-    """TensorBoard's smoothing: EMA debiased by 1 - w^n; non-finite points pass through untouched."""
-    return EmaState(weight).extend(np.asarray(values, dtype=np.float64))
-
-
-@dataclass
-class EmaState:
-    """Incremental debiased EMA, so a live plot smooths only the points that arrived since."""
-
-    weight: float
-    last: float = 0.0
-    count: int = 0
-
-    def extend(self, values: np.ndarray) -> np.ndarray:
-        w = min(max(self.weight, 0.0), 1.0)
-        out = np.array(values, dtype=np.float64, copy=True)
-        finite = np.isfinite(out)
-        z = out[finite]
-        if not z.size:
-            return out
-        if w == 0.0:
-            self.last, self.count = float(z[-1]), self.count + z.size
-            return out
-        acc = _ema_accumulate(z, w, self.last)
-        counts = self.count + np.arange(1, z.size + 1, dtype=np.float64)
-        out[finite] = acc if w == 1.0 else acc / (1.0 - w ** counts)
-        self.last, self.count = float(acc[-1]), self.count + z.size
-        return out
-
-
-_BLOCK = 256
-
-
-@lru_cache(maxsize=8)
-def _kernel(w: float) -> tuple[np.ndarray, np.ndarray]:
-    """The in-block EMA matrix kernel[i, j] = (1-w) w^(i-j) (i >= j), and w^(i+1) for the carry."""
-    i = np.arange(_BLOCK)
-    lag = i[:, None] - i[None, :]
-    kernel = np.where(lag >= 0, (1.0 - w) * w ** np.maximum(lag, 0), 0.0)
-    return kernel, w ** (i + 1.0)
-
-
-def _ema_accumulate(z: np.ndarray, w: float, last: float) -> np.ndarray:
-    """acc[k] = w * acc[k-1] + (1 - w) * z[k], acc[-1] = last, without a per-point Python loop.
-
-    Blocks of 256 points go through one matrix product (the in-block recurrence unrolled:
-    only decaying powers of w, so no precision loss); a short loop carries between blocks.
-    """
-    n = z.size
-    nb = -(-n // _BLOCK)
-    zb = np.zeros(nb * _BLOCK)
-    zb[:n] = z
-    zb = zb.reshape(nb, _BLOCK)
-    kernel, decay = _kernel(w)
-    inner = zb @ kernel.T               # each block as if it started from 0
-    carry = np.empty(nb)
-    c, w_block = last, w ** _BLOCK
-    for b in range(nb):                 # n / 256 iterations
-        carry[b] = c
-        c = inner[b, -1] + w_block * c
-    return (inner + carry[:, None] * decay[None, :]).reshape(-1)[:n]
-
-
-@dataclass
-class Downsampled:
-    """Per-column extremes of a curve: draw min..max in every column and no spike is lost."""
-
-    x: np.ndarray       # column centre (in x units), only non-empty columns
-    ymin: np.ndarray    # min of the finite points of the column (nan when none is finite)
-    ymax: np.ndarray
-    bad_x: np.ndarray   # x of every column that holds a nan/inf point (marked on the plot)
-
-    def zigzag(self) -> tuple[list[float], list[float]]:
-        """(x, y) lists visiting min then max of each column, for a line plot."""
-        ok = np.isfinite(self.ymin)
-        xs = np.repeat(self.x[ok], 2)
-        ys = np.empty(xs.size)
-        ys[0::2], ys[1::2] = self.ymin[ok], self.ymax[ok]
-        return xs.tolist(), ys.tolist()
-
-
-def minmax_downsample(
-    x: np.ndarray, y: np.ndarray, width: int, x_range: tuple[float, float] | None = None
-) -> Downsampled:
-    """Bucket points into `width` equal x-columns keeping each column's min and max (x ascending)."""
-    x = np.asarray(x, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
-    empty = np.empty(0)
-    if x.size == 0 or width <= 0:
-        return Downsampled(empty, empty, empty, empty)
-    lo, hi = x_range if x_range else (float(x[0]), float(x[-1]))
-    if hi <= lo:
-        hi = lo + 1.0
-    span = (hi - lo) / width
-    # Column boundaries as positions in x; x is sorted so each column is a contiguous slice.
-    edges = lo + span * np.arange(1, width)
-    starts = np.concatenate(([0], np.searchsorted(x, edges, side="left")))
-    ends = np.concatenate((starts[1:], [x.size]))
-    nonempty = ends > starts
-    starts, ends = starts[nonempty], ends[nonempty]
-    cols = np.flatnonzero(nonempty)
-    finite = np.isfinite(y)
-    ymin = np.minimum.reduceat(np.where(finite, y, np.inf), starts)
-    ymax = np.maximum.reduceat(np.where(finite, y, -np.inf), starts)
-    has_bad = np.add.reduceat((~finite).astype(np.int64), starts) > 0
-    none_ok = ~np.isfinite(ymin)
-    ymin[none_ok] = np.nan
-    ymax[none_ok] = np.nan
-    centres = lo + span * (cols + 0.5)
-    return Downsampled(centres, ymin, ymax, centres[has_bad])
-
-
-@dataclass
-class SmoothCache:
-    """The smoothed copy of one Series, extended incrementally while only appends happen."""
-
-    weight: float = -1.0
-    generation: int = -1
-    smoothed: np.ndarray = field(default_factory=lambda: np.empty(0))
-    ema: EmaState = field(default_factory=lambda: EmaState(0.0))
-
-    def get(self, series: Series, weight: float) -> np.ndarray:
-        """Smoothed y of `series` (copy, safe to keep while the series grows)."""
-        _, y = series.arrays()
-        n = len(self.smoothed)
-        if weight != self.weight or series.generation != self.generation or y.size < n:
-            self.weight, self.generation = weight, series.generation
-            self.ema = EmaState(weight)
-            self.smoothed = self.ema.extend(y)
-        elif y.size > n:
-            self.smoothed = np.concatenate((self.smoothed, self.ema.extend(y[n:])))
-        return self.smoothed
+def _np() -> Any:
+    import numpy
+    return numpy

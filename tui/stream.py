@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 def _series() -> "Series":
-    # imported here: tui.series needs numpy, which `mt ls` / `mt watch --once` never pay for
+    # imported here: a Series loads numpy with its first point, which `mt ls` never pays for
     from tui.series import Series
     return Series()
 

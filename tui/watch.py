@@ -17,6 +17,7 @@ from engine.events import JsonlTail
 from tui.stream import PollResult, RunFollower
 
 HISTORY = 60  # samples of GPU utilisation kept for the sparkline (1 per second)
+SYSTEM_TAIL_BYTES = 256 * 1024  # a 10-hour 8-GPU system.jsonl is ~70 MB; HISTORY samples fit in far less
 
 
 @dataclass
@@ -92,12 +93,13 @@ class Watcher:
     def __init__(self, run_dir: Path) -> None:
         self.follower = RunFollower(Path(run_dir))
         self.system = SystemView()
-        self._system_tail = JsonlTail(self.follower.paths.system)
+        self._system_tail = JsonlTail.near_end(self.follower.paths.system, SYSTEM_TAIL_BYTES)
         self.lock = threading.RLock()
         self.log_rank = 0
         self._log = LogTail(self.follower.paths.rank_log(0))
         self._log_reset = True
-        self._live_checked = 0.0
+        # the first check waits 2 s: it imports psutil, which the first frame need not wait for
+        self._live_checked = time.monotonic()
         self.history_ready = False     # the plots hold the whole file read so far
         self.frame_shown = threading.Event()  # set by the UI once a first frame is on screen
 

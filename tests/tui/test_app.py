@@ -162,6 +162,25 @@ async def test_smoothing_logy_focus_help_keys(fixture_run):
         assert not isinstance(app.screen, HelpScreen)
 
 
+async def test_t_swaps_the_learning_rate_plot_for_tokens_per_s_and_back(fixture_run):
+    run = fixture_run("cpu_only")
+    steps = [e for e in read_events(run / "events.jsonl") if e["kind"] == "step"]
+    app = make_app(run, fixed_now(run))
+    async with app.run_test(size=(140, 44)) as pilot:
+        await loaded(pilot)
+        lr, tps = app.query_one("#plot-lr"), app.query_one("#plot-tps")
+        assert lr.display and not tps.display
+        await pilot.press("t")
+        await wait_for(pilot, app.settled)
+        assert tps.display and not lr.display and tps.drawn_current()
+        x, y = app.watcher.follower.series.tokens_per_s.arrays()
+        assert y.tolist() == [s["tokens_per_s"] for s in steps] and x.tolist() == [s["step"] for s in steps]
+        figure = str(tps.render())
+        assert "tokens/s" in figure and f"{max(y):.0f}"[:3] in figure    # the y axis reaches the top throughput
+        await pilot.press("t")
+        assert lr.display and not tps.display
+
+
 async def test_kill_asks_and_no_cancels(tmp_path):
     r = SynthRun(tmp_path)
     r.run_start()

@@ -7,7 +7,8 @@ import random
 import numpy as np
 import pytest
 
-from tui.series import EmaState, Series, ema_debiased, minmax_downsample
+from tui.plotmath import EmaState, ema_debiased, minmax_downsample
+from tui.series import Series
 
 
 def tensorboard_smooth(values: list[float], weight: float) -> list[float]:
@@ -90,3 +91,40 @@ def test_blocked_ema_matches_the_loop_across_many_blocks_and_splits(weight):
     inc = EmaState(weight)
     got = np.concatenate([inc.extend(vals[:700]), inc.extend(vals[700:701]), inc.extend(vals[701:])])
     assert np.allclose(got, want, rtol=1e-10, atol=0, equal_nan=True)
+
+
+def test_series_appends_extends_and_truncations_in_any_order_match_a_plain_list():
+    rng = np.random.default_rng(3)
+    s, ref = Series(), []
+    views, checked = [], 0
+
+    def check_views() -> int:   # appends since a view was taken never changed what it shows
+        for vx, vy, seen in views:
+            assert list(zip(vx.tolist(), vy.tolist())) == seen
+        return len(views)
+
+    for _ in range(400):
+        op = rng.integers(0, 10)
+        if op < 6:                                  # live appends (before and after numpy buffers exist)
+            x = (ref[-1][0] + 1) if ref else 0.0
+            s.append(x, float(rng.normal()))
+            ref.append((x, s.last()))
+        elif op < 8:                                # a bulk chunk
+            start = (ref[-1][0] + 1) if ref else 0.0
+            xs = start + np.arange(int(rng.integers(0, 700)), dtype=float)
+            ys = rng.normal(size=xs.size)
+            s.extend(xs, ys)
+            ref += list(zip(xs.tolist(), ys.tolist()))
+        elif op == 8 and ref:                       # a resumed attempt
+            cut = ref[int(rng.integers(0, len(ref)))][0]
+            checked += check_views()
+            s.truncate_after(cut)
+            ref = [p for p in ref if p[0] <= cut]
+            views = []                              # (later points may reuse the cut-off slots)
+        else:
+            x, y = s.arrays()
+            views.append((x, y, list(zip(x.tolist(), y.tolist()))))
+        assert len(s) == len(ref)
+    x, y = s.arrays()
+    assert list(zip(x.tolist(), y.tolist())) == ref
+    assert checked + check_views() > 10

@@ -10,7 +10,7 @@ from textual.color import Color
 from textual_plotext import Plot
 from textual_plotext.plot import _rgbify_theme, _sequence  # what its PlotextPlot widget uses
 
-from tui.series import SmoothCache, minmax_downsample
+from tui.plotmath import SmoothCache, minmax_downsample
 
 if TYPE_CHECKING:
     from textual.app import App

@@ -16,7 +16,8 @@ from textual.widget import Widget
 if TYPE_CHECKING:
     from textual_plotext import Plot
 
-    from tui.series import Series, SmoothCache
+    from tui.plotmath import SmoothCache
+    from tui.series import Series
 
 AXIS_COLS = 12  # cells plotext spends on the y tick labels
 
