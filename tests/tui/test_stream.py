@@ -146,3 +146,21 @@ def test_failing_rank_prefers_the_first_failure_over_the_reason(tmp_path):
     r = SynthRun(tmp_path)
     r.status("failed", reason="rank 3 exited with code 1")
     assert load_run_state(tmp_path).failing_rank() == 3
+
+
+def test_system_panel_reads_only_the_end_of_a_long_system_jsonl(tmp_path):
+    from tui import watch
+    finished_run(tmp_path, steps=5)
+    sample = {"t": 0.0, "gpus": [{"index": 0, "util_pct": 0}], "ranks": []}
+    lines = [dumps(sample | {"t": float(i), "gpus": [{"index": 0, "util_pct": i % 100}]}) for i in range(20_000)]
+    (tmp_path / "system.jsonl").write_text("\n".join(lines) + "\n")
+    w = watch.Watcher(tmp_path)
+    w.poll()
+    size = os.path.getsize(tmp_path / "system.jsonl")
+    assert w.system.samples < 20_000 and w.system.samples * len(lines[-1]) <= watch.SYSTEM_TAIL_BYTES + len(lines[-1])
+    assert w.system.sample["t"] == 19_999.0 and len(w.system.gpu_util[0]) == watch.HISTORY
+    assert list(w.system.gpu_util[0])[-3:] == [97, 98, 99]
+    with open(tmp_path / "system.jsonl", "a") as f:   # and follows what comes next
+        f.write(dumps(sample | {"t": 20_000.0}) + "\n")
+    assert w.poll().system_changed and w.system.sample["t"] == 20_000.0
+    assert w._system_tail.bad_lines == 0 and w._system_tail.offset == size + len(dumps(sample | {"t": 20_000.0})) + 1
