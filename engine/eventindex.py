@@ -3,7 +3,9 @@
 Rank 0 appends a record after each event line, so a viewer loads a million steps with one
 read instead of parsing 400 MB of JSON. events.jsonl stays the source of truth: readers check
 records against the lines they point at and ignore an index that disagrees; the writer repairs
-a torn or lagging index when it opens. Stdlib only (the viewer side imports it).
+a torn or lagging index when it opens. The header also says which record is the newest of each
+non-step kind, so the newest run_start, eval, checkpoint... are found without reading the rest.
+Stdlib only (the viewer side imports it).
 """
 from __future__ import annotations
 
@@ -16,13 +18,15 @@ from typing import Any
 from engine.events import as_float, parse_line
 
 MAGIC = b"MTEVIDX1"
-VERSION = 1
+VERSION = 2
 FIELDS = ("end", "kind", "step", "t", "loss", "lr", "grad_norm", "tokens_per_s")
 RECORD = struct.Struct("<8d")
-HEADER = struct.Struct("<8sII48x")       # magic, version, fields per record; as long as a record
-assert HEADER.size == RECORD.size
 # kind codes; an eval's val_loss goes in the loss field, so a viewer needs no JSON for it
 KIND_CODES = {"step": 0, "run_start": 1, "eval": 2, "checkpoint": 3, "incident": 4, "control": 5, "run_end": 6}
+NEWEST_KINDS = (1, 2, 3, 4, 5, 6)        # the header keeps 1 + the number of the newest record of each
+# magic, version, fields per record, then NEWEST_KINDS' newest records (0 = none); as long as a record
+HEADER = struct.Struct(f"<8sII{len(NEWEST_KINDS)}q")
+assert HEADER.size == RECORD.size
 KIND_OTHER = 7      # a valid event of a kind this version does not know
 KIND_BAD = -1       # a line that is not a JSON object (counted by readers, never shown)
 CATCH_UP_BYTES = 64 << 20   # the most events.jsonl the writer re-reads to repair its index
@@ -61,15 +65,23 @@ def index_lines(data: bytes, base: int) -> bytes:
 class IndexWriter:
     """Appends records to events.idx; stops for good after a failed write (a gap would lie)."""
 
-    def __init__(self, path: Path, fd: int) -> None:
+    def __init__(self, path: Path, fd: int, n: int, newest: list[int]) -> None:
         self.path = path
         self._fd = fd
+        self._n = n                  # records in the file
+        self._newest = newest        # as in the header
 
     def add(self, ev: dict[str, Any], end: int) -> None:
         if self._fd < 0:
             return
+        record = encode(ev, end)
         try:
-            os.write(self._fd, encode(ev, end))
+            os.write(self._fd, record)
+            self._n += 1
+            kind = int(RECORD.unpack(record)[1])
+            if kind in NEWEST_KINDS:   # rare (not steps): one more small write
+                self._newest[NEWEST_KINDS.index(kind)] = self._n
+                os.pwrite(self._fd, _header(self._newest), 0)
         except OSError as e:
             print(f"events index {self.path}: {e}; the viewer will read events.jsonl instead", file=sys.stderr)
             self.close()
@@ -78,6 +90,10 @@ class IndexWriter:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def _header(newest: list[int]) -> bytes:
+    return HEADER.pack(MAGIC, VERSION, len(FIELDS), *newest)
 
 
 def open_index(events: Path, catch_up_bytes: int = CATCH_UP_BYTES) -> IndexWriter | None:
@@ -91,7 +107,7 @@ def open_index(events: Path, catch_up_bytes: int = CATCH_UP_BYTES) -> IndexWrite
         print(f"events index {path}: {e}; the viewer will read events.jsonl instead", file=sys.stderr)
         return None
     try:
-        covered = _repair(fd, events, size)
+        covered, n, newest = _repair(fd, events, size)
         if size - covered > catch_up_bytes:
             os.close(fd)
             return None
@@ -99,23 +115,37 @@ def open_index(events: Path, catch_up_bytes: int = CATCH_UP_BYTES) -> IndexWrite
             with open(events, "rb") as f:
                 f.seek(covered)
                 data = f.read(size - covered)
-            os.lseek(fd, 0, os.SEEK_END)
-            os.write(fd, index_lines(data, covered))
+            records = index_lines(data, covered)
+            at = HEADER.size + n * RECORD.size
+            n = _note_newest(records, n, newest)
+            # header first: killed before the records land, it points past the end (see _newest_ok)
+            os.pwrite(fd, _header(newest), 0)
+            os.pwrite(fd, records, at)
         os.lseek(fd, 0, os.SEEK_END)
-        return IndexWriter(path, fd)
+        return IndexWriter(path, fd, n, newest)
     except OSError as e:
         os.close(fd)
         print(f"events index {path}: {e}; the viewer will read events.jsonl instead", file=sys.stderr)
         return None
 
 
-def _repair(fd: int, events: Path, size: int) -> int:
+def _note_newest(records: bytes, n: int, newest: list[int]) -> int:
+    """Update `newest` with records numbered from n on; returns the new record count."""
+    for kind, in struct.iter_unpack("<8xd48x", records):
+        n += 1
+        if kind in NEWEST_KINDS:
+            newest[NEWEST_KINDS.index(int(kind))] = n
+    return n
+
+
+def _repair(fd: int, events: Path, size: int) -> tuple[int, int, list[int]]:
     """Cut a torn record; start over when the index does not match events.jsonl. Returns the
-    byte of events.jsonl the index now covers up to."""
+    byte of events.jsonl the index covers up to, its record count and newest-of-kind list."""
     isize = os.fstat(fd).st_size
     n = max(0, (isize - HEADER.size) // RECORD.size)
     head = os.pread(fd, HEADER.size, 0)
-    ok = len(head) == HEADER.size and HEADER.unpack(head)[:2] == (MAGIC, VERSION)
+    fields = HEADER.unpack(head) if len(head) == HEADER.size else None
+    ok = fields is not None and fields[:3] == (MAGIC, VERSION, len(FIELDS))
     end = 0
     if ok and n:
         last = os.pread(fd, RECORD.size, HEADER.size + (n - 1) * RECORD.size)
@@ -124,10 +154,29 @@ def _repair(fd: int, events: Path, size: int) -> int:
         ok = end <= size and line_matches(events, int(prev), end, last)
     if not ok:
         os.ftruncate(fd, 0)
-        os.pwrite(fd, HEADER.pack(MAGIC, VERSION, len(FIELDS)), 0)
-        return 0
+        os.pwrite(fd, _header([0] * len(NEWEST_KINDS)), 0)
+        return 0, 0, [0] * len(NEWEST_KINDS)
     os.ftruncate(fd, HEADER.size + n * RECORD.size)
-    return end
+    newest = list(fields[3:])
+    if not _newest_ok(fd, n, newest):
+        # killed between a record and its header update: count again (rare, one read)
+        newest = [0] * len(NEWEST_KINDS)
+        _note_newest(os.pread(fd, n * RECORD.size, HEADER.size), 0, newest)
+        os.pwrite(fd, _header(newest), 0)
+    return end, n, newest
+
+
+def _newest_ok(fd: int, n: int, newest: list[int]) -> bool:
+    """Every newest-of-kind entry points at a record of that kind, and no later record is one.
+
+    Live, the header is written after the record; catching up, before the records: either way
+    a kill in between leaves the last record newer than the header, or the header past the end.
+    """
+    for kind, p in zip(NEWEST_KINDS, newest):
+        if p > n or (p and RECORD.unpack(os.pread(fd, RECORD.size, HEADER.size + (p - 1) * RECORD.size))[1] != kind):
+            return False
+    last_kind = RECORD.unpack(os.pread(fd, RECORD.size, HEADER.size + (n - 1) * RECORD.size))[1] if n else None
+    return last_kind not in NEWEST_KINDS or newest[NEWEST_KINDS.index(int(last_kind))] == n
 
 
 def line_matches(events: Path, start: int, end: int, record: bytes) -> bool:

@@ -130,6 +130,10 @@ class MtApp(App[int]):
             # A small run is read before the first paint, so the first frame shows it; painting
             # an empty dashboard first would cost a second full layout. The worker reads the rest.
             self._show_update(self.watcher.poll())
+        elif self.watcher.open_quick():
+            # a big run with the engine's index: its newest state costs a few ms, so the first
+            # frame shows it too; the worker reads the whole history next
+            self._show_update(WatchUpdate(run=PollResult(changed=True)))
         self.follow()
         self.set_interval(self.redraw_s, self.render_frame)
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -18,7 +17,7 @@ from engine.events import RunPaths, as_float, read_json
 from tui.scan_cache import CACHE_DIR, has_cache, load_cache, save_cache  # noqa: F401 (re-exported)
 from tui.scan_columns import _NONSTEP, _STEP, CHUNK, COLS, Columns, ColumnScanner
 from tui.scan_index import index_end, load_index
-from tui.stream import CheckpointInfo, RunSeries, RunState, new_state, reduce_event, reduce_step
+from tui.stream import BulkResult, RunSeries, RunState, new_state, newest_checkpoint_dir, reduce_event, reduce_step
 
 QUICK_TAIL_BYTES = 2 << 20       # steps a quick read parses (~5000 step lines)
 QUICK_SCAN_BYTES = 16 << 20      # how far back a quick read looks for other events (~40k steps)
@@ -94,16 +93,6 @@ def fix_recent(st: RunState, path: Path, end: int, tail_bytes: int = 64 * 1024) 
 
 
 # ---------------------------------------------------------------- entry points
-
-
-@dataclass
-class BulkResult:
-    state: RunState
-    series: RunSeries | None
-    end: int            # events.jsonl bytes covered
-    ino: int
-    from_cache: int     # of which came from the cache
-    cached: bool        # a cache was written
 
 
 def bulk_read(run_dir: Path, keep_series: bool = True, write_cache: bool = True,
@@ -187,7 +176,7 @@ def _quick(run_dir: Path, tail_bytes: int | None, keep_series: bool) -> tuple[Ru
     fix_recent(state, paths.events, end)
     state.best_loss_partial = tail_start > 0
     if state.last_checkpoint is None and win_start > 0:
-        state.last_checkpoint = _newest_checkpoint_dir(paths)
+        state.last_checkpoint = newest_checkpoint_dir(paths)
     return state, end, series
 
 
@@ -213,20 +202,6 @@ def _head_run_start(paths: RunPaths, win_start: int) -> list[tuple[int, int, dic
         return [(0, 0, first)]
     # a later attempt started before the window: find it the slow way (every non-step event)
     return [(off, 0, ev) for off, ev in _nonstep_events(paths.events, 0, win_start)]
-
-
-def _newest_checkpoint_dir(paths: RunPaths) -> CheckpointInfo | None:
-    best = None
-    try:
-        for d in paths.checkpoints.glob("step-*"):
-            tail = d.name[5:]
-            if d.is_dir() and tail.isdigit() and (best is None or int(tail) > best[0]):
-                best = (int(tail), d)
-    except OSError:
-        return None
-    if best is None:
-        return None
-    return CheckpointInfo(step=best[0], path=str(best[1]), t=best[1].stat().st_mtime, reason="")
 
 
 def _nonstep_events(path: Path, start: int, end: int) -> Iterator[tuple[int, dict[str, Any]]]:

@@ -39,7 +39,7 @@ def index_end(paths: RunPaths) -> int:
 
 
 def _header_ok(head: bytes) -> bool:
-    return len(head) == HEADER.size and HEADER.unpack(head) == (MAGIC, VERSION, len(FIELDS))
+    return len(head) == HEADER.size and HEADER.unpack(head)[:3] == (MAGIC, VERSION, len(FIELDS))
 
 
 def load_index(paths: RunPaths) -> tuple[Columns, int] | None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.events import FINAL_STATES, JsonlTail, RunPaths, as_float, read_json
+from engine.events import FINAL_STATES, JsonlTail, RunPaths, as_float, checkpoint_step, read_json
 
 if TYPE_CHECKING:
     from tui.series import Series
@@ -172,6 +172,33 @@ class RunState:
         if self.started is None:
             return None
         return max(0.0, (self.ended or now) - self.started)
+
+
+@dataclass
+class BulkResult:
+    """A whole read of events.jsonl (or of its newest part) that a follower can adopt."""
+
+    state: RunState
+    series: RunSeries | None
+    end: int            # events.jsonl bytes covered
+    ino: int
+    from_cache: int     # of which came from an index or cache
+    cached: bool        # a cache was written
+
+
+def newest_checkpoint_dir(paths: RunPaths) -> CheckpointInfo | None:
+    """The newest `step-<S>` folder on disk (for a quick read that saw no checkpoint event)."""
+    best = None
+    try:
+        for d in paths.checkpoints.iterdir():
+            step = checkpoint_step(d.name)
+            if step is not None and d.is_dir() and (best is None or step > best[0]):
+                best = (step, d)
+        if best is None:
+            return None
+        return CheckpointInfo(step=best[0], path=str(best[1]), t=best[1].stat().st_mtime, reason="")
+    except OSError:
+        return None
 
 
 def new_state(run_dir: Path) -> RunState:

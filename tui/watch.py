@@ -17,6 +17,7 @@ from engine.events import JsonlTail
 from tui.stream import PollResult, RunFollower
 
 HISTORY = 60  # samples of GPU utilisation kept for the sparkline (1 per second)
+FIRST_PAINT_GRACE_S = 0.15     # measured: the first data frame reaches the terminal ~0.1 s after it is composed
 SYSTEM_TAIL_BYTES = 256 * 1024  # a 10-hour 8-GPU system.jsonl is ~70 MB; HISTORY samples fit in far less
 
 
@@ -102,6 +103,8 @@ class Watcher:
         self._live_checked = time.monotonic()
         self.history_ready = False     # the plots hold the whole file read so far
         self.frame_shown = threading.Event()  # set by the UI once a first frame is on screen
+        self._quick_shown = False      # a big run's newest state was adopted before its history
+        self._big_read = False         # a big run's whole history was read
 
     @property
     def paths(self):
@@ -132,21 +135,48 @@ class Watcher:
             n = 0
         return max(ws, n, 1)
 
+    def open_quick(self) -> bool:
+        """A big run's newest state from the engine's index, adopted now (a few ms, no numpy) so
+        the first frame can show it; True if there was one. The next poll reads the history."""
+        f = self.follower
+        if f.opened or not f.is_big():
+            return False
+        from tui.index_tail import quick_read_index
+        quick = quick_read_index(f.paths.root)
+        if quick is None:
+            return False
+        with self.lock:
+            f.adopt(quick)
+            f.poll()                # status, incidents and whatever was appended meanwhile
+        self._quick_shown = True
+        return True
+
     def open_big(self, on_quick: Callable[[], None]) -> None:
         """First read of a big events.jsonl: the newest state at once, then the full history.
 
-        The bulk read runs without the lock, so the UI keeps drawing the quick state meanwhile.
+        The newest state comes from the engine's index when there is one (unless `open_quick`
+        already took it), else from the file's tail unless the viewer's cache makes the full
+        read fast anyway. The bulk read runs without the lock, so the UI keeps drawing meanwhile.
         """
-        from tui.scan import has_fast_start, quick_read
         f = self.follower
-        if not has_fast_start(f.paths):
-            quick = quick_read(f.paths.root, keep_series=True)  # the newest steps plotted at once
-            with self.lock:
-                f.adopt(quick)
-                f.poll()            # status, incidents and whatever was appended meanwhile
-            on_quick()
-            # let the UI paint the header before the bulk scan competes with it for the GIL
+        if not self._quick_shown:
+            from tui.index_tail import quick_read_index
+            quick = quick_read_index(f.paths.root)
+            if quick is None:
+                from tui.scan import has_fast_start, quick_read
+                if not has_fast_start(f.paths):
+                    quick = quick_read(f.paths.root, keep_series=True)  # the newest steps plotted at once
+            if quick is not None:
+                with self.lock:
+                    f.adopt(quick)
+                    f.poll()
+                self._quick_shown = True
+                on_quick()
+        if self._quick_shown:
+            # let the UI paint the header before the bulk read competes with it for the GIL:
+            # `frame_shown` comes when the frame is composed; writing it out takes a moment more
             self.frame_shown.wait(2.0)
+            time.sleep(FIRST_PAINT_GRACE_S)
         bulk = f.bulk()
         with self.lock:
             f.adopt(bulk)
@@ -155,7 +185,8 @@ class Watcher:
     def poll(self, on_quick: Callable[[], None] | None = None) -> WatchUpdate:
         """Read everything new; `on_quick` is called once a big run's header state is ready."""
         f = self.follower
-        if not f.opened and f.is_big():
+        if (not f.opened or self._quick_shown) and not self._big_read and f.is_big():
+            self._big_read = True
             self.open_big(on_quick or (lambda: None))
         with self.lock:
             run = self.follower.poll()

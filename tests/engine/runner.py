@@ -13,7 +13,7 @@ from typing import Any
 import psutil
 
 from engine.config import config_from_dict
-from engine.eventindex import HEADER, RECORD, index_lines, index_path
+from engine.eventindex import HEADER, NEWEST_KINDS, RECORD, index_lines, index_path
 from engine.events import read_events
 
 REPO = Path(__file__).resolve().parents[2]
@@ -125,10 +125,15 @@ def logs(run: Path) -> str:
 def index_problem(events: Path) -> str | None:
     """None when events.idx is exactly the index a fresh read of events.jsonl would build."""
     data = events.read_bytes()
-    have = index_path(events).read_bytes()[HEADER.size:]
-    want = index_lines(data, 0)
+    raw = index_path(events).read_bytes()
+    have, want = raw[HEADER.size:], index_lines(data, 0)
     if have == want:
-        return None
+        newest = {k: 0 for k in NEWEST_KINDS}
+        for i, rec in enumerate(RECORD.iter_unpack(want), start=1):
+            if rec[1] in newest:
+                newest[int(rec[1])] = i
+        header = list(HEADER.unpack(raw[:HEADER.size])[3:])
+        return None if header == list(newest.values()) else f"newest of each kind {header} != {list(newest.values())}"
     for i in range(0, max(len(have), len(want)), RECORD.size):
         a, b = have[i:i + RECORD.size], want[i:i + RECORD.size]
         if a != b:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from engine.eventindex import HEADER, KIND_BAD, RECORD, IndexWriter, index_path, open_index
+from engine.eventindex import HEADER, KIND_BAD, MAGIC, RECORD, VERSION, IndexWriter, index_path, open_index
 from engine.events import EventWriter, read_events
 
 from .runner import index_problem
@@ -96,10 +96,30 @@ def test_a_failed_index_write_stops_the_index_not_the_run(tmp_path, capfd):
     w = EventWriter(ev)
     emit_steps(w, range(1, 3))
     w._index.close()
-    w._index = IndexWriter(Path("/dev/full"), os.open("/dev/full", os.O_WRONLY))  # ENOSPC on every write
+    w._index = IndexWriter(Path("/dev/full"), os.open("/dev/full", os.O_WRONLY), 0, [0] * 6)  # ENOSPC on every write
     emit_steps(w, range(3, 6))
     w.close()
     assert "/dev/full" in capfd.readouterr().err
     assert [e["step"] for e in read_events(ev)] == [1, 2, 3, 4, 5]
     EventWriter(ev).close()                     # the next writer catches the index up
+    assert index_problem(ev) is None
+
+
+def test_the_header_names_the_newest_record_of_each_kind_even_after_a_kill(tmp_path):
+    ev = tmp_path / "events.jsonl"
+    w = EventWriter(ev)
+    w.emit("checkpoint", step=0, path="c0", bytes=1, seconds=0.1, reason="interval", request_id=None)
+    emit_steps(w, range(1, 4))
+    w.emit("eval", step=3, val_loss=1.0)
+    w.emit("checkpoint", step=3, path="c3", bytes=1, seconds=0.1, reason="interval", request_id=None)
+    w.close()
+    assert index_problem(ev) is None
+    idx = index_path(ev)
+    stale = HEADER.pack(MAGIC, VERSION, 8, 0, 5, 1, 0, 0, 0)   # killed before the header named record 6
+    idx.write_bytes(stale + idx.read_bytes()[HEADER.size:])
+    EventWriter(ev).close()
+    assert index_problem(ev) is None
+    ahead = HEADER.pack(MAGIC, VERSION, 8, 0, 5, 99, 0, 0, 0)  # killed catching up: header written, records not
+    idx.write_bytes(ahead + idx.read_bytes()[HEADER.size:])
+    EventWriter(ev).close()
     assert index_problem(ev) is None

@@ -324,16 +324,27 @@ async def test_big_run_shows_the_newest_state_first_then_the_whole_history(tmp_p
 async def test_big_run_with_the_engine_index_opens_with_its_whole_history(tmp_path, monkeypatch):
     from engine.eventindex import open_index
     from tests.tui.synth import finished_run
-    from tui import scan, stream
+    from tui import index_tail, scan, stream
 
     finished_run(tmp_path, steps=400)
     open_index(tmp_path / "events.jsonl").close()
     ref = load_run_state(tmp_path)
     monkeypatch.setattr(stream, "BULK_MIN_BYTES", 1000)
-    monkeypatch.setattr(scan, "quick_read", lambda *a, **kw: pytest.fail("the index makes a quick read pointless"))
+    monkeypatch.setattr(index_tail, "TAIL_RECORDS", 50)
+    monkeypatch.setattr(scan, "quick_read", lambda *a, **kw: pytest.fail("the index has the newest state"))
+    quick_steps: list[int] = []
+    real_quick = index_tail.quick_read_index
+
+    def spy(*a, **kw):
+        res = real_quick(*a, **kw)
+        quick_steps.append(res.state.step)
+        return res
+
+    monkeypatch.setattr(index_tail, "quick_read_index", spy)
     app = make_app(tmp_path, ref.ended)
     async with app.run_test(size=(140, 44)) as pilot:
         await wait_for(pilot, app.settled, 20)
-        assert len(app.watcher.follower.series.loss) == 400
+        assert quick_steps == [400]                             # the newest state came first, from the index
+        assert len(app.watcher.follower.series.loss) == 400     # then the whole history
         assert f"best {fmt_num(ref.best_loss)}" in text_of(app, "#header")
         assert not (tmp_path / scan.CACHE_DIR).exists()         # nothing to cache: the index covers it

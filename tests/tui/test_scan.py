@@ -234,3 +234,34 @@ def test_watch_once_is_exact_from_the_index(tmp_path, monkeypatch):
     same(ref, st)
     assert not st.best_loss_partial
     assert not (tmp_path / CACHE_DIR).exists()     # the index made the viewer's cache unnecessary
+
+
+def test_quick_state_from_the_index_tail_is_the_newest_state(tmp_path, monkeypatch):
+    from tui import index_tail
+    messy_run(tmp_path)
+    indexed(tmp_path)
+    ref = reference(tmp_path).state
+    monkeypatch.setattr(index_tail, "TAIL_RECORDS", 40)   # the newest run_start, eval, checkpoint... lie before it
+    q = index_tail.quick_read_index(tmp_path)
+    assert q.series is None and q.end == os.path.getsize(tmp_path / "events.jsonl")
+    st = q.state
+    for name in ("step", "loss", "lr", "grad_norm", "tokens_per_s", "step_time_s", "attempt", "state", "world_size",
+                 "device", "precision", "effective_batch", "max_steps", "start_step", "val_loss", "val_loss_step",
+                 "run_end_status"):
+        assert getattr(st, name) == getattr(ref, name), name
+    assert st.last_checkpoint.step == ref.last_checkpoint.step and st.eta_s() == pytest.approx(ref.eta_s())
+    assert st.best_loss_partial and st.best_loss >= ref.best_loss
+    monkeypatch.setattr(index_tail, "TAIL_RECORDS", 10_000)  # the whole file: exact
+    whole = index_tail.quick_read_index(tmp_path).state
+    assert not whole.best_loss_partial and whole.best_loss == ref.best_loss
+
+
+def test_quick_state_from_the_index_refuses_an_index_of_other_contents(tmp_path):
+    from tui import index_tail
+    messy_run(tmp_path)
+    indexed(tmp_path)
+    other = tmp_path / "other"
+    finished_run(other, steps=300)
+    os.replace(other / "events.jsonl", tmp_path / "events.jsonl")
+    assert index_tail.quick_read_index(tmp_path) is None
+    assert index_tail.quick_read_index(other) is None          # no index at all

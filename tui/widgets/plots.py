@@ -94,13 +94,14 @@ class MetricPlot(Widget, can_focus=True):
         """Rebuild the plotext figure if anything it shows changed; True if it did."""
         width = max(1, self.size.width - AXIS_COLS)
         view = (width, self.size.height, weight, logy, self.hline)
-        key = (tuple(c.series.version for c in self.curves), view)
+        key = (tuple(c.series.version for c in self.curves), view, tuple(c.series.generation for c in self.curves))
         if key == self._key and not force:
             return False
         now = time.monotonic()
-        # New data alone waits its turn: a plotext build costs tens of ms, so data-driven
-        # redraws are spaced to keep the viewer's CPU small. Key presses and resizes are immediate.
-        if not force and self._key is not None and self._key[1] == view and \
+        # New points alone wait their turn: a plotext build costs tens of ms, so data-driven
+        # redraws are spaced to keep the viewer's CPU small. Key presses, resizes and a new
+        # history (a big run's full read replacing its newest steps, a resumed attempt) are immediate.
+        if not force and self._key is not None and self._key[1:] == key[1:] and \
                 now - self._last_draw < max(self.min_interval_s, 25 * self.build_s):
             return False
         self._key, self._last_draw = key, now
