@@ -29,7 +29,7 @@ def run_row(path: Path, now: float | None = None) -> RunRow:
     if not is_run_dir(path):
         return RunRow(path.name, "(not a run)")
     try:
-        st = load_run_state(path)
+        st = load_run_state(path, exact_best=False)   # ls shows no best loss
         state = effective_state(st.status) if st.status else "(no status)"
         total = "?" if st.max_steps is None else str(st.max_steps)
         return RunRow(
@@ -69,7 +69,7 @@ def run_summary(run_dir: Path) -> str:
 
 def last_checkpoint_line(run_dir: Path) -> str:
     """`final checkpoint at step S: PATH` (or that there is none)."""
-    st = load_run_state(Path(run_dir))
+    st = load_run_state(Path(run_dir), exact_best=False)
     ck = st.last_checkpoint
     if ck is None:
         return "no checkpoint was written"

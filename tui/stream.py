@@ -437,18 +437,26 @@ class RunFollower:
 BULK_MIN_BYTES = 4 << 20
 
 
-def load_run_state(run_dir: Path) -> RunState:
+def load_run_state(run_dir: Path, exact_best: bool = True) -> RunState:
     """The current state of a run, read once (no plot history kept); fast on huge files.
 
     A big events.jsonl is read from the engine's index or the viewer's cache when one covers
     it, else tail-first: every non-step event plus the newest steps (best loss then says it
-    is partial).
+    is partial). Without `exact_best` (`mt ls`), a big run with an index is read from the
+    index's tail only: a few ms and no numpy, best loss partial.
     """
     follower = RunFollower(Path(run_dir), keep_series=False, write_cache=False)
     if follower.is_big():
-        from tui.scan import has_fast_start, quick_read
-        if not has_fast_start(follower.paths):
-            follower.adopt(quick_read(follower.paths.root))
+        quick = None
+        if not exact_best:
+            from tui.index_tail import quick_read_index
+            quick = quick_read_index(follower.paths.root)
+        if quick is None:
+            from tui.scan import has_fast_start, quick_read
+            if not has_fast_start(follower.paths):
+                quick = quick_read(follower.paths.root)
+        if quick is not None:
+            follower.adopt(quick)
     follower.poll()
     return follower.state
 

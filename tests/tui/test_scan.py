@@ -265,3 +265,22 @@ def test_quick_state_from_the_index_refuses_an_index_of_other_contents(tmp_path)
     os.replace(other / "events.jsonl", tmp_path / "events.jsonl")
     assert index_tail.quick_read_index(tmp_path) is None
     assert index_tail.quick_read_index(other) is None          # no index at all
+
+
+def test_mt_ls_reads_a_big_indexed_run_from_the_index_tail_without_numpy(tmp_path):
+    import subprocess
+    import sys
+    r = SynthRun(tmp_path / "big", max_steps=20_000)
+    r.run_start()
+    for s in range(1, 16_001):
+        r.step(s)
+    r.flush()
+    r.status("running")
+    assert os.path.getsize(r.paths.events) > stream.BULK_MIN_BYTES
+    indexed(r.root)
+    ref = reference(r.root).state
+    code = ("import sys; from pathlib import Path; from tui.runinfo import run_row; row = run_row(Path(sys.argv[1])); "
+            "print(row.step, row.loss, row.attempt, 'numpy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(r.root)], capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__)))).stdout.split()
+    assert out == [f"{ref.step}/20000", f"{ref.loss:.4f}", str(ref.attempt), "False"]
