@@ -41,10 +41,16 @@ def encode(ev: dict[str, Any] | None, end: int) -> bytes:
     """The record of one line: `end` is the byte offset just past its newline."""
     if ev is None:
         return RECORD.pack(end, KIND_BAD, *([float("nan")] * 6))
-    kind = KIND_CODES.get(ev.get("kind"), KIND_OTHER)
+    kind = kind_code(ev)
     loss = ev.get("val_loss") if kind == KIND_CODES["eval"] else ev.get("loss")
     return RECORD.pack(end, kind, _num(ev.get("step")), _num(ev.get("t")), _num(loss),
                        _num(ev.get("lr")), _num(ev.get("grad_norm")), _num(ev.get("tokens_per_s")))
+
+
+def kind_code(ev: dict[str, Any]) -> int:
+    """The record kind of a parsed event (any JSON: a line may come from elsewhere)."""
+    kind = ev.get("kind")
+    return KIND_CODES.get(kind, KIND_OTHER) if isinstance(kind, str) else KIND_OTHER
 
 
 def _num(v: Any) -> float:

@@ -150,7 +150,10 @@ def _finite(obj: Any) -> Any:
 def as_float(value: Any) -> float:
     """A numeric event field as float, turning the "nan"/"inf" strings back into floats."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an integer beyond float range (a line from elsewhere)
+            return float("inf") if value > 0 else float("-inf")
     if isinstance(value, str):
         try:
             return float(value)

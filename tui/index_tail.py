@@ -12,8 +12,8 @@ import os
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from engine.eventindex import (FIELDS, HEADER, KIND_BAD, KIND_CODES, KIND_OTHER, MAGIC, RECORD, VERSION,
-                               index_path, line_matches)
+from engine.eventindex import (FIELDS, HEADER, KIND_BAD, KIND_CODES, MAGIC, RECORD, VERSION, index_path, kind_code,
+                               line_matches)
 from engine.events import RunPaths
 from tui.stream import BulkResult, RunState, new_state, reduce_event
 
@@ -98,7 +98,7 @@ def _replay(paths: RunPaths, items: list[tuple[int, int, Record]]) -> RunState |
                     ev = json.loads(f.read(int(rec[0]) - start))
                 except ValueError:
                     return None
-                if not isinstance(ev, dict) or KIND_CODES.get(ev.get("kind"), KIND_OTHER) != kind:
+                if not isinstance(ev, dict) or kind_code(ev) != kind:
                     return None
             reduce_event(state, ev)
     return state

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from engine.events import RunPaths, as_float, read_json
+from engine.events import RunPaths, read_json
 from tui.scan_cache import CACHE_DIR, has_cache, load_cache, save_cache  # noqa: F401 (re-exported)
 from tui.scan_columns import _NONSTEP, _STEP, CHUNK, COLS, Columns, ColumnScanner
 from tui.scan_index import index_end, load_index
@@ -33,15 +33,12 @@ def replay(run_dir: Path, cols: Columns, keep_series: bool = True) -> tuple[RunS
     m = cols.matrix()
     prev = 0
     for _, k, ev in cols.events:
-        kind = ev.get("kind")
-        if kind == "run_start":
+        if ev.get("kind") == "run_start":
             # only a new attempt interacts with the step rows: apply those before it in one go
             _apply_rows(st, series, m[prev:k])
             prev = k
-            if series is not None:
-                series.truncate_after(float(ev.get("start_step") or 0))
-        elif kind == "eval" and series is not None:
-            series.val_loss.append(float(ev.get("step") or 0), as_float(ev.get("val_loss")))
+        if series is not None:
+            series.add_event(ev)
         reduce_event(st, ev)
     _apply_rows(st, series, m[prev:])
     st.bad_lines = cols.bad_lines
@@ -53,20 +50,25 @@ def _apply_rows(st: RunState, series: RunSeries | None, rows: np.ndarray) -> Non
         return
     x = rows[:, 0]
     if series is not None:
+        plotted = rows if np.isfinite(x).all() else rows[np.isfinite(x)]  # as RunSeries.add_step
         for j, name in enumerate(COLS[1:], start=1):
-            getattr(series, name).extend(x, rows[:, j])
+            getattr(series, name).extend(plotted[:, 0], plotted[:, j])
     loss = rows[:, 1]
     fin = np.isfinite(loss)
     if fin.any():
         i = int(np.argmin(np.where(fin, loss, np.inf)))
         if st.best_loss is None or loss[i] < st.best_loss:
-            st.best_loss, st.best_loss_step = float(loss[i]), int(x[i])
+            st.best_loss, st.best_loss_step = float(loss[i]), _step(x[i])
     last = rows[-1]
     st.n_steps += len(rows)
-    st.step = int(last[0])
+    st.step = _step(last[0])
     st.loss, st.lr, st.grad_norm = (float(v) for v in last[1:4])
     if st.state == "starting":
         st.state = "running"
+
+
+def _step(x: float) -> int | None:
+    return int(x) if np.isfinite(x) else None   # a step beyond float range came from elsewhere
 
 
 def fix_recent(st: RunState, path: Path, end: int, tail_bytes: int = 64 * 1024) -> None:

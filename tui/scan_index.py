@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from engine.eventindex import FIELDS, HEADER, KIND_BAD, KIND_CODES, KIND_OTHER, MAGIC, RECORD, VERSION, index_path, line_matches
+from engine.eventindex import (FIELDS, HEADER, KIND_BAD, KIND_CODES, MAGIC, RECORD, VERSION, index_path, kind_code,
+                               line_matches)
 from engine.events import RunPaths
 from tui.scan_columns import COLS, Columns
 
@@ -95,7 +96,7 @@ def _events_at(paths: RunPaths, m: np.ndarray, starts: np.ndarray, rows: np.ndar
                 ev = json.loads(f.read(int(m[i, 0]) - start))
             except ValueError:
                 return None
-            if not isinstance(ev, dict) or KIND_CODES.get(ev.get("kind"), KIND_OTHER) != m[i, _COL["kind"]]:
+            if not isinstance(ev, dict) or kind_code(ev) != m[i, _COL["kind"]]:
                 return None
             out.append((start, k, ev))
     return out

@@ -88,11 +88,29 @@ class RunSeries:
             s.replace(other.all()[name])
 
     def add_step(self, ev: dict[str, Any]) -> None:
-        x = float(ev.get("step") or 0)
+        x = _plot_x(ev.get("step"))
+        if x is None:
+            return      # no usable step: nowhere to draw it (the reducer still counts it)
         self.loss.append(x, as_float(ev.get("loss")))
         self.lr.append(x, as_float(ev.get("lr")))
         self.grad_norm.append(x, as_float(ev.get("grad_norm")))
         self.tokens_per_s.append(x, as_float(ev.get("tokens_per_s")))
+
+    def add_event(self, ev: dict[str, Any]) -> None:
+        """A non-step event: a new attempt drops what followed its checkpoint; an eval adds a point."""
+        kind = ev.get("kind")
+        if kind == "run_start":
+            self.truncate_after(_plot_x(ev.get("start_step")) or 0.0)
+        elif kind == "eval":
+            x = _plot_x(ev.get("step"))
+            if x is not None:
+                self.val_loss.append(x, as_float(ev.get("val_loss")))
+
+
+def _plot_x(v: Any) -> float | None:
+    """An event's step as a plot x: finite, else None."""
+    x = as_float(v)
+    return x if math.isfinite(x) else None
 
 
 @dataclass
@@ -216,7 +234,11 @@ def new_state(run_dir: Path) -> RunState:
 
 
 def _int(v: Any) -> int | None:
-    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v                # even one beyond float range (a line from elsewhere)
+    return int(v) if isinstance(v, float) and math.isfinite(v) else None
 
 
 def _num(v: Any) -> float | None:
@@ -416,10 +438,7 @@ class RunFollower:
                 self.series.add_step(ev)
             return
         if self.series is not None:
-            if kind == "run_start":
-                self.series.truncate_after(_int(ev.get("start_step")) or 0)
-            elif kind == "eval":
-                self.series.val_loss.append(float(ev.get("step") or 0), as_float(ev.get("val_loss")))
+            self.series.add_event(ev)
         reduce_event(self.state, ev)
         res.new_events.append(ev)
 

@@ -123,3 +123,17 @@ def test_the_header_names_the_newest_record_of_each_kind_even_after_a_kill(tmp_p
     idx.write_bytes(ahead + idx.read_bytes()[HEADER.size:])
     EventWriter(ev).close()
     assert index_problem(ev) is None
+
+
+def test_lines_from_elsewhere_are_indexed_without_failing_the_writer(tmp_path):
+    ev = tmp_path / "events.jsonl"
+    ev.write_text('{"v":1,"t":1,"kind":["not","a","string"],"step":1}\n'
+                  '{"v":1,"t":2,"kind":"step","step":' + "9" * 400 + ',"loss":"nan","lr":true}\n'
+                  '[1,2,3]\n\n{"v":1,"t":3,"kind":"eval","step":"x","val_loss":1e400}\n')
+    w = EventWriter(ev)
+    emit_steps(w, range(1, 3))
+    w.close()
+    assert index_problem(ev) is None
+    recs = list(RECORD.iter_unpack(index_path(ev).read_bytes()[HEADER.size:]))
+    assert [r[1] for r in recs] == [7, 0, KIND_BAD, 2, 0, 0]
+    assert recs[1][2] == float("inf") and recs[3][4] == float("inf")

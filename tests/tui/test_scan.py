@@ -284,3 +284,25 @@ def test_mt_ls_reads_a_big_indexed_run_from_the_index_tail_without_numpy(tmp_pat
     out = subprocess.run([sys.executable, "-c", code, str(r.root)], capture_output=True, text=True, check=True,
                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__)))).stdout.split()
     assert out == [f"{ref.step}/20000", f"{ref.loss:.4f}", str(ref.attempt), "False"]
+
+
+def test_lines_from_elsewhere_never_break_any_reader(tmp_path):
+    from engine.events import EventWriter
+    from tui.index_tail import quick_read_index
+    r = SynthRun(tmp_path)
+    r.run_start()
+    r.step(1)
+    r.lines += ['{"v":1,"t":1,"kind":["a"],"step":1}', '[1,2]',
+                '{"v":1,"t":2,"kind":"step","step":' + "9" * 400 + ',"loss":"nan","lr":true}',
+                '{"v":1,"t":3,"kind":"eval","step":"x","val_loss":1e400}', '{"v":1,"t":4,"kind":"step","step":"y"}']
+    r.step(2)
+    r.flush()
+    EventWriter(r.paths.events).close()        # an engine writer indexes what it finds
+    ref = reference(tmp_path)
+    bulk = bulk_read(tmp_path, write_cache=False)
+    quick = quick_read_index(tmp_path).state
+    assert bulk.from_cache == bulk.end           # the index covered the odd lines too
+    for st in (ref.state, bulk.state, quick):
+        assert st.step == 2 and st.bad_lines == 1 and st.val_loss == float("inf")
+    same_series(ref, bulk.series)
+    assert ref.series.loss.arrays()[0].tolist() == [1.0, 2.0]   # no point without a usable step
