@@ -60,7 +60,7 @@ def load_index(paths: RunPaths) -> tuple[Columns, int] | None:
     if not n or not np.all(np.diff(m[:, 0]) > 0):
         return None
     starts = np.concatenate(([0.0], m[:-1, 0]))
-    for i in np.unique(np.linspace(0, n - 1, SPOT_CHECKS).astype(int)):
+    for i in sorted({round(v) for v in np.linspace(0, n - 1, SPOT_CHECKS).tolist()}):
         if not line_matches(paths.events, int(starts[i]), int(m[i, 0]), m[i].tobytes()):
             return None
     kind = m[:, _COL["kind"]]
