@@ -39,6 +39,16 @@ def make_app(run_dir, now: float | None = None) -> MtApp:
         MtApp(run_dir, poll_s=0.05, redraw_s=0.05)
 
 
+def running_run(tmp_path) -> SynthRun:
+    """A live-looking run: one step written, status running."""
+    r = SynthRun(tmp_path)
+    r.run_start()
+    r.step(1)
+    r.flush()
+    r.status("running")
+    return r
+
+
 async def loaded(pilot) -> None:
     await wait_for(pilot, lambda: pilot.app.loaded)
     await pilot.pause(0.2)  # one redraw after the first update
@@ -182,11 +192,7 @@ async def test_t_swaps_the_learning_rate_plot_for_tokens_per_s_and_back(fixture_
 
 
 async def test_kill_asks_and_no_cancels(tmp_path):
-    r = SynthRun(tmp_path)
-    r.run_start()
-    r.step(1)
-    r.flush()
-    r.status("running")
+    running_run(tmp_path)
     app = make_app(tmp_path)
     async with app.run_test(size=(140, 44)) as pilot:
         await loaded(pilot)
@@ -224,11 +230,7 @@ async def test_follows_appended_events_live_and_counts_garbage(tmp_path):
 
 
 async def test_run_whose_supervisor_is_gone_is_shown_lost(tmp_path):
-    r = SynthRun(tmp_path)
-    r.run_start()
-    r.step(1)
-    r.flush()
-    r.status("running")
+    r = running_run(tmp_path)
     st = json.loads(r.paths.status.read_text())
     st["supervisor_pid"] = 2**22 + 12345           # above pid_max: never a live process
     r.paths.status.write_text(json.dumps(st))
@@ -268,11 +270,7 @@ def test_fixture_incidents_file_matches_schema():
 
 
 async def test_answers_to_our_requests_are_notified_in_any_order(tmp_path):
-    r = SynthRun(tmp_path)
-    r.run_start()
-    r.step(1)
-    r.flush()
-    r.status("running")
+    r = running_run(tmp_path)
     app = make_app(tmp_path)
     async with app.run_test(size=(140, 44)) as pilot:
         await loaded(pilot)
