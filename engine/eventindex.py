@@ -102,6 +102,14 @@ def _header(newest: list[int]) -> bytes:
     return HEADER.pack(MAGIC, VERSION, len(FIELDS), *newest)
 
 
+def read_header(head: bytes) -> list[int] | None:
+    """The newest-of-kind list of a header this version writes; None for anything else."""
+    if len(head) != HEADER.size:
+        return None
+    fields = HEADER.unpack(head)
+    return list(fields[3:]) if fields[:3] == (MAGIC, VERSION, len(FIELDS)) else None
+
+
 def open_index(events: Path, catch_up_bytes: int = CATCH_UP_BYTES) -> IndexWriter | None:
     """The index of `events`, repaired to cover every complete line of it; None if that would
     mean re-reading more than `catch_up_bytes` (readers then scan the uncovered rest)."""
@@ -149,13 +157,12 @@ def _repair(fd: int, events: Path, size: int) -> tuple[int, int, list[int]]:
     byte of events.jsonl the index covers up to, its record count and newest-of-kind list."""
     isize = os.fstat(fd).st_size
     n = max(0, (isize - HEADER.size) // RECORD.size)
-    head = os.pread(fd, HEADER.size, 0)
-    fields = HEADER.unpack(head) if len(head) == HEADER.size else None
-    ok = fields is not None and fields[:3] == (MAGIC, VERSION, len(FIELDS))
+    newest = read_header(os.pread(fd, HEADER.size, 0))
+    ok = newest is not None
     end = 0
     if ok and n:
-        last = os.pread(fd, RECORD.size, HEADER.size + (n - 1) * RECORD.size)
-        prev = RECORD.unpack(os.pread(fd, RECORD.size, HEADER.size + (n - 2) * RECORD.size))[0] if n > 1 else 0
+        last = _raw_record(fd, n - 1)
+        prev = RECORD.unpack(_raw_record(fd, n - 2))[0] if n > 1 else 0
         end = int(RECORD.unpack(last)[0])
         ok = end <= size and line_matches(events, int(prev), end, last)
     if not ok:
@@ -163,7 +170,6 @@ def _repair(fd: int, events: Path, size: int) -> tuple[int, int, list[int]]:
         os.pwrite(fd, _header([0] * len(NEWEST_KINDS)), 0)
         return 0, 0, [0] * len(NEWEST_KINDS)
     os.ftruncate(fd, HEADER.size + n * RECORD.size)
-    newest = list(fields[3:])
     if not _newest_ok(fd, n, newest):
         # killed between a record and its header update: count again (rare, one read)
         newest = [0] * len(NEWEST_KINDS)
@@ -179,10 +185,14 @@ def _newest_ok(fd: int, n: int, newest: list[int]) -> bool:
     a kill in between leaves the last record newer than the header, or the header past the end.
     """
     for kind, p in zip(NEWEST_KINDS, newest):
-        if p > n or (p and RECORD.unpack(os.pread(fd, RECORD.size, HEADER.size + (p - 1) * RECORD.size))[1] != kind):
+        if p > n or (p and RECORD.unpack(_raw_record(fd, p - 1))[1] != kind):
             return False
-    last_kind = RECORD.unpack(os.pread(fd, RECORD.size, HEADER.size + (n - 1) * RECORD.size))[1] if n else None
+    last_kind = RECORD.unpack(_raw_record(fd, n - 1))[1] if n else None
     return last_kind not in NEWEST_KINDS or newest[NEWEST_KINDS.index(int(last_kind))] == n
+
+
+def _raw_record(fd: int, i: int) -> bytes:
+    return os.pread(fd, RECORD.size, HEADER.size + i * RECORD.size)
 
 
 def line_matches(events: Path, start: int, end: int, record: bytes) -> bool:

@@ -160,6 +160,18 @@ def ls_runs(
     typer.echo(runs_table(runs_dir))
 
 
+def _ask(run_dir: Path, action: str, timeout: float) -> tuple[str, Answer]:
+    """Send a control request and wait for the engine's answer; a run that cannot take one fails."""
+    from tui.control import ControlError, send_request, wait_answer
+    from tui.runs import NotARunError
+
+    try:
+        request_id = send_request(run_dir, action)
+    except (NotARunError, ControlError) as e:
+        fail(str(e))
+    return request_id, wait_answer(run_dir, request_id, timeout)
+
+
 def _answer_line(answer: Answer) -> str:
     ck = answer.checkpoint
     if answer.status == "done" and ck:
@@ -180,14 +192,7 @@ def ckpt(
     \b
         mt ckpt runs/tiny-cpu-20260101-120000
     """
-    from tui.control import ControlError, send_request, wait_answer
-    from tui.runs import NotARunError
-
-    try:
-        request_id = send_request(run_dir, "checkpoint")
-    except (NotARunError, ControlError) as e:
-        fail(str(e))
-    answer = wait_answer(run_dir, request_id, timeout)
+    request_id, answer = _ask(run_dir, "checkpoint", timeout)
     if answer.status == "timeout":
         fail(f"{run_dir}: no answer to {request_id} within {timeout:g} s", RUN_FAILED)
     typer.echo(_answer_line(answer))
@@ -209,16 +214,11 @@ def stop(
     """
     import time
 
-    from tui.control import ControlError, send_request, wait_answer, wait_final
+    from tui.control import wait_final
     from tui.runinfo import last_checkpoint_line
-    from tui.runs import NotARunError
 
     t0 = time.monotonic()
-    try:
-        request_id = send_request(run_dir, "stop")
-    except (NotARunError, ControlError) as e:
-        fail(str(e))
-    answer = wait_answer(run_dir, request_id, timeout)
+    _, answer = _ask(run_dir, "stop", timeout)
     if answer.status == "rejected":
         fail(f"stop rejected: {answer.detail}", RUN_FAILED)
     status = wait_final(run_dir, max(1.0, timeout - (time.monotonic() - t0)))

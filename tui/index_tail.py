@@ -12,8 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from engine.eventindex import (FIELDS, HEADER, KIND_BAD, KIND_CODES, MAGIC, RECORD, VERSION, index_path, kind_code,
-                               line_matches)
+from engine.eventindex import HEADER, KIND_BAD, KIND_CODES, RECORD, index_path, kind_code, line_matches, read_header
 from engine.events import RunPaths
 from tui.stream import BulkResult, RunState, new_state, reduce_event
 
@@ -49,14 +48,14 @@ def quick_read_index(run_dir: Path) -> BulkResult | None:
 
 def _pick_records(f: BinaryIO) -> dict[int, tuple[int, Record]] | None:
     """Record number -> (start of its line, record): the tail and the newest of each kind."""
-    fields = HEADER.unpack(f.read(HEADER.size))
-    if fields[:3] != (MAGIC, VERSION, len(FIELDS)):
+    newest = read_header(f.read(HEADER.size))
+    if newest is None:
         return None
     n = (os.fstat(f.fileno()).st_size - HEADER.size) // RECORD.size
     if n <= 0:
         return None
     picked = _records(f, max(0, n - TAIL_RECORDS), n)
-    for p in fields[3:]:
+    for p in newest:
         if 0 < p <= n and p - 1 not in picked:
             picked.update(_records(f, p - 1, p))
     return picked

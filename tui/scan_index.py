@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from engine.eventindex import (FIELDS, HEADER, KIND_BAD, KIND_CODES, MAGIC, RECORD, VERSION, index_path, kind_code,
-                               line_matches)
+from engine.eventindex import (FIELDS, HEADER, KIND_BAD, KIND_CODES, RECORD, index_path, kind_code, line_matches,
+                               read_header)
 from engine.events import RunPaths
 from tui.scan_columns import COLS, Columns
 
@@ -27,7 +27,7 @@ def index_end(paths: RunPaths) -> int:
     try:
         size = os.stat(paths.events).st_size
         with open(index_path(paths.events), "rb") as f:
-            if not _header_ok(f.read(HEADER.size)):
+            if read_header(f.read(HEADER.size)) is None:
                 return 0
             n = (os.fstat(f.fileno()).st_size - HEADER.size) // RECORD.size
             if n <= 0:
@@ -39,16 +39,12 @@ def index_end(paths: RunPaths) -> int:
     return end if end <= size else 0
 
 
-def _header_ok(head: bytes) -> bool:
-    return len(head) == HEADER.size and HEADER.unpack(head)[:3] == (MAGIC, VERSION, len(FIELDS))
-
-
 def load_index(paths: RunPaths) -> tuple[Columns, int] | None:
     """Columns and events of the part of events.jsonl the index covers, and where it ends."""
     try:
         size = os.stat(paths.events).st_size
         with open(index_path(paths.events), "rb") as f:
-            if not _header_ok(f.read(HEADER.size)):
+            if read_header(f.read(HEADER.size)) is None:
                 return None
             m = np.fromfile(f, dtype="<f8")     # one copy straight into the array
     except (OSError, ValueError):
