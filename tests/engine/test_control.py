@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 
 import pytest
 import torch
 
-from .runner import events, logs, make_run, start, wait_for
+from .runner import events, logs, make_run, run_engine, start, wait_for
 
 SLOW_STEPS = {"train": {"max_steps": 400}, "faults": {"step_sleep_s": 0.02}}
 
@@ -60,3 +61,68 @@ def test_sigterm_to_torchrun_is_a_graceful_stop(tmp_path):
     last = events(run, "checkpoint")[-1]
     assert last["reason"] == "stop" and last["step"] == end["step"]
     assert (run / f"checkpoints/step-{end['step']}/manifest.json").exists()
+
+
+HOSTILE = {
+    "t-str.json": '{"id": "b", "action": "checkpoint", "t": "soon"}',
+    "t-null.json": '{"id": "c", "action": "checkpoint", "t": null}',
+    "t-nan.json": '{"id": "d", "action": "stop", "t": NaN}',
+    "id-dict.json": '{"id": {"x": 1}, "action": "stop", "t": 1}',
+    "list.json": "[1, 2]",
+    "deep.json": "[" * 100000,
+    "notes.txt": "hello",
+}
+
+
+def _plant_hostile(run, outside) -> None:
+    control = run / "control"
+    control.mkdir(exist_ok=True)
+    for name, text in HOSTILE.items():
+        (control / name).write_text(text)
+    outside.write_text(json.dumps({"id": "outside", "action": "stop", "t": 1.0}))
+    (control / "link.json").symlink_to(outside)
+    (control / "folder.json").mkdir()
+    os.mkfifo(control / "fifo.json")
+
+
+def test_inbox_rejects_every_hostile_entry_and_empties_itself(tmp_path):
+    from engine.control import ControlInbox
+
+    run = tmp_path / "run"
+    run.mkdir()
+    _plant_hostile(run, tmp_path / "outside.json")
+    (run / "control" / "ok.json").write_text(json.dumps({"id": "ok", "action": "checkpoint", "t": 5}))
+    inbox = ControlInbox(run / "control")
+    polled = inbox.poll()
+    assert [r.id for r in polled.requests] == ["ok"]
+    why = {rid: detail for rid, _action, detail in polled.rejected}
+    assert len(polled.rejected) == len(HOSTILE) + 3
+    assert "t must be a number" in why["b"] and "t must be a number" in why["c"] and "t must be a number" in why["d"]
+    assert "symlink" in why["link"] and "not a regular file" in why["folder"] and "not a regular file" in why["fifo"]
+    left = sorted(p.name for p in (run / "control").iterdir())
+    assert left == ["ok.json", "processed"]
+    assert (tmp_path / "outside.json").exists()  # the link moved, its target untouched
+    assert (run / "control/processed/link.json").is_symlink()
+    assert inbox.poll().rejected == []
+
+
+def test_processed_stays_bounded(tmp_path):
+    from engine.control import ControlInbox
+
+    inbox = ControlInbox(tmp_path / "control")
+    for i in range(ControlInbox.KEEP_PROCESSED + 20):
+        p = tmp_path / "control" / f"r{i}.json"
+        p.write_text("{}")
+        inbox.done(p)
+    assert len(list((tmp_path / "control/processed").iterdir())) == ControlInbox.KEEP_PROCESSED
+
+
+def test_hostile_control_entries_never_end_a_run(tmp_path):
+    """Found at start (as a resume or auto-restart finds them): each is rejected, the run completes."""
+    run = make_run(tmp_path)
+    _plant_hostile(run, tmp_path / "outside.json")
+    assert run_engine(run) == 0, logs(run)
+    rejected = [e for e in events(run, "control") if e["status"] == "rejected"]
+    assert len(rejected) == len(HOSTILE) + 3
+    assert events(run, "run_end")[-1]["status"] == "completed"  # the outside stop request was not obeyed
+    assert sorted(p.name for p in (run / "control").iterdir()) == ["processed"]
