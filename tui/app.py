@@ -381,5 +381,6 @@ def run_app(run_dir: Path) -> int:
     if not run_dir.is_dir():
         print(f"mt watch: {run_dir}: no such run directory", file=sys.stderr)
         return 2
-    MtApp(run_dir).run()
-    return 0
+    app = MtApp(run_dir)
+    app.run()
+    return app.return_code or 0  # 1 when the app died of an error (Textual printed it)

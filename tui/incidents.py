@@ -21,6 +21,7 @@ from tui.diagnose import Finding, Observation, RunSignals, evaluate
 from tui.diagnose_exit import classify_log
 from tui.diagnose_signals import RunFacts
 from tui.incident_io import ProcReader, file_size, read_heartbeats, read_tail
+from tui.sysrecord import clean_sample
 
 EXIT_CODES = ("crash", "oom", "nccl_timeout")
 # What stays open once the run is over: the facts that explain how it ended.
@@ -93,8 +94,10 @@ class IncidentMonitor:
                 out += self._engine_clears(ev, now)
             elif ev.get("kind") == "run_start":
                 new_steps = 0  # the steps read so far belong to an earlier attempt
-        for sample in self.system.iter_new():
-            self.sig.feed_system(sample)
+        for raw in self.system.iter_new():
+            sample = clean_sample(raw)
+            if sample is not None:
+                self.sig.feed_system(sample)
         if new_steps:  # the logs up to here belong to a run that was still stepping
             self.log_mark = {r: file_size(self.paths.rank_log(r)) for r in range(self.sig.world_size or 0)}
         obs = self._observe(now)

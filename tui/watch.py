@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from engine.events import JsonlTail
 from tui.stream import PollResult, RunFollower
+from tui.sysrecord import clean_sample
 
 HISTORY = 60  # samples of GPU utilisation kept for the sparkline (1 per second)
 FIRST_PAINT_GRACE_S = 0.15     # measured: the first data frame reaches the terminal ~0.1 s after it is composed
@@ -31,14 +32,13 @@ class SystemView:
     samples: int = 0
 
     def add(self, rec: dict[str, Any]) -> None:
+        """Take one sample that `clean_sample` returned."""
         self.sample = rec
         self.samples += 1
-        for g in rec.get("gpus") or []:
-            if isinstance(g, dict) and isinstance(g.get("index"), int):
-                self.gpu_util.setdefault(g["index"], deque(maxlen=HISTORY)).append(g.get("util_pct"))
-        for r in rec.get("ranks") or []:
-            if isinstance(r, dict) and isinstance(r.get("rank"), int):
-                self.rank_cpu.setdefault(r["rank"], deque(maxlen=HISTORY)).append(r.get("cpu_pct"))
+        for g in rec["gpus"]:
+            self.gpu_util.setdefault(g["index"], deque(maxlen=HISTORY)).append(g["util_pct"])
+        for r in rec["ranks"]:
+            self.rank_cpu.setdefault(r["rank"], deque(maxlen=HISTORY)).append(r["cpu_pct"])
 
 
 class LogTail:
@@ -192,9 +192,11 @@ class Watcher:
             run = self.follower.poll()
             self.history_ready = True
             sys_new = False
-            for rec in self._system_tail.iter_new():
-                self.system.add(rec)
-                sys_new = True
+            for raw in self._system_tail.iter_new():
+                rec = clean_sample(raw)
+                if rec is not None:
+                    self.system.add(rec)
+                    sys_new = True
             reset, self._log_reset = self._log_reset, False
             lines = self._log.poll()
             self._check_supervisor()

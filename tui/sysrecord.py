@@ -1,0 +1,63 @@
+"""The one reader of a `system.jsonl` line: a sample with every field of the right type, or None.
+
+The supervisor writes these lines, but anything may be appended to the file; readers (the
+dashboard, the incident rules) only ever see what `clean_sample` lets through.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+_GPU = {"index": int, "name": str, "util_pct": float, "mem_used_bytes": int, "mem_total_bytes": int,
+        "temp_c": float, "power_w": float}
+_RANK = {"rank": int, "pid": int, "cpu_pct": float, "rss_bytes": int, "alive": bool}
+_HOST = {"cpu_pct": float, "mem_used_bytes": int, "mem_total_bytes": int, "load1": float}
+_MAX_ENTRIES = 1024  # GPUs or ranks on one node: far more is not a sample
+
+
+def _value(v: Any, kind: type) -> Any:
+    """v if it is a value of `kind` (an int counts as a float), else None."""
+    if kind is bool:
+        return v if isinstance(v, bool) else None
+    if isinstance(v, bool):
+        return None
+    if kind is int:
+        return v if isinstance(v, int) and abs(v) < 2**63 else None
+    if kind is float:
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            f = float(v) if abs(v) < 1e300 else math.inf
+            return f if math.isfinite(f) else None
+        return None
+    return v[:200] if isinstance(v, str) else None
+
+
+def _entry(raw: Any, schema: dict[str, type], key: str) -> dict[str, Any] | None:
+    if not isinstance(raw, dict):
+        return None
+    out = {k: _value(raw.get(k), kind) for k, kind in schema.items()}
+    return out if out[key] is not None else None
+
+
+def _entries(raw: Any, schema: dict[str, type], key: str) -> list[dict[str, Any]]:
+    if not isinstance(raw, list):
+        return []
+    return [e for e in (_entry(r, schema, key) for r in raw[:_MAX_ENTRIES]) if e is not None]
+
+
+def clean_sample(raw: Any) -> dict[str, Any] | None:
+    """A sample in the shape SystemSampler writes, wrong-typed fields as None; None if not a sample."""
+    if not isinstance(raw, dict):
+        return None
+    t = _value(raw.get("t"), float)
+    if t is None:
+        return None
+    host = raw.get("host") if isinstance(raw.get("host"), dict) else {}
+    return {
+        "v": _value(raw.get("v"), int),
+        "t": t,
+        "nvml": raw.get("nvml") is True,
+        "nvml_error": _value(raw.get("nvml_error"), str),
+        "gpus": _entries(raw.get("gpus"), _GPU, "index"),
+        "ranks": _entries(raw.get("ranks"), _RANK, "rank"),
+        "host": {k: _value(host.get(k), kind) for k, kind in _HOST.items()},
+    }
