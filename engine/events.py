@@ -98,6 +98,10 @@ class RunPaths:
         return self.root / "control"
 
     @property
+    def supervisor_lock(self) -> Path:
+        return self.root / "supervisor.lock"
+
+    @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
 

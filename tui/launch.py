@@ -15,6 +15,7 @@ from pathlib import Path
 
 from engine.config import Config, ConfigError, check_data_path, config_from_dict, load_config_json, load_preset
 from engine.events import FINAL_STATES, RunPaths, write_json_atomic
+from tui import runlock
 from tui.runs import newest_checkpoint, read_status, require_run_dir, supervisor_alive
 
 
@@ -110,17 +111,19 @@ def create_run(preset: Path, over: Overrides) -> Path:
     return run_dir
 
 
-def start_supervisor(run_dir: Path) -> int:
+def start_supervisor(run_dir: Path, lock_fd: int) -> int:
     """Start the run's supervisor in its own session, detached from us; returns its pid.
 
     It double-forks (`--daemon`) so it is nobody's child: it survives the viewer quitting, the
-    terminal closing and the SSH connection dropping, and init reaps it.
+    terminal closing and the SSH connection dropping, and init reaps it. It inherits
+    `lock_fd` (the run's lock, see tui.runlock) and holds it until it exits.
     """
     paths = RunPaths(Path(run_dir))
     with open(paths.supervisor_log, "ab") as log:
         proc = subprocess.run(
-            [sys.executable, "-m", "tui.supervisor", "--run-dir", str(run_dir), "--daemon"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
+            [sys.executable, "-m", "tui.supervisor", "--run-dir", str(run_dir), "--daemon",
+             "--lock-fd", str(lock_fd)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, pass_fds=(lock_fd,),
             start_new_session=True, check=False, timeout=60,
         )
     out = proc.stdout.decode().strip()
@@ -138,11 +141,14 @@ def start_supervisor(run_dir: Path) -> int:
 def launch_run(preset: Path, over: Overrides) -> Path:
     """create_run + start_supervisor; a run whose supervisor failed to start is marked failed."""
     run_dir = create_run(preset, over)
+    lock = runlock.acquire(run_dir, f"mt launch (pid {os.getpid()})")
     try:
-        start_supervisor(run_dir)
+        start_supervisor(run_dir, lock)
     except (LaunchError, OSError, subprocess.TimeoutExpired) as e:
         _mark_failed(run_dir, str(e))
         raise LaunchError(str(e)) from None
+    finally:
+        os.close(lock)  # the supervisor holds its own copy
     return run_dir
 
 
@@ -155,6 +161,19 @@ def _mark_failed(run_dir: Path, reason: str) -> None:
 def resume_run(run_dir: Path, nproc: int | None = None) -> None:
     """Start a new detached attempt from the newest checkpoint (optionally on nproc workers)."""
     run_dir = require_run_dir(Path(run_dir)).resolve()
+    try:
+        lock = runlock.acquire(run_dir, f"mt resume (pid {os.getpid()})")
+    except runlock.RunBusy as e:
+        raise ResumeError(str(e)) from None
+    except OSError as e:
+        raise ResumeError(f"{run_dir}: cannot lock the run: {e.strerror}") from None
+    try:
+        _resume_locked(run_dir, nproc, lock)
+    finally:
+        os.close(lock)
+
+
+def _resume_locked(run_dir: Path, nproc: int | None, lock: int) -> None:
     paths = RunPaths(run_dir)
     status = read_status(run_dir)
     if status.get("state") not in FINAL_STATES and supervisor_alive(status):
@@ -188,7 +207,7 @@ def resume_run(run_dir: Path, nproc: int | None = None) -> None:
                   reason=f"resuming from {ckpt.name}", nproc=cfg.launch.nproc_per_node)
     write_json_atomic(paths.status, status)
     try:
-        start_supervisor(run_dir)
+        start_supervisor(run_dir, lock)
     except (LaunchError, OSError, subprocess.TimeoutExpired) as e:
         _mark_failed(run_dir, str(e))
         raise ResumeError(str(e)) from None

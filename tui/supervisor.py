@@ -24,6 +24,7 @@ from typing import Any
 
 from engine.config import Config, load_config_json
 from engine.events import JsonlTail, RunPaths, dumps, write_json_atomic
+from tui import runlock
 from tui.procs import rank_processes, run_processes, terminate_all
 from tui.runs import newest_checkpoint, read_status
 from tui.sampler import SystemSampler
@@ -315,10 +316,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tui.supervisor", description=__doc__)
     parser.add_argument("--run-dir", required=True, type=Path)
     parser.add_argument("--daemon", action="store_true", help="fork, print the pid and return")
+    parser.add_argument("--lock-fd", type=int, help="the run's lock, taken by the caller and handed down")
     args = parser.parse_args(argv)
     os.umask(0o077)  # everything in a run directory is private to its owner, like the folder
+    try:  # before anything else: a second supervisor must not touch the run
+        if args.lock_fd is not None:
+            runlock.adopt(args.run_dir, args.lock_fd, "a starting supervisor")
+            lock = args.lock_fd
+        else:
+            lock = runlock.acquire(args.run_dir, "a starting supervisor")
+    except (runlock.RunBusy, OSError) as e:
+        print(f"mt supervisor: {e}", file=sys.stderr)
+        return 2
     if args.daemon:
         _daemonize(RunPaths(args.run_dir).supervisor_log)
+    runlock.note_holder(lock, f"supervisor pid {os.getpid()}")
     sup = Supervisor(args.run_dir)
     try:
         return sup.run()
