@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from contextlib import nullcontext
@@ -16,10 +15,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from engine.config import load_config_json
 from engine.data import build_splits
 from engine.model import GPT
 from engine.optim import build_optimizer, lr_at, set_lr
+from mt.config import load_config_json
 
 
 def main(config_path: str, warmup: int) -> None:

@@ -19,10 +19,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.anomaly import StepAnomalies  # noqa: E402
-from engine.config import MonitorConfig  # noqa: E402
-from tests.diagnose.scenarios import CLEAN, FAULTS, MONITOR, Outcome, Scenario, launch  # noqa: E402
-from tests.diagnose.streams import steps as synthetic_steps  # noqa: E402
+from mt.anomaly import StepAnomalies
+from mt.config import MonitorConfig
+from tests.diagnose.scenarios import CLEAN, FAULTS, MONITOR, Outcome, Scenario, launch
+from tests.diagnose.streams import steps as synthetic_steps
 
 
 def fault_rows(outcomes: list[tuple[Scenario, Outcome]]) -> list[dict[str, Any]]:
@@ -76,7 +76,7 @@ def synthetic(n: int = 200, seed: int = 0) -> dict[str, Any]:
 def table(rows: list[dict[str, Any]], cols: list[str]) -> str:
     cells = [[str(r.get(c)) for c in cols] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths))  # noqa: E731
+    line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths))
     return "\n".join([line(cols), line(["-" * w for w in widths])] + [line(r) for r in cells])
 
 

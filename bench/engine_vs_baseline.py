@@ -21,10 +21,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from engine.config import config_from_dict  # noqa: E402
-from engine.control import ControlInbox  # noqa: E402
-from engine.events import EventWriter, read_events  # noqa: E402
-from engine.metrics import Heartbeat  # noqa: E402
+from mt.config import config_from_dict
+from mt.eventlog import EventWriter
+from mt.heartbeat import Heartbeat
+from mt.inbox import ControlInbox
+from mt.jsonl import read_events
 
 CONFIG = {
     "run": {"name": "bench", "seed": 1},

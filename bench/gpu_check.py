@@ -24,8 +24,8 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from engine.config import config_from_dict  # noqa: E402
-from engine.events import read_events  # noqa: E402
+from mt.config import config_from_dict
+from mt.jsonl import read_events
 
 TINY = {
     "run": {"name": "gpu-tiny", "seed": 3},

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -21,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 WRITER = r"""
 import math, os, sys, time
-from engine.events import dumps
+from mt.events import dumps
 root, rate, seconds = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
 ev_f = open(os.path.join(root, "events.jsonl"), "a"); sys_f = open(os.path.join(root, "system.jsonl"), "a")
 t0 = time.time(); step = 0; next_sys = t0
@@ -75,7 +74,8 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="mt-follow-"))
     (root / "config.json").write_text(json.dumps({"run": {"name": "follow"}, "train": {"max_steps": 10**7}}))
     sys.path.insert(0, str(ROOT))
-    from engine.events import dumps, write_json_atomic
+    from mt.events import dumps
+    from mt.jsonl import write_json_atomic
     with open(root / "events.jsonl", "w") as f:
         f.write(dumps({"v": 1, "t": time.time(), "kind": "run_start", "run_id": "f", "attempt": 1,
                        "world_size": 1, "nnodes": 1, "device": "cpu", "backend": "gloo", "precision": "fp32",

@@ -13,8 +13,9 @@ import math
 import random
 from pathlib import Path
 
-from engine.eventindex import index_path, open_index
-from engine.events import dumps, write_json_atomic
+from mt.eventindex import index_path, open_index
+from mt.events import dumps
+from mt.jsonl import write_json_atomic
 
 T0 = 1_700_000_000.0
 

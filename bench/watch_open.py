@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 ONCE = r"""
 import resource, sys, time
 t0 = time.perf_counter()
-from tui.stream import load_run_state, format_summary
+from tui.read.follower import load_run_state
+from tui.text.summary import format_summary
 st = load_run_state(sys.argv[1]); text = format_summary(st)
 print({"once_s": time.perf_counter() - t0, "step": st.step, "best_partial": st.best_loss_partial,
        "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
@@ -92,7 +93,7 @@ def main() -> None:
     if idx_away.exists() and not idx.exists():
         idx_away.rename(idx)            # an earlier run of this script was interrupted
     if not idx.exists():
-        subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from engine.eventindex import open_index; "
+        subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from mt.eventindex import open_index; "
                         "open_index(Path(sys.argv[1]), catch_up_bytes=1 << 40).close()", str(run_dir / "events.jsonl")],
                        check=True, cwd=ROOT)
     shutil.rmtree(cache, ignore_errors=True)

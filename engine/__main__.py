@@ -5,8 +5,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from engine.config import ConfigError, load_config_json
-from engine.events import EventWriter, RunPaths
+from mt.config import ConfigError, load_config_json
+from mt.eventlog import EventWriter
+from mt.paths import RunPaths
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,10 +24,10 @@ def main(argv: list[str] | None = None) -> int:
 
     # torch is imported only past this point: a bad config answers fast
     from engine import dist
-    from engine.control import StopSignals
     from engine.data import DataError, build_splits
     from engine.resume import ResumeRefused
     from engine.train import Trainer, report_failure
+    from mt.inbox import StopSignals
 
     rank = dist.read_env()[0]
     dist.redirect_output(paths.rank_log(rank))
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         env = dist.init(cfg)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - any failure to join the group is reported, then exit 1
         dist.log(f"cannot start the process group: {report_failure(e)}")
         return 1
     trainer = None
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             EventWriter(paths.events).emit("run_end", step=0, status="failed", reason=f"resume refused: {e}")
         return 2
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - whatever ends the loop goes into run_end
         reason = f"rank {rank}: {report_failure(e)}"
         if rank == 0:
             events = trainer.events if trainer else EventWriter(paths.events)

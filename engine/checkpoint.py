@@ -19,7 +19,7 @@ from typing import Any, BinaryIO, Callable
 import numpy as np
 import torch
 
-from engine.events import checkpoint_step
+from mt.paths import checkpoint_step
 
 FORMAT = "mt-checkpoint"
 FORMAT_VERSION = 1
@@ -159,7 +159,7 @@ def load(path: Path, map_location: torch.device | str = "cpu") -> dict[str, Any]
         where = "cpu" if name == "train.pt" else map_location
         try:
             parts[name] = torch.load(path / name, map_location=where, weights_only=True)
-        except Exception as e:  # weights_only refuses pickled code with UnpicklingError
+        except Exception as e:  # noqa: BLE001 - weights_only refuses pickled code with UnpicklingError, and more
             raise CheckpointError(f"{path}/{name}: refused by weights_only load: {type(e).__name__}: {e}") from None
     return parts
 

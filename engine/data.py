@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from engine.config import Config
+from mt.config import Config
 
 
 class DataError(ValueError):

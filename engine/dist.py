@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from engine.config import Config
+from mt.config import Config
 
 
 @dataclass(frozen=True)

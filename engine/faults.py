@@ -6,8 +6,8 @@ import signal
 import time
 from typing import Callable
 
-from engine.config import FaultsConfig
 from engine.dist import log
+from mt.config import FaultsConfig
 
 
 class Faults:

@@ -1,15 +1,12 @@
 """Per-step measurements: memory, heartbeats, peak FLOPs for MFU, provenance."""
 from __future__ import annotations
 
-import json
 import os
 import resource
 import subprocess
-import time
 from pathlib import Path
 
 import torch
-
 
 # Dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets; MFU is reported against these.
 _PEAK_BF16 = (
@@ -53,24 +50,3 @@ def git_commit(cwd: Path | None = None) -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-class Heartbeat:
-    """Rewrites heartbeat/rank<N> each optimizer step, so a stuck rank is visible from outside.
-
-    One pwrite of a fixed-width record into an open file: no temporary file, no rename, so the
-    per-step cost stays in the microseconds. Readers parse JSON and ignore the padding.
-    """
-
-    WIDTH = 160
-
-    def __init__(self, path: Path, rank: int, attempt: int) -> None:
-        self.path, self.rank, self.attempt = path, rank, attempt
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-
-    def beat(self, step: int, phase: str = "train") -> None:
-        """`phase` says what the rank does next (train, eval, checkpoint), so a long pause is explained."""
-        record = json.dumps({"step": step, "t": time.time(), "pid": os.getpid(), "rank": self.rank, "attempt": self.attempt, "phase": phase})
-        os.pwrite(self._fd, record.ljust(self.WIDTH).encode() + b"\n", 0)
-
-    def close(self) -> None:
-        os.close(self._fd)

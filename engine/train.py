@@ -15,16 +15,19 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from engine import checkpoint, resume
-from engine.anomaly import StepAnomalies, nan_incident
-from engine.config import Config
-from engine.control import ControlInbox, Request, StopSignals
 from engine.data import GlobalOrderSampler, Splits, build_loader, val_batches
 from engine.dist import DistEnv, log, seed_everything
-from engine.events import EventWriter, NullEventWriter, RunPaths, read_json
 from engine.faults import Faults
-from engine.metrics import Heartbeat, device_name, git_commit, memory, peak_flops
+from engine.metrics import device_name, git_commit, memory, peak_flops
 from engine.model import GPT, count_params, flops_per_token
 from engine.optim import build_optimizer, lr_at, set_lr
+from mt.anomaly import StepAnomalies, nan_incident
+from mt.config import Config
+from mt.eventlog import EventWriter, NullEventWriter
+from mt.heartbeat import Heartbeat
+from mt.inbox import ControlInbox, Request, StopSignals
+from mt.jsonl import read_json
+from mt.paths import RunPaths
 
 # what every rank contributes to the one collective of each step
 _LOSS, _STOP, _CKPT, _MEM, _PEAK = range(5)

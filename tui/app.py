@@ -16,8 +16,8 @@ from textual.widgets import Footer, OptionList, Static
 from textual.worker import get_current_worker
 
 from tui.messages import ControlDone, RunUpdated
-from tui.stream import PollResult
-from tui.watch import Watcher, WatchUpdate
+from tui.read.follower import PollResult
+from tui.read.watcher import Watcher, WatchUpdate
 from tui.widgets.dialogs import ConfirmScreen, HelpScreen
 from tui.widgets.header import RunHeader
 from tui.widgets.incidents import IncidentsPanel
@@ -169,7 +169,7 @@ class MtApp(App[int]):
     def follow(self) -> None:
         """Poll the run directory for new bytes and hand them to the UI as messages."""
         worker = get_current_worker()
-        quick = lambda: self.post_message(RunUpdated(WatchUpdate(run=PollResult(changed=True))))  # noqa: E731
+        quick = lambda: self.post_message(RunUpdated(WatchUpdate(run=PollResult(changed=True))))
         while not worker.is_cancelled:
             update = self.watcher.poll(on_quick=quick)
             if (update.run.changed or update.system_changed or update.new_log_lines
@@ -284,9 +284,11 @@ class MtApp(App[int]):
 
     def _send(self, action: str, text: str) -> None:
         try:
-            from tui.control import send_request  # the CLI engineer's module; import lazily
+            from tui.run.control import (
+                send_request,  # the CLI engineer's module; import lazily
+            )
             rid = send_request(self.run_dir, action)
-        except Exception as e:  # noqa: BLE001 - any failure is shown, never a crash
+        except Exception as e:  # noqa: BLE001 - a failed request is said in the UI, never a crash
             self.say(f"could not send {action}: {e}", severity="error")
             return
         self.pending[rid] = action
@@ -309,12 +311,12 @@ class MtApp(App[int]):
     @work(thread=True, group="control", name="kill run")
     def _kill(self) -> None:
         try:
-            from tui.control import kill_run
+            from tui.run.control import kill_run
             result = kill_run(self.run_dir, grace_s=10.0)
             left = getattr(result, "survivors", None)
             self.post_message(ControlDone(f"kill left processes running: {left}", "error") if left
                               else ControlDone("run killed"))
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - a failed kill is said in the UI, never a crash
             self.post_message(ControlDone(f"kill failed: {e}", "error"))
 
     def action_resume(self) -> None:
@@ -329,10 +331,10 @@ class MtApp(App[int]):
     @work(thread=True, group="control", name="resume run")
     def _resume(self) -> None:
         try:
-            from tui.launch import resume_run
+            from tui.run.launch import resume_run
             resume_run(self.run_dir)
             self.post_message(ControlDone("resumed: following the new attempt"))
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - a failed resume is said in the UI, never a crash
             self.post_message(ControlDone(f"cannot resume: {e}", "error"))
 
     @on(ControlDone)

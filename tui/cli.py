@@ -1,4 +1,4 @@
-"""The `mt` command line: thin Typer wrappers over tui.launch, tui.control and tui.stream.
+"""The `mt` command line: thin Typer wrappers over tui.run.launch, tui.run.control and tui.stream.
 
 Exit codes: 0 success, 1 the run failed, 2 bad input. Heavy modules (psutil, Textual, the
 dashboard) are imported inside the commands that need them, so `mt --help` stays instant;
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, NoReturn, Optional
 import typer
 
 if TYPE_CHECKING:
-    from tui.control import Answer
+    from tui.run.control import Answer
 
 app = typer.Typer(
     name="mt",
@@ -45,7 +45,7 @@ def _attach(run_dir: Path, detach: bool, headless: bool) -> None:
         typer.echo(str(run_dir))
         return
     if headless:
-        from tui.follow import follow_headless
+        from tui.text.headless import follow_headless
 
         typer.echo(f"run dir: {run_dir}")
         raise typer.Exit(follow_headless(run_dir, sys.stdout))
@@ -71,8 +71,8 @@ def launch(
     \b
         mt launch presets/tiny-cpu.toml --headless --nproc 2
     """
-    from engine.config import ConfigError
-    from tui.launch import LaunchError, Overrides, launch_run
+    from mt.config import ConfigError
+    from tui.run.launch import LaunchError, Overrides, launch_run
 
     over = Overrides(name=name, runs_dir=str(runs_dir) if runs_dir else None, nproc=nproc, node_rank=node_rank)
     try:
@@ -96,14 +96,14 @@ def watch(
     \b
         mt watch runs/tiny-cpu-20260101-120000 --once
     """
-    from tui.runs import NotARunError, require_run_dir
+    from tui.rundir import NotARunError, require_run_dir
 
     try:
         require_run_dir(run_dir)
     except NotARunError as e:
         fail(str(e))
     if once:
-        from tui.runinfo import run_summary
+        from tui.text.runs import run_summary
 
         typer.echo(run_summary(run_dir))
         return
@@ -126,8 +126,8 @@ def resume(
     \b
         mt resume runs/tiny-cpu-20260101-120000 --nproc 1 --headless
     """
-    from tui.launch import ResumeError, resume_run
-    from tui.runs import NotARunError, newest_run
+    from tui.run.launch import ResumeError, resume_run
+    from tui.rundir import NotARunError, newest_run
 
     if run_dir is None:
         run_dir = newest_run(Path("runs"))
@@ -153,7 +153,7 @@ def ls_runs(
     \b
         mt ls runs
     """
-    from tui.runinfo import runs_table
+    from tui.text.runs import runs_table
 
     if not runs_dir.is_dir():
         fail(f"{runs_dir}: no such directory")
@@ -162,8 +162,8 @@ def ls_runs(
 
 def _ask(run_dir: Path, action: str, timeout: float) -> tuple[str, Answer]:
     """Send a control request and wait for the engine's answer; a run that cannot take one fails."""
-    from tui.control import ControlError, send_request, wait_answer
-    from tui.runs import NotARunError
+    from tui.run.control import ControlError, send_request, wait_answer
+    from tui.rundir import NotARunError
 
     try:
         request_id = send_request(run_dir, action)
@@ -214,8 +214,8 @@ def stop(
     """
     import time
 
-    from tui.control import wait_final
-    from tui.runinfo import last_checkpoint_line
+    from tui.run.control import wait_final
+    from tui.text.runs import last_checkpoint_line
 
     t0 = time.monotonic()
     _, answer = _ask(run_dir, "stop", timeout)
@@ -240,8 +240,8 @@ def kill(
     \b
         mt kill runs/tiny-cpu-20260101-120000 --grace 5
     """
-    from tui.control import ControlError, kill_run
-    from tui.runs import NotARunError
+    from tui.run.control import ControlError, kill_run
+    from tui.rundir import NotARunError
 
     try:
         result = kill_run(run_dir, grace)
@@ -263,7 +263,7 @@ def doctor() -> None:
     \b
         mt doctor
     """
-    from tui.doctor import run_doctor
+    from tui.run.doctor import run_doctor
 
     findings = run_doctor()
     for f in findings:

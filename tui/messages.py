@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from textual.message import Message
 
-from tui.watch import WatchUpdate
+from tui.read.watcher import WatchUpdate
 
 
 @dataclass

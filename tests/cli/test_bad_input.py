@@ -10,10 +10,10 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
-from engine.events import write_json_atomic
+from mt.jsonl import write_json_atomic
 from tests.cli.conftest import SMALL, toml_text, write_preset
 from tui.cli import app
-from tui.launch import Overrides, create_run
+from tui.run.launch import Overrides, create_run
 
 runner = CliRunner()
 

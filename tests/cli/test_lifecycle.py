@@ -10,8 +10,17 @@ from typing import Iterator
 
 import pytest
 
-from engine.events import schema_errors
-from tests.cli.conftest import MT, REPO, events, mt, run_dir_from, status, wait_for, write_preset
+from mt.events import schema_errors
+from tests.cli.conftest import (
+    MT,
+    REPO,
+    events,
+    mt,
+    run_dir_from,
+    status,
+    wait_for,
+    write_preset,
+)
 
 pytestmark = pytest.mark.slow
 

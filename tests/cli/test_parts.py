@@ -8,13 +8,13 @@ from pathlib import Path
 
 import psutil
 
-from engine.config import config_from_dict
+from mt.config import config_from_dict
 from tests.cli.conftest import SMALL, wait_for
-from tui.procs import rank_processes, run_processes, terminate_all
-from tui.runs import checkpoints, newest_checkpoint
-from tui.sampler import SystemSampler
-from tui.supervisor import _worker_exit_code
-from tui.torchrun import torchrun_command, usable_cores, worker_env
+from tui.run.procs import rank_processes, run_processes, terminate_all
+from tui.run.sampler import SystemSampler
+from tui.run.supervisor import _worker_exit_code
+from tui.run.torchrun import torchrun_command, usable_cores, worker_env
+from tui.rundir import checkpoints, newest_checkpoint
 
 
 def _cfg(**launch: object):
@@ -25,10 +25,10 @@ def _cfg(**launch: object):
 
 def test_one_node_uses_standalone(tmp_path: Path) -> None:
     cmd = torchrun_command(_cfg(nproc_per_node=3), tmp_path, attempt=2, python="py")
-    assert cmd[:3] == ["py", "-m", "torch.distributed.run"]
+    assert cmd[:4] == ["py", "-P", "-m", "torch.distributed.run"]
     assert "--standalone" in cmd and "--rdzv-endpoint" not in cmd
     assert cmd[cmd.index("--nproc-per-node") + 1] == "3"
-    assert cmd[-6:] == ["-m", "engine", "--run-dir", str(tmp_path), "--attempt", "2"]
+    assert cmd[-9:] == ["--no-python", "py", "-P", "-m", "engine", "--run-dir", str(tmp_path), "--attempt", "2"]
     assert cmd[cmd.index("--max-restarts") + 1] == "0"
 
 

@@ -8,9 +8,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from engine.config import Config, MonitorConfig, RunConfig
-from engine.events import RunPaths, dumps, read_events
-from tui.incidents import IncidentMonitor
+from mt.config import Config, MonitorConfig, RunConfig
+from mt.events import dumps
+from mt.jsonl import read_events
+from mt.paths import RunPaths
+from tui.diagnose.monitor import IncidentMonitor
 
 T0 = 1_800_000_000.0
 

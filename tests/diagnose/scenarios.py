@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.events import FINAL_STATES, RunPaths, read_events, read_json
+from mt.events import FINAL_STATES
+from mt.jsonl import read_events, read_json
+from mt.paths import RunPaths
 
 REPO = Path(__file__).resolve().parents[2]
 MT = [sys.executable, "-m", "tui.cli"]

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from engine.anomaly import RollingMedian, StepAnomalies, is_clear, nan_incident
-from engine.config import MonitorConfig
-from engine.events import INCIDENT_CODES, dumps
+from mt.anomaly import RollingMedian, StepAnomalies, is_clear, nan_incident
+from mt.config import MonitorConfig
+from mt.events import INCIDENT_CODES, dumps
 
 from .streams import steps
 
@@ -199,7 +199,7 @@ def test_observe_is_cheap() -> None:
     assert per_step < 1e-3, per_step  # generous: a few us in practice, the step itself is ms
 
 
-@pytest.mark.parametrize("module", ["engine.anomaly", "tui.incidents", "tui.diagnose"])
+@pytest.mark.parametrize("module", ["mt.anomaly", "tui.diagnose.monitor", "tui.diagnose.rules"])
 def test_diagnosis_never_imports_torch(module: str) -> None:
     code = f"import sys, {module}; sys.exit(1 if 'torch' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import MonitorConfig
+from mt.config import MonitorConfig
 
 from .fakerun import FakeRun
 from .streams import loss_curve

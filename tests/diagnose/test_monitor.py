@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.anomaly import StepAnomalies, nan_incident
-from engine.config import MonitorConfig
-from engine.events import INCIDENT_CODES
-from tui.incidents import IncidentMonitor
+from mt.anomaly import StepAnomalies, nan_incident
+from mt.config import MonitorConfig
+from mt.events import INCIDENT_CODES
+from tui.diagnose.monitor import IncidentMonitor
 
 from .fakerun import FakeRun
 from .streams import steps

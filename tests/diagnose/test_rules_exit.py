@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tui.diagnose_exit import classify_log, torchrun_failures
+from tui.diagnose.exit import classify_log, torchrun_failures
 
 from .fakerun import FakeRun, dead_pid
 

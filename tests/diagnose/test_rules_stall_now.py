@@ -1,10 +1,10 @@
 """A stall seen while it happens (from /proc), told apart from a hang: pure evaluate() calls."""
 from __future__ import annotations
 
-from engine.config import MonitorConfig
-from tui.diagnose import Observation, RankProc, RunSignals, evaluate
-from tui.diagnose_signals import RunFacts
-from tui.diagnose_types import ChildProc
+from mt.config import MonitorConfig
+from tui.diagnose.findings import ChildProc, Observation, RankProc
+from tui.diagnose.rules import evaluate
+from tui.diagnose.signals import RunFacts, RunSignals
 
 T0 = 1_000.0
 STEP_S = 0.2

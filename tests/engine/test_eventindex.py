@@ -4,8 +4,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from engine.eventindex import HEADER, KIND_BAD, MAGIC, RECORD, VERSION, IndexWriter, index_path, open_index
-from engine.events import EventWriter, read_events
+from mt.eventindex import (
+    HEADER,
+    KIND_BAD,
+    MAGIC,
+    RECORD,
+    VERSION,
+    IndexWriter,
+    index_path,
+    open_index,
+)
+from mt.eventlog import EventWriter
+from mt.jsonl import read_events
 
 from .runner import index_problem
 

@@ -7,7 +7,7 @@ import tomllib
 
 import pytest
 
-from engine.events import as_float, schema_errors
+from mt.events import as_float, schema_errors
 
 from .runner import REPO, events, index_problem, logs, make_run, run_engine
 
@@ -21,7 +21,6 @@ def test_tiny_preset_trains_and_every_event_matches_schema(tmp_path):
     assert run_engine(run, nproc=2) == 0, logs(run)
 
     lines = (run / "events.jsonl").read_text().splitlines()
-    import json
     for line in lines:
         assert schema_errors(json.loads(line)) == [], line
     steps = events(run, "step")

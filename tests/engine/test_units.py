@@ -6,13 +6,12 @@ import signal
 import time
 
 import pytest
-import torch
 from torch.utils.data import DistributedSampler
 
-from engine.config import TrainConfig
 from engine.data import GlobalOrderSampler
 from engine.optim import lr_at
 from engine.resume import ResumeRefused, plan
+from mt.config import TrainConfig
 
 from .runner import events, make_run, start, wait_for
 

@@ -1,4 +1,4 @@
-"""Synthetic run directories that follow the DESIGN.md schema exactly (written via engine.events)."""
+"""Synthetic run directories that follow the DESIGN.md schema exactly (written via mt.events)."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.events import RunPaths, dumps, make_event, write_json_atomic
+from mt.events import dumps, make_event
+from mt.jsonl import write_json_atomic
+from mt.paths import RunPaths
 
 T0 = 1_700_000_000.0
 

@@ -6,11 +6,13 @@ import json
 import pytest
 from textual.widgets import OptionList
 
-from engine.events import read_events
+from mt.jsonl import read_events
 from tests.tui.conftest import fixed_now
 from tests.tui.synth import SynthRun
 from tui.app import MtApp
-from tui.stream import fmt_duration, fmt_num, load_run_state
+from tui.format import fmt_duration, fmt_num
+from tui.read.cache import CACHE_DIR
+from tui.read.follower import load_run_state
 from tui.widgets.dialogs import ConfirmScreen, HelpScreen
 
 pytestmark = pytest.mark.timeout(120)
@@ -295,11 +297,12 @@ async def test_answers_to_our_requests_are_notified_in_any_order(tmp_path):
 
 async def test_big_run_shows_the_newest_state_first_then_the_whole_history(tmp_path, monkeypatch):
     from tests.tui.synth import finished_run
-    from tui import scan, stream
+    from tui.read import bulk as scan
+    from tui.read import follower
 
     finished_run(tmp_path, steps=400)
     ref = load_run_state(tmp_path)
-    monkeypatch.setattr(stream, "BULK_MIN_BYTES", 1000)
+    monkeypatch.setattr(follower, "BULK_MIN_BYTES", 1000)
     monkeypatch.setattr(scan, "QUICK_TAIL_BYTES", 4096)
     quick_points: list[int] = []
     real_quick = scan.quick_read
@@ -316,18 +319,19 @@ async def test_big_run_shows_the_newest_state_first_then_the_whole_history(tmp_p
         assert 0 < quick_points[0] < 400                        # the tail came first
         assert len(app.watcher.follower.series.loss) == 400     # then everything
         assert f"best {fmt_num(ref.best_loss)}" in text_of(app, "#header")
-        assert (tmp_path / scan.CACHE_DIR / "index.json").exists()
+        assert (tmp_path / CACHE_DIR / "index.json").exists()
 
 
 async def test_big_run_with_the_engine_index_opens_with_its_whole_history(tmp_path, monkeypatch):
-    from engine.eventindex import open_index
+    from mt.eventindex import open_index
     from tests.tui.synth import finished_run
-    from tui import index_tail, scan, stream
+    from tui.read import bulk as scan
+    from tui.read import follower, index_tail
 
     finished_run(tmp_path, steps=400)
     open_index(tmp_path / "events.jsonl").close()
     ref = load_run_state(tmp_path)
-    monkeypatch.setattr(stream, "BULK_MIN_BYTES", 1000)
+    monkeypatch.setattr(follower, "BULK_MIN_BYTES", 1000)
     monkeypatch.setattr(index_tail, "TAIL_RECORDS", 50)
     monkeypatch.setattr(scan, "quick_read", lambda *a, **kw: pytest.fail("the index has the newest state"))
     quick_steps: list[int] = []
@@ -345,4 +349,4 @@ async def test_big_run_with_the_engine_index_opens_with_its_whole_history(tmp_pa
         assert quick_steps == [400]                             # the newest state came first, from the index
         assert len(app.watcher.follower.series.loss) == 400     # then the whole history
         assert f"best {fmt_num(ref.best_loss)}" in text_of(app, "#header")
-        assert not (tmp_path / scan.CACHE_DIR).exists()         # nothing to cache: the index covers it
+        assert not (tmp_path / CACHE_DIR).exists()         # nothing to cache: the index covers it

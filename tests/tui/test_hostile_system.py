@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
+from mt.system import clean_sample
 from tests.tui.synth import finished_run
 from tests.tui.test_app import loaded, make_app, text_of
-from tui.sysrecord import clean_sample
 
 HOSTILE = [
     {"ranks": 5}, {"gpus": "x", "t": 1.0}, {"t": 1.0, "gpus": [{"index": "0", "util_pct": 3}]},
@@ -55,8 +55,8 @@ async def test_dashboard_survives_hostile_system_lines(tmp_path):
 
 
 def test_incident_rules_survive_hostile_system_lines(tmp_path):
-    from tui.incidents import IncidentMonitor
-    from engine.config import MonitorConfig
+    from mt.config import MonitorConfig
+    from tui.diagnose.monitor import IncidentMonitor
 
     finished_run(tmp_path)
     write_hostile(tmp_path)

@@ -7,7 +7,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from engine.events import read_events, read_json
+from mt.jsonl import read_events, read_json
 from tests.tui.test_app import wait_for
 from tui.app import MtApp
 from tui.widgets.dialogs import ConfirmScreen
@@ -49,8 +49,8 @@ def kinds(run_dir: Path, kind: str) -> list[dict]:
 
 
 async def test_keys_checkpoint_stop_resume_kill_on_a_live_run(tmp_path):
-    from tui.control import kill_run
-    from tui.launch import Overrides, launch_run
+    from tui.run.control import kill_run
+    from tui.run.launch import Overrides, launch_run
 
     preset = tmp_path / "live.toml"
     preset.write_text(PRESET.format(runs=tmp_path / "runs"))
@@ -58,9 +58,9 @@ async def test_keys_checkpoint_stop_resume_kill_on_a_live_run(tmp_path):
     app = MtApp(run_dir, poll_s=0.1, redraw_s=0.1)
     try:
         async with app.run_test(size=(140, 44)) as pilot:
-            st = lambda: app.watcher.follower.state  # noqa: E731
+            st = lambda: app.watcher.follower.state
             await wait_for(pilot, lambda: st().state == "running" and (st().step or 0) >= 2, 180)
-            header = lambda: str(app._header.content)  # noqa: E731
+            header = lambda: str(app._header.content)
             await wait_for(pilot, lambda: "RUNNING" in header(), 10)
 
             # c: a checkpoint event carrying our request id, and a notification naming its step

@@ -9,11 +9,15 @@ import os
 import numpy as np
 import pytest
 
-from engine.events import dumps
+from mt.events import dumps
+from mt.jsonl import JsonlTail
+from mt.paths import RunPaths
 from tests.tui.synth import SynthRun, finished_run
-from tui import scan, stream
-from tui.scan import CACHE_DIR, bulk_read, has_cache, quick_state
-from tui.stream import RunFollower, load_run_state
+from tui.read import bulk as scan
+from tui.read import follower
+from tui.read.bulk import bulk_read, quick_state
+from tui.read.cache import CACHE_DIR, has_cache
+from tui.read.follower import RunFollower, load_run_state
 
 FIELDS = ("step", "loss", "best_loss", "best_loss_step", "val_loss", "lr", "grad_norm", "tokens_per_s",
           "attempt", "state", "n_steps", "bad_lines", "world_size", "device", "run_end_status")
@@ -21,7 +25,7 @@ FIELDS = ("step", "loss", "best_loss", "best_loss_step", "val_loss", "lr", "grad
 
 def reference(run_dir):
     f = RunFollower(run_dir)
-    f.events = stream.JsonlTail(f.paths.events)  # plain line-by-line reading, never the bulk path
+    f.events = JsonlTail(f.paths.events)  # plain line-by-line reading, never the bulk path
     f.opened = True
     f.poll()
     return f
@@ -80,7 +84,7 @@ def test_bulk_equals_line_by_line(tmp_path):
 def test_cache_is_written_reused_and_extended(tmp_path):
     r = messy_run(tmp_path)
     first = bulk_read(tmp_path, min_cache_bytes=0)
-    assert first.cached and has_cache(stream.RunPaths(tmp_path))
+    assert first.cached and has_cache(RunPaths(tmp_path))
     again = bulk_read(tmp_path, min_cache_bytes=0)
     assert again.from_cache == first.end
     same(first.state, again.state)
@@ -101,7 +105,7 @@ def test_cache_ignored_when_the_file_is_replaced(tmp_path):
     other = tmp_path / "other"
     finished_run(other, steps=30)
     os.replace(other / "events.jsonl", tmp_path / "events.jsonl")
-    assert not has_cache(stream.RunPaths(tmp_path))
+    assert not has_cache(RunPaths(tmp_path))
     b = bulk_read(tmp_path, write_cache=False)
     assert b.from_cache == 0 and b.state.step == 30
 
@@ -127,7 +131,7 @@ def test_quick_state_is_latest_with_partial_best(tmp_path):
 
 def test_follower_and_load_run_state_use_the_bulk_path_on_big_files(tmp_path, monkeypatch):
     r = messy_run(tmp_path)
-    monkeypatch.setattr(stream, "BULK_MIN_BYTES", 1000)
+    monkeypatch.setattr(follower, "BULK_MIN_BYTES", 1000)
     monkeypatch.setattr(scan, "QUICK_TAIL_BYTES", 4096)
     ref = reference(tmp_path)
     st = load_run_state(tmp_path)           # no cache yet: tail-first, partial best
@@ -170,7 +174,7 @@ def test_quick_state_window_takes_run_start_from_the_head_and_checkpoint_from_di
 
 def indexed(run_dir):
     """Index events.jsonl the way an engine writer opening it would (catching up every line)."""
-    from engine.eventindex import open_index
+    from mt.eventindex import open_index
     open_index(run_dir / "events.jsonl", catch_up_bytes=1 << 30).close()
 
 
@@ -201,7 +205,7 @@ def test_a_lagging_index_is_used_and_the_rest_scanned(tmp_path):
 
 @pytest.mark.parametrize("damage", ["replaced", "line_removed", "record_changed", "garbage"])
 def test_an_index_that_disagrees_with_events_jsonl_is_ignored(tmp_path, damage):
-    from engine.eventindex import index_path
+    from mt.eventindex import index_path
     r = messy_run(tmp_path)
     indexed(tmp_path)
     idx = index_path(r.paths.events)
@@ -228,7 +232,7 @@ def test_an_index_that_disagrees_with_events_jsonl_is_ignored(tmp_path, damage):
 def test_watch_once_is_exact_from_the_index(tmp_path, monkeypatch):
     messy_run(tmp_path)
     indexed(tmp_path)
-    monkeypatch.setattr(stream, "BULK_MIN_BYTES", 1000)
+    monkeypatch.setattr(follower, "BULK_MIN_BYTES", 1000)
     st = load_run_state(tmp_path)
     ref = reference(tmp_path).state
     same(ref, st)
@@ -237,7 +241,7 @@ def test_watch_once_is_exact_from_the_index(tmp_path, monkeypatch):
 
 
 def test_quick_state_from_the_index_tail_is_the_newest_state(tmp_path, monkeypatch):
-    from tui import index_tail
+    from tui.read import index_tail
     messy_run(tmp_path)
     indexed(tmp_path)
     ref = reference(tmp_path).state
@@ -257,7 +261,7 @@ def test_quick_state_from_the_index_tail_is_the_newest_state(tmp_path, monkeypat
 
 
 def test_quick_state_from_the_index_refuses_an_index_of_other_contents(tmp_path):
-    from tui import index_tail
+    from tui.read import index_tail
     messy_run(tmp_path)
     indexed(tmp_path)
     other = tmp_path / "other"
@@ -276,10 +280,10 @@ def test_mt_ls_reads_a_big_indexed_run_from_the_index_tail_without_numpy(tmp_pat
         r.step(s)
     r.flush()
     r.status("running")
-    assert os.path.getsize(r.paths.events) > stream.BULK_MIN_BYTES
+    assert os.path.getsize(r.paths.events) > follower.BULK_MIN_BYTES
     indexed(r.root)
     ref = reference(r.root).state
-    code = ("import sys; from pathlib import Path; from tui.runinfo import run_row; row = run_row(Path(sys.argv[1])); "
+    code = ("import sys; from pathlib import Path; from tui.text.runs import run_row; row = run_row(Path(sys.argv[1])); "
             "print(row.step, row.loss, row.attempt, 'numpy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code, str(r.root)], capture_output=True, text=True, check=True,
                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__)))).stdout.split()
@@ -287,8 +291,8 @@ def test_mt_ls_reads_a_big_indexed_run_from_the_index_tail_without_numpy(tmp_pat
 
 
 def test_lines_from_elsewhere_never_break_any_reader(tmp_path):
-    from engine.events import EventWriter
-    from tui.index_tail import quick_read_index
+    from mt.eventlog import EventWriter
+    from tui.read.index_tail import quick_read_index
     r = SynthRun(tmp_path)
     r.run_start()
     r.step(1)

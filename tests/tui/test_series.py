@@ -7,8 +7,8 @@ import random
 import numpy as np
 import pytest
 
-from tui.plotmath import EmaState, ema_debiased, minmax_downsample
-from tui.series import Series
+from tui.state.plotmath import EmaState, ema_debiased, minmax_downsample
+from tui.state.series import Series
 
 
 def tensorboard_smooth(values: list[float], weight: float) -> list[float]:

@@ -4,9 +4,10 @@ from __future__ import annotations
 import json
 import os
 
-from engine.events import dumps
+from mt.events import dumps
 from tests.tui.synth import SynthRun, finished_run, loss_at
-from tui.stream import RunFollower, format_summary, load_run_state
+from tui.read.follower import RunFollower, load_run_state
+from tui.text.summary import format_summary
 
 
 def test_finished_run_state(tmp_path):
@@ -49,7 +50,7 @@ def test_follower_reads_only_new_bytes_and_keeps_half_line(tmp_path):
 
 
 def test_follower_copes_with_truncation_and_replacement(tmp_path):
-    r = finished_run(tmp_path, steps=30)
+    finished_run(tmp_path, steps=30)
     f = RunFollower(tmp_path)
     f.poll()
     assert f.state.step == 30
@@ -149,7 +150,7 @@ def test_failing_rank_prefers_the_first_failure_over_the_reason(tmp_path):
 
 
 def test_system_panel_reads_only_the_end_of_a_long_system_jsonl(tmp_path):
-    from tui import watch
+    from tui.read import watcher as watch
     finished_run(tmp_path, steps=5)
     sample = {"t": 0.0, "gpus": [{"index": 0, "util_pct": 0}], "ranks": []}
     lines = [dumps(sample | {"t": float(i), "gpus": [{"index": 0, "util_pct": i % 100}]}) for i in range(20_000)]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.events import read_events, read_json
+from mt.jsonl import read_events, read_json
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
               pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")]
@@ -34,7 +34,7 @@ def wait_screen(session: str, pattern: str, timeout: float) -> re.Match[str]:
 
 
 def test_mt_launch_shows_progress_checkpoints_and_quits_leaving_the_run(tmp_path):
-    from tui.control import kill_run
+    from tui.run.control import kill_run
 
     session = f"mt-e2e-{os.getpid()}"
     runs = tmp_path / "runs"

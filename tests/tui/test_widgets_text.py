@@ -1,12 +1,12 @@
 """Panel texts rendered from data, without a terminal."""
 from __future__ import annotations
 
-from tui.watch import SystemView
+from tui.read.watcher import SystemView
 from tui.widgets.system import render_system, sparkline
 
 
 def sample(n_gpus: int, unreadable: bool = False) -> dict:
-    g = lambda i: {"index": i, "name": "GPU", "util_pct": None if unreadable else 10 * i,  # noqa: E731
+    g = lambda i: {"index": i, "name": "GPU", "util_pct": None if unreadable else 10 * i,
                    "mem_used_bytes": None if unreadable else (i + 1) * 2**30, "mem_total_bytes": 80 * 2**30,
                    "temp_c": None, "power_w": None if unreadable else 300.0}
     return {"v": 1, "t": 0.0, "nvml": True, "nvml_error": None, "gpus": [g(i) for i in range(n_gpus)],
@@ -43,7 +43,7 @@ def test_no_gpus_says_why_and_sparkline_blanks_unknowns():
 
 
 def test_notice_for_every_state(tmp_path):
-    from tui.stream import RunState
+    from tui.state.run import RunState
     from tui.widgets.notice import notice_text
 
     def st(state: str, **kw) -> RunState:

@@ -4,7 +4,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from tui.stream import RunState, fmt_duration, fmt_num
+from tui.format import fmt_duration, fmt_num
+from tui.state.run import RunState
 
 STATE_STYLE = {
     "starting": "bold yellow", "running": "bold green", "stopping": "bold yellow",

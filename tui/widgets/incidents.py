@@ -10,7 +10,8 @@ from textual.containers import Vertical
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
-from tui.stream import Incident, fmt_duration
+from tui.format import fmt_duration
+from tui.state.run import Incident
 
 SEVERITY_STYLE = {"info": "cyan", "warn": "yellow", "error": "bold red"}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from tui.stream import RunState
+from tui.state.run import RunState
 
 
 def notice_text(st: RunState, log_tail: list[str], failing_rank: int | None) -> Text | None:

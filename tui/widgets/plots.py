@@ -16,8 +16,8 @@ from textual.widget import Widget
 if TYPE_CHECKING:
     from textual_plotext import Plot
 
-    from tui.plotmath import SmoothCache
-    from tui.series import Series
+    from tui.state.plotmath import SmoothCache
+    from tui.state.series import Series
 
 AXIS_COLS = 12  # cells plotext spends on the y tick labels
 
@@ -79,7 +79,7 @@ class MetricPlot(Widget, can_focus=True):
         try:
             from tui.widgets.figure import build
             out: RenderResult = build(self.plt, self.size.width, self.size.height, self.app)
-        except Exception as e:  # noqa: BLE001 - plotext corner cases must never kill the app
+        except Exception as e:  # noqa: BLE001 - a plot that cannot draw says so in place
             out = Text(f"{self.title}: cannot draw ({type(e).__name__})", style="dim")
         self.build_s = time.perf_counter() - t0
         self._rendered, self._rendered_sig = out, sig

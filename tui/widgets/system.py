@@ -7,7 +7,7 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import Static
 
-from tui.watch import SystemView
+from tui.read.watcher import SystemView
 
 SPARK = "▁▂▃▄▅▆▇█"
 

@@ -1,0 +1,266 @@
+"""Engine-side incident rules run on rank 0 after every optimizer step. Stdlib only, no torch.
+
+`StepAnomalies.observe` watches loss, grad norm and the fp16 loss scale and returns the
+`incident` event fields to emit now (`loss_spike`, `grad_explosion`, `fp16_overflow`);
+`nan_incident` builds the `nan_loss` one. `is_clear` is shared with the supervisor, which
+closes engine-side incidents when the step stream shows the condition has gone.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+from typing import Any
+
+from mt.config import MonitorConfig
+from mt.events import as_float
+
+# MAD * 1.4826 estimates the standard deviation of normally distributed noise; successive
+# differences carry sqrt(2) times the noise, and almost none of the (slow) trend, so the noise
+# scale comes from them: a MAD over the raw window would count the initial fall as noise.
+_DIFF_MAD_TO_SIGMA = 1.4826 / math.sqrt(2)
+# The centre a spike is measured from: the median of the last 21 losses follows the trend yet
+# ignores up to 10 outliers.
+_CENTER_STEPS = 21
+
+
+class RollingMedian:
+    """The last `size` values kept both in arrival order and sorted: O(log n) median."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._order: deque[float] = deque()
+        self._sorted: list[float] = []
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def add(self, x: float) -> None:
+        if len(self._order) == self.size:
+            old = self._order.popleft()
+            del self._sorted[bisect.bisect_left(self._sorted, old)]
+        self._order.append(x)
+        bisect.insort(self._sorted, x)
+
+    def median(self) -> float:
+        s, n = self._sorted, len(self._sorted)
+        return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+    def recent(self, k: int) -> list[float]:
+        return list(self._order)[-k:]
+
+
+def _finite(x: Any) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
+
+
+def _r(x: float | None, digits: int = 4) -> float | None:
+    """Round for evidence: readable numbers, still machine-usable."""
+    return None if x is None else float(f"{x:.{digits}g}")
+
+
+def _incident(step: int, code: str, severity: str, title: str, detail: str, advice: str,
+              evidence: dict[str, Any]) -> dict[str, Any]:
+    return {"step": step, "code": code, "severity": severity, "title": title,
+            "detail": detail, "advice": advice, "evidence": evidence}
+
+
+ADVICE = {
+    "loss_spike": (
+        "Look at raw loss, grad norm and lr around this step: a spike with a grad-norm jump is an "
+        "optimisation instability, one without is often a bad batch. First lower the peak lr or "
+        "lengthen warmup, keep grad clipping on (1.0), check the data shard that fed this step; "
+        "if it recurs, resume from the last checkpoint before the spike and skip that data."
+    ),
+    "grad_explosion": (
+        "Watch grad norm against lr and loss: exploding norms usually come before a loss spike or "
+        "NaN. First lower lr (or lengthen warmup) and keep clipping at ~1.0; check for bad inputs, "
+        "a missing normalisation, or fp16 overflow. Clipping on nearly every step means the "
+        "effective lr is much lower than configured."
+    ),
+    "fp16_overflow": (
+        "Check skipped steps and the loss scale: a few skips early are the GradScaler calibrating, "
+        "repeated skips waste steps. Prefer bf16 where the hardware has it; otherwise lower lr, "
+        "clip gradients after scaler.unscale_(), and look for activations that overflow fp16."
+    ),
+    "nan_loss": (
+        "Check the data shard holding these sample indices (corrupt or extreme inputs), then lower "
+        "lr or add warmup, check fp16 loss scaling (prefer bf16), keep grad clipping on; resume "
+        "from the last checkpoint if the weights are already non-finite."
+    ),
+}
+
+
+def is_clear(code: str, evidence: dict[str, Any], step: dict[str, Any]) -> bool:
+    """Whether one step event no longer shows the condition an engine incident reported."""
+    loss = _finite(as_float(step.get("loss")))
+    if code == "nan_loss":
+        return loss is not None
+    if code == "loss_spike":
+        limit = _finite(evidence.get("threshold"))
+        return loss is not None and (limit is None or loss <= limit)
+    if code == "grad_explosion":
+        gn = _finite(as_float(step.get("grad_norm")))
+        limit = _finite(evidence.get("threshold"))
+        if evidence.get("reason") == "clipping":
+            return not step.get("clipped")
+        return gn is not None and (limit is None or gn <= limit)
+    if code == "fp16_overflow":
+        scale = _finite(as_float(step.get("loss_scale")))
+        floor = _finite(evidence.get("min_scale")) or 0.0
+        return not step.get("skipped") and (scale is None or scale >= floor)
+    return True
+
+
+class StepAnomalies:
+    """Rank 0's per-step watch on loss, grad norm and loss scale; each code fires once while open."""
+
+    def __init__(self, monitor: MonitorConfig, grad_clip: float) -> None:
+        self.m = monitor
+        self.grad_clip = grad_clip
+        self.losses = RollingMedian(_CENTER_STEPS)
+        self.loss_diffs = RollingMedian(monitor.spike_window)  # |loss[i] - loss[i-1]|
+        self._last_loss: float | None = None
+        self.grads = RollingMedian(monitor.spike_window)
+        self.clipped: deque[bool] = deque(maxlen=monitor.clip_window)
+        self.skipped: deque[bool] = deque(maxlen=monitor.overflow_window)
+        self.steps_seen = 0
+        self.calibrating = True  # GradScaler skips at the very start are calibration, not faults
+        self.open: dict[str, dict[str, Any]] = {}  # code -> evidence of the open incident
+        self._clean: dict[str, int] = {}  # code -> consecutive clean steps since it opened
+
+    def observe(self, step: dict[str, Any]) -> list[dict[str, Any]]:
+        """Feed one optimizer step; returns the incidents that open on it."""
+        self._maybe_close(step)
+        self.steps_seen += 1
+        s = int(step.get("step") or self.steps_seen)
+        out = []
+        skipped = bool(step.get("skipped"))
+        if not skipped:
+            self.calibrating = False
+        for check in (self._overflow, self._spike, self._grad):
+            inc = check(s, step, skipped)
+            if inc is not None and inc["code"] not in self.open:
+                self.open[inc["code"]] = inc["evidence"]
+                self._clean[inc["code"]] = 0
+                out.append(inc)
+        loss = _finite(step.get("loss"))
+        gn = _finite(step.get("grad_norm"))
+        if loss is not None and not skipped:
+            self.losses.add(loss)
+            if self._last_loss is not None:
+                self.loss_diffs.add(abs(loss - self._last_loss))
+            self._last_loss = loss
+        if gn is not None and not skipped:
+            self.grads.add(gn)
+            self.clipped.append(bool(step.get("clipped")))
+        return out
+
+    def _maybe_close(self, step: dict[str, Any]) -> None:
+        for code in list(self.open):
+            if is_clear(code, self.open[code], step):
+                self._clean[code] += 1
+                if self._clean[code] >= self.m.close_after_steps:
+                    del self.open[code]
+            else:
+                self._clean[code] = 0
+
+    def _spike(self, s: int, step: dict[str, Any], skipped: bool) -> dict[str, Any] | None:
+        loss = _finite(step.get("loss"))
+        if loss is None or skipped or len(self.loss_diffs) + 1 < self.m.spike_min_history:
+            return None
+        med = self.losses.median()
+        floor = med + self.m.spike_min_jump * abs(med)
+        if loss <= floor:
+            return None
+        scale = max(self.loss_diffs.median() * _DIFF_MAD_TO_SIGMA, 1e-12)
+        threshold = max(floor, med + self.m.spike_mads * scale)
+        if loss <= threshold:
+            return None
+        lr, gn = _finite(step.get("lr")), _finite(step.get("grad_norm"))
+        window = self.losses.recent(10)
+        evidence = {
+            "loss": _r(loss), "median": _r(med), "mad_sigma": _r(scale),
+            "mads": _r((loss - med) / scale, 3), "jump": _r(loss - med),
+            "jump_ratio": _r(loss / med, 3) if med else None, "threshold": _r(threshold, 6),
+            "window_steps": len(self.loss_diffs) + 1, "recent_losses": [_r(x) for x in window],
+            "lr": _r(lr), "grad_norm": _r(gn), "grad_norm_median": _r(self.grads.median()) if len(self.grads) else None,
+        }
+        detail = (f"loss {loss:.4g} at step {s} vs rolling median {med:.4g} of the last {len(self.losses)} steps "
+                  f"(+{loss - med:.3g}, {evidence['mads']} MADs); lr {_fmt(lr)}, grad norm {_fmt(gn)}")
+        return _incident(s, "loss_spike", "warn", f"Loss spike at step {s}", detail,
+                         ADVICE["loss_spike"], evidence)
+
+    def _grad(self, s: int, step: dict[str, Any], skipped: bool) -> dict[str, Any] | None:
+        gn = _finite(step.get("grad_norm"))
+        if gn is None or skipped or len(self.grads) < self.m.spike_min_history:
+            return None
+        med = self.grads.median()
+        lr = _finite(step.get("lr"))
+        if med > 0 and gn > self.m.grad_explosion_factor * med:
+            threshold = self.m.grad_explosion_factor * med
+            evidence = {"reason": "norm", "grad_norm": _r(gn), "median": _r(med),
+                        "factor": _r(gn / med, 3), "threshold": _r(threshold, 6),
+                        "window_steps": len(self.grads), "lr": _r(lr),
+                        "loss": _r(_finite(step.get("loss"))), "grad_clip": self.grad_clip}
+            detail = (f"grad norm {gn:.4g} at step {s} is {gn / med:.1f}x its rolling median {med:.4g} "
+                      f"(threshold {self.m.grad_explosion_factor:g}x); lr {_fmt(lr)}")
+            return _incident(s, "grad_explosion", "warn", f"Gradient explosion at step {s}", detail,
+                             ADVICE["grad_explosion"], evidence)
+        # Clipping on almost every step is normal at the very start; only judge it once the
+        # run is past its first spike_window steps and the window is full.
+        if (self.grad_clip > 0 and self.steps_seen > self.m.spike_window
+                and len(self.clipped) == self.clipped.maxlen and step.get("clipped")):
+            share = sum(self.clipped) / len(self.clipped)
+            if share >= self.m.clip_active_share:
+                evidence = {"reason": "clipping", "clipped_share": _r(share, 3),
+                            "window_steps": len(self.clipped), "grad_clip": self.grad_clip,
+                            "grad_norm": _r(gn), "median": _r(med), "lr": _r(lr)}
+                detail = (f"gradients clipped on {share:.0%} of the last {len(self.clipped)} steps "
+                          f"(clip {self.grad_clip:g}, median grad norm {med:.3g}): the effective lr "
+                          f"is far below the configured one")
+                return _incident(s, "grad_explosion", "info", "Clipping active on most steps", detail,
+                                 ADVICE["grad_explosion"], evidence)
+        return None
+
+    def _overflow(self, s: int, step: dict[str, Any], skipped: bool) -> dict[str, Any] | None:
+        if step.get("loss_scale") is None:
+            return None  # no GradScaler (fp32/bf16): a skipped step there is a NaN, not an overflow
+        scale = _finite(step.get("loss_scale"))
+        if not self.calibrating:
+            self.skipped.append(skipped)
+        n_skipped = sum(self.skipped)
+        collapsed = scale is not None and scale < self.m.overflow_min_scale
+        if not (collapsed or n_skipped >= self.m.overflow_max_skipped):
+            return None
+        evidence = {"skipped_in_window": n_skipped, "window_steps": len(self.skipped),
+                    "loss_scale": scale, "min_scale": self.m.overflow_min_scale,
+                    "grad_norm": _r(_finite(step.get("grad_norm"))), "lr": _r(_finite(step.get("lr")))}
+        if collapsed:
+            detail = (f"GradScaler loss scale fell to {scale:.3g} at step {s} (below "
+                      f"{self.m.overflow_min_scale:g}): gradients overflow fp16 even unscaled")
+        else:
+            detail = (f"{n_skipped} of the last {len(self.skipped)} steps were skipped for inf/NaN "
+                      f"gradients (loss scale now {_fmt(scale)})")
+        return _incident(s, "fp16_overflow", "warn", f"fp16 overflow: skipped steps at {s}", detail,
+                         ADVICE["fp16_overflow"], evidence)
+
+
+def nan_incident(step: int, lr: float, grad_norm: float, loss: float, sample_indices: list[int],
+                 action: str) -> dict[str, Any]:
+    """The `nan_loss` incident for a step whose loss was non-finite on some rank."""
+    shown = ", ".join(str(i) for i in sample_indices[:16]) + (" ..." if len(sample_indices) > 16 else "")
+    what = "the step was skipped (weights unchanged)" if action == "skip" else "the run stops"
+    detail = (f"loss {loss} at step {step} (lr {lr:.3g}, grad norm {grad_norm}); {what}. "
+              f"Samples in the offending micro-batch: {shown or 'unknown'}")
+    evidence = {"loss": loss, "lr": _r(_finite(lr)), "grad_norm": grad_norm,
+                "sample_indices": list(sample_indices), "action": action}
+    return _incident(step, "nan_loss", "error" if action == "stop" else "warn",
+                     f"Non-finite loss at step {step}", detail, ADVICE["nan_loss"], evidence)

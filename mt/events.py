@@ -1,0 +1,111 @@
+"""The contract between engine and viewer: run-directory layout, event schema, JSONL I/O.
+
+Stdlib only (the `tui` side imports it and must never load torch). See shared/DESIGN.md.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+# kind -> fields every event of that kind carries (besides v, t, kind)
+EVENT_FIELDS: dict[str, tuple[str, ...]] = {
+    "run_start": (
+        "run_id", "attempt", "world_size", "nnodes", "device", "backend", "precision", "config",
+        "params_total", "params_trainable", "tokens_per_step", "effective_batch",
+        "static_mem_bytes", "start_step", "max_steps", "resumed_from", "torch_version",
+        "git_commit",
+    ),
+    "step": (
+        "step", "epoch", "loss", "lr", "grad_norm", "clipped", "tokens_per_s", "step_time_s",
+        "data_wait_s", "samples_seen", "tokens_seen", "skipped", "mem_alloc_bytes",
+        "mem_peak_bytes",
+    ),
+    "eval": ("step", "val_loss"),
+    "checkpoint": ("step", "path", "bytes", "seconds", "reason", "request_id"),
+    "incident": ("step", "code", "severity", "title", "detail", "advice", "evidence"),
+    "control": ("request_id", "action", "status", "detail"),
+    "run_end": ("step", "status", "reason"),
+}
+
+RUN_STATES = ("starting", "running", "stopping", "completed", "stopped", "failed", "killed")
+FINAL_STATES = ("completed", "stopped", "failed", "killed")
+INCIDENT_CODES = (
+    "dataloader_stall", "nan_loss", "loss_spike", "grad_explosion", "fp16_overflow",
+    "throughput_drop", "hang", "straggler", "memory_pressure", "oom", "nccl_timeout", "crash",
+    "checkpoint_skipped",  # beyond DESIGN.md: a damaged checkpoint passed over on resume
+)
+CONTROL_ACTIONS = ("checkpoint", "stop")
+
+
+def make_event(kind: str, **fields: Any) -> dict[str, Any]:
+    """An event dict with the envelope filled in; raises on a missing field (a bug, not input)."""
+    missing = [f for f in EVENT_FIELDS[kind] if f not in fields]
+    if missing:
+        raise ValueError(f"{kind} event lacks {missing}")
+    return {"v": SCHEMA_VERSION, "t": time.time(), "kind": kind, **fields}
+
+
+def schema_errors(event: Any) -> list[str]:
+    """What is wrong with one parsed event line (empty when it matches the schema)."""
+    if not isinstance(event, dict):
+        return ["not a JSON object"]
+    errors = []
+    if event.get("v") != SCHEMA_VERSION:
+        errors.append(f"v is {event.get('v')!r}")
+    if not isinstance(event.get("t"), (int, float)):
+        errors.append("t is not a number")
+    kind = event.get("kind")
+    if kind not in EVENT_FIELDS:
+        errors.append(f"unknown kind {kind!r}")
+        return errors
+    errors += [f"{kind} lacks {f}" for f in EVENT_FIELDS[kind] if f not in event]
+    return errors
+
+
+def dumps(obj: Any) -> str:
+    """One JSONL line. Non-finite floats become the strings "nan"/"inf" so every reader copes."""
+    try:
+        return json.dumps(obj, separators=(",", ":"), allow_nan=False)
+    except ValueError:  # rare: a NaN or inf somewhere
+        return json.dumps(_finite(obj), separators=(",", ":"), allow_nan=False)
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float) and obj != obj:
+        return "nan"
+    if isinstance(obj, float) and obj in (float("inf"), float("-inf")):
+        return "inf" if obj > 0 else "-inf"
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def as_float(value: Any) -> float:
+    """A numeric event field as float, turning the "nan"/"inf" strings back into floats."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except OverflowError:  # an integer beyond float range (a line from elsewhere)
+            return float("inf") if value > 0 else float("-inf")
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return float("nan")
+    return float("nan")
+
+
+def parse_line(line: bytes) -> dict[str, Any] | None:
+    """One JSONL line as a dict; None when it is not a JSON object (torn, garbage, a list)."""
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+

@@ -1,0 +1,168 @@
+"""Requests from outside the run: control/*.json files (rank 0) and termination signals (all ranks)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import stat
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from mt.events import CONTROL_ACTIONS
+
+
+@dataclass
+class Request:
+    id: str
+    action: str
+    t: float
+    path: Path
+
+
+@dataclass
+class Polled:
+    requests: list[Request] = field(default_factory=list)
+    rejected: list[tuple[str, str, str]] = field(default_factory=list)
+    """(request_id, action, why) for files that are not valid requests."""
+
+
+class ControlInbox:
+    """Finds new request files in `control/`; handled and rejected entries move to `control/processed/`.
+
+    Nothing an outsider puts in `control/` may end a run: every entry is either a valid
+    request or a counted rejection that leaves the inbox.
+    """
+
+    KEEP_PROCESSED = 256  # handled requests kept for inspection; older ones are deleted
+    MAX_BYTES = 64 * 1024  # a real request is ~100 bytes
+
+    def __init__(self, control_dir: Path) -> None:
+        self.dir = control_dir
+        self.done_dir = control_dir / "processed"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.done_dir.mkdir(exist_ok=True)
+        self._stuck: set[str] = set()  # entries that could not be moved: rejected once, then ignored
+
+    def poll(self) -> Polled:
+        out = Polled()
+        try:
+            entries = [e for e in os.scandir(self.dir)
+                       if not e.name.startswith(".") and e.path != str(self.done_dir) and e.name not in self._stuck]
+        except OSError:
+            return out
+        for entry in entries:
+            path = Path(entry.path)
+            raw, why = _read_request(path, self.MAX_BYTES)
+            req = _parse_request(raw, path) if why is None else None
+            if isinstance(req, str):
+                why, req = req, None
+            if req is None:
+                rid = raw.get("id") if isinstance(raw, dict) and isinstance(raw.get("id"), str) else path.stem
+                action = raw.get("action") if isinstance(raw, dict) else None
+                out.rejected.append((rid[:128], str(action)[:64], f"{path.name}: {why}"))
+                self.done(path)
+                continue
+            out.requests.append(req)
+        out.requests.sort(key=lambda r: r.t)
+        return out
+
+    def done(self, path: Path) -> None:
+        """Move an entry (the entry itself: a symlink is never followed) out of the inbox."""
+        dest = self.done_dir / path.name
+        if os.path.lexists(dest):
+            dest = self.done_dir / f"{path.name}.{time.time_ns()}"
+        try:
+            os.rename(path, dest)
+        except OSError:
+            self._stuck.add(path.name)
+            return
+        self._prune_processed()
+
+    def _prune_processed(self) -> None:
+        try:
+            entries = sorted(os.scandir(self.done_dir), key=lambda e: e.stat(follow_symlinks=False).st_mtime)
+        except OSError:
+            return
+        for entry in entries[:max(0, len(entries) - self.KEEP_PROCESSED)]:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    os.unlink(entry.path)
+            except OSError:
+                pass
+
+
+def _read_request(path: Path, max_bytes: int) -> tuple[Any, str | None]:
+    """The JSON in a regular file at `path`, never following a symlink nor blocking on a FIFO."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        kind = "a symlink" if path.is_symlink() else "unreadable"
+        return None, f"{kind}, not a request file ({e.strerror})"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None, "not a regular file"
+        if st.st_size > max_bytes:
+            return None, f"{st.st_size} bytes; a request is at most {max_bytes}"
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(max_bytes + 1)
+    except OSError as e:
+        return None, f"unreadable ({e.strerror})"
+    finally:
+        os.close(fd)
+    if not path.name.endswith(".json"):
+        return None, "a request file's name ends in .json"
+    try:
+        return json.loads(data), None
+    except (ValueError, RecursionError) as e:
+        return None, f"not valid JSON ({e})"
+
+
+def _parse_request(raw: Any, path: Path) -> Request | str:
+    """A Request, or why `raw` is not one."""
+    if not isinstance(raw, dict):
+        return f"a request is a JSON object, got {type(raw).__name__}"
+    action = raw.get("action")
+    if action not in CONTROL_ACTIONS:
+        return f"action must be one of {', '.join(CONTROL_ACTIONS)}, got {str(action)[:64]!r}"
+    rid = raw.get("id", path.stem)
+    if not isinstance(rid, str) or not rid or len(rid) > 128:
+        return "id must be a string of 1-128 characters"
+    t = raw.get("t", 0.0)
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+        return f"t must be a number (seconds since the epoch), got {str(t)[:64]!r}"
+    return Request(rid, action, float(t), path)
+
+
+class StopSignals:
+    """First SIGTERM/SIGINT/SIGHUP asks for a graceful stop; a second one exits at once."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        for sig in self.SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.received is not None:
+            os._exit(128 + signum)  # second signal: the user means it; skip every cleanup
+        self.received = signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.received).name if self.received else ""

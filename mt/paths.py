@@ -1,0 +1,76 @@
+"""Where everything lives inside a run directory, and how checkpoint folders are named."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Where everything lives inside one run directory."""
+
+    root: Path
+
+    @property
+    def preset(self) -> Path:
+        return self.root / "preset.toml"
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.json"
+
+    @property
+    def status(self) -> Path:
+        return self.root / "status.json"
+
+    @property
+    def events(self) -> Path:
+        return self.root / "events.jsonl"
+
+    @property
+    def system(self) -> Path:
+        return self.root / "system.jsonl"
+
+    @property
+    def incidents(self) -> Path:
+        return self.root / "incidents.jsonl"
+
+    @property
+    def heartbeat_dir(self) -> Path:
+        return self.root / "heartbeat"
+
+    def heartbeat(self, rank: int) -> Path:
+        return self.heartbeat_dir / f"rank{rank}"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    def rank_log(self, rank: int) -> Path:
+        return self.logs / f"rank{rank}.log"
+
+    @property
+    def supervisor_log(self) -> Path:
+        return self.logs / "supervisor.log"
+
+    @property
+    def control(self) -> Path:
+        return self.root / "control"
+
+    @property
+    def supervisor_lock(self) -> Path:
+        return self.root / "supervisor.lock"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+
+_CHECKPOINT_DIR = re.compile(r"^step-(\d+)$")
+
+
+def checkpoint_step(name: str) -> int | None:
+    """The step of a checkpoint folder name (`step-<S>`), None for any other name."""
+    m = _CHECKPOINT_DIR.match(name)
+    return int(m.group(1)) if m else None

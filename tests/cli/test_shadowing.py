@@ -1,0 +1,33 @@
+"""mt's processes run mt's code whatever the working directory holds (torchvision's scripts have an engine.py)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cli.conftest import events, status, write_preset
+
+pytestmark = pytest.mark.slow
+MT_SCRIPT = Path(sys.executable).parent / "mt"
+
+
+@pytest.mark.skipif(not MT_SCRIPT.exists(), reason="needs the installed mt script")
+def test_launch_from_a_folder_with_its_own_engine_tui_and_mt(tmp_path: Path) -> None:
+    work = tmp_path / "user-project"
+    work.mkdir()
+    for name in ("engine.py", "mt.py", "torch.py"):
+        (work / name).write_text("raise SystemExit('the user module was imported instead of the real one')\n")
+    (work / "tui").mkdir()
+    (work / "tui" / "__init__.py").write_text("raise SystemExit('the user tui was imported')\n")
+    write_preset(work / "p.toml", tmp_path / "runs", launch={"nproc_per_node": 2}, train={"max_steps": 6})
+    res = subprocess.run([str(MT_SCRIPT), "launch", "p.toml", "--headless"], cwd=work, capture_output=True,
+                         text=True, timeout=300)
+    assert (tmp_path / "runs").is_dir(), res.stdout + res.stderr
+    run_dir = next((tmp_path / "runs").iterdir())
+    logs = "".join(p.read_text(errors="replace") for p in run_dir.glob("logs/*.log"))
+    assert res.returncode == 0, res.stdout + res.stderr + logs
+    assert status(run_dir)["state"] == "completed"
+    assert events(run_dir, "run_end")[-1]["status"] == "completed"
+    assert "user module was imported" not in logs and "user tui" not in logs

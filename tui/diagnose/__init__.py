@@ -1,0 +1,1 @@
+"""Incident diagnosis: the rules (pure), the signals they read, the probes and the monitor."""

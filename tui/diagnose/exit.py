@@ -1,0 +1,240 @@
+"""Why a worker exited: crash, oom or nccl_timeout, from exit codes and log tails (pure text)."""
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+from mt.config import MonitorConfig
+from mt.events import as_float
+from tui.diagnose.findings import Finding, Observation, RankProc
+from tui.diagnose.signals import RunSignals
+
+_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|"
+                  r"HIP out of memory|std::bad_alloc|\bMemoryError\b|Cannot allocate memory|"
+                  r"DefaultCPUAllocator: can't allocate memory")
+_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout|collective operation timeout|"
+                      r"Timed out waiting \d+ ?ms for (?:recv|send)|ProcessGroup\w*.*(?:timed out|Timeout)|"
+                      r"NCCL (?:timeout|communicator was aborted)|DistBackendError.*(?:timed out|Timeout)|"
+                      r"Socket Timeout", re.I)
+_PEER_GONE = re.compile(r"Connection (?:closed|reset) by peer|Broken pipe|ECONNRESET|"
+                        r"Connection refused.*(?:gloo|store)|NCCL.*remote process exited", re.I)
+# Someone asked the process (or its DataLoader worker) to stop: mt stop/kill, a scheduler, Ctrl-C.
+_TERMINATED = re.compile(r"killed by signal: (?:Terminated|Interrupt|Hangup)|^KeyboardInterrupt|"
+                         r"Signal (?:15|2|1) \(SIG(?:TERM|INT|HUP)\) received")
+_KILLED = re.compile(r"killed by signal: Killed")
+_EXC_LINE = re.compile(r"^(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Interrupt|Exit|Failure)\b:?.*$")
+_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:\s?")
+_ROOT = "Root Cause (first observed failure):"
+_FIELD = re.compile(r"^\s*(rank|exitcode|traceback|error_file)\s*:\s*(.*)$")
+
+# Ways to be asked to stop: nobody's fault, no incident (mt stop/kill, a scheduler, Ctrl-C).
+_POLITE = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+
+ADVICE = {
+    "crash": (
+        "Read the last frames of the traceback in the rank's log (logs/rank<N>.log) — the first "
+        "rank to die is the cause, the others usually only lost their peer. Fix it and `mt resume` "
+        "from the newest checkpoint; a crash at the same step twice points at the data (that "
+        "shard) or a code path (eval, checkpoint) rather than the hardware."
+    ),
+    "oom": (
+        "Out of memory. GPU: lower micro_batch_size and raise grad_accum_steps (same global "
+        "batch), shorten seq_len, use bf16, enable activation checkpointing, set "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; check mem_peak_bytes in the step events. "
+        "Host (kernel OOM killer): fewer DataLoader workers or a smaller prefetch_factor, "
+        "memory-map the dataset instead of loading it, fewer ranks per node."
+    ),
+    "nccl_timeout": (
+        "A collective timed out or lost its peer: one rank stopped joining (hung, crashed, or "
+        "its node went away) or the network failed. Find the rank that stopped first (a hang "
+        "incident before this names it), check the network (NCCL_DEBUG=INFO, NCCL_SOCKET_IFNAME, "
+        "firewalls), and rank-dependent code paths that skip a collective. [launch] pg_timeout_s "
+        "sets how long a collective may wait."
+    ),
+}
+
+
+@dataclass
+class Failure:
+    """One failed worker as torchrun reported it."""
+
+    rank: int
+    exit_code: int | None
+    pid: int | None = None
+    traceback: str = ""
+
+
+def torchrun_failures(text: str) -> list[Failure]:
+    """The last ChildFailedError report in torchrun's log: the root cause first, then the rest."""
+    at = text.rfind(_ROOT)
+    if at < 0:
+        return []
+    start = text.rfind("Failures:", 0, at)
+    blocks = text[start if start >= 0 else at:]
+    end = blocks.find("=" * 20, blocks.find(_ROOT) if _ROOT in blocks else 0)
+    body = blocks[:end] if end > 0 else blocks
+    others, root = body.split(_ROOT, 1) if _ROOT in body else ("", body)
+    out = _parse_blocks(root) + _parse_blocks(others)
+    return out
+
+
+def _parse_blocks(text: str) -> list[Failure]:
+    found: list[Failure] = []
+    cur: Failure | None = None
+    for line in text.splitlines():
+        m = _FIELD.match(line)
+        if not m:
+            continue
+        key, value = m.group(1), m.group(2).strip()
+        if key == "rank":
+            r = re.match(r"(\d+)", value)
+            cur = Failure(int(r.group(1)) if r else -1, None)
+            found.append(cur)
+        elif cur is not None and key == "exitcode":
+            code = re.match(r"(-?\d+)(?:\s*\(pid:\s*(\d+)\))?", value)
+            if code:
+                cur.exit_code = int(code.group(1))
+                cur.pid = int(code.group(2)) if code.group(2) else None
+        elif cur is not None and key == "traceback":
+            cur.traceback = value
+    return found
+
+
+def classify_log(tail: str) -> tuple[str | None, str]:
+    """(kind, the line that shows it) for a rank's log tail.
+
+    kind: oom, timeout, peer (lost a peer), terminated (asked to stop), killed (SIGKILL, e.g.
+    of a DataLoader worker by the OOM killer), exception, or None when the tail says nothing.
+    """
+    lines = [_PREFIX.sub("", ln).rstrip() for ln in tail.splitlines() if ln.strip()]
+    for kind, pattern in (("oom", _OOM), ("timeout", _TIMEOUT)):
+        hit = next((ln for ln in reversed(lines) if pattern.search(ln)), None)
+        if hit:
+            return kind, hit.strip()
+    exc = next((ln.strip() for ln in reversed(lines) if _EXC_LINE.match(ln.strip())), None)
+    for kind, pattern in (("terminated", _TERMINATED), ("killed", _KILLED), ("peer", _PEER_GONE)):
+        if exc and pattern.search(exc):
+            return kind, exc
+    if exc:
+        return "exception", exc
+    hit = next((ln for ln in reversed(lines) if _PEER_GONE.search(ln)), None)
+    return ("peer", hit.strip()) if hit else (None, "")
+
+
+def _signal_name(code: int | None) -> tuple[int | None, str | None]:
+    """Exit codes torchrun reports as -N (or shells as 128+N) for death by signal N."""
+    if code is None:
+        return None, None
+    num = -code if code < 0 else code - 128 if 128 < code < 160 else None
+    if num is None:
+        return None, None
+    try:
+        return num, signal.Signals(num).name
+    except ValueError:
+        return num, f"signal {num}"
+
+
+def _host_memory_share(sig: RunSignals) -> float | None:
+    for s in reversed(sig.system):
+        host = s.get("host") or {}
+        used, total = as_float(host.get("mem_used_bytes")), as_float(host.get("mem_total_bytes"))
+        if used == used and total == total and total > 0:
+            return used / total
+    return None
+
+
+def _first_failure(obs: Observation) -> tuple[list[Failure], str]:
+    """Failed ranks, the first first: from torchrun's report, status.json, or the logs."""
+    failures = torchrun_failures(obs.torchrun_log)
+    if failures:
+        return failures, "torchrun's report (first observed failure)"
+    codes = obs.status.get("worker_exit_codes") or obs.status.get("rank_exit_codes") or {}
+    if isinstance(codes, dict) and codes:
+        failed = [Failure(int(r), int(c)) for r, c in codes.items() if isinstance(c, int) and c != 0]
+        if failed:
+            return failed, "status.json exit codes"
+    ranked = []
+    for rank, tail in sorted(obs.rank_logs.items()):
+        kind, _ = classify_log(tail)
+        if kind is not None:
+            # a rank that only lost its peer, or is still alive, did not die first
+            alive = (obs.procs.get(rank) or RankProc(rank)).alive is not False
+            ranked.append((kind == "peer", alive, rank))
+    return [Failure(r, None) for _, _, r in sorted(ranked)], "rank logs"
+
+
+def worker_exit(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
+    """A worker exited non-zero: classify the first one to die.
+
+    Known for sure once torchrun has exited (status.json has its exit code); before that, a
+    rank that has gone, or printed an error since the last step, with a clear cause in its
+    log already counts.
+    """
+    st = obs.status
+    rc = st.get("exit_code")
+    exited = rc not in (None, 0) or st.get("state") == "failed"
+    dying = st.get("state") in ("running", "stopping") and (
+        obs.fresh_error or any(p.alive is False for p in obs.procs.values()))
+    if st.get("state") == "killed" or st.get("reason") == "kill requested" or not (exited or dying):
+        return None  # mt kill: a SIGKILL after the grace period is the user's doing, not a crash
+    if (obs.open_evidence.get("nan_loss") or {}).get("action") == "stop":
+        return None  # the engine stopped on purpose, and said why (nan_loss)
+    if sig.run_end is not None and sig.run_end.get("status") in ("completed", "stopped"):
+        return None
+    failures, source = _first_failure(obs)
+    first = failures[0] if failures else Failure(-1, rc if isinstance(rc, int) else None)
+    tail = obs.rank_logs.get(first.rank, "")
+    kind, line = classify_log(tail)
+    if kind in ("peer", "terminated"):  # a consequence: look for a rank with a cause of its own
+        for f in failures[1:] + [Failure(r, None) for r in sorted(obs.rank_logs) if r != first.rank]:
+            k2, l2 = classify_log(obs.rank_logs.get(f.rank, ""))
+            if k2 not in (None, "peer", "terminated"):
+                first, kind, line = f, k2, l2
+                break
+    signum, signame = _signal_name(first.exit_code)
+    if kind == "terminated" or (kind is None and (signum in _POLITE or not exited)):
+        return None  # stopped from outside (mt stop/kill, a scheduler): the status says so
+    host_mem = _host_memory_share(sig)
+    if kind == "oom":
+        code, what = "oom", f"ran out of memory: {line}"
+    elif kind == "timeout":
+        code, what = "nccl_timeout", f"timed out in a collective: {line}"
+    elif kind == "peer":
+        code, what = "nccl_timeout", f"lost its collective peer: {line}"
+    elif (signum == signal.SIGKILL or kind == "killed") and host_mem is not None and host_mem >= 0.9:
+        code, what = "oom", f"was killed by SIGKILL with host memory at {host_mem:.0%}: the kernel's OOM killer"
+    elif kind == "killed":
+        code, what = "crash", f"lost a process to SIGKILL (the kernel's OOM killer, or kill -9): {line}"
+    elif signame:
+        code, what = "crash", f"was killed by {signame}" + (f" ({line})" if line else "") + (
+            " (the kernel's OOM killer, or kill -9)" if signum == signal.SIGKILL else "")
+    elif kind == "exception":
+        code, what = "crash", f"raised {line}"
+    else:
+        code, what = "crash", f"exited with code {first.exit_code if first.exit_code is not None else rc}; no traceback in its log"
+    last = sig.last_step
+    step = (last.step if last else sig.start_step) + 1
+    who = f"rank {first.rank}" if first.rank >= 0 else "a worker"
+    others = [f"rank {f.rank} exit {f.exit_code}" for f in failures if f.rank != first.rank]
+    detail = f"{who} {what} (first to fail, per {source})"
+    if others:
+        detail += "; then " + ", ".join(others)
+    hang_ev = obs.open_evidence.get("hang") or {}
+    if code == "nccl_timeout" and hang_ev.get("suspect_ranks"):
+        detail += f"; the hang before it pointed at rank {', '.join(map(str, hang_ev['suspect_ranks']))}"
+    evidence: dict[str, Any] = {
+        "rank": first.rank if first.rank >= 0 else None, "exit_code": first.exit_code, "pid": first.pid,
+        "signal": signame, "line": line or None, "source": source, "torchrun_exit_code": rc,
+        "failures": [{"rank": f.rank, "exit_code": f.exit_code, "pid": f.pid} for f in failures],
+        "log_tail": [ln for ln in tail.splitlines() if ln.strip()][-8:], "host_mem_share": host_mem,
+        "last_step": last.step if last else None,
+    }
+    if code == "nccl_timeout":
+        stuck = hang_ev.get("suspect_ranks")
+        title = (f"Collective timeout at step {step}: rank {', '.join(map(str, stuck))} had stopped" if stuck
+                 else f"Collective timeout at step {step}: {who} gave up waiting")
+    else:
+        title = f"{'Worker crashed' if code == 'crash' else 'Out of memory'}: {who} at step {step}"
+    return Finding(code, "error", step, title, detail, ADVICE[code], evidence)

@@ -1,0 +1,157 @@
+"""Liveness rules from heartbeats and rank processes: hang and straggler."""
+from __future__ import annotations
+
+from typing import Any
+
+from mt.config import MonitorConfig
+from mt.events import as_float
+from tui.diagnose.findings import (
+    WAITING_SYSCALLS,
+    Finding,
+    Observation,
+    RankProc,
+    fmt_s,
+)
+from tui.diagnose.signals import RunSignals
+
+ADVICE_HANG = (
+    "Look at which rank stopped first and what the others do: ranks blocked in a collective "
+    "(futex/poll, ~0% CPU or spinning) wait for the one that is stuck (sleeping, in I/O, or "
+    "busy in its own code). Get its stack with `py-spy dump --pid PID`; check for a rank-"
+    "dependent branch that skips a collective, a dead DataLoader worker, a full disk, or a "
+    "GPU fault (nvidia-smi, dmesg). Lower [launch] pg_timeout_s so a hung collective fails "
+    "fast, and resume from the last checkpoint."
+)
+ADVICE_STRAGGLER = (
+    "One rank is slower than the rest and every collective waits for it. Check that rank's "
+    "host and GPU (clocks, temperature, other processes, PCIe/NVLink errors), its data "
+    "shard (longer samples, slower storage) and its DataLoader workers; uneven work per rank "
+    "(variable sequence lengths) needs bucketing or packing."
+)
+
+
+def _this_attempt(sig: RunSignals, obs: Observation) -> dict[int, dict[str, Any]]:
+    """Heartbeats written by the current attempt (older files are left-overs)."""
+    out = {}
+    for rank, hb in obs.heartbeats.items():
+        att = hb.get("attempt")
+        if sig.attempt is None or att is None or att == sig.attempt:
+            out[rank] = hb
+    return out
+
+
+def running(sig: RunSignals, obs: Observation) -> bool:
+    """This attempt's engine is up and has not ended (a hang or a stall can only happen then)."""
+    state = obs.status.get("state")
+    if state is not None and state != "running":
+        return False
+    if obs.status.get("exit_code") not in (None, 0):
+        return False
+    status_attempt = obs.status.get("attempt")
+    if isinstance(status_attempt, int) and sig.attempt is not None and status_attempt > sig.attempt:
+        return False  # a new attempt is starting; its engine has not announced itself yet
+    return sig.attempt is not None and sig.run_end is None
+
+
+def last_progress(sig: RunSignals, obs: Observation) -> float | None:
+    """The newest sign of life of this attempt: an event or a heartbeat."""
+    marks = [t for t in (sig.attempt_t0, sig.last_event_t) if t is not None]
+    marks += [as_float(hb.get("t")) for hb in _this_attempt(sig, obs).values()]
+    marks = [t for t in marks if t == t]
+    return max(marks) if marks else None
+
+
+def _doing(p: RankProc | None) -> str:
+    if p is None:
+        return "no process info"
+    if p.alive is False:
+        return "exited"
+    parts = []
+    if p.syscall:
+        parts.append("on CPU" if p.syscall == "running" else f"in {p.syscall}")
+    if p.cpu_pct is not None:
+        parts.append(f"{p.cpu_pct:.0f}% CPU")
+    return ", ".join(parts) or "alive"
+
+
+def _suspects(hbs: dict[int, dict[str, Any]], procs: dict[int, RankProc]) -> tuple[list[int], str]:
+    """The rank(s) the others wait for, and why we think so."""
+    steps = {r: int(as_float(hb.get("step"))) for r, hb in hbs.items() if as_float(hb.get("step")) == as_float(hb.get("step"))}
+    if steps and len(set(steps.values())) > 1:
+        low = min(steps.values())
+        return sorted(r for r, s in steps.items() if s == low), f"its heartbeat is behind (step {low})"
+    waiting = sorted(r for r, p in procs.items() if p.alive and p.syscall in WAITING_SYSCALLS)
+    other = sorted(r for r, p in procs.items() if p.alive and p.syscall and p.syscall not in WAITING_SYSCALLS)
+    if waiting and other:
+        calls = ", ".join(sorted({procs[r].syscall or "" for r in other}))
+        return other, (f"it is in {calls} while rank {', '.join(map(str, waiting))} "
+                       f"{'waits' if len(waiting) == 1 else 'wait'} for a peer, as in a collective")
+    return [], ""
+
+
+def hang(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
+    """No new step for max(floor, factor x median step time) while rank processes live."""
+    if not running(sig, obs):
+        return None
+    if obs.procs and not any(p.alive for p in obs.procs.values()):
+        return None  # everyone has exited: that is for the exit rules
+    hbs = _this_attempt(sig, obs)
+    last = sig.last_step
+    progress = last_progress(sig, obs)
+    if progress is None:
+        return None
+    med = sig.median_step_interval()
+    limit = max(m.hang_floor_s, m.hang_step_factor * med) if med else m.hang_floor_s
+    if last is None:
+        limit *= 2  # start-up: first batches, allocator warm-up, compilation
+    else:
+        for kind in sig.pauses_due(last.step):  # a long eval or checkpoint is not a hang
+            limit += m.hang_floor_s + sig.pause_allowance(kind)
+    idle = obs.now - progress
+    if idle < limit:
+        return None
+    step = (last.step if last else sig.start_step) + 1
+    stall = obs.open_evidence.get("dataloader_stall") or {}
+    if stall.get("in_progress") and stall.get("step") == step:
+        return None  # this quiet spell was already seen to be the input pipeline's
+    suspects, why = _suspects(hbs, obs.procs)
+    ranks = sorted(set(hbs) | set(obs.procs))
+    per_rank = {}
+    for r in ranks:
+        hb, p = hbs.get(r, {}), obs.procs.get(r)
+        age = obs.now - as_float(hb.get("t")) if hb else None
+        per_rank[str(r)] = {
+            "heartbeat_step": hb.get("step"), "heartbeat_age_s": None if age is None or age != age else round(age, 1),
+            "pid": p.pid if p else hb.get("pid"), "alive": p.alive if p else None,
+            "cpu_pct": p.cpu_pct if p else None, "state": p.state if p else None,
+            "syscall": p.syscall if p else None, "stale": age is not None and age >= limit,
+        }
+    stale = [r for r in ranks if per_rank[str(r)]["stale"]]
+    lines = [f"rank {r}: heartbeat step {per_rank[str(r)]['heartbeat_step']}, "
+             f"{fmt_s(per_rank[str(r)]['heartbeat_age_s'])} old, {_doing(obs.procs.get(r))}" for r in ranks]
+    who = (f"rank {', '.join(map(str, suspects))} looks stuck ({why}); " if suspects else "")
+    detail = (f"no step for {fmt_s(idle)} after step {step - 1} (limit {fmt_s(limit)}: max of "
+              f"{fmt_s(m.hang_floor_s)} and {m.hang_step_factor:g} x the median {fmt_s(med)} between steps); "
+              f"{who}stale heartbeats: {', '.join(map(str, stale)) or 'none'}. " + "; ".join(lines))
+    evidence = {"idle_s": round(idle, 1), "limit_s": round(limit, 1), "last_step": step - 1,
+                "median_step_interval_s": med, "stale_ranks": stale, "suspect_ranks": suspects, "ranks": per_rank}
+    return Finding("hang", "error", step, f"Hang: no progress after step {step - 1}", detail, ADVICE_HANG, evidence)
+
+
+def straggler(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
+    """A rank's heartbeat steadily `straggler_steps` or more behind the most advanced rank."""
+    if not running(sig, obs):
+        return None
+    med = sig.median_step_interval() or 1.0
+    steady = max(3.0, 3 * med)
+    lagging = {r: lag for r, (lag, since) in sig.heartbeat_lag.items() if obs.now - since >= steady}
+    if not lagging:
+        return None
+    hbs = _this_attempt(sig, obs)
+    top = max(int(as_float(hb.get("step"))) for hb in hbs.values()) if hbs else None
+    worst = max(lagging, key=lambda r: lagging[r])
+    detail = (f"rank {worst} is {lagging[worst]} steps behind the leading rank (step {top}) for over "
+              f"{fmt_s(steady)}; " + ", ".join(f"rank {r}: {_doing(obs.procs.get(r))}" for r in sorted(obs.procs)))
+    evidence = {"lag_steps": {str(r): lag for r, lag in lagging.items()}, "leading_step": top,
+                "threshold_steps": m.straggler_steps, "steady_s": steady}
+    return Finding("straggler", "warn", top, f"Straggler: rank {worst} behind", detail, ADVICE_STRAGGLER, evidence)

@@ -1,0 +1,253 @@
+"""IncidentMonitor: follows a run directory, runs the rules, keeps incidents.jsonl.
+
+The supervisor calls `poll()` about once a second while the run lives and once after a
+worker exits. Each poll reads only the new bytes of events.jsonl and system.jsonl, plus the
+small files (status, heartbeats) and, after an exit, the tails of the logs. Every incident is
+one `open` line and later one `closed` line with the same code; a code is never opened again
+while it is open. Engine-side incidents (from `incident` events) are copied with source
+"engine" and closed once `close_after_steps` logged steps show the condition gone.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from mt.anomaly import is_clear
+from mt.config import ConfigError, MonitorConfig, load_config_json
+from mt.events import FINAL_STATES, SCHEMA_VERSION, as_float, dumps
+from mt.jsonl import JsonlTail, read_events, read_json
+from mt.paths import RunPaths
+from mt.system import clean_sample
+from tui.diagnose.exit import classify_log
+from tui.diagnose.findings import Finding, Observation
+from tui.diagnose.probes import ProcReader, file_size, read_heartbeats, read_tail
+from tui.diagnose.rules import evaluate
+from tui.diagnose.signals import RunFacts, RunSignals
+
+EXIT_CODES = ("crash", "oom", "nccl_timeout")
+# What stays open once the run is over: the facts that explain how it ended.
+KEEP_WHEN_DONE = frozenset({"nan_loss", *EXIT_CODES})
+KEEP_WHEN_FAILED = KEEP_WHEN_DONE | {"hang"}
+_FIELDS = ("code", "severity", "step", "title", "detail", "advice", "evidence")
+
+
+def run_facts(paths: RunPaths) -> RunFacts:
+    """The config values the rules use, from config.json (defaults if it cannot be read)."""
+    try:
+        cfg = load_config_json(paths.config)
+    except ConfigError:
+        return RunFacts()
+    return RunFacts(eval_every=cfg.train.eval_every, checkpoint_every=cfg.checkpoint.every_steps,
+                    num_workers=cfg.data.num_workers, eval_batches=cfg.train.eval_batches,
+                    world_size=cfg.world_size, device=cfg.launch.device, host_cores=_cores())
+
+
+def _cores() -> int | None:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
+
+
+class IncidentMonitor:
+    """Diagnoses one run directory incrementally and appends to its incidents.jsonl."""
+
+    def __init__(self, run_dir: Path, monitor: MonitorConfig) -> None:
+        self.paths = RunPaths(Path(run_dir))
+        self.m = monitor
+        self.sig = RunSignals(run_facts(self.paths))
+        self.events = JsonlTail(self.paths.events)
+        self.system = JsonlTail(self.paths.system)
+        self.procs = ProcReader()
+        self.open: dict[str, dict[str, Any]] = {}
+        self.clear_since: dict[str, float] = {}
+        self.clean_steps: dict[str, int] = {}
+        self.copied: set[tuple[Any, ...]] = set()  # engine incidents already in the file
+        self.attempt_seen: Any = None
+        self.log_from: dict[Path, int] = {}  # log -> its size when this attempt began
+        self.log_mark: dict[int, int] = {}  # rank -> its log's size when the last step was read
+        self._resume_file()
+
+    def _resume_file(self) -> None:
+        """A monitor started on a run that already has incidents carries on from them."""
+        for rec in read_events(self.paths.incidents):
+            code = rec.get("code")
+            if rec.get("source") == "engine":
+                self.copied.add(_engine_key(rec))
+            if rec.get("status") == "open":
+                self.open[code] = rec
+                self.clean_steps[code] = 0
+            elif rec.get("status") == "closed":
+                self.open.pop(code, None)
+
+    # -- the poll --------------------------------------------------------------------------
+    def poll(self, now: float | None = None) -> list[dict[str, Any]]:
+        """Read what is new, run the rules, append and return the records written."""
+        now = time.time() if now is None else now
+        out: list[dict[str, Any]] = []
+        new_steps = 0
+        for ev in self.events.iter_new():
+            self.sig.feed_event(ev)
+            if ev.get("kind") == "incident":
+                out += self._copy_engine(ev, now)
+            elif ev.get("kind") == "step":
+                new_steps += 1
+                out += self._engine_clears(ev, now)
+            elif ev.get("kind") == "run_start":
+                new_steps = 0  # the steps read so far belong to an earlier attempt
+        for raw in self.system.iter_new():
+            sample = clean_sample(raw)
+            if sample is not None:
+                self.sig.feed_system(sample)
+        if new_steps:  # the logs up to here belong to a run that was still stepping
+            self.log_mark = {r: file_size(self.paths.rank_log(r)) for r in range(self.sig.world_size or 0)}
+        obs = self._observe(now)
+        obs.new_steps = new_steps
+        found = evaluate(self.sig, obs, self.m)
+        out += self._lifecycle(found, obs)
+        self._append(out)
+        return out
+
+    def _observe(self, now: float) -> Observation:
+        status = read_json(self.paths.status)
+        status = status if isinstance(status, dict) else {}
+        if status.get("attempt") != self.attempt_seen:
+            # logs are appended across attempts: only what this attempt wrote may explain its end
+            self.attempt_seen = status.get("attempt")
+            self.log_from = {p: file_size(p) for p in self._logs()}
+        hbs = read_heartbeats(self.paths)
+        self.sig.note_heartbeats(hbs, now, self.m.straggler_steps)
+        pids = self._rank_pids(hbs, status)
+        progress = self.sig.last_progress_t()
+        # the syscall probe is only worth it once the run has been quiet for a couple of seconds
+        quiet = progress is not None and now - progress > 2.0
+        sample = self.sig.system[-1] if self.sig.system else None
+        procs = self.procs.read(pids, sample, detailed=quiet)
+        obs = Observation(now, status, hbs, procs, open_codes=frozenset(self.open),
+                          open_evidence={c: {**(r.get("evidence") or {}), "step": r.get("step")} for c, r in self.open.items()})
+        exited = status.get("exit_code") not in (None, 0) or status.get("state") == "failed"
+        ended_well = (self.sig.run_end or {}).get("status") in ("completed", "stopped")
+        if quiet and not ended_well and not exited:
+            obs.fresh_error = self._fresh_error()
+        if exited or obs.fresh_error or (any(p.alive is False for p in procs.values()) and not ended_well):
+            ranks = set(pids) | set(range(self.sig.world_size or 0))
+            logs = {r: read_tail(self.paths.rank_log(r), since=self.log_from.get(self.paths.rank_log(r), 0))
+                    for r in sorted(ranks)}
+            obs.rank_logs = {r: t for r, t in logs.items() if t}
+            trl = self.paths.logs / "torchrun.log"
+            obs.torchrun_log = read_tail(trl, 65536, since=self.log_from.get(trl, 0))
+        return obs
+
+    def _fresh_error(self) -> bool:
+        """A rank printed an error since the run last stepped (and no eval/checkpoint is due)."""
+        last = self.sig.last_step
+        if last is None or self.sig.pauses_due(last.step):
+            return False
+        for rank, mark in self.log_mark.items():
+            kind, _ = classify_log(read_tail(self.paths.rank_log(rank), since=mark))
+            if kind in ("exception", "oom", "timeout", "killed"):
+                return True
+        return False
+
+    def _logs(self) -> list[Path]:
+        try:
+            return [p for p in self.paths.logs.iterdir() if p.suffix == ".log"]
+        except OSError:
+            return []
+
+    def _rank_pids(self, hbs: dict[int, dict[str, Any]], status: dict[str, Any]) -> dict[int, int]:
+        pids: dict[int, int] = {}
+        worker_pids = status.get("worker_pids")
+        if isinstance(worker_pids, dict):
+            for r, p in worker_pids.items():
+                if str(r).isdigit() and isinstance(p, int):
+                    pids[int(r)] = p
+        if pids:  # the supervisor's own list: this node's workers only
+            return pids
+        for r, hb in hbs.items():  # without it (a bare torchrun), the heartbeats name them
+            if isinstance(hb.get("pid"), int) and hb.get("attempt") in (None, self.sig.attempt):
+                pids[r] = hb["pid"]
+        return pids
+
+    # -- engine-side incidents -------------------------------------------------------------
+    def _copy_engine(self, ev: dict[str, Any], now: float) -> list[dict[str, Any]]:
+        key = _engine_key(ev)
+        code = ev.get("code")
+        if key in self.copied or not isinstance(code, str) or code in self.open:
+            self.copied.add(key)
+            return []
+        self.copied.add(key)
+        # t: when it reached this file (like every record); event_t: when the engine raised it
+        rec = {"v": SCHEMA_VERSION, "t": now, **{f: ev.get(f) for f in _FIELDS},
+               "status": "open", "source": "engine", "event_t": as_float(ev.get("t"))}
+        self.open[code] = rec
+        self.clean_steps[code] = 0
+        return [rec]
+
+    def _engine_clears(self, step: dict[str, Any], now: float) -> list[dict[str, Any]]:
+        out = []
+        for code, rec in list(self.open.items()):
+            if rec.get("source") != "engine" or as_float(step.get("step")) <= as_float(rec.get("step")):
+                continue
+            if is_clear(code, rec.get("evidence") or {}, step):
+                self.clean_steps[code] = self.clean_steps.get(code, 0) + 1
+                # fast runs clear N steps in a second: keep it open long enough to be seen
+                shown = now - as_float(rec.get("t")) >= self.m.close_after_s
+                if self.clean_steps[code] >= self.m.close_after_steps and shown:
+                    out.append(self._close(code, now, f"{self.clean_steps[code]} clean steps up to step {step.get('step')}"))
+            else:
+                self.clean_steps[code] = 0
+        return out
+
+    # -- supervisor-side lifecycle ---------------------------------------------------------
+    def _lifecycle(self, found: dict[str, Finding], obs: Observation) -> list[dict[str, Any]]:
+        out = []
+        for code, f in found.items():
+            self.clear_since.pop(code, None)
+            if code not in self.open:
+                rec = {"v": SCHEMA_VERSION, "t": obs.now, **f.fields(), "status": "open", "source": "supervisor"}
+                self.open[code] = rec
+                out.append(rec)
+        state = obs.status.get("state")
+        if state not in FINAL_STATES and self.sig.run_end is not None:
+            # the engine's run_end comes before torchrun and the supervisor finish: settle now,
+            # as the supervisor may not poll again once it has written the final state
+            state = str(self.sig.run_end.get("status") or "")
+        if state in FINAL_STATES:
+            keep = KEEP_WHEN_FAILED if state in ("failed", "killed") else KEEP_WHEN_DONE
+            for code in list(self.open):
+                if code not in keep and code not in found:
+                    out.append(self._close(code, obs.now, f"run {state}"))
+            return out
+        for code, rec in list(self.open.items()):
+            if rec.get("source") != "supervisor" or code in found:
+                continue
+            since = self.clear_since.setdefault(code, obs.now)
+            # a new attempt must be able to report its own crash: exits close at once
+            if code in EXIT_CODES or obs.now - since >= self.m.close_after_s:
+                out.append(self._close(code, obs.now, f"condition clear for {obs.now - since:.0f} s"))
+        return out
+
+    def _close(self, code: str, now: float, reason: str) -> dict[str, Any]:
+        rec = dict(self.open.pop(code))
+        self.clear_since.pop(code, None)
+        self.clean_steps.pop(code, None)
+        rec.update(t=now, status="closed", closed_reason=reason)
+        return rec
+
+    def _append(self, records: list[dict[str, Any]]) -> None:
+        if not records:
+            return
+        fd = os.open(self.paths.incidents, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            for rec in records:  # one write per line: a reader never sees half of one
+                os.write(fd, (dumps(rec) + "\n").encode())
+        finally:
+            os.close(fd)
+
+
+def _engine_key(ev: dict[str, Any]) -> tuple[Any, ...]:
+    t = ev.get("event_t", ev.get("t")) if "source" in ev else ev.get("t")
+    return (ev.get("code"), ev.get("step"), round(as_float(t), 3))

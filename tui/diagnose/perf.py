@@ -1,0 +1,160 @@
+"""Throughput rules: throughput drop, GPU memory pressure (and helpers the stall rule shares)."""
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from mt.config import MonitorConfig
+from mt.events import as_float
+from tui.diagnose.findings import Finding, Observation, fmt_s
+from tui.diagnose.signals import RunSignals, StepRec
+
+LIVE_STATES = ("starting", "running", "stopping")
+
+ADVICE_THROUGHPUT = (
+    "Compare data_wait_s, step_time_s and GPU utilisation around the drop: a rising data wait "
+    "is the input pipeline, a slower step with busy GPUs is thermal/clock throttling or "
+    "another job on the GPU, slow steps with idle GPUs on one rank is a straggler or the "
+    "network. Check the host (CPU, memory, swap) and other processes first."
+)
+ADVICE_MEMORY = (
+    "Close to out-of-memory: the next longer sequence or an allocator fragment can fail the "
+    "run. Lower micro_batch_size and raise grad_accum_steps (same global batch), use bf16, "
+    "enable activation checkpointing, or set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+    "to reduce fragmentation."
+)
+
+
+def is_live(sig: RunSignals, obs: Observation) -> bool:
+    """The run is (still) going: no run_end for this attempt, no final state."""
+    state = obs.status.get("state")
+    return sig.run_end is None and (state is None or state in LIVE_STATES)
+
+
+def is_nan(x: float) -> bool:
+    return x != x
+
+
+def gpu_util(sig: RunSignals, obs: Observation, window_s: float) -> float | None:
+    """Mean GPU utilisation over the window, if NVML sampled it for (most of) the window."""
+    samples = [s for s in sig.recent_system(obs.now, window_s) if s.get("nvml") and s.get("gpus")]
+    utils = []
+    for s in samples:
+        vals = [as_float(g.get("util_pct")) for g in s["gpus"]]
+        vals = [v for v in vals if not is_nan(v)]
+        if vals:
+            utils.append((as_float(s.get("t")), sum(vals) / len(vals)))
+    if len(utils) < 2 or utils[-1][0] - utils[0][0] < 0.8 * window_s:
+        return None
+    return sum(u for _, u in utils) / len(utils)
+
+
+def _tps_ok(r: StepRec) -> bool:
+    return not is_nan(r.tokens_per_s) and r.tokens_per_s > 0
+
+
+def _weight(r: StepRec) -> float:
+    """The wall time a step held the run (its interval; its step time when that is unknown)."""
+    w = r.interval_s if not is_nan(r.interval_s) else r.step_time_s
+    return w if w > 0 else 0.0
+
+
+def _time_weighted_median(steps: list[StepRec]) -> float:
+    """The rate the run had for half of the time: many fast steps do not outvote slow minutes."""
+    pairs = sorted((r.tokens_per_s, _weight(r)) for r in steps)
+    total = sum(w for _, w in pairs)
+    if total <= 0:
+        return statistics.median(v for v, _ in pairs)
+    acc = 0.0
+    for value, w in pairs:
+        acc += w
+        if acc >= total / 2:
+            return value
+    return pairs[-1][0]
+
+
+def _host_view(sig: RunSignals, obs: Observation) -> tuple[dict[str, Any], str]:
+    """The newest system sample's host load and rank CPU, and a sentence when the host is oversubscribed."""
+    sample = sig.system[-1] if sig.system else None
+    if sample is None or obs.now - as_float(sample.get("t")) > 10:
+        return {}, ""
+    h = sample.get("host") or {}
+    load, cpu = as_float(h.get("load1")), as_float(h.get("cpu_pct"))
+    ranks = [as_float(r.get("cpu_pct")) for r in sample.get("ranks") or [] if isinstance(r, dict)]
+    view = {"load1": None if is_nan(load) else round(load, 2), "cpu_pct": None if is_nan(cpu) else cpu,
+            "cores": sig.facts.host_cores, "rank_cpu_pct": [None if is_nan(c) else c for c in ranks]}
+    cores = sig.facts.host_cores
+    if cores and not is_nan(load) and load > 1.5 * cores:
+        shown = ", ".join(f"{c:.0f}%" for c in ranks if not is_nan(c))
+        return view, (f"; the host is oversubscribed: load {load:.1f} on {cores} cores"
+                      + (f", the ranks get {shown} CPU" if shown else "") + " (other processes compete)")
+    return view, ""
+
+
+def throughput_drop(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
+    """Tokens/s well below the run's own median for a sustained window (pauses excluded)."""
+    if not is_live(sig, obs):
+        return None
+    recent: list[StepRec] = []
+    before: list[StepRec] = []
+    for r in reversed(sig.steps):  # newest first; the baseline is the last 500 steps before
+        if len(before) == 500:
+            break
+        # steps that mostly waited for data are the stall rule's; they would only echo it here
+        data_bound = not is_nan(r.data_wait_s) and r.data_wait_s >= m.stall_data_share * max(r.step_time_s, 1e-9)
+        if sig.judged(r) and _tps_ok(r) and not data_bound:
+            (recent if obs.now - r.t <= m.throughput_window_s else before).append(r)
+    recent.reverse()
+    if len(recent) < 3 or len(before) < 10:
+        return None
+    # Sustained: the low rate must cover most of the window, not just its last seconds.
+    if recent[-1].t - recent[0].t < 0.5 * m.throughput_window_s:
+        return None
+    base = statistics.median(r.tokens_per_s for r in before)
+    now_rate = _time_weighted_median(recent)
+    slow = [r for r in recent if r.tokens_per_s < m.throughput_drop_share * base]
+    if now_rate >= m.throughput_drop_share * base or len(slow) < 3:
+        return None  # one long step, however long, is a hiccup (or a hang), not a lower rate
+    first = slow[0]
+    wait = statistics.median(r.data_wait_s for r in recent if not is_nan(r.data_wait_s)) if recent else None
+    detail = (f"tokens/s fell to {now_rate:,.0f} (time-weighted median of the last {fmt_s(m.throughput_window_s)}, "
+              f"{len(recent)} steps) from {base:,.0f} before, {now_rate / base:.0%} of it; "
+              f"median step time {fmt_s(statistics.median(r.step_time_s for r in recent))}, data wait {fmt_s(wait)}")
+    host, host_txt = _host_view(sig, obs)
+    detail += host_txt
+    evidence = {"tokens_per_s_now": round(now_rate, 1), "tokens_per_s_before": round(base, 1),
+                "ratio": round(now_rate / base, 3), "steps": [recent[0].step, recent[-1].step],
+                "threshold_share": m.throughput_drop_share, "data_wait_s_median": wait, "host": host}
+    return Finding("throughput_drop", "warn", first.step, f"Throughput drop from step {first.step}",
+                   detail, ADVICE_THROUGHPUT, evidence)
+
+
+def memory_pressure(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
+    """A GPU's memory above the share of its total for the whole window."""
+    if not is_live(sig, obs):
+        return None
+    samples = [s for s in sig.recent_system(obs.now, m.memory_window_s) if s.get("nvml") and s.get("gpus")]
+    if len(samples) < 2 or as_float(samples[-1].get("t")) - as_float(samples[0].get("t")) < 0.8 * m.memory_window_s:
+        return None
+    shares: dict[int, list[float]] = {}
+    totals: dict[int, float] = {}
+    for s in samples:
+        for g in s["gpus"]:
+            used, total = as_float(g.get("mem_used_bytes")), as_float(g.get("mem_total_bytes"))
+            if is_nan(used) or is_nan(total) or total <= 0:
+                continue
+            idx = int(g.get("index", 0))
+            shares.setdefault(idx, []).append(used / total)
+            totals[idx] = total
+    full = {i: v for i, v in shares.items() if len(v) >= 2 and min(v) >= m.memory_pressure_share}
+    if not full:
+        return None
+    worst = max(full, key=lambda i: max(full[i]))
+    last = sig.last_step
+    gpus = ", ".join(f"GPU {i} {max(v):.1%}" for i, v in sorted(full.items()))
+    detail = (f"GPU memory above {m.memory_pressure_share:.0%} of total for the last "
+              f"{fmt_s(m.memory_window_s)}: {gpus} (of {totals[worst] / 2**30:.0f} GiB)")
+    evidence = {"gpus": {str(i): {"min_share": round(min(v), 4), "max_share": round(max(v), 4)} for i, v in full.items()},
+                "window_s": m.memory_window_s, "threshold_share": m.memory_pressure_share}
+    return Finding("memory_pressure", "warn", last.step if last else None, "GPU memory pressure",
+                   detail, ADVICE_MEMORY, evidence)

@@ -1,0 +1,202 @@
+"""What the rules remember between polls: recent steps, pauses and system samples of a run."""
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from mt.events import as_float
+
+# Steps right after an attempt starts carry worker start-up, first-batch and allocator
+# warm-up costs; no rate or share is judged on them.
+WARMUP_STEPS = 3
+_KEEP_STEPS = 4000
+_KEEP_SYSTEM_S = 600.0
+
+
+@dataclass
+class StepRec:
+    """The timing fields of one `step` event."""
+
+    t: float
+    step: int
+    step_time_s: float
+    data_wait_s: float
+    tokens_per_s: float
+    interval_s: float = float("nan")
+    """Wall time since the previous logged step of this attempt, per step logged in between."""
+
+
+@dataclass
+class RunFacts:
+    """Config values the rules need (all optional: a rule copes without them)."""
+
+    eval_every: int = 0
+    checkpoint_every: int = 0
+    num_workers: int | None = None
+    eval_batches: int = 0
+    world_size: int | None = None
+    device: str | None = None
+    host_cores: int | None = None
+
+
+class RunSignals:
+    """Accumulates the event and system streams; the current attempt's steps and pauses."""
+
+    def __init__(self, facts: RunFacts | None = None) -> None:
+        self.facts = facts or RunFacts()
+        self.attempt: int | None = None
+        self.attempt_t0: float | None = None
+        self.start_step = 0
+        self.world_size: int | None = self.facts.world_size
+        self.steps: deque[StepRec] = deque(maxlen=_KEEP_STEPS)
+        self.pauses: dict[int, set[str]] = {}  # step -> {"eval", "checkpoint"} done after it
+        self.max_steps: int | None = None
+        self.params_total: int | None = None
+        self.pending_request = False  # a checkpoint/stop request accepted, not yet written
+        self.pause_s: dict[str, float] = {}  # kind -> longest pause seen (this run)
+        self.last_event_t: float | None = None
+        self.run_end: dict[str, Any] | None = None
+        self.system: deque[dict[str, Any]] = deque()
+        self.step_times: dict[int, float] = {}  # step -> event time, for pause lengths
+        self.heartbeat_lag: dict[int, tuple[int, float]] = {}  # rank -> (steps behind, since when)
+
+    # -- feeding ---------------------------------------------------------------------------
+    def feed_event(self, ev: dict[str, Any]) -> None:
+        kind, t = ev.get("kind"), as_float(ev.get("t"))
+        if t == t:
+            self.last_event_t = t if self.last_event_t is None else max(self.last_event_t, t)
+        if kind == "run_start":
+            self._new_attempt(ev, t)
+        elif kind == "step":
+            self._step(ev, t)
+        elif kind in ("eval", "checkpoint"):
+            self._pause(str(kind), ev, t)
+        elif kind == "run_end":
+            self.run_end = ev
+        elif kind == "control" and ev.get("action") in ("checkpoint", "stop"):
+            self.pending_request = ev.get("status") == "accepted"
+
+    def _new_attempt(self, ev: dict[str, Any], t: float) -> None:
+        self.attempt = int(ev.get("attempt") or 1)
+        self.attempt_t0 = t
+        self.start_step = int(ev.get("start_step") or 0)
+        self.world_size = int(ev.get("world_size") or 0) or self.world_size
+        self.max_steps = int(as_float(ev.get("max_steps"))) if as_float(ev.get("max_steps")) > 0 else None
+        params = as_float(ev.get("params_total"))
+        self.params_total = int(params) if params > 0 else self.params_total
+        self.pending_request = False
+        self.steps.clear()
+        self.step_times.clear()
+        self.run_end = None
+
+    def _step(self, ev: dict[str, Any], t: float) -> None:
+        try:
+            step = int(ev["step"])
+        except (KeyError, TypeError, ValueError):
+            return
+        prev = self.steps[-1] if self.steps else None
+        interval = (t - prev.t) / (step - prev.step) if prev and step > prev.step else float("nan")
+        rec = StepRec(t, step, as_float(ev.get("step_time_s")), as_float(ev.get("data_wait_s")),
+                      as_float(ev.get("tokens_per_s")), interval)
+        self.steps.append(rec)
+        self.step_times[step] = t
+        if len(self.step_times) > _KEEP_STEPS:
+            self.step_times.pop(next(iter(self.step_times)))
+
+    def _pause(self, kind: str, ev: dict[str, Any], t: float) -> None:
+        try:
+            step = int(ev["step"])
+        except (KeyError, TypeError, ValueError):
+            return
+        self.pauses.setdefault(step, set()).add(kind)
+        if kind == "checkpoint":
+            self.pending_request = False
+        began = self.step_times.get(step)
+        if began is not None and t == t:
+            self.pause_s[kind] = max(self.pause_s.get(kind, 0.0), t - began)
+
+    def feed_system(self, sample: dict[str, Any]) -> None:
+        t = as_float(sample.get("t"))
+        if t != t:
+            return
+        self.system.append(sample)
+        while self.system and t - as_float(self.system[0].get("t")) > _KEEP_SYSTEM_S:
+            self.system.popleft()
+
+    def note_heartbeats(self, heartbeats: dict[int, dict[str, Any]], now: float, min_lag: int) -> None:
+        """Track since when each rank has been `min_lag`+ steps behind the leading one."""
+        steps = {}
+        for rank, hb in heartbeats.items():
+            s = as_float(hb.get("step"))
+            if s == s and (self.attempt is None or hb.get("attempt") in (None, self.attempt)):
+                steps[rank] = int(s)
+        top = max(steps.values(), default=0)
+        for rank, s in steps.items():
+            lag = top - s
+            if lag >= min_lag:
+                _, since = self.heartbeat_lag.get(rank, (lag, now))
+                self.heartbeat_lag[rank] = (lag, since)
+            else:
+                self.heartbeat_lag.pop(rank, None)
+        for rank in set(self.heartbeat_lag) - set(steps):
+            del self.heartbeat_lag[rank]
+
+    # -- questions the rules ask -----------------------------------------------------------
+    @property
+    def last_step(self) -> StepRec | None:
+        return self.steps[-1] if self.steps else None
+
+    def judged(self, rec: StepRec) -> bool:
+        """Whether a step's timing is representative: past warm-up, not right after a pause."""
+        if rec.step <= self.start_step + WARMUP_STEPS:
+            return False
+        # An eval/checkpoint runs after its step is logged: the next step's wall time (and,
+        # in engines that time steps end to end, its step time) carries the pause.
+        return rec.step - 1 not in self.pauses
+
+    def median_step_time(self, last: int = 50) -> float | None:
+        times = [r.step_time_s for r in list(self.steps)[-last * 2:] if self.judged(r) and r.step_time_s == r.step_time_s]
+        if not times:
+            times = [r.step_time_s for r in self.steps if r.step_time_s == r.step_time_s]
+        return statistics.median(times[-last:]) if times else None
+
+    def median_step_interval(self, last: int = 50) -> float | None:
+        """Median wall time between consecutive logged steps (includes any per-step sleep)."""
+        gaps = [r.interval_s for r in list(self.steps)[-last:] if self.judged(r) and r.interval_s == r.interval_s]
+        return statistics.median(gaps) if gaps else self.median_step_time(last)
+
+    def pauses_due(self, step: int) -> set[str]:
+        """The pauses the engine is due to take after this step and has not reported yet."""
+        f, due = self.facts, set()
+        final = self.max_steps is not None and step >= self.max_steps
+        if self.pending_request or final or (f.checkpoint_every and step % f.checkpoint_every == 0):
+            due.add("checkpoint")
+        if f.eval_every and (step % f.eval_every == 0 or final):
+            due.add("eval")
+        return due - self.pauses.get(step, set())
+
+    def pause_allowance(self, kind: str) -> float:
+        """Seconds a pause of this kind may take: 3x the longest seen, else an estimate."""
+        seen = self.pause_s.get(kind)
+        if seen is not None:
+            return 3 * seen
+        interval = self.median_step_interval() or 1.0
+        if kind == "eval":
+            return 2 * max(1, self.facts.eval_batches) * interval
+        # weights + two AdamW moments + a copy in flight, written at a slow 50 MB/s
+        return 16 * (self.params_total or 0) / 50e6
+
+    def recent_system(self, now: float, window_s: float) -> list[dict[str, Any]]:
+        """System samples of the last window_s seconds, oldest first."""
+        out = []
+        for s in reversed(self.system):
+            if now - as_float(s.get("t")) > window_s:
+                break
+            out.append(s)
+        return out[::-1]
+
+    def last_progress_t(self) -> float | None:
+        """When the run last showed it was moving: any event of this attempt."""
+        return self.last_event_t

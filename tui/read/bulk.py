@@ -1,0 +1,245 @@
+"""Opening a big events.jsonl fast: bulk read into state + history, and a tail-first quick read.
+
+events.jsonl stays the source of truth. A bulk read starts from the engine's binary index
+(`tui.read.index`) or, for a run without one, from the viewer's own cache (`tui.read.cache`),
+and scans only the bytes neither covers.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from mt.jsonl import read_json
+from mt.paths import RunPaths
+from tui.read.cache import has_cache, load_cache, save_cache
+from tui.read.columns import _NONSTEP, _STEP, CHUNK, COLS, Columns, ColumnScanner
+from tui.read.index import index_end, load_index
+from tui.state.run import (
+    BulkResult,
+    RunSeries,
+    RunState,
+    new_state,
+    newest_checkpoint_dir,
+    reduce_event,
+    reduce_step,
+)
+
+QUICK_TAIL_BYTES = 2 << 20       # steps a quick read parses (~5000 step lines)
+QUICK_SCAN_BYTES = 16 << 20      # how far back a quick read looks for other events (~40k steps)
+
+
+# ---------------------------------------------------------------- replay into state and series
+
+
+def replay(run_dir: Path, cols: Columns, keep_series: bool = True) -> tuple[RunState, RunSeries | None]:
+    """Fold columns and events, in file order, into a fresh state (and plot history)."""
+    st = new_state(run_dir)
+    series = RunSeries() if keep_series else None
+    m = cols.matrix()
+    prev = 0
+    for _, k, ev in cols.events:
+        if ev.get("kind") == "run_start":
+            # only a new attempt interacts with the step rows: apply those before it in one go
+            _apply_rows(st, series, m[prev:k])
+            prev = k
+        if series is not None:
+            series.add_event(ev)
+        reduce_event(st, ev)
+    _apply_rows(st, series, m[prev:])
+    st.bad_lines = cols.bad_lines
+    return st, series
+
+
+def _apply_rows(st: RunState, series: RunSeries | None, rows: np.ndarray) -> None:
+    if not len(rows):
+        return
+    x = rows[:, 0]
+    if series is not None:
+        plotted = rows if np.isfinite(x).all() else rows[np.isfinite(x)]  # as RunSeries.add_step
+        for j, name in enumerate(COLS[1:], start=1):
+            getattr(series, name).extend(plotted[:, 0], plotted[:, j])
+    loss = rows[:, 1]
+    fin = np.isfinite(loss)
+    if fin.any():
+        i = int(np.argmin(np.where(fin, loss, np.inf)))
+        if st.best_loss is None or loss[i] < st.best_loss:
+            st.best_loss, st.best_loss_step = float(loss[i]), _step(x[i])
+    last = rows[-1]
+    st.n_steps += len(rows)
+    st.step = _step(last[0])
+    st.loss, st.lr, st.grad_norm = (float(v) for v in last[1:4])
+    if st.state == "starting":
+        st.state = "running"
+
+
+def _step(x: float) -> int | None:
+    return int(x) if np.isfinite(x) else None   # a step beyond float range came from elsewhere
+
+
+def fix_recent(st: RunState, path: Path, end: int, tail_bytes: int = 64 * 1024) -> None:
+    """Fill the ETA window and per-step extras from the last step lines (the columns lack t)."""
+    start = max(0, end - tail_bytes)
+    with open(path, "rb") as f:
+        f.seek(start)
+        data = f.read(end - start)
+    lines = data.split(b"\n")[1 if start else 0:]
+    steps = []
+    for line in lines:
+        if _STEP in line:
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(ev, dict) and ev.get("kind") == "step":
+                steps.append(ev)
+    st.recent.clear()
+    best, best_step, n, state = st.best_loss, st.best_loss_step, st.n_steps, st.state
+    for ev in steps[-st.recent.maxlen:]:
+        reduce_step(st, ev)
+    st.best_loss, st.best_loss_step, st.n_steps, st.state = best, best_step, n, state
+
+
+# ---------------------------------------------------------------- entry points
+
+
+def bulk_read(run_dir: Path, keep_series: bool = True, write_cache: bool = True,
+              min_cache_bytes: int | None = None) -> BulkResult:
+    """Exact state (and full plot history) of events.jsonl up to its current size.
+
+    The cache is (re)written when at least `min_cache_bytes` (default: the bulk threshold)
+    had to be scanned.
+    """
+    if min_cache_bytes is None:
+        from tui.read import follower
+        min_cache_bytes = follower.BULK_MIN_BYTES
+    paths = RunPaths(Path(run_dir))
+    st = os.stat(paths.events)
+    hit = _best_start(paths, st.st_size)
+    cols, start = hit if hit else (Columns(), 0)
+    # One thread, in chunks: worker processes were tried and bought little on 2 cores, at the
+    # price of spawn's re-import of __main__ in every embedding.
+    end = ColumnScanner().scan(paths.events, start, st.st_size, cols)
+    state, series = replay(paths.root, cols, keep_series)
+    fix_recent(state, paths.events, end)
+    cached = False
+    if write_cache and end - start >= min_cache_bytes:
+        cached = save_cache(paths, cols, end)
+    return BulkResult(state, series, end, st.st_ino, start, cached)
+
+
+def has_fast_start(paths: RunPaths) -> bool:
+    """A bulk read would start from an index or cache covering (nearly) all of events.jsonl."""
+    from tui.read import follower
+    try:
+        size = os.stat(paths.events).st_size
+    except OSError:
+        return False
+    return size - index_end(paths) < follower.BULK_MIN_BYTES or has_cache(paths)
+
+
+def _best_start(paths: RunPaths, size: int) -> tuple[Columns, int] | None:
+    """The engine's index when it covers (nearly) everything, else whichever of it and the
+    viewer's cache covers more."""
+    from tui.read import follower
+    hit = load_index(paths)
+    if hit and size - hit[1] < follower.BULK_MIN_BYTES:
+        return hit
+    cached = load_cache(paths)
+    return max((h for h in (hit, cached) if h), key=lambda h: h[1], default=None)
+
+
+def quick_read(run_dir: Path, tail_bytes: int | None = None, keep_series: bool = False) -> BulkResult:
+    """`quick_state` packaged like a bulk read, so a follower can adopt it and carry on."""
+    paths = RunPaths(Path(run_dir))
+    st = os.stat(paths.events)
+    state, end, series = _quick(run_dir, tail_bytes, keep_series)
+    return BulkResult(state, series, end, st.st_ino, 0, False)
+
+
+def quick_state(run_dir: Path, tail_bytes: int | None = None) -> tuple[RunState, int]:
+    """The latest state fast, and the offset it covers (see `_quick`)."""
+    state, end, _ = _quick(run_dir, tail_bytes, keep_series=False)
+    return state, end
+
+
+def _quick(run_dir: Path, tail_bytes: int | None, keep_series: bool) -> tuple[RunState, int, RunSeries | None]:
+    """The latest state fast, and the offset it covers: steps from the last `tail_bytes`,
+    other events from the last QUICK_SCAN_BYTES (plus the run_start at the head of the file).
+
+    Best loss then covers only the tail (`best_loss_partial`); incidents come from
+    incidents.jsonl, which mirrors the engine's; a checkpoint older than the window is taken
+    from the checkpoints folder.
+    """
+    paths = RunPaths(Path(run_dir))
+    size = os.stat(paths.events).st_size
+    tail_start = _line_start(paths.events, max(0, size - (QUICK_TAIL_BYTES if tail_bytes is None else tail_bytes)))
+    win_start = _line_start(paths.events, max(0, tail_start - QUICK_SCAN_BYTES))
+    cols = Columns()
+    cols.events = [(off, 0, ev) for off, ev in _nonstep_events(paths.events, win_start, tail_start)]
+    end = ColumnScanner().scan(paths.events, tail_start, size, cols)
+    if win_start > 0 and not any(ev.get("kind") == "run_start" for _, _, ev in cols.events):
+        cols.events[:0] = _head_run_start(paths, win_start)
+    state, series = replay(paths.root, cols, keep_series=keep_series)
+    fix_recent(state, paths.events, end)
+    state.best_loss_partial = tail_start > 0
+    if state.last_checkpoint is None and win_start > 0:
+        state.last_checkpoint = newest_checkpoint_dir(paths)
+    return state, end, series
+
+
+def _line_start(path: Path, offset: int) -> int:
+    """The first line boundary at or after offset."""
+    if offset <= 0:
+        return 0
+    with open(path, "rb") as f:
+        f.seek(offset - 1)
+        return offset - 1 + len(f.readline())
+
+
+def _head_run_start(paths: RunPaths, win_start: int) -> list[tuple[int, int, dict[str, Any]]]:
+    """The current attempt's run_start when it lies before the scanned window."""
+    with open(paths.events, "rb") as f:
+        try:
+            first = json.loads(f.readline())
+        except ValueError:
+            first = None
+    status = read_json(paths.status) or {}
+    if isinstance(first, dict) and first.get("kind") == "run_start" and \
+            status.get("attempt") in (None, first.get("attempt")):
+        return [(0, 0, first)]
+    # a later attempt started before the window: find it the slow way (every non-step event)
+    return [(off, 0, ev) for off, ev in _nonstep_events(paths.events, 0, win_start)]
+
+
+def _nonstep_events(path: Path, start: int, end: int) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Every non-step event in [start, end), found without parsing the step lines."""
+    pos = start
+    with open(path, "rb") as f:
+        f.seek(start)
+        carry = b""
+        while pos < end:
+            data = carry + f.read(min(CHUNK, end - pos - len(carry)))
+            if not data:
+                break
+            cut = data.rfind(b"\n") + 1 if pos + len(data) < end else len(data)
+            seen: set[int] = set()
+            for m in _NONSTEP.finditer(data, 0, cut):
+                ls = data.rfind(b"\n", 0, m.start()) + 1
+                if ls in seen:
+                    continue
+                seen.add(ls)
+                le = data.find(b"\n", m.start())
+                try:
+                    ev = json.loads(data[ls:le if le >= 0 else len(data)])
+                except ValueError:
+                    continue
+                if isinstance(ev, dict) and ev.get("kind") != "step":
+                    yield pos + ls, ev
+            pos += cut
+            carry = data[cut:]
+            if cut == 0:
+                break

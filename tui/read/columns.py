@@ -1,0 +1,186 @@
+"""The byte-level scanner of events.jsonl: step lines by a learned regex, the rest by JSON.
+
+A `step` line is flat and written with the same key order every time, so one regex built
+from the first such line captures the plotted columns of a whole chunk in one C call; every
+line must be accounted for, else the chunk is redone line by line (exact, slower).
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mt.events import as_float, parse_line
+
+COLS = ("step", "loss", "lr", "grad_norm", "tokens_per_s")
+CHUNK = 4 << 20                  # bytes per read: bounds memory, and keeps each regex call
+                                 # (which holds the GIL) short so the UI thread stays live
+_NONSTEP = re.compile(rb'"kind":"(?!step")')
+_STEP = b'"kind":"step"'
+_VAL = rb'(?:"[^"]*"|[^,"{}\[\]]*)'
+
+
+@dataclass
+class Columns:
+    """Step-event columns in file order, and the other events with their position among them."""
+
+    rows: list[np.ndarray] = field(default_factory=list)          # blocks of shape (n, len(COLS))
+    events: list[tuple[int, int, dict[str, Any]]] = field(default_factory=list)  # (offset, n_before, ev)
+    n: int = 0
+    bad_lines: int = 0
+
+    def add_rows(self, block: np.ndarray) -> None:
+        if len(block):
+            self.rows.append(block)
+            self.n += len(block)
+
+    def matrix(self) -> np.ndarray:
+        if not self.rows:
+            return np.empty((0, len(COLS)))
+        if len(self.rows) > 1:
+            self.rows = [np.concatenate(self.rows)]
+        return self.rows[0]
+
+
+def _step_pattern(line: bytes) -> re.Pattern[bytes] | None:
+    """A regex for step lines with the same key order as `line`, capturing COLS in COLS order."""
+    try:
+        ev = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(ev, dict) or ev.get("kind") != "step" or "step" not in ev:
+        return None
+    parts = []
+    last_wanted = max(list(ev).index(c) for c in COLS if c in ev)  # a column it lacks stays nan
+    for key, value in list(ev.items())[: last_wanted + 1]:
+        if isinstance(value, (dict, list)):
+            return None
+        k = b'"' + re.escape(key.encode()) + b'":'
+        if key == "kind":
+            parts.append(k + b'"step"')
+        elif key in COLS:
+            # a named group per wanted column; "nan"/"inf" come quoted, numbers bare
+            parts.append(k + b'"?(?P<' + key.encode() + rb'>[^,"{}\[\]]*)"?')
+        else:
+            parts.append(k + _VAL)
+    # stop after the last wanted key: the rest of the line need not be matched, only counted
+    return re.compile(rb"\{" + b",".join(parts))
+
+
+def _to_float(values: list[bytes]) -> np.ndarray:
+    try:
+        return np.fromiter(map(float, values), dtype=np.float64, count=len(values))
+    except ValueError:  # null or another non-number: the slow, forgiving way
+        return np.array([as_float(v.decode("utf-8", "replace")) if v != b"null" else np.nan for v in values])
+
+
+class ColumnScanner:
+    """Scans byte ranges of events.jsonl into `Columns`, with a JSON fallback for odd lines."""
+
+    def __init__(self) -> None:
+        self.pattern: re.Pattern[bytes] | None = None
+
+    def scan(self, path: Path, start: int, end: int, out: Columns) -> int:
+        """Scan complete lines of [start, end); returns the offset after the last complete line."""
+        pos = start
+        with open(path, "rb") as f:
+            f.seek(start)
+            carry = b""
+            while pos + len(carry) < end:
+                data = carry + f.read(min(CHUNK, end - pos - len(carry)))
+                cut = data.rfind(b"\n") + 1
+                if cut == 0:
+                    if len(data) >= end - pos:
+                        break           # a half-written last line: leave it for the follower
+                    carry = data
+                    continue
+                self._chunk(data, cut, pos, out)
+                pos += cut
+                carry = data[cut:]
+        return pos
+
+    def _chunk(self, data: bytes, cut: int, base: int, out: Columns) -> None:
+        """One chunk of complete lines: step lines by regex, the rare other events by JSON.
+
+        Every line must be accounted for (a step the regex matched, or an event); if not
+        (garbage, a blank line, a writer that changed its key order) the chunk is redone
+        line by line, which is slow but exact.
+        """
+        n_lines = data.count(b"\n", 0, cut)
+        mark = (len(out.rows), out.n, len(out.events), out.bad_lines)
+        other = 0
+        seg_start = 0
+        seen_lines: set[int] = set()
+        for m in _NONSTEP.finditer(data, 0, cut):
+            ls = data.rfind(b"\n", 0, m.start()) + 1
+            if ls in seen_lines:
+                continue        # a nested "kind" inside an event already taken (run_start config)
+            seen_lines.add(ls)
+            le = data.find(b"\n", m.start())
+            self._steps(data, seg_start, ls, out)
+            try:
+                ev = json.loads(data[ls:le])
+            except ValueError:
+                ev = None
+            if isinstance(ev, dict) and ev.get("kind") != "step":
+                out.events.append((base + ls, out.n, ev))
+                other += 1
+            seg_start = le + 1
+        self._steps(data, seg_start, cut, out)
+        if out.n - mark[1] + other != n_lines:
+            del out.rows[mark[0]:], out.events[mark[2]:]
+            out.n, out.bad_lines = mark[1], mark[3]
+            self._slow(data, 0, cut, base, out)
+
+    def _steps(self, data: bytes, a: int, b: int, out: Columns) -> None:
+        """Step lines of data[a:b] by regex (what it misses is caught by the line count)."""
+        if b <= a:
+            return
+        if self.pattern is None:
+            first = data.find(_STEP, a, b)
+            if first < 0:
+                return
+            ls = data.rfind(b"\n", 0, first) + 1
+            self.pattern = _step_pattern(data[ls:data.find(b"\n", first)])
+            if self.pattern is None:
+                return
+        found = self.pattern.findall(data, a, b)
+        if found:
+            self._add(found, out)
+
+    def _add(self, found: list[tuple[bytes, ...]], out: Columns) -> None:
+        names = list(self.pattern.groupindex)          # group order = key order of the line
+        block = np.full((len(found), len(COLS)), np.nan)
+        for j, name in enumerate(names):
+            block[:, COLS.index(name)] = _to_float([row[j] for row in found])
+        out.add_rows(block)
+
+    def _slow(self, data: bytes, a: int, b: int, base: int, out: Columns) -> None:
+        rows = []
+        pos = a
+        for line in data[a:b].split(b"\n"):
+            at, pos = pos, pos + len(line) + 1
+            if not line.strip():
+                continue
+            ev = parse_line(line)
+            if ev is None:
+                out.bad_lines += 1
+            elif ev.get("kind") == "step":
+                rows.append([as_float(ev.get(c)) for c in COLS])
+            else:
+                if rows:
+                    out.add_rows(np.array(rows))
+                    rows = []
+                out.events.append((base + at, out.n, ev))
+        if rows:
+            out.add_rows(np.array(rows))
+        # learn the key order of the last step line seen (the writer may have changed it)
+        last = data.rfind(_STEP, a, b)
+        if last >= 0:
+            ls = data.rfind(b"\n", 0, last) + 1
+            le = data.find(b"\n", last)
+            self.pattern = _step_pattern(data[ls:le if le >= 0 else b]) or self.pattern

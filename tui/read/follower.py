@@ -1,0 +1,154 @@
+"""Follow one run directory incrementally into a `RunState`; `load_run_state` reads it once."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mt.jsonl import JsonlTail, read_json
+from mt.paths import RunPaths
+from tui.state.run import (
+    RunSeries,
+    RunState,
+    add_incident,
+    apply_status,
+    new_state,
+    reduce_event,
+    reduce_step,
+)
+
+
+@dataclass
+class PollResult:
+    """What one `RunFollower.poll()` found."""
+
+    changed: bool = False
+    new_events: list[dict[str, Any]] = field(default_factory=list)  # non-step events, in order
+    new_steps: int = 0
+
+
+class RunFollower:
+    """Follows one run directory incrementally: each poll reads only newly appended bytes."""
+
+    def __init__(self, run_dir: Path, keep_series: bool = True, write_cache: bool = True) -> None:
+        self.paths = RunPaths(Path(run_dir))
+        self.state = new_state(self.paths.root)
+        self.series = RunSeries() if keep_series else None
+        self.write_cache = write_cache
+        self.opened = False    # the first read of events.jsonl happened
+        self.events = JsonlTail(self.paths.events)
+        self.incidents = JsonlTail(self.paths.incidents)
+        self._status_mtime: float | None = None
+
+    def poll(self, max_bytes: int | None = None) -> PollResult:
+        """Read what was appended since the last poll (at most max_bytes of events)."""
+        res = PollResult()
+        if not self.opened:
+            self.opened = True
+            if self.is_big():
+                self.adopt(self.bulk())
+                res.changed = True
+        resets = self.events.resets
+        for ev in self.events.iter_new(max_bytes):
+            if self.events.resets != resets:
+                break
+            self._fold(ev, res)
+        if self.events.resets != resets:
+            # events.jsonl was truncated or replaced: rebuild from scratch
+            self._restart()
+            res.changed = True
+            for ev in self.events.iter_new(max_bytes):
+                self._fold(ev, res)
+        self.state.bad_lines = self.events.bad_lines
+        for rec in self.incidents.iter_new():
+            add_incident(self.state, rec, source="supervisor")
+            res.changed = True
+        res.changed |= self._poll_status()
+        return res
+
+    def is_big(self) -> bool:
+        """Large enough for the bulk column scan (and its cache) to beat line-by-line JSON."""
+        try:
+            return self.paths.events.stat().st_size >= BULK_MIN_BYTES
+        except OSError:
+            return False
+
+    def bulk(self) -> Any:
+        """Read events.jsonl as it is now with the column scanner (no shared state touched)."""
+        from tui.read.bulk import (
+            bulk_read,  # numpy + regex machinery, only for big files
+        )
+        return bulk_read(self.paths.root, keep_series=self.series is not None, write_cache=self.write_cache)
+
+    def adopt(self, bulk: Any) -> None:
+        """Take a bulk read's state and history, and follow on from the byte it ended at."""
+        self.state = bulk.state
+        if self.series is not None and bulk.series is not None:
+            self.series.replace(bulk.series)
+        self.events = JsonlTail(self.paths.events, bulk.end, bulk.ino)
+        self.events.bad_lines = bulk.state.bad_lines
+        self.incidents = JsonlTail(self.paths.incidents)
+        self._status_mtime = None
+        self.opened = True
+
+    def _restart(self) -> None:
+        tail = self.events
+        self.state = new_state(self.paths.root)
+        if self.series is not None:
+            for s in self.series.all().values():
+                s.clear()
+        self.incidents = JsonlTail(self.paths.incidents)
+        self._status_mtime = None
+        self.events = JsonlTail(self.paths.events)
+        self.events.resets = tail.resets
+
+    def _fold(self, ev: dict[str, Any], res: PollResult) -> None:
+        res.changed = True
+        kind = ev.get("kind")
+        if kind == "step":
+            res.new_steps += 1
+            reduce_step(self.state, ev)
+            if self.series is not None:
+                self.series.add_step(ev)
+            return
+        if self.series is not None:
+            self.series.add_event(ev)
+        reduce_event(self.state, ev)
+        res.new_events.append(ev)
+
+    def _poll_status(self) -> bool:
+        try:
+            mtime = self.paths.status.stat().st_mtime_ns
+        except OSError:
+            return False
+        if mtime == self._status_mtime:
+            return False
+        self._status_mtime = mtime
+        return apply_status(self.state, read_json(self.paths.status))
+
+
+BULK_MIN_BYTES = 4 << 20
+
+
+def load_run_state(run_dir: Path, exact_best: bool = True) -> RunState:
+    """The current state of a run, read once (no plot history kept); fast on huge files.
+
+    A big events.jsonl is read from the engine's index or the viewer's cache when one covers
+    it, else tail-first: every non-step event plus the newest steps (best loss then says it
+    is partial). Without `exact_best` (`mt ls`), a big run with an index is read from the
+    index's tail only: a few ms and no numpy, best loss partial.
+    """
+    follower = RunFollower(Path(run_dir), keep_series=False, write_cache=False)
+    if follower.is_big():
+        quick = None
+        if not exact_best:
+            from tui.read.index_tail import quick_read_index
+            quick = quick_read_index(follower.paths.root)
+        if quick is None:
+            from tui.read.bulk import has_fast_start, quick_read
+            if not has_fast_start(follower.paths):
+                quick = quick_read(follower.paths.root)
+        if quick is not None:
+            follower.adopt(quick)
+    follower.poll()
+    return follower.state

@@ -1,0 +1,1 @@
+"""Running a run: launch, the supervisor, torchrun, processes, system sampling, control requests."""

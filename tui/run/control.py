@@ -1,0 +1,173 @@
+"""Talk to a live run: drop control requests, wait for the engine's answer, kill the run.
+
+Used by `mt ckpt` / `mt stop` / `mt kill` and by the dashboard's c / s / k keys.
+"""
+from __future__ import annotations
+
+import signal
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mt.events import CONTROL_ACTIONS, FINAL_STATES
+from mt.jsonl import JsonlTail, write_json_atomic
+from mt.paths import RunPaths
+from tui.rundir import liveness, read_status, require_run_dir
+
+
+class ControlError(RuntimeError):
+    """The request cannot be made (not a run, run not live, unknown action)."""
+
+
+@dataclass
+class Answer:
+    """The engine's answer: status is done, rejected, timeout or ended (the run ended first)."""
+
+    request_id: str
+    action: str
+    status: str
+    detail: str = ""
+    checkpoint: dict[str, Any] | None = None
+    """The `checkpoint` event written for this request (checkpoint action), if any."""
+
+
+@dataclass
+class KillResult:
+    """What kill_run did; `survivors` is empty when no process of the run is left."""
+
+    terminated: list[int] = field(default_factory=list)
+    killed: list[int] = field(default_factory=list)
+    survivors: list[int] = field(default_factory=list)
+    state: str = "killed"
+
+
+def _require_live(run_dir: Path) -> dict[str, Any]:
+    run_dir = require_run_dir(run_dir)
+    status = read_status(run_dir)
+    live = liveness(status)
+    if live == "final":
+        raise ControlError(f"{run_dir}: the run has already ended ({status.get('state')})")
+    if live == "lost":
+        raise ControlError(f"{run_dir}: the run is not running (its supervisor is gone)")
+    return status
+
+
+def send_request(run_dir: Path, action: str) -> str:
+    """Write `control/<id>.json` atomically for the engine to pick up; returns the request id."""
+    if action not in CONTROL_ACTIONS:
+        raise ControlError(f"unknown action {action!r} (known: {', '.join(CONTROL_ACTIONS)})")
+    run_dir = Path(run_dir)
+    _require_live(run_dir)
+    request_id = f"{action[:4]}-{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:8]}"
+    paths = RunPaths(run_dir)
+    paths.control.mkdir(mode=0o700, exist_ok=True)
+    write_json_atomic(paths.control / f"{request_id}.json", {"id": request_id, "action": action, "t": time.time()})
+    return request_id
+
+
+def wait_answer(run_dir: Path, request_id: str, timeout: float) -> Answer:
+    """Follow events.jsonl until the engine answers request_id (done/rejected) or timeout.
+
+    A checkpoint request counts as answered once both its `done` control event and its
+    `checkpoint` event are there. If the run ends first, status is `ended`.
+    """
+    paths = RunPaths(Path(run_dir))
+    tail = JsonlTail(paths.events)
+    answer = Answer(request_id=request_id, action="", status="timeout")
+    deadline = time.monotonic() + timeout
+    while True:
+        for ev in tail.iter_new():
+            if ev.get("request_id") != request_id:
+                continue
+            if ev.get("kind") == "checkpoint":
+                answer.checkpoint = ev
+            elif ev.get("kind") == "control":
+                answer.action = str(ev.get("action") or answer.action)
+                if ev.get("status") in ("done", "rejected"):
+                    answer.status, answer.detail = str(ev["status"]), str(ev.get("detail") or "")
+                elif answer.status == "timeout":
+                    answer.detail = str(ev.get("detail") or "")
+        if answer.status == "rejected":
+            return answer
+        if answer.status == "done" and (answer.action != "checkpoint" or answer.checkpoint is not None):
+            return answer
+        if time.monotonic() >= deadline:
+            return answer
+        status = read_status(paths.root)
+        if liveness(status) in ("final", "lost"):
+            for ev in tail.iter_new():  # the answer may have landed just before the end
+                if ev.get("request_id") == request_id and ev.get("kind") == "checkpoint":
+                    answer.checkpoint = ev
+            if answer.status == "timeout":
+                answer.status, answer.detail = "ended", f"the run ended ({status.get('state')}) before answering"
+            return answer
+        time.sleep(0.2)
+
+
+def wait_final(run_dir: Path, timeout: float) -> dict[str, Any]:
+    """Wait until status.json shows a final state (or the supervisor is gone); returns it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = read_status(Path(run_dir))
+        if liveness(status) in ("final", "lost") or time.monotonic() >= deadline:
+            return status
+        time.sleep(0.2)
+
+
+def kill_run(run_dir: Path, grace_s: float = 10.0) -> KillResult:
+    """SIGTERM, then SIGKILL after grace_s, to the supervisor, torchrun and every worker.
+
+    Workers live in their own process groups, so they are found one by one: recorded pids,
+    processes naming the run directory, and all their descendants. Ends with state `killed`.
+    """
+    from tui.run.procs import run_processes, terminate_all  # psutil only when killing
+
+    run_dir = require_run_dir(Path(run_dir)).resolve()
+    paths = RunPaths(run_dir)
+    status = read_status(run_dir)
+    sup_pid = status.get("supervisor_pid") if isinstance(status.get("supervisor_pid"), int) else None
+    recorded = [status.get("torchrun_pid"), *(status.get("worker_pids") or {}).values()]
+    recorded += [a.get("torchrun_pid") for a in status.get("attempts") or [] if isinstance(a, dict)]
+    procs = run_processes(run_dir, [p for p in recorded if isinstance(p, int)])
+    was_final = status.get("state") in FINAL_STATES
+    if was_final and not procs:
+        raise ControlError(f"{run_dir}: the run has already ended ({status.get('state')}); nothing to kill")
+    if not procs and sup_pid:
+        raise ControlError(f"{run_dir}: no process of this run is running")
+    result = KillResult()
+    # only a pid whose command line names this run is signalled: a stale pid may be reused
+    sup = [p for p in procs if p.pid == sup_pid]
+    if sup:
+        try:
+            sup[0].send_signal(signal.SIGUSR1)  # tells it: no restart, record `killed`
+        except Exception:  # noqa: BLE001 - the supervisor may be gone already; the others are signalled below
+            pass
+    others = [p for p in procs if p.pid != sup_pid]
+    _merge(result, terminate_all(others, grace_s))
+    # the supervisor writes `killed` and exits once torchrun is gone; give it a moment
+    if sup:
+        import psutil
+
+        _, alive = psutil.wait_procs(sup, timeout=max(5.0, grace_s))
+        _merge(result, terminate_all(alive, 2.0))
+    # anything started meanwhile (a worker spawned during start-up) goes the same way
+    for _ in range(3):
+        rest = run_processes(run_dir)
+        if not rest:
+            break
+        _merge(result, terminate_all(rest, grace_s))
+    result.survivors = [p.pid for p in run_processes(run_dir)]
+    status = read_status(run_dir)
+    if was_final:
+        result.state = str(status.get("state"))  # stragglers of an ended run: keep its outcome
+    elif status.get("state") != "killed":
+        status.update(state="killed", ended=time.time(), reason="killed by mt kill")
+        write_json_atomic(paths.status, status)
+    return result
+
+
+def _merge(result: KillResult, report: Any) -> None:
+    result.terminated += [p for p in report.terminated if p not in result.terminated]
+    result.killed += [p for p in report.killed if p not in result.killed]

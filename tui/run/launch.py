@@ -1,0 +1,222 @@
+"""Create a run directory from a preset and start its supervisor detached; resume a run.
+
+Nothing is created until the preset is fully valid, and nothing is started until the run
+directory is complete, so bad input leaves no trace.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from mt.config import (
+    Config,
+    ConfigError,
+    check_data_path,
+    config_from_dict,
+    load_config_json,
+    load_preset,
+)
+from mt.jsonl import write_json_atomic
+from mt.paths import RunPaths
+from tui.run import lock as runlock
+from tui.rundir import liveness, newest_checkpoint, read_status, require_run_dir
+
+
+class LaunchError(RuntimeError):
+    """The run could not be created or started; str() is the one line for the user."""
+
+
+class ResumeError(LaunchError):
+    """The run cannot be resumed (still running, no checkpoint, bad world size, ...)."""
+
+
+@dataclass
+class Overrides:
+    """Command-line values that win over the preset."""
+
+    name: str | None = None
+    runs_dir: str | None = None
+    nproc: int | None = None
+    node_rank: int | None = None
+
+
+def resolve_config(preset: Path, over: Overrides) -> Config:
+    """Load and validate the preset with overrides applied; ConfigError names file and key."""
+    cfg = load_preset(preset)
+    raw = cfg.to_dict()
+    source = str(preset)
+    if over.name is not None:
+        raw["run"]["name"] = over.name
+    if over.runs_dir is not None:
+        raw["run"]["runs_dir"] = over.runs_dir
+    if over.nproc is not None:
+        raw["launch"]["nproc_per_node"] = over.nproc
+    if over.node_rank is not None:
+        raw["launch"]["node_rank"] = over.node_rank
+    cfg = config_from_dict(raw, source)  # the overrides pass the same checks as the file
+    check_data_path(cfg, source)
+    return cfg
+
+
+def _check_runs_dir(runs_dir: Path, source: str) -> None:
+    """The runs directory must be creatable and writable before anything is made in it."""
+    probe = runs_dir
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(source, "run.runs_dir", f"not a directory: {probe}")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(source, "run.runs_dir", f"cannot write to {probe}")
+
+
+def _new_run_dir(runs_dir: Path, cfg: Config) -> Path:
+    """`<name>-<YYYYmmdd-HHMMSS>` (node_rank > 0 adds `-node<K>`), created 0700 and unique."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = f"{cfg.run.name}-{stamp}"
+    if cfg.launch.node_rank:
+        base += f"-node{cfg.launch.node_rank}"
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    for i in range(1, 1000):
+        path = runs_dir / (base if i == 1 else f"{base}.{i}")
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        os.chmod(path, 0o700)  # mkdir's mode is masked by the umask
+        return path
+    raise LaunchError(f"{runs_dir}: cannot find a free run directory name for {base}")
+
+
+def create_run(preset: Path, over: Overrides) -> Path:
+    """Validate, then make the run directory with preset.toml, config.json and status.json."""
+    preset = Path(preset)
+    cfg = resolve_config(preset, over)
+    runs_dir = Path(cfg.run.runs_dir).expanduser()
+    _check_runs_dir(runs_dir, str(preset))
+    try:
+        run_dir = _new_run_dir(runs_dir, cfg).resolve()
+    except OSError as e:
+        raise ConfigError(str(preset), "run.runs_dir", f"cannot create a run in {runs_dir}: {e.strerror}") from None
+    paths = RunPaths(run_dir)
+    for sub in (paths.logs, paths.control, paths.checkpoints, paths.heartbeat_dir):
+        sub.mkdir(mode=0o700)
+    shutil.copyfile(preset, paths.preset)
+    os.chmod(paths.preset, 0o600)
+    write_json_atomic(paths.config, cfg.to_dict())
+    write_json_atomic(paths.status, {
+        "state": "starting", "attempt": 0, "supervisor_pid": None, "torchrun_pid": None,
+        "started": time.time(), "ended": None, "exit_code": None, "reason": None,
+        "nproc": cfg.launch.nproc_per_node, "nnodes": cfg.launch.nnodes,
+        "node_rank": cfg.launch.node_rank, "preset": str(preset.resolve()),
+    })
+    return run_dir
+
+
+def start_supervisor(run_dir: Path, lock_fd: int) -> int:
+    """Start the run's supervisor in its own session, detached from us; returns its pid.
+
+    `-P` keeps the working directory off sys.path: a user's own `tui/` there is not ours.
+    It double-forks (`--daemon`) so it is nobody's child: it survives the viewer quitting, the
+    terminal closing and the SSH connection dropping, and init reaps it. It inherits
+    `lock_fd` (the run's lock, see tui.run.lock) and holds it until it exits.
+    """
+    paths = RunPaths(Path(run_dir))
+    with open(paths.supervisor_log, "ab") as log:
+        proc = subprocess.run(
+            [sys.executable, "-P", "-m", "tui.run.supervisor", "--run-dir", str(run_dir), "--daemon",
+             "--lock-fd", str(lock_fd)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, pass_fds=(lock_fd,),
+            start_new_session=True, check=False, timeout=60,
+        )
+    out = proc.stdout.decode().strip()
+    if proc.returncode != 0 or not out.isdigit():
+        raise LaunchError(f"{run_dir}: the supervisor did not start; see {paths.supervisor_log}")
+    pid = int(out)
+    status = read_status(run_dir)
+    if not status.get("supervisor_pid"):
+        # so that `mt kill` right after launch finds it even before it writes status itself
+        status["supervisor_pid"] = pid
+        write_json_atomic(paths.status, status)
+    return pid
+
+
+def launch_run(preset: Path, over: Overrides) -> Path:
+    """create_run + start_supervisor; a run whose supervisor failed to start is marked failed."""
+    run_dir = create_run(preset, over)
+    lock = runlock.acquire(run_dir, f"mt launch (pid {os.getpid()})")
+    try:
+        start_supervisor(run_dir, lock)
+    except (LaunchError, OSError, subprocess.TimeoutExpired) as e:
+        _mark_failed(run_dir, str(e))
+        raise LaunchError(str(e)) from None
+    finally:
+        os.close(lock)  # the supervisor holds its own copy
+    return run_dir
+
+
+def _mark_failed(run_dir: Path, reason: str) -> None:
+    status = read_status(run_dir)
+    status.update(state="failed", ended=time.time(), reason=reason)
+    write_json_atomic(RunPaths(run_dir).status, status)
+
+
+def resume_run(run_dir: Path, nproc: int | None = None) -> None:
+    """Start a new detached attempt from the newest checkpoint (optionally on nproc workers)."""
+    run_dir = require_run_dir(Path(run_dir)).resolve()
+    try:
+        lock = runlock.acquire(run_dir, f"mt resume (pid {os.getpid()})")
+    except runlock.RunBusy as e:
+        raise ResumeError(str(e)) from None
+    except OSError as e:
+        raise ResumeError(f"{run_dir}: cannot lock the run: {e.strerror}") from None
+    try:
+        _resume_locked(run_dir, nproc, lock)
+    finally:
+        os.close(lock)
+
+
+def _resume_locked(run_dir: Path, nproc: int | None, lock: int) -> None:
+    paths = RunPaths(run_dir)
+    status = read_status(run_dir)
+    if liveness(status) == "live":
+        raise ResumeError(f"{run_dir}: the run is still {status.get('state')} (supervisor pid {status.get('supervisor_pid')})")
+    from tui.run.procs import run_processes  # psutil only here
+
+    left = run_processes(run_dir)
+    if left:
+        raise ResumeError(f"{run_dir}: processes of the last attempt are still running "
+                          f"({', '.join(str(p.pid) for p in left)}); wait for them or `mt kill` the run")
+    if status.get("state") == "completed":
+        raise ResumeError(f"{run_dir}: the run already completed; nothing to resume")
+    ckpt = newest_checkpoint(run_dir)
+    if ckpt is None:
+        raise ResumeError(f"{run_dir}: no checkpoint to resume from (checkpoints/ is empty)")
+    try:
+        cfg = load_config_json(paths.config)
+    except ConfigError as e:
+        raise ResumeError(str(e)) from None
+    if nproc is not None and nproc != cfg.launch.nproc_per_node:
+        raw = cfg.to_dict()
+        raw["launch"]["nproc_per_node"] = nproc
+        if raw["faults"]["crash_rank"] >= nproc * cfg.launch.nnodes:
+            raw["faults"]["crash_at_step"] = 0  # the injected crash only ever applied to attempt 1
+        try:
+            cfg = config_from_dict(raw, "--nproc")
+        except ConfigError as e:
+            raise ResumeError(str(e)) from None
+        write_json_atomic(paths.config, cfg.to_dict())
+    status.update(state="starting", supervisor_pid=None, ended=None, exit_code=None,
+                  reason=f"resuming from {ckpt.name}", nproc=cfg.launch.nproc_per_node)
+    write_json_atomic(paths.status, status)
+    try:
+        start_supervisor(run_dir, lock)
+    except (LaunchError, OSError, subprocess.TimeoutExpired) as e:
+        _mark_failed(run_dir, str(e))
+        raise ResumeError(str(e)) from None

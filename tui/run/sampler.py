@@ -1,0 +1,131 @@
+"""One `system.jsonl` sample: GPUs via NVML, rank processes and host via psutil.
+
+A value that cannot be read is None (null), never an exception; without NVML the sample
+says so (`nvml: false`, `nvml_error`) and still carries the rest.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable
+
+import psutil
+
+
+def _read(fn: Callable[[], Any]) -> Any:
+    """fn() or None when the value is not available (NVML raises per unsupported field)."""
+    try:
+        return fn()
+    except Exception:  # noqa: BLE001 - NVML and psutil raise many types; a reading that fails is N/A
+        return None
+
+
+class GpuReader:
+    """NVML, initialised once; `error` says why there are no GPU readings."""
+
+    def __init__(self) -> None:
+        self.nvml = None
+        self.error: str | None = None
+        try:
+            import pynvml  # nvidia-ml-py; imported here so the CLI's start-up never pays for it
+
+            pynvml.nvmlInit()
+            self.nvml = pynvml
+        except Exception as e:  # noqa: BLE001 - no NVML, whatever the reason, means CPU-only sampling
+            self.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+    @property
+    def ok(self) -> bool:
+        return self.nvml is not None
+
+    def read(self) -> list[dict[str, Any]]:
+        """One entry per GPU the driver shows."""
+        n = self.nvml
+        if n is None:
+            return []
+        count = _read(n.nvmlDeviceGetCount) or 0
+        gpus = []
+        for i in range(count):
+            h = _read(lambda: n.nvmlDeviceGetHandleByIndex(i))
+            if h is None:
+                gpus.append({"index": i, "name": None, "util_pct": None, "mem_used_bytes": None,
+                             "mem_total_bytes": None, "temp_c": None, "power_w": None})
+                continue
+            name = _read(lambda: n.nvmlDeviceGetName(h))
+            mem = _read(lambda: n.nvmlDeviceGetMemoryInfo(h))
+            power_mw = _read(lambda: n.nvmlDeviceGetPowerUsage(h))
+            gpus.append({
+                "index": i,
+                "name": name.decode() if isinstance(name, bytes) else name,
+                "util_pct": _read(lambda: float(n.nvmlDeviceGetUtilizationRates(h).gpu)),
+                "mem_used_bytes": int(mem.used) if mem is not None else None,
+                "mem_total_bytes": int(mem.total) if mem is not None else None,
+                "temp_c": _read(lambda: float(n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU))),
+                "power_w": power_mw / 1000.0 if power_mw is not None else None,
+            })
+        return gpus
+
+    def close(self) -> None:
+        if self.nvml is not None:
+            _read(self.nvml.nvmlShutdown)
+            self.nvml = None
+
+
+class SystemSampler:
+    """Builds one sample a call; keeps psutil.Process objects so CPU % covers the interval."""
+
+    def __init__(self, gpus: GpuReader | None = None) -> None:
+        self.gpus = gpus if gpus is not None else GpuReader()
+        self._procs: dict[int, psutil.Process] = {}
+        psutil.cpu_percent(None)  # primes the host counter: the first real reading is a delta
+
+    def _proc(self, pid: int) -> psutil.Process | None:
+        p = self._procs.get(pid)
+        if p is None:
+            try:
+                p = psutil.Process(pid)
+                p.cpu_percent(None)  # primes; this first call always returns 0.0
+            except psutil.NoSuchProcess:
+                return None
+            self._procs[pid] = p
+        return p
+
+    def _rank(self, rank: int, pid: int | None) -> dict[str, Any]:
+        entry: dict[str, Any] = {"rank": rank, "pid": pid, "cpu_pct": None, "rss_bytes": None, "alive": False}
+        p = self._proc(pid) if pid else None
+        if p is None:
+            return entry
+        try:
+            with p.oneshot():
+                status = p.status()
+                cpu, rss = p.cpu_percent(None), p.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            return entry
+        # an exiting process has already given back its memory (rss 0) before it is a zombie
+        if p.is_running() and status not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD) and rss > 0:
+            entry.update(alive=True, cpu_pct=cpu, rss_bytes=rss)
+        return entry
+
+    def sample(self, rank_pids: dict[int, int], now: float | None = None) -> dict[str, Any]:
+        """The system.jsonl record for this moment; rank_pids maps global rank -> pid."""
+        for pid in [pid for pid in self._procs if pid not in rank_pids.values()]:
+            del self._procs[pid]  # an old attempt's worker: forget it
+        vm = _read(psutil.virtual_memory)
+        load = _read(os.getloadavg)
+        return {
+            "v": 1,
+            "t": time.time() if now is None else now,
+            "nvml": self.gpus.ok,
+            "nvml_error": self.gpus.error,
+            "gpus": self.gpus.read(),
+            "ranks": [self._rank(r, pid) for r, pid in sorted(rank_pids.items())],
+            "host": {
+                "cpu_pct": _read(lambda: psutil.cpu_percent(None)),
+                "mem_used_bytes": int(vm.total - vm.available) if vm is not None else None,
+                "mem_total_bytes": int(vm.total) if vm is not None else None,
+                "load1": load[0] if load is not None else None,
+            },
+        }
+
+    def close(self) -> None:
+        self.gpus.close()

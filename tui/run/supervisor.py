@@ -1,0 +1,346 @@
+"""The run supervisor: one detached process per run (per node) that owns torchrun.
+
+It starts torchrun for each attempt, records every transition in status.json, samples the
+system into system.jsonl once a second, runs the incident rules, and starts a fresh attempt
+from the newest checkpoint when a worker dies and `[launch] max_restarts` allows.
+
+Signals: SIGTERM/SIGINT = graceful stop (forwarded to torchrun, which forwards to the workers;
+they write a final checkpoint). SIGUSR1 = `mt kill` is terminating the run: never restart,
+record `killed`. Run it with `python -m tui.run.supervisor --run-dir DIR [--daemon]`.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from mt.config import Config, load_config_json
+from mt.events import dumps
+from mt.jsonl import JsonlTail, write_json_atomic
+from mt.paths import RunPaths
+from tui.run import lock as runlock
+from tui.run.procs import rank_processes, run_processes, terminate_all
+from tui.run.sampler import SystemSampler
+from tui.run.torchrun import torchrun_command, worker_env
+from tui.rundir import newest_checkpoint, read_status
+
+_PR_SET_PDEATHSIG = 1
+_EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
+
+
+def _die_with_parent() -> None:
+    """preexec_fn for torchrun: SIGTERM it when the supervisor dies (even by SIGKILL).
+
+    torchrun forwards SIGTERM to the workers, which stop gracefully, so a killed supervisor
+    never leaves training running forever.
+    """
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+class IncidentHook:
+    """The diagnostics engineer's IncidentMonitor, if present; its failures are logged, never fatal."""
+
+    def __init__(self, run_dir: Path, cfg: Config, log: logging.Logger) -> None:
+        self.log = log
+        self.monitor: Any = None
+        try:
+            from tui.diagnose import monitor as incidents
+
+            self.monitor = incidents.IncidentMonitor(run_dir, cfg.monitor)
+        except (ImportError, AttributeError) as e:
+            log.info("incident rules not available (%s); running without them", e)
+        except Exception:
+            log.exception("incident monitor failed to start")
+
+    def poll(self) -> None:
+        if self.monitor is None:
+            return
+        try:
+            for incident in self.monitor.poll() or []:
+                self.log.info("incident: %s", dumps(incident))
+        except Exception:
+            self.log.exception("incident monitor poll failed")
+
+
+class Supervisor:
+    """Runs attempts until the run completes, stops, is killed or runs out of restarts."""
+
+    def __init__(self, run_dir: Path, poll_s: float = 1.0) -> None:
+        self.run_dir = Path(run_dir).resolve()
+        self.paths = RunPaths(self.run_dir)
+        self.poll_s = poll_s
+        self.log = _file_logger(self.paths.supervisor_log)
+        self.cfg = load_config_json(self.paths.config)
+        self.status: dict[str, Any] = read_status(self.run_dir)
+        self.stop_requested = False
+        self.kill_requested = False
+        self.events = JsonlTail(self.paths.events)
+        self.torchrun: subprocess.Popen[bytes] | None = None
+        self.current_attempt: int | None = None  # from the newest run_start event
+
+    # -- status ----------------------------------------------------------------------------
+    def finish(self, state: str, code: int, **fields: Any) -> int:
+        """The last transition; the incident rules see the final state once more."""
+        self.write_status(state, ended=time.time(), **fields)
+        self.incidents.poll()
+        return code
+
+    def write_status(self, state: str, **fields: Any) -> None:
+        """Record a transition (atomic rename, so readers never see half a file)."""
+        self.status.update(fields, state=state, supervisor_pid=os.getpid())
+        write_json_atomic(self.paths.status, self.status)
+        self.log.info("state %s %s", state, dumps(fields) if fields else "")
+
+    # -- signals ---------------------------------------------------------------------------
+    def _on_stop(self, signum: int, _frame: Any) -> None:
+        self.stop_requested = True
+        if self.torchrun is not None and self.torchrun.poll() is None:
+            self.torchrun.send_signal(signal.SIGTERM)
+
+    def _on_kill(self, _signum: int, _frame: Any) -> None:
+        self.kill_requested = True
+
+    def install_signals(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_stop)
+        signal.signal(signal.SIGINT, self._on_stop)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal must not end the run
+        signal.signal(signal.SIGUSR1, self._on_kill)
+
+    # -- the attempts ----------------------------------------------------------------------
+    def run(self) -> int:
+        """Attempt after attempt; returns the supervisor's exit code (0 ok, 1 failed/killed)."""
+        self.install_signals()
+        self.sampler = SystemSampler()
+        if not self.sampler.gpus.ok:
+            self.log.info("NVML not available (%s): no GPU readings, sampling CPU only",
+                          self.sampler.gpus.error)
+        self.incidents = IncidentHook(self.run_dir, self.cfg, self.log)
+        restarts_left = self.cfg.launch.max_restarts
+        attempt = int(self.status.get("attempt") or 0) + 1
+        self.status.setdefault("attempts", [])
+        self.events.read_new()  # earlier attempts' events are history, not news
+        try:
+            while True:
+                rc, worker_rc, run_end = self.run_attempt(attempt)
+                if self.kill_requested:
+                    return self.finish("killed", 1, exit_code=None, reason="killed by mt kill")
+                ended = (run_end or {}).get("status")
+                # torchrun itself exits 1 after forwarding a SIGTERM even when every worker
+                # stopped cleanly, so the engine's own run_end is the word on how it ended
+                if rc == 0 or ended in ("completed", "stopped"):
+                    state = ended if ended in ("completed", "stopped") else \
+                        ("stopped" if self.stop_requested else "completed")
+                    return self.finish(state, 0, exit_code=rc, reason=(run_end or {}).get("reason") or state)
+                reason = self.failure_reason(rc, worker_rc, run_end)
+                if self.stop_requested:
+                    return self.finish("failed", 1, exit_code=rc, reason=reason)
+                if worker_rc == 2:
+                    # bad config or a refused resume: another attempt would fail the same way
+                    return self.finish("failed", 1, exit_code=rc, reason=reason)
+                if restarts_left > 0:
+                    restarts_left -= 1
+                    ckpt = newest_checkpoint(self.run_dir)
+                    self.log.info("attempt %d failed (%s); restarting from %s (%d restarts left)",
+                                  attempt, reason, ckpt or "the beginning", restarts_left)
+                    self.status["restarts_left"] = restarts_left
+                    attempt += 1
+                    continue
+                return self.finish("failed", 1, exit_code=rc, reason=reason)
+        finally:
+            self.sampler.close()
+
+    def failure_reason(self, rc: int, worker_rc: int | None, run_end: dict[str, Any] | None) -> str:
+        if run_end and run_end.get("reason"):
+            return str(run_end["reason"])
+        if worker_rc is not None and worker_rc < 0:
+            return f"a worker was killed by signal {-worker_rc} (torchrun exit {rc})"
+        if worker_rc is not None:
+            return f"a worker exited with code {worker_rc} (torchrun exit {rc}); see logs/"
+        return f"torchrun exited with code {rc}; see logs/torchrun.log"
+
+    def run_attempt(self, attempt: int) -> tuple[int, int | None, dict[str, Any] | None]:
+        """One torchrun; returns (torchrun exit code, first worker exit code, this attempt's run_end)."""
+        started = time.time()
+        self.write_status("starting", attempt=attempt, torchrun_pid=None, worker_pids={},
+                          started=self.status.get("started") or started, ended=None, exit_code=None,
+                          reason=None, nproc=self.cfg.launch.nproc_per_node,
+                          nnodes=self.cfg.launch.nnodes, node_rank=self.cfg.launch.node_rank)
+        if self.kill_requested or self.stop_requested:  # a signal arrived before torchrun started
+            return (-signal.SIGTERM, None, {"status": "stopped", "reason": "stopped before start"})
+        self.current_attempt = None
+        log_path = self.paths.logs / "torchrun.log"
+        log_offset = log_path.stat().st_size if log_path.exists() else 0
+        cmd = torchrun_command(self.cfg, self.run_dir, attempt)
+        self.log.info("attempt %d: %s", attempt, " ".join(cmd))
+        with open(log_path, "ab") as out:
+            self.torchrun = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                env=worker_env(self.cfg), preexec_fn=_die_with_parent, close_fds=True,
+            )
+        tr = self.torchrun
+        record = {"attempt": attempt, "started": started, "torchrun_pid": tr.pid, "ended": None, "exit_code": None}
+        self.status["attempts"].append(record)
+        self.write_status("running", torchrun_pid=tr.pid)
+        if self.stop_requested or self.kill_requested:
+            tr.send_signal(signal.SIGTERM)  # a signal that raced the start
+        run_end = self.watch(attempt, tr)
+        rc = tr.returncode
+        record.update(ended=time.time(), exit_code=rc)
+        worker_rc = _worker_exit_code(log_path, log_offset) if rc else None
+        clean = (run_end or {}).get("status") in ("completed", "stopped")
+        if not self.kill_requested and not clean:
+            self.status["exit_code"] = rc
+        # a kill, or a stop that torchrun reports as exit 1, is not a crash for the rules
+        if rc and not self.kill_requested and not clean:
+            self.status["reason"] = self.failure_reason(rc, worker_rc, run_end)
+            write_json_atomic(self.paths.status, self.status)
+            self.incidents.poll()  # let the rules classify the crash (crash, oom, ...) now
+        self.reap_leftovers()
+        return rc, worker_rc, run_end
+
+    def watch(self, attempt: int, tr: subprocess.Popen[bytes]) -> dict[str, Any] | None:
+        """Sample, diagnose and follow events until torchrun exits; returns this attempt's run_end."""
+        ranks: dict[int, int] = {}
+        run_end = None
+        kill_deadline = None
+        next_tick = time.monotonic()
+        while tr.poll() is None:
+            now = time.monotonic()
+            if now >= next_tick:
+                next_tick = now + self.poll_s
+                if len(ranks) < self.cfg.launch.nproc_per_node:
+                    found = {r: p.pid for r, p in rank_processes(tr.pid).items()}
+                    if found != ranks:
+                        ranks = found
+                        self.write_status(self.status["state"], worker_pids={str(r): p for r, p in ranks.items()})
+                self.append_sample(ranks)
+                self.incidents.poll()
+            run_end = self.follow_events(attempt) or run_end
+            if self.stop_requested and self.status.get("state") == "running":
+                self.write_status("stopping", reason="SIGTERM: graceful stop")
+            if self.kill_requested and kill_deadline is None:
+                # said before the processes die, so the incident rules never read the kill as a crash
+                self.write_status("stopping", reason="kill requested")
+                # mt kill signals everything itself; this covers a supervisor-only SIGUSR1
+                kill_deadline = now + 15.0
+                if tr.poll() is None:
+                    tr.send_signal(signal.SIGTERM)
+            if kill_deadline is not None and now > kill_deadline:
+                terminate_all(run_processes(self.run_dir, [tr.pid]), grace_s=1.0)
+            try:
+                tr.wait(timeout=min(0.25, self.poll_s))
+            except subprocess.TimeoutExpired:
+                pass
+        return self.follow_events(attempt) or run_end
+
+    def follow_events(self, attempt: int) -> dict[str, Any] | None:
+        """Read new events: note an accepted stop (state `stopping`) and this attempt's run_end."""
+        run_end = None
+        for ev in self.events.read_new():
+            kind = ev.get("kind")
+            if kind == "control" and ev.get("action") == "stop" and ev.get("status") == "accepted" \
+                    and self.status.get("state") == "running":
+                self.write_status("stopping", reason=f"stop requested ({ev.get('request_id')})")
+            elif kind == "run_start":
+                self.current_attempt = ev.get("attempt")
+            elif kind == "run_end" and self.current_attempt in (None, attempt):
+                # None: the engine ended before run_start (bad data, refused resume)
+                run_end = ev
+        return run_end
+
+    def append_sample(self, ranks: dict[int, int]) -> None:
+        try:
+            sample = self.sampler.sample(ranks)
+            with open(self.paths.system, "a", encoding="utf-8") as f:
+                f.write(dumps(sample) + "\n")
+        except OSError:
+            self.log.exception("cannot write system.jsonl")
+
+    def reap_leftovers(self) -> None:
+        """After torchrun is gone, no worker of this run may survive it (orphans after SIGKILL)."""
+        leftovers = [p for p in run_processes(self.run_dir) if p.pid != os.getpid()]
+        if leftovers:
+            self.log.warning("terminating %d leftover processes: %s", len(leftovers), [p.pid for p in leftovers])
+            terminate_all(leftovers, grace_s=10.0)
+
+
+def _worker_exit_code(log_path: Path, offset: int) -> int | None:
+    """The first failed worker's exit code, from torchrun's ChildFailedError report."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    root = text.find("Root Cause")  # torchrun names the first failure there; others got SIGTERM after
+    m = _EXITCODE.search(text, root if root >= 0 else 0)
+    return int(m.group(1)) if m else None
+
+
+def _file_logger(path: Path) -> logging.Logger:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    log = logging.getLogger(f"mt.supervisor.{path}")
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    if not log.handlers:
+        handler = logging.FileHandler(path, encoding="utf-8")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        log.addHandler(handler)
+    return log
+
+
+def _daemonize(log_path: Path) -> None:
+    """Fork once more so the supervisor is nobody's child (init reaps it); the parent prints its
+    pid and exits. stdout/stderr go to the supervisor log (tracebacks included)."""
+    pid = os.fork()
+    if pid > 0:
+        sys.stdout.write(f"{pid}\n")
+        sys.stdout.flush()
+        os._exit(0)
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = os.fdopen(1, "w", buffering=1)
+    sys.stderr = os.fdopen(2, "w", buffering=1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tui.run.supervisor", description=__doc__)
+    parser.add_argument("--run-dir", required=True, type=Path)
+    parser.add_argument("--daemon", action="store_true", help="fork, print the pid and return")
+    parser.add_argument("--lock-fd", type=int, help="the run's lock, taken by the caller and handed down")
+    args = parser.parse_args(argv)
+    os.umask(0o077)  # everything in a run directory is private to its owner, like the folder
+    try:  # before anything else: a second supervisor must not touch the run
+        if args.lock_fd is not None:
+            runlock.adopt(args.run_dir, args.lock_fd, "a starting supervisor")
+            lock = args.lock_fd
+        else:
+            lock = runlock.acquire(args.run_dir, "a starting supervisor")
+    except (runlock.RunBusy, OSError) as e:
+        print(f"mt supervisor: {e}", file=sys.stderr)
+        return 2
+    if args.daemon:
+        _daemonize(RunPaths(args.run_dir).supervisor_log)
+    runlock.note_holder(lock, f"supervisor pid {os.getpid()}")
+    sup = Supervisor(args.run_dir)
+    try:
+        return sup.run()
+    except Exception:
+        sup.log.exception("supervisor crashed")
+        sup.write_status("failed", ended=time.time(), reason="supervisor crashed; see logs/supervisor.log")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""Build the torchrun command line and environment for one attempt (pure functions).
+
+Multi-node: run `mt launch PRESET --node-rank K` once per node with the same preset
+(`nnodes`, `rdzv_endpoint`). Each node gets its own run directory (`<name>-<stamp>` on node 0,
+`...-node<K>` elsewhere; no shared filesystem is assumed) and its own supervisor. torchrun's
+c10d rendezvous assigns global ranks (sorted by host name, then torchrun pid), so the node
+that receives global rank 0 holds events.jsonl and the checkpoints; the others hold their ranks'
+logs, heartbeats, status.json and system.jsonl (status.json `worker_pids` lists the ranks).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from mt.config import Config
+
+
+def torchrun_command(cfg: Config, run_dir: Path, attempt: int, python: str = sys.executable) -> list[str]:
+    """`python -P -m torch.distributed.run ... --no-python python -P -m engine --run-dir DIR --attempt N`.
+
+    `-P`: the working directory is not put on sys.path, so a user's own `engine.py` (or
+    `torch/`) there cannot shadow ours; `--no-python` is what lets us pass it to the workers.
+
+    One node: `--standalone` (a private rendezvous on a free port). Several: c10d rendezvous at
+    `rdzv_endpoint`; every node passes the same `--rdzv-id`, derived from the run name.
+    `--max-restarts 0`: restarts are fresh attempts started by the supervisor (DESIGN.md).
+    """
+    launch = cfg.launch
+    cmd = [python, "-P", "-m", "torch.distributed.run", "--nproc-per-node", str(launch.nproc_per_node)]
+    if launch.nnodes == 1:
+        cmd += ["--standalone", "--nnodes", "1"]
+    else:
+        cmd += [
+            "--nnodes", str(launch.nnodes),
+            "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", launch.rdzv_endpoint,
+            "--rdzv-id", f"mt-{cfg.run.name}-a{attempt}",
+        ]
+    cmd += ["--max-restarts", "0", "--no-python", python, "-P", "-m", "engine", "--run-dir", str(run_dir), "--attempt", str(attempt)]
+    return cmd
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (affinity-aware)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def worker_env(cfg: Config, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for torchrun and its workers.
+
+    torchrun sets OMP_NUM_THREADS=1 only when nproc > 1 and leaves it unset for one process,
+    so we choose: the cores split evenly between the local workers (a user's value wins).
+    """
+    env = dict(os.environ if base is None else base)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, usable_cores() // cfg.launch.nproc_per_node)))
+    env["PYTHONUNBUFFERED"] = "1"  # worker logs arrive as they are written
+    return env

@@ -1,0 +1,1 @@
+"""Plain-text views: `mt watch --once`, the `mt ls` table, the `--headless` follower."""

@@ -1,0 +1,129 @@
+"""`--headless`: follow a run and print compact progress lines until it ends.
+
+At most one step line per `min_interval_s` (so SLURM / nohup logs stay small), plus one line
+per checkpoint, eval, incident, control answer and attempt.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+from mt.events import FINAL_STATES, as_float
+from tui.format import fmt_duration, fmt_num
+from tui.read.follower import RunFollower
+from tui.rundir import liveness, read_status
+from tui.state.run import RunState
+
+
+def step_line(st: RunState) -> str:
+    total = "?" if st.max_steps is None else str(st.max_steps)
+    width = len(total)
+    return (f"step {st.step:>{width}}/{total}  loss {fmt_num(st.loss, '.4f')}  lr {fmt_num(st.lr, '.2e')}"
+            f"  tok/s {fmt_num(st.tokens_per_s, ',.0f')}  ETA {fmt_duration(st.eta_s())}")
+
+
+def event_line(ev: dict[str, Any]) -> str | None:
+    """One line for a notable event, or None for events not worth a line."""
+    kind = ev.get("kind")
+    if kind == "run_start":
+        start = ev.get("start_step") or 0
+        frm = f", resuming from step {start}" if start else ""
+        return (f"attempt {ev.get('attempt')} started: world {ev.get('world_size')} x {ev.get('device')}"
+                f", {ev.get('params_total'):,} params{frm}" if isinstance(ev.get("params_total"), int)
+                else f"attempt {ev.get('attempt')} started{frm}")
+    if kind == "eval":
+        return f"eval  step {ev.get('step')}  val_loss {fmt_num(as_float(ev.get('val_loss')), '.4f')}"
+    if kind == "checkpoint":
+        return f"checkpoint saved at step {ev.get('step')} ({ev.get('reason')}): {ev.get('path')}"
+    if kind == "incident":
+        return f"incident [{ev.get('severity')}] {ev.get('code')} at step {ev.get('step')}: {ev.get('title')}"
+    if kind == "control" and ev.get("status") in ("done", "rejected"):
+        return f"control {ev.get('action')} {ev.get('status')}: {ev.get('detail') or ''}".rstrip(": ")
+    if kind == "run_end":
+        return f"run ended at step {ev.get('step')}: {ev.get('status')} ({ev.get('reason')})"
+    return None
+
+
+def exit_code_for(state: str) -> int:
+    """0 for completed/stopped, 1 for anything else (failed, killed, lost)."""
+    return 0 if state in ("completed", "stopped") else 1
+
+
+def follow_run(run_dir: Path, out: TextIO, min_interval_s: float = 1.0, poll_s: float = 0.5,
+               clock: Callable[[], float] = time.monotonic) -> str:
+    """Print progress until the run reaches a final state; returns that state."""
+    follower = RunFollower(Path(run_dir), keep_series=False)
+    last_print = -float("inf")
+    printed_step: int | None = None
+    state_shown = None
+    while True:
+        res = follower.poll()
+        st = follower.state
+        now = clock()
+        final = st.state in FINAL_STATES
+        ends = [ev for ev in res.new_events if ev.get("kind") == "run_end"]
+        for ev in res.new_events:
+            line = event_line(ev) if ev.get("kind") != "run_end" else None
+            if line:
+                out.write(line + "\n")
+        if st.step is not None and st.step != printed_step and (now - last_print >= min_interval_s or final or ends):
+            out.write(step_line(st) + "\n")
+            last_print, printed_step = now, st.step
+        for ev in ends:
+            out.write(f"{event_line(ev)}\n")
+        if st.state != state_shown and st.state in ("stopping",):
+            out.write(f"state: {st.state}\n")
+        state_shown = st.state
+        out.flush()
+        if final:
+            reason = f" ({st.reason})" if st.reason else ""
+            out.write(f"run {st.state}{reason}: {run_dir}\n")
+            out.flush()
+            return st.state
+        status = read_status(Path(run_dir))
+        if liveness(status) == "lost" and liveness(read_status(Path(run_dir))) == "lost":
+            out.write(f"run lost: its supervisor (pid {status.get('supervisor_pid')}) is gone: {run_dir}\n")
+            out.flush()
+            return "lost"
+        time.sleep(poll_s)
+
+
+class Detached(Exception):
+    """The viewer let go of the run (Ctrl-C or a closed terminal); the run keeps going."""
+
+
+def follow_headless(run_dir: Path, out: TextIO) -> int:
+    """follow_run with the signals a batch job sees; returns the exit code for `mt`.
+
+    SIGTERM (SLURM time limit, preemption, `kill`) is passed to the supervisor as a graceful
+    stop, so the run writes a final checkpoint, and we keep following until it has ended.
+    Ctrl-C or a hang-up only detaches this viewer: the run keeps going.
+    """
+    def stop_run(_signum: int, _frame: object) -> None:
+        pid = read_status(Path(run_dir)).get("supervisor_pid")
+        out.write("SIGTERM: stopping the run gracefully (final checkpoint)\n")
+        if isinstance(pid, int):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    def detach(_signum: int, _frame: object) -> None:
+        raise Detached
+
+    old = {s: signal.signal(s, h) for s, h in ((signal.SIGTERM, stop_run), (signal.SIGINT, detach), (signal.SIGHUP, detach))}
+    try:
+        return exit_code_for(follow_run(Path(run_dir), out))
+    except Detached:
+        try:
+            out.write(f"detached; the run keeps going. Follow it: mt watch {run_dir}  stop it: mt stop {run_dir}\n")
+            out.flush()
+        except OSError:  # the terminal is gone
+            pass
+        return 130
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)

@@ -1,0 +1,77 @@
+"""Plain-text views of runs for `mt ls` and `mt watch --once` (built on tui.stream.RunState)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tui.format import fmt_duration, fmt_num
+from tui.read.follower import load_run_state
+from tui.rundir import effective_state, is_run_dir, read_status, run_dirs
+from tui.text.summary import format_summary
+
+
+@dataclass
+class RunRow:
+    """One line of `mt ls`."""
+
+    name: str
+    state: str
+    attempt: str = "-"
+    step: str = "-"
+    loss: str = "-"
+    started: str = "-"
+    duration: str = "-"
+
+
+def run_row(path: Path, now: float | None = None) -> RunRow:
+    """The row for one folder; a foreign or broken folder says so instead of raising."""
+    now = time.time() if now is None else now
+    if not is_run_dir(path):
+        return RunRow(path.name, "(not a run)")
+    try:
+        st = load_run_state(path, exact_best=False)   # ls shows no best loss
+        state = effective_state(st.status) if st.status else "(no status)"
+        total = "?" if st.max_steps is None else str(st.max_steps)
+        return RunRow(
+            name=path.name,
+            state=state,
+            attempt=str(st.attempt or "-"),
+            step=f"{'-' if st.step is None else st.step}/{total}",
+            loss=fmt_num(st.loss, ".4f") if st.loss is not None else "-",
+            started=time.strftime("%Y-%m-%d %H:%M", time.localtime(st.started)) if st.started else "-",
+            duration=fmt_duration(st.elapsed_s(now)) if st.started else "-",
+        )
+    except Exception as e:  # noqa: BLE001 - one broken run directory must not break `mt ls`
+        return RunRow(path.name, f"(broken: {type(e).__name__})")
+
+
+def runs_table(runs_dir: Path) -> str:
+    """The `mt ls` table, newest run first."""
+    rows = [run_row(p) for p in run_dirs(runs_dir)]
+    if not rows:
+        return f"no runs in {runs_dir}"
+    header = RunRow("NAME", "STATE", "ATTEMPT", "STEP", "LOSS", "STARTED", "DURATION")
+    table = [header, *rows]
+    cols = list(vars(header))
+    widths = {c: max(len(getattr(r, c)) for r in table) for c in cols}
+    return "\n".join("  ".join(getattr(r, c).ljust(widths[c]) for c in cols).rstrip() for r in table)
+
+
+def run_summary(run_dir: Path) -> str:
+    """`mt watch --once`: the dashboard's facts as plain text."""
+    st = load_run_state(Path(run_dir))
+    text = format_summary(st)
+    state = effective_state(read_status(Path(run_dir)))
+    if state == "lost":
+        text += f"\nwarning: status says {st.state}, but its supervisor is gone (state lost)"
+    return text
+
+
+def last_checkpoint_line(run_dir: Path) -> str:
+    """`final checkpoint at step S: PATH` (or that there is none)."""
+    st = load_run_state(Path(run_dir), exact_best=False)
+    ck = st.last_checkpoint
+    if ck is None:
+        return "no checkpoint was written"
+    return f"checkpoint saved at step {ck.step}: {ck.path}"

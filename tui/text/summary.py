@@ -1,0 +1,38 @@
+"""The `mt watch --once` summary of a RunState."""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from tui.format import fmt_duration, fmt_num
+
+if TYPE_CHECKING:
+    from tui.state.run import RunState
+
+
+def format_summary(st: "RunState", now: float | None = None) -> str:
+    """A few plain-text lines for `mt watch --once`."""
+    now = time.time() if now is None else now
+    step = "-" if st.step is None else str(st.step)
+    total = "?" if st.max_steps is None else str(st.max_steps)
+    lines = [
+        f"{st.name}  [{st.state}]  attempt {st.attempt}  step {step}/{total}"
+        f"  elapsed {fmt_duration(st.elapsed_s(now))}  ETA {fmt_duration(st.eta_s())}",
+        f"loss {fmt_num(st.loss)}  best {fmt_num(st.best_loss)}"
+        f"{'' if st.best_loss_step is None else f' @{st.best_loss_step}'}"
+        f"{' (recent steps only)' if st.best_loss_partial else ''}"
+        f"  val {fmt_num(st.val_loss)}  lr {fmt_num(st.lr, '.3g')}  grad_norm {fmt_num(st.grad_norm)}"
+        f"  tok/s {fmt_num(st.tokens_per_s, ',.0f')}",
+        f"world {st.world_size or '?'} x {st.device or '?'}  precision {st.precision or '?'}"
+        f"  eff. batch {st.effective_batch or '?'}",
+    ]
+    ck = st.last_checkpoint
+    lines.append("checkpoint: none" if ck is None else
+                 f"checkpoint: step {ck.step} ({fmt_duration(ck.age_s(now))} ago)  {ck.path}")
+    for inc in st.open_incidents:
+        lines.append(f"incident [{inc.severity}] {inc.code} at step {inc.step}: {inc.title}")
+    if st.is_final and (st.reason or st.run_end_reason):
+        lines.append(f"reason: {st.reason or st.run_end_reason}")
+    if st.bad_lines:
+        lines.append(f"skipped {st.bad_lines} unreadable event line(s)")
+    return "\n".join(lines)
