@@ -41,6 +41,7 @@ INCIDENT_CODES = (
     "dataloader_stall", "nan_loss", "loss_spike", "grad_explosion", "fp16_overflow",
     "throughput_drop", "hang", "straggler", "memory_pressure", "oom", "nccl_timeout", "crash",
     "checkpoint_skipped",  # beyond DESIGN.md: a damaged checkpoint passed over on resume
+    "disk_full",  # beyond DESIGN.md: a checkpoint that did not fit was skipped (or ended the run)
 )
 CONTROL_ACTIONS = ("checkpoint", "stop")
 
@@ -100,6 +101,11 @@ class RunPaths:
     @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
+
+    @property
+    def reserve(self) -> Path:
+        """Space the supervisor holds so it can record the final state on a full disk."""
+        return self.root / ".reserve"
 
 
 def make_event(kind: str, **fields: Any) -> dict[str, Any]:
