@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     from engine.data import DataError, build_splits
     from engine.resume import ResumeRefused
     from engine.train import Trainer, report_failure
+    from mt import space
     from mt.inbox import StopSignals
 
     rank = dist.read_env()[0]
@@ -55,11 +56,17 @@ def main(argv: list[str] | None = None) -> int:
             EventWriter(paths.events).emit("run_end", step=0, status="failed", reason=f"resume refused: {e}")
         return 2
     except Exception as e:  # noqa: BLE001 - whatever ends the loop goes into run_end
+        full = space.is_disk_full(e)
         reason = f"rank {rank}: {report_failure(e)}"
+        if full and not isinstance(e, space.DiskFullError):
+            reason = f"rank {rank}: disk full: {report_failure(e)}; {space.describe(paths.root)}"
         if rank == 0:
-            events = trainer.events if trainer else EventWriter(paths.events)
-            events.emit("run_end", step=trainer.step if trainer else 0, status="failed", reason=reason)
-        return 1
+            try:
+                events = trainer.events if trainer else EventWriter(paths.events)
+                events.emit("run_end", step=trainer.step if trainer else 0, status="failed", reason=reason)
+            except OSError as write_error:  # the disk may be too full for one line: the supervisor says so
+                dist.log(f"cannot write run_end: {write_error}")
+        return 2 if full else 1  # 2: a restart would only fill the disk again
     finally:
         dist.shutdown()
 

@@ -3,6 +3,10 @@
 A checkpoint is `checkpoints/step-<S>/` holding model.pt, optim.pt, train.pt and, written last,
 manifest.json with the sha256 and size of each file. Loading verifies the manifest and reads
 every file with `torch.load(weights_only=True)`, so a checkpoint can never run code.
+
+`save_and_prune` first checks that the new checkpoint fits (the previous one's size); when it
+does not, it deletes early what retention would delete after the save anyway, but never the
+newest intact checkpoint; if it still does not fit it raises DiskFullError and writes nothing.
 """
 from __future__ import annotations
 
@@ -12,14 +16,16 @@ import os
 import random
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
 import numpy as np
 import torch
 
+from mt import space
 from mt.paths import checkpoint_step
+from mt.space import DiskFullError, clean_temporaries  # noqa: F401 - clean_temporaries: part of this API
 
 FORMAT = "mt-checkpoint"
 FORMAT_VERSION = 1
@@ -35,6 +41,7 @@ class Saved:
     path: Path
     bytes: int
     seconds: float
+    pruned: list[Path] = field(default_factory=list)
 
 
 class _HashingWriter:
@@ -42,11 +49,16 @@ class _HashingWriter:
 
     def __init__(self, f: BinaryIO) -> None:
         self.f, self.sha, self.size = f, hashlib.sha256(), 0
+        self.error: OSError | None = None
 
     def write(self, b: bytes) -> int:
         self.sha.update(b)
         self.size += len(b)
-        return self.f.write(b)
+        try:
+            return self.f.write(b)
+        except OSError as e:  # torch reports it only as "unexpected pos": keep the real cause
+            self.error = e
+            raise
 
     def flush(self) -> None:
         self.f.flush()
@@ -64,21 +76,52 @@ def step_of(path: Path) -> int | None:
     return checkpoint_step(path.name)
 
 
-def save(root: Path, step: int, parts: dict[str, Any], meta: dict[str, Any], after_file: Callable[[str], None] | None = None) -> Saved:
+def save(root: Path, step: int, parts: dict[str, Any], meta: dict[str, Any], after_file: Callable[[str], None] | None = None,
+         needed: int | None = None) -> Saved:
     """Write `parts` (file name -> object) as checkpoint `step`; returns where and how big.
 
-    `after_file(name)` runs after each file is on disk (the fault injector dies there)."""
+    `after_file(name)` runs after each file is on disk (the fault injector dies there). On any
+    error the temporary folder is removed; a full disk raises DiskFullError (`needed`: a hint)."""
     t0 = time.perf_counter()
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step}"
     tmp = root / f".tmp-step-{step}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
+    written = [0]
+    try:
+        files = _write_folder(tmp, step, parts, meta, after_file, written)
+    except Exception as e:
+        shutil.rmtree(tmp, ignore_errors=True)  # a half-written folder would keep the space
+        if space.is_disk_full(e):
+            wrote = f" ({space.human(written[0])} written when the disk filled)" if written[0] else ""
+            raise space.disk_full(f"checkpoint step-{step}{wrote}", root, needed) from e
+        raise
+    if final.exists():  # an older timeline's folder of the same step: replace it whole
+        trash = root / f".trash-step-{step}-{os.getpid()}"
+        os.replace(final, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    os.replace(tmp, final)
+    _fsync_dir(root)
+    total = sum(f["bytes"] for f in files.values())
+    return Saved(final, total, time.perf_counter() - t0)
+
+
+def _write_folder(tmp: Path, step: int, parts: dict[str, Any], meta: dict[str, Any],
+                  after_file: Callable[[str], None] | None, written: list[int]) -> dict[str, Any]:
+    """Every file and then the manifest into tmp, each fsynced; returns the manifest's files."""
     tmp.mkdir(mode=0o700)
     files = {}
     for name in FILES:
         with open(tmp / name, "wb") as f:
             w = _HashingWriter(f)
-            torch.save(parts[name], w)
+            try:
+                torch.save(parts[name], w)
+            except RuntimeError as e:
+                if w.error is not None:  # torch's "[enforce fail ...] unexpected pos": the write failed
+                    raise w.error from e
+                raise
+            finally:
+                written[0] += w.size
             f.flush()
             os.fsync(f.fileno())
         files[name] = {"sha256": w.sha.hexdigest(), "bytes": w.size}
@@ -90,14 +133,34 @@ def save(root: Path, step: int, parts: dict[str, Any], meta: dict[str, Any], aft
         f.flush()
         os.fsync(f.fileno())
     _fsync_dir(tmp)
-    if final.exists():  # an older timeline's folder of the same step: replace it whole
-        trash = root / f".trash-step-{step}-{os.getpid()}"
-        os.replace(final, trash)
-        shutil.rmtree(trash, ignore_errors=True)
-    os.replace(tmp, final)
-    _fsync_dir(root)
-    total = sum(f["bytes"] for f in files.values())
-    return Saved(final, total, time.perf_counter() - t0)
+    return files
+
+
+def _intact(path: Path) -> bool:
+    try:
+        verify(path)
+        return True
+    except CheckpointError:
+        return False
+
+
+def save_and_prune(root: Path, step: int, parts: dict[str, Any], meta: dict[str, Any], keep_last: int,
+                   after_file: Callable[[str], None] | None = None) -> Saved:
+    """save() with retention: make room first if the disk needs it, prune after.
+
+    Raises DiskFullError, having written and deleted nothing, when even pruning first would not
+    make room."""
+    room = space.plan_room(root, step, keep_last, _intact)
+    if not room.fits:
+        kept = f"keep_last = {keep_last} keeps {room.kept} older checkpoint{'s' * (room.kept != 1)} beside it"
+        if keep_last == 1:
+            kept = "keep_last = 1 keeps the newest intact checkpoint until the new one is written"
+        raise space.disk_full(f"checkpoint step-{step} ({kept})", root, room.needed)
+    for p in room.prune_first:
+        shutil.rmtree(p, ignore_errors=True)
+    saved = save(root, step, parts, meta, after_file, room.needed)
+    saved.pruned = room.prune_first + prune(root, keep_last, saved.path)
+    return saved
 
 
 def verify(path: Path) -> dict[str, Any]:
@@ -172,16 +235,6 @@ def prune(root: Path, keep_last: int, newest: Path) -> list[Path]:
     for p in doomed:
         shutil.rmtree(p, ignore_errors=True)
     return doomed
-
-
-def clean_temporaries(root: Path) -> list[Path]:
-    """Remove folders left by a writer that died mid-save (they never count as checkpoints)."""
-    if not root.is_dir():
-        return []
-    stale = [p for p in root.iterdir() if p.name.startswith((".tmp-step-", ".trash-step-"))]
-    for p in stale:
-        shutil.rmtree(p, ignore_errors=True)
-    return stale
 
 
 def capture_rng(device: torch.device) -> dict[str, Any]:

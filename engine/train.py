@@ -21,13 +21,14 @@ from engine.faults import Faults
 from engine.metrics import device_name, git_commit, memory, peak_flops
 from engine.model import GPT, count_params, flops_per_token
 from engine.optim import build_optimizer, lr_at, set_lr
-from mt.anomaly import StepAnomalies, nan_incident
+from mt.anomaly import StepAnomalies, disk_full_incident, nan_incident
 from mt.config import Config
 from mt.eventlog import EventWriter, NullEventWriter
 from mt.heartbeat import Heartbeat
 from mt.inbox import ControlInbox, Request, StopSignals
 from mt.jsonl import read_json
 from mt.paths import RunPaths
+from mt.space import DiskFullError
 
 # what every rank contributes to the one collective of each step
 _LOSS, _STOP, _CKPT, _MEM, _PEAK = range(5)
@@ -250,15 +251,35 @@ class Trainer:
                 "train.pt": train_state,
             }
             meta = {"world_size": self.env.world_size, "global_batch": self.global_batch, "samples_seen": self.samples, "reason": reason}
-            saved = checkpoint.save(self.paths.checkpoints, self.step, parts, meta, self.faults.in_checkpoint(self.step))
-            checkpoint.prune(self.paths.checkpoints, self.cfg.checkpoint.keep_last, saved.path)
             reqs = requests["checkpoint"] + requests["stop"]
-            self.events.emit("checkpoint", step=self.step, path=str(saved.path), bytes=saved.bytes, seconds=round(saved.seconds, 4), reason=reason, request_id=reqs[0].id if reqs else None)
-            for req in reqs:
-                self.events.emit("control", request_id=req.id, action=req.action, status="done", detail=f"checkpoint saved at step {self.step}: {saved.path}")
-                self.inbox.done(req.path)
-            log(f"checkpoint ({reason}) step {self.step}: {saved.path} {saved.bytes} bytes in {saved.seconds:.2f}s")
+            try:
+                saved = checkpoint.save_and_prune(self.paths.checkpoints, self.step, parts, meta, self.cfg.checkpoint.keep_last,
+                                                  self.faults.in_checkpoint(self.step))
+            except DiskFullError as e:
+                self._report_disk_full(e, reason, reqs)
+                if reason in ("final", "stop"):
+                    raise  # the run's last weights: ending without them must not look like success
+                saved = None
+            if saved is not None:
+                self.events.emit("checkpoint", step=self.step, path=str(saved.path), bytes=saved.bytes, seconds=round(saved.seconds, 4), reason=reason, request_id=reqs[0].id if reqs else None)
+                for req in reqs:
+                    self.events.emit("control", request_id=req.id, action=req.action, status="done", detail=f"checkpoint saved at step {self.step}: {saved.path}")
+                    self.inbox.done(req.path)
+                log(f"checkpoint ({reason}) step {self.step}: {saved.path} {saved.bytes} bytes in {saved.seconds:.2f}s")
         dist.barrier()
+
+    def _report_disk_full(self, e: DiskFullError, reason: str, reqs: list[Request]) -> None:
+        """A checkpoint that did not fit: an incident, and an answer to the requests waiting for it."""
+        final = reason in ("final", "stop")
+        log(f"checkpoint ({reason}) step {self.step} {'failed' if final else 'skipped'}: {e}")
+        newest = checkpoint.candidates(self.paths.checkpoints)
+        last = f"the newest checkpoint stays {newest[0].name}" if newest else "there is no checkpoint yet"
+        then = "the run ends as failed" if final else "training goes on and the next checkpoint tries again"
+        self.events.emit("incident", **disk_full_incident(self.step, e, reason, last, then, self.cfg.checkpoint.keep_last))
+        for req in reqs:
+            if req.action == "checkpoint":
+                self.events.emit("control", request_id=req.id, action=req.action, status="rejected", detail=str(e))
+                self.inbox.done(req.path)
 
     def _maybe_resume(self) -> dict[str, Any] | None:
         found: list[Any] = [None, [], None, None]
@@ -360,4 +381,5 @@ def _to_cpu(obj: Any) -> Any:
 def report_failure(exc: BaseException) -> str:
     """Print the traceback to the rank log; return the one line a run_end carries."""
     traceback.print_exception(exc)
-    return f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+    text = str(exc) if isinstance(exc, DiskFullError) else f"{type(exc).__name__}: {exc}"  # it says what it is
+    return text.splitlines()[0][:500]

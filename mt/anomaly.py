@@ -264,3 +264,15 @@ def nan_incident(step: int, lr: float, grad_norm: float, loss: float, sample_ind
                 "sample_indices": list(sample_indices), "action": action}
     return _incident(step, "nan_loss", "error" if action == "stop" else "warn",
                      f"Non-finite loss at step {step}", detail, ADVICE["nan_loss"], evidence)
+
+
+def disk_full_incident(step: int, error: OSError, reason: str, last: str, then: str, keep_last: int) -> dict[str, Any]:
+    """The `disk_full` incident for a checkpoint (`reason`: interval, request, final, stop) that did not fit."""
+    path = getattr(error, "path", None)
+    evidence = {"path": str(path) if path else None, "free_bytes": getattr(error, "free", None),
+                "needed_bytes": getattr(error, "needed", None), "reason": reason, "keep_last": keep_last}
+    advice = (f"Free space on that filesystem (old runs, other files), or move runs_dir to a bigger disk, "
+              f"or lower [checkpoint] keep_last = {keep_last}; a stopped or failed run resumes with "
+              f"`mt resume` once there is room.")
+    return _incident(step, "disk_full", "error", f"Checkpoint at step {step} {'failed' if reason in ('final', 'stop') else 'skipped'}: disk full",
+                     f"{error}. {last[0].upper()}{last[1:]}; {then}.", advice, evidence)

@@ -36,6 +36,7 @@ INCIDENT_CODES = (
     "dataloader_stall", "nan_loss", "loss_spike", "grad_explosion", "fp16_overflow",
     "throughput_drop", "hang", "straggler", "memory_pressure", "oom", "nccl_timeout", "crash",
     "checkpoint_skipped",  # beyond DESIGN.md: a damaged checkpoint passed over on resume
+    "disk_full",  # beyond DESIGN.md: a checkpoint that did not fit was skipped (or ended the run)
 )
 CONTROL_ACTIONS = ("checkpoint", "stop")
 

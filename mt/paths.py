@@ -66,6 +66,11 @@ class RunPaths:
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
 
+    @property
+    def reserve(self) -> Path:
+        """Space the supervisor holds so it can record the final state on a full disk."""
+        return self.root / ".reserve"
+
 
 _CHECKPOINT_DIR = re.compile(r"^step-(\d+)$")
 

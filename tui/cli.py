@@ -223,6 +223,8 @@ def stop(
         fail(f"stop rejected: {answer.detail}", RUN_FAILED)
     status = wait_final(run_dir, max(1.0, timeout - (time.monotonic() - t0)))
     state = status.get("state")
+    if state in ("failed", "killed"):  # e.g. no room for the final checkpoint: say why
+        fail(f"{run_dir}: the run ended {state}: {status.get('reason')}", RUN_FAILED)
     if state not in ("stopped", "completed"):
         fail(f"{run_dir}: the run did not stop within {timeout:g} s (state {state})", RUN_FAILED)
     typer.echo(f"run {state}; {last_checkpoint_line(run_dir)}")

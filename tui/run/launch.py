@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from mt import space
 from mt.config import (
     Config,
     ConfigError,
@@ -202,6 +203,7 @@ def _resume_locked(run_dir: Path, nproc: int | None, lock: int) -> None:
         cfg = load_config_json(paths.config)
     except ConfigError as e:
         raise ResumeError(str(e)) from None
+    _check_room(paths, cfg.checkpoint.keep_last)
     if nproc is not None and nproc != cfg.launch.nproc_per_node:
         raw = cfg.to_dict()
         raw["launch"]["nproc_per_node"] = nproc
@@ -211,12 +213,39 @@ def _resume_locked(run_dir: Path, nproc: int | None, lock: int) -> None:
             cfg = config_from_dict(raw, "--nproc")
         except ConfigError as e:
             raise ResumeError(str(e)) from None
-        write_json_atomic(paths.config, cfg.to_dict())
+        _write_or_refuse(paths, paths.config, cfg.to_dict())
     status.update(state="starting", supervisor_pid=None, ended=None, exit_code=None,
                   reason=f"resuming from {ckpt.name}", nproc=cfg.launch.nproc_per_node)
-    write_json_atomic(paths.status, status)
+    _write_or_refuse(paths, paths.status, status)
     try:
         start_supervisor(run_dir, lock)
     except (LaunchError, OSError, subprocess.TimeoutExpired) as e:
         _mark_failed(run_dir, str(e))
         raise ResumeError(str(e)) from None
+
+
+def _check_room(paths: RunPaths, keep_last: int) -> None:
+    """Refuse a resume whose next checkpoint would not fit (saying what to free where)."""
+    # no process of the run is alive (checked before): a writer's leftovers are only garbage
+    space.clean_temporaries(paths.checkpoints)
+    reserve = 0 if paths.reserve.exists() else space.RESERVE_BYTES  # the supervisor makes it first
+    room = space.plan_room(paths.checkpoints, None, keep_last, lambda p: (p / "manifest.json").is_file(), reserve)
+    if room.fits or room.free is None or room.needed is None:
+        return
+    gained = sum(space.disk_usage(p) for p in room.prune_first)
+    short = room.needed - room.free - gained
+    raise ResumeError(f"{paths.root}: disk full, the next checkpoint would not fit: "
+                      f"{space.describe(paths.checkpoints, room.needed)}; free at least {space.human(short)} "
+                      f"on {space.mount_point(paths.checkpoints)} (other files, old runs, older checkpoints), "
+                      f"then run mt resume again")
+
+
+def _write_or_refuse(paths: RunPaths, path: Path, obj: object) -> None:
+    """write_json_atomic; a full disk is a ResumeError saying where (the old file stays whole)."""
+    try:
+        write_json_atomic(path, obj)
+    except OSError as e:
+        if not space.is_disk_full(e):
+            raise ResumeError(f"{path}: cannot write: {e.strerror or e}") from None
+        raise ResumeError(f"{paths.root}: disk full: cannot write {path.name}; {space.describe(paths.root)}; "
+                          f"free space there, then run mt resume again") from None

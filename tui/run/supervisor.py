@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mt import space
 from mt.config import Config, load_config_json
 from mt.events import dumps
 from mt.jsonl import JsonlTail, write_json_atomic
@@ -92,13 +93,35 @@ class Supervisor:
         """The last transition; the incident rules see the final state once more."""
         self.write_status(state, ended=time.time(), **fields)
         self.incidents.poll()
+        self.paths.reserve.unlink(missing_ok=True)  # needed only while the run lives; a resume makes it again
         return code
 
     def write_status(self, state: str, **fields: Any) -> None:
         """Record a transition (atomic rename, so readers never see half a file)."""
         self.status.update(fields, state=state, supervisor_pid=os.getpid())
-        write_json_atomic(self.paths.status, self.status)
+        self.save_status()
         self.log.info("state %s %s", state, dumps(fields) if fields else "")
+
+    def save_status(self) -> None:
+        """Write status.json; on a full disk delete the reserve to make room, never half a file."""
+        try:
+            write_json_atomic(self.paths.status, self.status)
+            return
+        except OSError as e:
+            if not space.is_disk_full(e):
+                raise
+        if self.paths.reserve.exists():
+            self.paths.reserve.unlink()
+            self.log.warning("disk full: deleted %s to record the run's state", self.paths.reserve)
+            try:
+                write_json_atomic(self.paths.status, self.status)
+                return
+            except OSError as e:
+                if not space.is_disk_full(e):
+                    raise
+        # the previous status.json stays whole (the rename never happened); next write retries
+        self.log.error("disk full: cannot write status.json (state %s); %s", self.status.get("state"),
+                       space.describe(self.run_dir))
 
     # -- signals ---------------------------------------------------------------------------
     def _on_stop(self, signum: int, _frame: Any) -> None:
@@ -120,6 +143,8 @@ class Supervisor:
         """Attempt after attempt; returns the supervisor's exit code (0 ok, 1 failed/killed)."""
         self.install_signals()
         self.sampler = SystemSampler()
+        if not space.ensure_reserve(self.paths.reserve):
+            self.log.warning("no room for the %s reserve: %s", space.human(space.RESERVE_BYTES), space.describe(self.run_dir))
         if not self.sampler.gpus.ok:
             self.log.info("NVML not available (%s): no GPU readings, sampling CPU only",
                           self.sampler.gpus.error)
@@ -144,7 +169,7 @@ class Supervisor:
                 if self.stop_requested:
                     return self.finish("failed", 1, exit_code=rc, reason=reason)
                 if worker_rc == 2:
-                    # bad config or a refused resume: another attempt would fail the same way
+                    # bad config, a refused resume, a full disk: another attempt would fail the same way
                     return self.finish("failed", 1, exit_code=rc, reason=reason)
                 if restarts_left > 0:
                     restarts_left -= 1
@@ -162,10 +187,15 @@ class Supervisor:
         if run_end and run_end.get("reason"):
             return str(run_end["reason"])
         if worker_rc is not None and worker_rc < 0:
-            return f"a worker was killed by signal {-worker_rc} (torchrun exit {rc})"
-        if worker_rc is not None:
-            return f"a worker exited with code {worker_rc} (torchrun exit {rc}); see logs/"
-        return f"torchrun exited with code {rc}; see logs/torchrun.log"
+            why = f"a worker was killed by signal {-worker_rc} (torchrun exit {rc})"
+        elif worker_rc is not None:
+            why = f"a worker exited with code {worker_rc} (torchrun exit {rc}); see logs/"
+        else:
+            why = f"torchrun exited with code {rc}; see logs/torchrun.log"
+        free = space.free_bytes(self.run_dir)
+        if free is not None and free < space.RESERVE_BYTES:  # the engine could not even write its run_end
+            why += f"; disk full: {space.describe(self.run_dir)}"
+        return why
 
     def run_attempt(self, attempt: int) -> tuple[int, int | None, dict[str, Any] | None]:
         """One torchrun; returns (torchrun exit code, first worker exit code, this attempt's run_end)."""
@@ -202,7 +232,7 @@ class Supervisor:
         # a kill, or a stop that torchrun reports as exit 1, is not a crash for the rules
         if rc and not self.kill_requested and not clean:
             self.status["reason"] = self.failure_reason(rc, worker_rc, run_end)
-            write_json_atomic(self.paths.status, self.status)
+            self.save_status()
             self.incidents.poll()  # let the rules classify the crash (crash, oom, ...) now
         self.reap_leftovers()
         return rc, worker_rc, run_end
@@ -338,7 +368,10 @@ def main(argv: list[str] | None = None) -> int:
         return sup.run()
     except Exception:
         sup.log.exception("supervisor crashed")
-        sup.write_status("failed", ended=time.time(), reason="supervisor crashed; see logs/supervisor.log")
+        try:
+            sup.write_status("failed", ended=time.time(), reason="supervisor crashed; see logs/supervisor.log")
+        except OSError:
+            sup.log.exception("cannot record the crash in status.json")
         return 1
 
 

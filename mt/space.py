@@ -1,0 +1,198 @@
+"""Disk space: how much is free where, whether an error means "disk full", and how to say so.
+
+Stdlib only: the supervisor and `mt resume` use it as well as the engine's checkpointing.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from mt.paths import checkpoint_step
+
+# What the supervisor keeps allocated in every run directory (RunPaths.reserve) and deletes to
+# make room for the final status.json when the disk is full (a status file is a few KiB).
+RESERVE_BYTES = 256 * 1024
+# Beyond the previous checkpoint's size: its manifest, block rounding of each file, a few events.
+SLACK_BYTES = 64 * 1024
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+class DiskFullError(OSError):
+    """No room for something the run must write; str() says where, how much is free and needed."""
+
+    def __init__(self, message: str, path: Path, free: int | None, needed: int | None) -> None:
+        super().__init__(errno.ENOSPC, message)
+        self.message, self.path, self.free, self.needed = message, Path(path), free, needed
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def is_disk_full(exc: BaseException | None) -> bool:
+    """Whether exc, or an error it was raised from (torch wraps write errors), is ENOSPC/EDQUOT."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+def _existing(path: Path) -> Path:
+    path = Path(path).absolute()
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return path
+
+
+def free_bytes(path: Path) -> int | None:
+    """Bytes an unprivileged writer may still use on path's filesystem (None if unknown)."""
+    try:
+        st = os.statvfs(_existing(path))
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def mount_point(path: Path) -> Path:
+    """The mount point of the filesystem holding path."""
+    path = _existing(path).resolve()
+    while not os.path.ismount(path) and path.parent != path:
+        path = path.parent
+    return path
+
+
+def human(n: int | None) -> str:
+    """1536 -> '1.5 KiB'; None -> 'unknown'."""
+    if n is None:
+        return "unknown"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def describe(path: Path, needed: int | None = None) -> str:
+    """'filesystem /mnt (holding PATH): 12.0 KiB free, needs about 4.6 MiB'."""
+    free = free_bytes(path)
+    text = f"filesystem {mount_point(path)} (holding {path}): {human(free)} free"
+    return text + (f", needs about {human(needed)}" if needed is not None else "")
+
+
+def disk_full(what: str, path: Path, needed: int | None = None) -> DiskFullError:
+    """The DiskFullError for failing to write `what` under path."""
+    return DiskFullError(f"disk full: no room for {what}; {describe(path, needed)}", path, free_bytes(path), needed)
+
+
+def disk_usage(path: Path) -> int:
+    """Bytes a file or folder occupies on disk (what deleting it gives back)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return 0
+    total = st.st_blocks * 512
+    if os.path.isdir(path) and not os.path.islink(path):
+        for child in os.scandir(path):
+            total += disk_usage(Path(child.path))
+    return total
+
+
+def checkpoint_bytes(folder: Path) -> int | None:
+    """The size of a finished checkpoint from its manifest (None without a readable one)."""
+    try:
+        manifest = json.loads((Path(folder) / "manifest.json").read_text())
+        return sum(int(f["bytes"]) for f in manifest["files"].values())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+TEMP_PREFIXES = (".tmp-step-", ".trash-step-")
+
+
+def clean_temporaries(root: Path) -> list[Path]:
+    """Remove folders left by a checkpoint writer that died mid-save (never checkpoints)."""
+    try:
+        stale = [p for p in Path(root).iterdir() if p.name.startswith(TEMP_PREFIXES)]
+    except OSError:
+        return []
+    for p in stale:
+        shutil.rmtree(p, ignore_errors=True)
+    return stale
+
+
+def ensure_reserve(path: Path, size: int = RESERVE_BYTES) -> bool:
+    """Allocate the reserve file at path (really allocated, not sparse); False if no room."""
+    try:
+        if os.path.getsize(path) >= size:
+            return True
+    except OSError:
+        pass
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    except OSError:
+        return False
+    try:
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            os.pwrite(fd, b"\0" * size, 0)  # a filesystem without fallocate
+            os.fsync(fd)
+        return True
+    except OSError:
+        os.close(fd)
+        fd = -1
+        Path(path).unlink(missing_ok=True)  # a partial reserve only confuses
+        return False
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+@dataclass
+class Room:
+    """Whether the next checkpoint fits: free bytes, bytes it needs, what to delete first."""
+
+    free: int | None
+    needed: int | None
+    prune_first: list[Path] = field(default_factory=list)
+    fits: bool = True
+    kept: int = 0  # older checkpoints that stay beside the new one
+
+
+def plan_room(root: Path, step: int | None, keep_last: int, intact: Callable[[Path], bool], extra: int = 0) -> Room:
+    """Whether checkpoint `step` (None: one after all of them) fits, judged by the newest one's size.
+
+    If not, prune_first lists what retention would delete after that save anyway, less the newest
+    intact checkpoint (kept until the new one is on disk); `extra`: bytes needed besides."""
+    older = _checkpoint_folders(root, step)
+    last = next((b for b in map(checkpoint_bytes, older) if b is not None), None)
+    free = free_bytes(root)
+    if last is None or free is None:
+        return Room(free, None)  # the first checkpoint: nothing to judge it by
+    needed = last + SLACK_BYTES + extra
+    if free >= needed:
+        return Room(free, needed)
+    keep = next((p for p in older if intact(p)), None)
+    doomed = [p for p in older[keep_last - 1:] if p != keep]
+    gained = sum(disk_usage(p) for p in doomed)
+    return Room(free, needed, doomed, free + gained >= needed, len(older) - len(doomed))
+
+
+def _checkpoint_folders(root: Path, before: int | None) -> list[Path]:
+    """`step-<S>` folders under root with S < before (all when None), newest first."""
+    try:
+        entries = list(Path(root).iterdir())
+    except OSError:
+        return []
+    found = [(checkpoint_step(p.name), p) for p in entries if p.is_dir()]
+    found = [(s, p) for s, p in found if s is not None and (before is None or s < before)]
+    return [p for _, p in sorted(found, key=lambda sp: sp[0], reverse=True)]

@@ -1,0 +1,116 @@
+"""A full disk while checkpointing: room is checked first, pruning comes early, nothing is left half-written."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import checkpoint
+from mt import space
+from mt.space import DiskFullError
+from tests.tmpfs import tmpfs
+
+KIB = 1024
+
+
+def parts(n: int) -> dict:
+    """Checkpoint parts whose files total about 4*n bytes."""
+    return {"model.pt": {"w": torch.ones(n // 4)}, "optim.pt": {"m": torch.ones(n // 4)}, "train.pt": {"step": 1}}
+
+
+def saved_steps(root: Path) -> list[int]:
+    return sorted(checkpoint.step_of(p) for p in checkpoint.candidates(root))
+
+
+@pytest.fixture
+def three(tmp_path):
+    """checkpoints/step-{1,2,3}, about 64 KiB each."""
+    root = tmp_path / "checkpoints"
+    for step in (1, 2, 3):
+        checkpoint.save(root, step, parts(32 * KIB), {})
+    return root
+
+
+def with_free(monkeypatch, free: int) -> None:
+    monkeypatch.setattr(space, "free_bytes", lambda path: free)
+
+
+def test_room_enough_prunes_nothing(three, monkeypatch):
+    with_free(monkeypatch, 10 * 1024 * KIB)
+    room = space.plan_room(three, 4, 2, checkpoint._intact)
+    last = space.checkpoint_bytes(three / "step-3")
+    assert room.fits and room.prune_first == [] and room.needed == last + space.SLACK_BYTES
+
+
+def test_tight_room_prunes_first_only_what_retention_would(three, monkeypatch):
+    with_free(monkeypatch, 20 * KIB)  # far too little on its own; step-1 and step-2 give back enough
+    room = space.plan_room(three, 4, 2, checkpoint._intact)
+    assert room.fits and [p.name for p in room.prune_first] == ["step-2", "step-1"] and room.kept == 1
+    saved = checkpoint.save_and_prune(three, 4, parts(32 * KIB), {}, keep_last=2)
+    assert saved_steps(three) == [3, 4] and {p.name for p in saved.pruned} == {"step-1", "step-2"}
+
+
+def test_keep_last_one_never_prunes_the_newest_intact_first(three, monkeypatch):
+    with_free(monkeypatch, 10 * KIB)
+    room = space.plan_room(three, 4, 1, checkpoint._intact)
+    assert "step-3" not in [p.name for p in room.prune_first]
+    monkeypatch.setattr(space, "SLACK_BYTES", 1024 * KIB)  # even all the older ones would not make room
+    with pytest.raises(DiskFullError, match="keep_last = 1 keeps the newest intact checkpoint"):
+        checkpoint.save_and_prune(three, 4, parts(32 * KIB), {}, keep_last=1)
+    assert saved_steps(three) == [1, 2, 3]  # nothing deleted for a save that never happened
+
+
+def test_a_damaged_newest_is_no_reason_to_drop_the_intact_one(three, monkeypatch):
+    (three / "step-3" / "model.pt").write_bytes(b"torn")
+    with_free(monkeypatch, 10 * KIB)
+    room = space.plan_room(three, 4, 1, checkpoint._intact)
+    assert "step-2" not in [p.name for p in room.prune_first]
+
+
+def test_no_room_even_after_pruning_raises_and_writes_nothing(three, monkeypatch):
+    with_free(monkeypatch, 10 * KIB)
+    with pytest.raises(DiskFullError) as err:
+        checkpoint.save_and_prune(three, 4, parts(32 * KIB), {}, keep_last=3)
+    message = str(err.value)
+    assert message.startswith("disk full: no room for checkpoint step-4")
+    assert "keep_last = 3 keeps 2 older checkpoints" in message and str(three) in message and "needs about" in message
+    assert saved_steps(three) == [1, 2, 3] and not list(three.glob(".tmp-*"))
+
+
+def test_disk_filling_mid_write_cleans_up_and_keeps_the_previous(tmp_path):
+    with tmpfs("512k") as mnt:
+        root = mnt / "checkpoints"
+        checkpoint.save(root, 1, parts(64 * KIB), {})
+        # a much bigger checkpoint than the last one passes the check, then fills the disk
+        with pytest.raises(DiskFullError) as err:
+            checkpoint.save_and_prune(root, 2, parts(1024 * KIB), {}, keep_last=3)
+        message = str(err.value)
+        assert message.startswith("disk full: no room for checkpoint step-2") and "written when the disk filled" in message
+        assert f"filesystem {mnt}" in message and "free" in message and "inline_container" not in message
+        assert not list(root.glob(".tmp-*")), "the half-written folder keeps the space"
+        assert space.free_bytes(mnt) > 300 * KIB
+        checkpoint.verify(root / "step-1")
+        assert torch.equal(checkpoint.load(root / "step-1")["model.pt"]["w"], torch.ones(16 * KIB))
+
+
+def test_reserve_is_really_allocated(tmp_path):
+    with tmpfs("1m") as mnt:
+        before = space.free_bytes(mnt)
+        assert space.ensure_reserve(mnt / ".reserve")
+        assert before - space.free_bytes(mnt) >= space.RESERVE_BYTES
+        (mnt / ".reserve").unlink()
+        space.ensure_reserve(mnt / "big", 900 * KIB)
+        assert not space.ensure_reserve(mnt / ".reserve") and not (mnt / ".reserve").exists()
+
+
+def test_is_disk_full_sees_through_torchs_wrapping():
+    import errno
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as e:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos") from e
+    except RuntimeError as wrapped:
+        assert space.is_disk_full(wrapped)
+    assert not space.is_disk_full(OSError(errno.EACCES, "denied")) and not space.is_disk_full(None)
