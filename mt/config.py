@@ -106,7 +106,7 @@ class CheckpointConfig:
 
 @dataclass
 class MonitorConfig:
-    """Thresholds of the diagnosis rules (engine/anomaly.py on rank 0, tui/diagnose*.py)."""
+    """Thresholds of the diagnosis rules (mt/anomaly.py on rank 0, tui/diagnose/ in the supervisor)."""
 
     stall_window_s: float = _c(20.0, gt=0)
     """Only steps (and GPU samples) this recent count towards a dataloader stall."""
@@ -172,7 +172,7 @@ class FaultsConfig:
     step_sleep_s: float = _c(0.0, ge=0)
     """Sleep this long in every step (slows a demo down to watchable speed)."""
     crash_in_checkpoint_at_step: int = _c(0, ge=0)
-    """Rank 0 dies (SIGKILL-like) halfway through writing this step's checkpoint."""
+    """Rank 0 dies (SIGKILL-like) after writing the first file of this step's checkpoint."""
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The contract between engine and viewer: run-directory layout, event schema, JSONL I/O.
 
-Stdlib only (the `tui` side imports it and must never load torch). See shared/DESIGN.md.
+Stdlib only (the `tui` side imports it and must never load torch). Documented in docs/events.md.
 """
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ FINAL_STATES = ("completed", "stopped", "failed", "killed")
 INCIDENT_CODES = (
     "dataloader_stall", "nan_loss", "loss_spike", "grad_explosion", "fp16_overflow",
     "throughput_drop", "hang", "straggler", "memory_pressure", "oom", "nccl_timeout", "crash",
-    "checkpoint_skipped",  # beyond DESIGN.md: a damaged checkpoint passed over on resume
-    "disk_full",  # beyond DESIGN.md: a checkpoint that did not fit was skipped (or ended the run)
+    "checkpoint_skipped",  # a damaged checkpoint passed over on resume
+    "disk_full",  # a checkpoint that did not fit was skipped (or ended the run)
 )
 CONTROL_ACTIONS = ("checkpoint", "stop")
 

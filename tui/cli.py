@@ -1,4 +1,4 @@
-"""The `mt` command line: thin Typer wrappers over tui.run.launch, tui.run.control and tui.stream.
+"""The `mt` command line: thin Typer wrappers over tui.run.launch, tui.run.control and tui.read.
 
 Exit codes: 0 success, 1 the run failed, 2 bad input. Heavy modules (psutil, Textual, the
 dashboard) are imported inside the commands that need them, so `mt --help` stays instant;

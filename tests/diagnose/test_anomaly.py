@@ -1,4 +1,4 @@
-"""Engine-side rules (engine/anomaly.py): fire on the fault, at its step, once; silent otherwise."""
+"""Engine-side rules (mt/anomaly.py): fire on the fault, at its step, once; silent otherwise."""
 from __future__ import annotations
 
 import math

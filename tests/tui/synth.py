@@ -1,4 +1,4 @@
-"""Synthetic run directories that follow the DESIGN.md schema exactly (written via mt.events)."""
+"""Synthetic run directories that follow the event schema (docs/events.md) exactly (written via mt.events)."""
 from __future__ import annotations
 
 import json

@@ -33,17 +33,22 @@ def _cmdline_names_run(proc: psutil.Process, run_dir: str) -> bool:
 
 
 def run_processes(run_dir: Path, pids: Iterable[int | None] = ()) -> list[psutil.Process]:
-    """Every live process of a run: the given pids, anything whose command line names the run
-    directory (supervisor, torchrun, workers — even orphans), and all their descendants."""
+    """Every live process of a run: anything whose command line names the run directory
+    (supervisor, torchrun, workers — even orphans), and all their descendants.
+
+    `pids` (recorded in status.json) are only a hint: a pid whose command line does not name
+    the run may have been reused by another program, and is never included."""
     target = os.path.realpath(run_dir)
     me = os.getpid()
     found: dict[int, psutil.Process] = {}
     for pid in pids:
         if pid and pid != me:
             try:
-                found[pid] = psutil.Process(pid)
+                proc = psutil.Process(pid)
             except psutil.NoSuchProcess:
-                pass
+                continue
+            if _cmdline_names_run(proc, target):
+                found[pid] = proc
     for proc in psutil.process_iter():
         if proc.pid != me and proc.pid not in found and _cmdline_names_run(proc, target):
             found[proc.pid] = proc

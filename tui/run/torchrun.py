@@ -24,7 +24,7 @@ def torchrun_command(cfg: Config, run_dir: Path, attempt: int, python: str = sys
 
     One node: `--standalone` (a private rendezvous on a free port). Several: c10d rendezvous at
     `rdzv_endpoint`; every node passes the same `--rdzv-id`, derived from the run name.
-    `--max-restarts 0`: restarts are fresh attempts started by the supervisor (DESIGN.md).
+    `--max-restarts 0`: restarts are fresh attempts started by the supervisor (docs/control.md).
     """
     launch = cfg.launch
     cmd = [python, "-P", "-m", "torch.distributed.run", "--nproc-per-node", str(launch.nproc_per_node)]
