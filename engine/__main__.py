@@ -25,10 +25,10 @@ def main(argv: list[str] | None = None) -> int:
     # torch is imported only past this point: a bad config answers fast
     from engine import dist
     from engine.data import DataError, build_splits
-    from engine.resume import ResumeRefused
     from engine.train import Trainer, report_failure
     from mt import space
     from mt.inbox import StopSignals
+    from mt.resume import ResumeRefused
 
     rank = dist.read_env()[0]
     dist.redirect_output(paths.rank_log(rank))

@@ -14,13 +14,14 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from engine import checkpoint, resume
+from engine import checkpoint
 from engine.data import GlobalOrderSampler, Splits, build_loader, val_batches
 from engine.dist import DistEnv, log, seed_everything
 from engine.faults import Faults
 from engine.metrics import device_name, git_commit, memory, peak_flops
 from engine.model import GPT, count_params, flops_per_token
 from engine.optim import build_optimizer, lr_at, set_lr
+from mt import resume
 from mt.anomaly import StepAnomalies, disk_full_incident, nan_incident
 from mt.config import Config
 from mt.eventlog import EventWriter, NullEventWriter

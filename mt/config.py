@@ -200,11 +200,6 @@ class Config:
     def world_size(self) -> int:
         return self.launch.nproc_per_node * self.launch.nnodes
 
-    @property
-    def global_batch(self) -> int:
-        """Sequences per optimizer step over all ranks."""
-        return self.world_size * self.train.micro_batch_size * self.train.grad_accum_steps
-
 
 _RULE_TEXT = {"gt": "> {}", "ge": ">= {}", "lt": "< {}", "le": "<= {}"}
 _RULE_TEST = {

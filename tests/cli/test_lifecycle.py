@@ -58,8 +58,9 @@ def _ls_copes_with_foreign_and_broken_folders(runs: Path, good: Path, max_steps:
 
 def test_detach_watch_ckpt_stop_resume_ls(tmp_path: Path, runs: Path, headless_run: object) -> None:
     # slowed down so there is time to talk to it while it runs
+    # a hang aimed at rank 1 (never reached: stopped long before) must not block resuming on 1 rank
     preset = write_preset(tmp_path / "p.toml", runs, train={"max_steps": 40},
-                          checkpoint={"every_steps": 0}, faults={"step_sleep_s": 0.1})
+                          checkpoint={"every_steps": 0}, faults={"step_sleep_s": 0.1, "hang_rank": 1, "hang_at_step": 40})
     res = mt("launch", preset, "--detach", "--name", "flow")
     assert res.returncode == 0, res.stderr
     run_dir = Path(res.stdout.strip())
@@ -99,6 +100,9 @@ def test_detach_watch_ckpt_stop_resume_ls(tmp_path: Path, runs: Path, headless_r
     assert [s["attempt"] for s in starts] == [1, 2] and starts[1]["start_step"] == final["step"]
     assert [s["world_size"] for s in starts] == [2, 1]
     assert starts[0]["effective_batch"] == starts[1]["effective_batch"]
+    cfg = json.loads((run_dir / "config.json").read_text())  # says what attempt 2 ran with
+    assert cfg["launch"]["nproc_per_node"] == 1 and cfg["train"]["grad_accum_steps"] == 2
+    assert cfg["faults"]["hang_at_step"] == 0
     assert list((run_dir / "logs").glob("rank*.log")), "no worker logs"
 
     ls = mt("ls", runs)

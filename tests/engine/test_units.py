@@ -10,8 +10,8 @@ from torch.utils.data import DistributedSampler
 
 from engine.data import GlobalOrderSampler
 from engine.optim import lr_at
-from engine.resume import ResumeRefused, plan
 from mt.config import TrainConfig
+from mt.resume import ResumeRefused, plan
 
 from .runner import events, make_run, start, wait_for
 
@@ -65,3 +65,22 @@ def test_second_signal_exits_at_once(tmp_path):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=10) == 128 + signal.SIGTERM
     assert not events(run, "run_end")  # no cleanup, no final checkpoint: the user insisted
+
+
+def test_attempt_config_is_derived_in_one_place():
+    """A 2-rank run with faults aimed at rank 1 resumes on 1 rank; grad_accum_steps is what the engine will run."""
+    from mt.config import config_from_dict
+    from mt.resume import attempt_config
+
+    raw = {"run": {"name": "t"}, "launch": {"nproc_per_node": 2, "device": "cpu"},
+           "train": {"micro_batch_size": 4, "grad_accum_steps": 2, "max_steps": 40},
+           "faults": {"hang_rank": 1, "hang_at_step": 30, "crash_rank": 1, "crash_at_step": 20}}
+    cfg = config_from_dict(raw, "test")
+    manifest = {"world_size": 2, "global_batch": 16}
+    one = attempt_config(cfg, manifest, nproc=1)
+    assert one.launch.nproc_per_node == 1 and one.train.grad_accum_steps == 4
+    assert one.faults.hang_at_step == 0 and one.faults.crash_at_step == 0
+    same = attempt_config(cfg, manifest)
+    assert same == cfg  # nothing to change: config.json is not rewritten
+    with pytest.raises(ResumeRefused, match="allow_batch_change"):
+        attempt_config(cfg, {"world_size": 2, "global_batch": 16}, nproc=3)

@@ -22,8 +22,9 @@ from mt.config import (
     load_config_json,
     load_preset,
 )
-from mt.jsonl import write_json_atomic
+from mt.jsonl import read_json, write_json_atomic
 from mt.paths import RunPaths
+from mt.resume import ResumeRefused, attempt_config
 from tui.run import lock as runlock
 from tui.rundir import liveness, newest_checkpoint, read_status, require_run_dir
 
@@ -204,15 +205,13 @@ def _resume_locked(run_dir: Path, nproc: int | None, lock: int) -> None:
     except ConfigError as e:
         raise ResumeError(str(e)) from None
     _check_room(paths, cfg.checkpoint.keep_last)
-    if nproc is not None and nproc != cfg.launch.nproc_per_node:
-        raw = cfg.to_dict()
-        raw["launch"]["nproc_per_node"] = nproc
-        if raw["faults"]["crash_rank"] >= nproc * cfg.launch.nnodes:
-            raw["faults"]["crash_at_step"] = 0  # the injected crash only ever applied to attempt 1
-        try:
-            cfg = config_from_dict(raw, "--nproc")
-        except ConfigError as e:
-            raise ResumeError(str(e)) from None
+    manifest = read_json(ckpt / "manifest.json")
+    try:
+        new = attempt_config(cfg, manifest if isinstance(manifest, dict) else {}, nproc)
+    except (ConfigError, ResumeRefused) as e:
+        raise ResumeError(f"{run_dir}: {e}") from None
+    if new != cfg:
+        cfg = new
         _write_or_refuse(paths, paths.config, cfg.to_dict())
     status.update(state="starting", supervisor_pid=None, ended=None, exit_code=None,
                   reason=f"resuming from {ckpt.name}", nproc=cfg.launch.nproc_per_node)
