@@ -154,10 +154,6 @@ class StopSignals:
         for sig in self.SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
 
-    def uninstall(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.received is not None:
             os._exit(128 + signum)  # second signal: the user means it; skip every cleanup

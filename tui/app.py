@@ -18,7 +18,7 @@ from textual.worker import get_current_worker
 from tui.messages import ControlDone, RunUpdated
 from tui.read.follower import PollResult
 from tui.read.watcher import Watcher, WatchUpdate
-from tui.widgets.dialogs import ConfirmScreen, HelpScreen
+from tui.widgets.dialogs import ConfirmScreen, HelpScreen, help_rows
 from tui.widgets.header import RunHeader
 from tui.widgets.incidents import IncidentsPanel
 from tui.widgets.logs import LogsPanel
@@ -50,21 +50,13 @@ class MtApp(App[int]):
         Binding("t", "toggle_throughput", "Tok/s", id="throughput",
                 tooltip="Plot tokens/s in place of the learning rate (and back)"),
         Binding("g", "next_rank", "Next log", id="next-rank", tooltip="Show the next rank's log"),
-        Binding("1", "focus_panel(1)", "Plots", show=False, id="focus-1"),
-        Binding("2", "focus_panel(2)", "System", show=False, id="focus-2"),
-        Binding("3", "focus_panel(3)", "Incidents", show=False, id="focus-3"),
-        Binding("4", "focus_panel(4)", "Logs", show=False, id="focus-4"),
-        Binding("question_mark", "help", "Help", id="help"),
+        Binding("1", "focus_panel(1)", "Plots", show=False, id="focus-1", tooltip="Focus the plots"),
+        Binding("2", "focus_panel(2)", "System", show=False, id="focus-2", tooltip="Focus the system panel"),
+        Binding("3", "focus_panel(3)", "Incidents", show=False, id="focus-3",
+                tooltip="Focus the incidents (up/down selects one, its detail below)"),
+        Binding("4", "focus_panel(4)", "Logs", show=False, id="focus-4", tooltip="Focus the logs"),
+        Binding("question_mark", "help", "Help", id="help", key_display="?", tooltip="This help"),
         Binding("q", "quit", "Quit", id="quit", tooltip="Close the viewer; the run keeps going"),
-    ]
-    HELP_ROWS = [
-        ("c", "checkpoint now (notified when saved)"), ("s", "graceful stop (final checkpoint)"),
-        ("k", "kill the run (asks to confirm)"), ("r", "resume a stopped / failed / killed run"),
-        ("e / E", "smoothing down / up (0 = raw, default 0.6)"), ("l", "toggle log-y"),
-        ("t", "tokens/s plot in place of the learning rate (and back)"),
-        ("g", "next rank's log"), ("1-4", "focus plots / system / incidents / logs"),
-        ("↑ ↓", "select an incident (in the incidents panel)"),
-        ("q", "quit the viewer (the run keeps going)"), ("?", "this help"),
     ]
 
     smoothing: reactive[float] = reactive(0.6)
@@ -370,7 +362,7 @@ class MtApp(App[int]):
         self.query_one(PANELS[n]).focus()
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen(self.HELP_ROWS))
+        self.push_screen(HelpScreen(help_rows(self.BINDINGS)))
 
     @on(OptionList.OptionSelected)
     def _incident_selected(self) -> None:

@@ -167,9 +167,8 @@ async def test_smoothing_logy_focus_help_keys(fixture_run):
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
         help_text = str(app.screen.query_one("#help").content)
-        for b in app.BINDINGS:
-            shown = {"question_mark": "?"}.get(b.key, b.key)
-            assert shown in help_text or f"{shown} /" in help_text or "1-4" in help_text
+        for b in app.BINDINGS:  # the help is generated from the bindings: every one is there
+            assert f"{b.key_display or b.key}  {b.tooltip or b.description}" in help_text
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
 

@@ -32,6 +32,11 @@ class ConfirmScreen(ModalScreen[bool]):
         self.dismiss(yes)
 
 
+def help_rows(bindings: list[Binding]) -> list[tuple[str, str]]:
+    """(key, what it does) for every binding, from the bindings themselves: nothing copied by hand."""
+    return [(b.key_display or b.key, b.tooltip or b.description) for b in bindings]
+
+
 class HelpScreen(ModalScreen[None]):
     """Lists every key binding of the app."""
 
