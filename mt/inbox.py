@@ -148,11 +148,10 @@ class StopSignals:
 
     def __init__(self) -> None:
         self.received: int | None = None
-        self._previous: dict[int, Any] = {}
 
     def install(self) -> None:
         for sig in self.SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._handle)
+            signal.signal(sig, self._handle)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.received is not None:
