@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from mt import space
-from mt.paths import checkpoint_step
+from mt.paths import checkpoint_dirs, checkpoint_step
 from mt.space import DiskFullError, clean_temporaries  # noqa: F401 - clean_temporaries: part of this API
 
 FORMAT = "mt-checkpoint"
@@ -195,11 +195,8 @@ def verify(path: Path) -> dict[str, Any]:
 
 
 def candidates(root: Path) -> list[Path]:
-    """Checkpoint folders, newest step first (temporary and foreign names ignored)."""
-    if not root.is_dir():
-        return []
-    found = [(step_of(p), p) for p in root.iterdir() if p.is_dir() and step_of(p) is not None]
-    return [p for _, p in sorted(found, key=lambda sp: sp[0], reverse=True)]
+    """Checkpoint folders, newest step first (temporary, foreign and symlinked names ignored)."""
+    return [p for _, p in checkpoint_dirs(root)]
 
 
 def find_latest(root: Path, map_location: torch.device | str = "cpu") -> tuple[Path | None, dict[str, Any] | None, list[tuple[Path, str]]]:

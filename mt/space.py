@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from mt.paths import checkpoint_step
+from mt.paths import checkpoint_dirs
 
 # What the supervisor keeps allocated in every run directory (RunPaths.reserve) and deletes to
 # make room for the final status.json when the disk is full (a status file is a few KiB).
@@ -173,7 +173,7 @@ def plan_room(root: Path, step: int | None, keep_last: int, intact: Callable[[Pa
 
     If not, prune_first lists what retention would delete after that save anyway, less the newest
     intact checkpoint (kept until the new one is on disk); `extra`: bytes needed besides."""
-    older = _checkpoint_folders(root, step)
+    older = [p for s, p in checkpoint_dirs(root) if step is None or s < step]
     last = next((b for b in map(checkpoint_bytes, older) if b is not None), None)
     free = free_bytes(root)
     if last is None or free is None:
@@ -186,13 +186,3 @@ def plan_room(root: Path, step: int | None, keep_last: int, intact: Callable[[Pa
     gained = sum(disk_usage(p) for p in doomed)
     return Room(free, needed, doomed, free + gained >= needed, len(older) - len(doomed))
 
-
-def _checkpoint_folders(root: Path, before: int | None) -> list[Path]:
-    """`step-<S>` folders under root with S < before (all when None), newest first."""
-    try:
-        entries = list(Path(root).iterdir())
-    except OSError:
-        return []
-    found = [(checkpoint_step(p.name), p) for p in entries if p.is_dir()]
-    found = [(s, p) for s, p in found if s is not None and (before is None or s < before)]
-    return [p for _, p in sorted(found, key=lambda sp: sp[0], reverse=True)]

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from mt.events import FINAL_STATES
 from mt.jsonl import read_json
-from mt.paths import RunPaths, checkpoint_step
+from mt.paths import RunPaths, checkpoint_dirs
 
 
 class NotARunError(ValueError):
@@ -71,19 +71,10 @@ def effective_state(status: dict[str, Any]) -> str:
 
 def checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     """Finished checkpoint folders (step-<S> with a manifest), oldest first."""
-    root = RunPaths(Path(run_dir)).checkpoints
-    found = []
-    try:
-        entries = list(root.iterdir())
-    except OSError:
-        return []
-    for p in entries:
-        step = checkpoint_step(p.name)
-        # the engine writes manifest.json last; without it the folder is not a checkpoint
-        # (the engine verifies sizes and hashes on load; torch-free code cannot do more cheaply)
-        if step is not None and (p / "manifest.json").is_file():
-            found.append((step, p))
-    return sorted(found)
+    # the engine writes manifest.json last; without it the folder is not a checkpoint
+    # (the engine verifies sizes and hashes on load; torch-free code cannot do more cheaply)
+    found = [(s, p) for s, p in checkpoint_dirs(RunPaths(Path(run_dir)).checkpoints) if (p / "manifest.json").is_file()]
+    return found[::-1]
 
 
 def newest_checkpoint(run_dir: Path) -> Path | None:

@@ -111,3 +111,20 @@ def test_retention_keeps_the_newest_and_refuses_foreign_folders(tmp_path):
     assert path.name == "step-10" and "not an mt-checkpoint" in skipped[0][1]
     assert parts["train.pt"]["step"] == 10 and isinstance(parts["train.pt"]["rng"][0]["numpy"][1], list)
     assert isinstance(parts["model.pt"]["tok_emb.weight"], torch.Tensor)
+
+
+def test_a_symlinked_step_folder_is_never_a_checkpoint(finished, tmp_path):
+    """checkpoints/step-99999 -> another run's checkpoint: not listed, not loaded, not shown."""
+    from mt.paths import RunPaths
+    from tui.rundir import checkpoints, newest_checkpoint
+    from tui.state.run import newest_checkpoint_dir
+
+    other = Path(shutil.copytree(finished / "checkpoints/step-9", tmp_path / "elsewhere/step-9"))
+    (finished / "checkpoints/step-99999").symlink_to(other, target_is_directory=True)
+    path, _parts, skipped = checkpoint.find_latest(finished / "checkpoints")
+    assert path.name == "step-9" and skipped == []
+    assert [p.name for p in checkpoint.candidates(finished / "checkpoints")] == ["step-9", "step-6", "step-3"]
+    assert newest_checkpoint(finished).name == "step-9" and [s for s, _ in checkpoints(finished)] == [3, 6, 9]
+    assert newest_checkpoint_dir(RunPaths(finished)).step == 9
+    start = resume_and_get_start(finished)
+    assert start["start_step"] == 9 and start["resumed_from"]["path"].endswith("step-9")

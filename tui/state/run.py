@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from mt.events import FINAL_STATES, as_float
 from mt.jsonl import read_json
-from mt.paths import RunPaths, checkpoint_step
+from mt.paths import RunPaths, checkpoint_dirs
 
 if TYPE_CHECKING:
     from tui.state.series import Series
@@ -208,15 +208,12 @@ class BulkResult:
 
 def newest_checkpoint_dir(paths: RunPaths) -> CheckpointInfo | None:
     """The newest `step-<S>` folder on disk (for a quick read that saw no checkpoint event)."""
-    best = None
+    found = checkpoint_dirs(paths.checkpoints)
+    if not found:
+        return None
+    step, folder = found[0]
     try:
-        for d in paths.checkpoints.iterdir():
-            step = checkpoint_step(d.name)
-            if step is not None and d.is_dir() and (best is None or step > best[0]):
-                best = (step, d)
-        if best is None:
-            return None
-        return CheckpointInfo(step=best[0], path=str(best[1]), t=best[1].stat().st_mtime, reason="")
+        return CheckpointInfo(step=step, path=str(folder), t=folder.stat().st_mtime, reason="")
     except OSError:
         return None
 
