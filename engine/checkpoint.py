@@ -87,13 +87,13 @@ def save(root: Path, step: int, parts: dict[str, Any], meta: dict[str, Any], aft
     final = root / f"step-{step}"
     tmp = root / f".tmp-step-{step}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    written = [0]
     try:
-        files = _write_folder(tmp, step, parts, meta, after_file, written)
+        files = _write_folder(tmp, step, parts, meta, after_file)
     except Exception as e:
+        written = space.disk_usage(tmp)
         shutil.rmtree(tmp, ignore_errors=True)  # a half-written folder would keep the space
         if space.is_disk_full(e):
-            wrote = f" ({space.human(written[0])} written when the disk filled)" if written[0] else ""
+            wrote = f" ({space.human(written)} written when the disk filled)" if written else ""
             raise space.disk_full(f"checkpoint step-{step}{wrote}", root, needed) from e
         raise
     if final.exists():  # an older timeline's folder of the same step: replace it whole
@@ -107,7 +107,7 @@ def save(root: Path, step: int, parts: dict[str, Any], meta: dict[str, Any], aft
 
 
 def _write_folder(tmp: Path, step: int, parts: dict[str, Any], meta: dict[str, Any],
-                  after_file: Callable[[str], None] | None, written: list[int]) -> dict[str, Any]:
+                  after_file: Callable[[str], None] | None) -> dict[str, Any]:
     """Every file and then the manifest into tmp, each fsynced; returns the manifest's files."""
     tmp.mkdir(mode=0o700)
     files = {}
@@ -120,8 +120,6 @@ def _write_folder(tmp: Path, step: int, parts: dict[str, Any], meta: dict[str, A
                 if w.error is not None:  # torch's "[enforce fail ...] unexpected pos": the write failed
                     raise w.error from e
                 raise
-            finally:
-                written[0] += w.size
             f.flush()
             os.fsync(f.fileno())
         files[name] = {"sha256": w.sha.hexdigest(), "bytes": w.size}

@@ -14,6 +14,7 @@ from typing import Any
 
 from mt.config import MonitorConfig
 from mt.events import as_float
+from mt.space import DiskFullError
 
 # MAD * 1.4826 estimates the standard deviation of normally distributed noise; successive
 # differences carry sqrt(2) times the noise, and almost none of the (slow) trend, so the noise
@@ -266,11 +267,10 @@ def nan_incident(step: int, lr: float, grad_norm: float, loss: float, sample_ind
                      f"Non-finite loss at step {step}", detail, ADVICE["nan_loss"], evidence)
 
 
-def disk_full_incident(step: int, error: OSError, reason: str, last: str, then: str, keep_last: int) -> dict[str, Any]:
+def disk_full_incident(step: int, error: DiskFullError, reason: str, last: str, then: str, keep_last: int) -> dict[str, Any]:
     """The `disk_full` incident for a checkpoint (`reason`: interval, request, final, stop) that did not fit."""
-    path = getattr(error, "path", None)
-    evidence = {"path": str(path) if path else None, "free_bytes": getattr(error, "free", None),
-                "needed_bytes": getattr(error, "needed", None), "reason": reason, "keep_last": keep_last}
+    evidence = {"path": str(error.path), "free_bytes": error.free, "needed_bytes": error.needed,
+                "reason": reason, "keep_last": keep_last}
     advice = (f"Free space on that filesystem (old runs, other files), or move runs_dir to a bigger disk, "
               f"or lower [checkpoint] keep_last = {keep_last}; a stopped or failed run resumes with "
               f"`mt resume` once there is room.")

@@ -100,6 +100,8 @@ class ControlInbox:
 
 def _read_request(path: Path, max_bytes: int) -> tuple[Any, str | None]:
     """The JSON in a regular file at `path`, never following a symlink nor blocking on a FIFO."""
+    if not path.name.endswith(".json"):
+        return None, "a request file's name ends in .json"
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as e:
@@ -117,8 +119,6 @@ def _read_request(path: Path, max_bytes: int) -> tuple[Any, str | None]:
         return None, f"unreadable ({e.strerror})"
     finally:
         os.close(fd)
-    if not path.name.endswith(".json"):
-        return None, "a request file's name ends in .json"
     try:
         return json.loads(data), None
     except (ValueError, RecursionError) as e:

@@ -104,21 +104,17 @@ class Supervisor:
 
     def save_status(self) -> None:
         """Write status.json; on a full disk delete the reserve to make room, never half a file."""
-        try:
-            write_json_atomic(self.paths.status, self.status)
-            return
-        except OSError as e:
-            if not space.is_disk_full(e):
-                raise
-        if self.paths.reserve.exists():
-            self.paths.reserve.unlink()
-            self.log.warning("disk full: deleted %s to record the run's state", self.paths.reserve)
+        while True:
             try:
                 write_json_atomic(self.paths.status, self.status)
                 return
             except OSError as e:
                 if not space.is_disk_full(e):
                     raise
+            if not self.paths.reserve.exists():
+                break
+            self.paths.reserve.unlink()
+            self.log.warning("disk full: deleted %s to record the run's state", self.paths.reserve)
         # the previous status.json stays whole (the rename never happened); next write retries
         self.log.error("disk full: cannot write status.json (state %s); %s", self.status.get("state"),
                        space.describe(self.run_dir))
