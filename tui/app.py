@@ -276,9 +276,7 @@ class MtApp(App[int]):
 
     def _send(self, action: str, text: str) -> None:
         try:
-            from tui.run.control import (
-                send_request,  # the CLI engineer's module; import lazily
-            )
+            from tui.run.control import send_request  # the CLI engineer's module; import lazily
             rid = send_request(self.run_dir, action)
         except Exception as e:  # noqa: BLE001 - a failed request is said in the UI, never a crash
             self.say(f"could not send {action}: {e}", severity="error")

@@ -14,17 +14,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.cli.conftest import (
-    MT,
-    REPO,
-    PidTracker,
-    events,
-    mt,
-    run_dir_from,
-    status,
-    wait_for,
-    write_preset,
-)
+from tests.cli.conftest import MT, REPO, PidTracker, events, mt, run_dir_from, status, wait_for, write_preset
 from tui.run.control import kill_run
 from tui.run.procs import run_processes
 

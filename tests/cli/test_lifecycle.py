@@ -11,16 +11,7 @@ from typing import Iterator
 import pytest
 
 from mt.events import schema_errors
-from tests.cli.conftest import (
-    MT,
-    REPO,
-    events,
-    mt,
-    run_dir_from,
-    status,
-    wait_for,
-    write_preset,
-)
+from tests.cli.conftest import MT, REPO, events, mt, run_dir_from, status, wait_for, write_preset
 
 pytestmark = pytest.mark.slow
 

@@ -4,16 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from mt.eventindex import (
-    HEADER,
-    KIND_BAD,
-    MAGIC,
-    RECORD,
-    VERSION,
-    IndexWriter,
-    index_path,
-    open_index,
-)
+from mt.eventindex import HEADER, KIND_BAD, MAGIC, RECORD, VERSION, IndexWriter, index_path, open_index
 from mt.eventlog import EventWriter
 from mt.jsonl import read_events
 

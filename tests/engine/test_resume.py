@@ -8,17 +8,7 @@ import signal
 import pytest
 import torch
 
-from .runner import (
-    events,
-    index_problem,
-    kill_tree,
-    logs,
-    make_run,
-    run_engine,
-    start,
-    steps_by_attempt,
-    wait_for,
-)
+from .runner import events, index_problem, kill_tree, logs, make_run, run_engine, start, steps_by_attempt, wait_for
 
 HARD = {  # dropout, loader workers and accumulation all on: every source of state must be restored
     "model": {"dropout": 0.1},

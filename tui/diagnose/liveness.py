@@ -5,13 +5,7 @@ from typing import Any
 
 from mt.config import MonitorConfig
 from mt.events import as_float
-from tui.diagnose.findings import (
-    WAITING_SYSCALLS,
-    Finding,
-    Observation,
-    RankProc,
-    fmt_s,
-)
+from tui.diagnose.findings import WAITING_SYSCALLS, Finding, Observation, RankProc, fmt_s
 from tui.diagnose.signals import RunSignals
 
 ADVICE_HANG = (

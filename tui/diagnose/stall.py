@@ -2,14 +2,7 @@
 from __future__ import annotations
 
 from mt.config import MonitorConfig
-from tui.diagnose.findings import (
-    WAITING_SYSCALLS,
-    ChildProc,
-    Finding,
-    Observation,
-    RankProc,
-    fmt_s,
-)
+from tui.diagnose.findings import WAITING_SYSCALLS, ChildProc, Finding, Observation, RankProc, fmt_s
 from tui.diagnose.liveness import last_progress, running
 from tui.diagnose.perf import gpu_util, is_live, is_nan
 from tui.diagnose.signals import WARMUP_STEPS, RunSignals, StepRec

@@ -7,15 +7,7 @@ from typing import Any
 
 from mt.jsonl import JsonlTail, read_json
 from mt.paths import RunPaths
-from tui.state.run import (
-    RunSeries,
-    RunState,
-    add_incident,
-    apply_status,
-    new_state,
-    reduce_event,
-    reduce_step,
-)
+from tui.state.run import RunSeries, RunState, add_incident, apply_status, new_state, reduce_event, reduce_step
 
 
 @dataclass
@@ -75,9 +67,7 @@ class RunFollower:
 
     def bulk(self) -> Any:
         """Read events.jsonl as it is now with the column scanner (no shared state touched)."""
-        from tui.read.bulk import (
-            bulk_read,  # numpy + regex machinery, only for big files
-        )
+        from tui.read.bulk import bulk_read  # numpy + regex machinery, only for big files
         return bulk_read(self.paths.root, keep_series=self.series is not None, write_cache=self.write_cache)
 
     def adopt(self, bulk: Any) -> None:

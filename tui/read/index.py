@@ -12,17 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from mt.eventindex import (
-    FIELDS,
-    HEADER,
-    KIND_BAD,
-    KIND_CODES,
-    RECORD,
-    index_path,
-    kind_code,
-    line_matches,
-    read_header,
-)
+from mt.eventindex import FIELDS, HEADER, KIND_BAD, KIND_CODES, RECORD, index_path, kind_code, line_matches, read_header
 from mt.paths import RunPaths
 from tui.read.columns import COLS, Columns
 

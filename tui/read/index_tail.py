@@ -12,16 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from mt.eventindex import (
-    HEADER,
-    KIND_BAD,
-    KIND_CODES,
-    RECORD,
-    index_path,
-    kind_code,
-    line_matches,
-    read_header,
-)
+from mt.eventindex import HEADER, KIND_BAD, KIND_CODES, RECORD, index_path, kind_code, line_matches, read_header
 from mt.paths import RunPaths
 from tui.state.run import BulkResult, RunState, new_state, reduce_event
 

@@ -14,14 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mt import space
-from mt.config import (
-    Config,
-    ConfigError,
-    check_data_path,
-    config_from_dict,
-    load_config_json,
-    load_preset,
-)
+from mt.config import Config, ConfigError, check_data_path, config_from_dict, load_config_json, load_preset
 from mt.jsonl import read_json, write_json_atomic
 from mt.paths import RunPaths
 from mt.resume import ResumeRefused, attempt_config

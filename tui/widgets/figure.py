@@ -8,10 +8,7 @@ from plotext._dict import themes as plotext_themes
 from rich.text import Text
 from textual.color import Color
 from textual_plotext import Plot
-from textual_plotext.plot import (  # what its PlotextPlot widget uses
-    _rgbify_theme,
-    _sequence,
-)
+from textual_plotext.plot import _rgbify_theme, _sequence  # what its PlotextPlot widget uses
 
 from tui.state.plotmath import SmoothCache, minmax_downsample
 
