@@ -65,14 +65,21 @@ class ControlInbox:
                 rid = raw.get("id") if isinstance(raw, dict) and isinstance(raw.get("id"), str) else path.stem
                 action = raw.get("action") if isinstance(raw, dict) else None
                 out.rejected.append((rid[:128], str(action)[:64], f"{path.name}: {why}"))
-                self.done(path)
+                self._move(path)
                 continue
             out.requests.append(req)
+        if out.rejected:
+            self._prune_processed()  # once a poll, however many entries a flood brought
         out.requests.sort(key=lambda r: r.t)
         return out
 
     def done(self, path: Path) -> None:
-        """Move an entry (the entry itself: a symlink is never followed) out of the inbox."""
+        """Move an answered request out of the inbox."""
+        if self._move(path):
+            self._prune_processed()
+
+    def _move(self, path: Path) -> bool:
+        """Move an entry (the entry itself: a symlink is never followed) into processed/."""
         dest = self.done_dir / path.name
         if os.path.lexists(dest):
             dest = self.done_dir / f"{path.name}.{time.time_ns()}"
@@ -80,8 +87,8 @@ class ControlInbox:
             os.rename(path, dest)
         except OSError:
             self._stuck.add(path.name)
-            return
-        self._prune_processed()
+            return False
+        return True
 
     def _prune_processed(self) -> None:
         try:
