@@ -47,7 +47,7 @@ def stamp(name):
 def patch(m):
     stamp("app_imported")
     App = m.MtApp
-    watch = sys.modules["tui.read.watcher"]
+    watch = sys.modules.get("tui.read.watcher") or sys.modules["tui.watch"]  # before the move: tui.watch
     wrap = lambda cls, name, before, after=None: setattr(cls, name, hooked(getattr(cls, name), before, after))
     def hooked(fn, before, after):
         @functools.wraps(fn)  # Textual passes the event only to handlers whose signature takes it
