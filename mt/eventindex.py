@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mt.events import as_float, parse_line
+from mt.records import Checkpoint, Eval, Incident, Record, Rejected, RunEnd, Step, Unknown, parse_event
 
 MAGIC = b"MTEVIDX1"
 VERSION = 2
@@ -28,7 +28,7 @@ NEWEST_KINDS = (1, 2, 3, 4, 5, 6)        # the header keeps 1 + the number of th
 HEADER = struct.Struct(f"<8sII{len(NEWEST_KINDS)}q")
 assert HEADER.size == RECORD.size
 KIND_OTHER = 7      # a valid event of a kind this version does not know
-KIND_BAD = -1       # a line that is not a JSON object (counted by readers, never shown)
+KIND_BAD = -1       # a line mt.records rejects (counted by readers, never shown)
 CATCH_UP_BYTES = 64 << 20   # the most events.jsonl the writer re-reads to repair its index
 
 
@@ -37,24 +37,30 @@ def index_path(events: Path) -> Path:
     return Path(events).with_suffix(".idx")
 
 
-def encode(ev: dict[str, Any] | None, end: int) -> bytes:
-    """The record of one line: `end` is the byte offset just past its newline."""
-    if ev is None:
+def encode(rec: Record | Rejected, end: int) -> bytes:
+    """The record of one parsed line: `end` is the byte offset just past its newline."""
+    kind = kind_code(rec)
+    if kind == KIND_BAD:
         return RECORD.pack(end, KIND_BAD, *([float("nan")] * 6))
-    kind = kind_code(ev)
-    loss = ev.get("val_loss") if kind == KIND_CODES["eval"] else ev.get("loss")
-    return RECORD.pack(end, kind, _num(ev.get("step")), _num(ev.get("t")), _num(loss),
-                       _num(ev.get("lr")), _num(ev.get("grad_norm")), _num(ev.get("tokens_per_s")))
+    step = loss = lr = gn = tps = None
+    if isinstance(rec, Step):
+        step, loss, lr, gn, tps = rec.step, rec.loss, rec.lr, rec.grad_norm, rec.tokens_per_s
+    elif isinstance(rec, Eval):
+        step, loss = rec.step, rec.val_loss
+    elif isinstance(rec, (Checkpoint, Incident, RunEnd)):
+        step = rec.step
+    return RECORD.pack(end, kind, *(_num(v) for v in (step, rec.t, loss, lr, gn, tps)))
 
 
-def kind_code(ev: dict[str, Any]) -> int:
-    """The record kind of a parsed event (any JSON: a line may come from elsewhere)."""
-    kind = ev.get("kind")
-    return KIND_CODES.get(kind, KIND_OTHER) if isinstance(kind, str) else KIND_OTHER
+def kind_code(rec: Record | Rejected) -> int:
+    """The index kind of a parsed line."""
+    if isinstance(rec, Rejected):
+        return KIND_BAD
+    return KIND_OTHER if isinstance(rec, Unknown) else KIND_CODES[rec.kind]
 
 
-def _num(v: Any) -> float:
-    return float("nan") if v is None else as_float(v)
+def _num(v: float | None) -> float:
+    return float("nan") if v is None else float(v)
 
 
 def index_lines(data: bytes, base: int) -> bytes:
@@ -64,7 +70,7 @@ def index_lines(data: bytes, base: int) -> bytes:
     for line in data.split(b"\n")[:-1]:
         pos += len(line) + 1
         if line.strip():
-            out.append(encode(parse_line(line), pos))
+            out.append(encode(parse_event(line), pos))
     return b"".join(out)
 
 
@@ -78,9 +84,10 @@ class IndexWriter:
         self._newest = newest        # as in the header
 
     def add(self, ev: dict[str, Any], end: int) -> None:
+        """Index the event just written, ending at byte `end`."""
         if self._fd < 0:
             return
-        record = encode(ev, end)
+        record = encode(parse_event(ev), end)
         try:
             os.write(self._fd, record)
             self._n += 1
@@ -202,4 +209,4 @@ def line_matches(events: Path, start: int, end: int, record: bytes) -> bool:
     with open(events, "rb") as f:
         f.seek(start)
         line = f.read(end - start)
-    return line.endswith(b"\n") and encode(parse_line(line), end) == record
+    return line.endswith(b"\n") and encode(parse_event(line), end) == record

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 SCHEMA_VERSION = 1
+T_MIN, T_MAX = 946_684_800.0, 4_102_444_800.0   # 2000-01-01 .. 2100-01-01 UTC: a line's `t` outside is not a time
 
 # kind -> fields every event of that kind carries (besides v, t, kind)
 EVENT_FIELDS: dict[str, tuple[str, ...]] = {
@@ -32,6 +33,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
 
 RUN_STATES = ("starting", "running", "stopping", "completed", "stopped", "failed", "killed")
 FINAL_STATES = ("completed", "stopped", "failed", "killed")
+SEVERITIES = ("info", "warn", "error")
 INCIDENT_CODES = (
     "dataloader_stall", "nan_loss", "loss_spike", "grad_explosion", "fp16_overflow",
     "throughput_drop", "hang", "straggler", "memory_pressure", "oom", "nccl_timeout", "crash",

@@ -5,7 +5,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, BinaryIO, Iterator
 
 from mt.events import dumps, parse_line
 
@@ -32,11 +32,16 @@ def read_json(path: Path) -> Any | None:
         return None
 
 
+MAX_LINE_BYTES = 1 << 20   # a longer line is skipped and counted, never held whole in memory
+_READ_BYTES = 4 << 20
+
+
 class JsonlTail:
     """Reads only the new complete lines of a growing JSONL file.
 
     Keeps a half-written last line back until it is finished, skips and counts lines that are
-    not JSON objects, and starts over when the file is truncated or replaced.
+    not JSON objects (or longer than MAX_LINE_BYTES), and starts over when the file is
+    truncated or replaced.
     """
 
     def __init__(self, path: Path | str, offset: int = 0, ino: int | None = None) -> None:
@@ -44,8 +49,10 @@ class JsonlTail:
         self.path = Path(path)
         self.offset = offset
         self.bad_lines = 0
+        self.last_bad = ""      # why the newest bad line was skipped
         self.resets = 0
         self._partial = b""
+        self._skipping = False  # inside an over-long line: drop bytes up to its newline
         self._ino = ino
 
     @classmethod
@@ -57,48 +64,90 @@ class JsonlTail:
                 start = max(0, st.st_size - max_bytes)
                 if start:
                     f.seek(start - 1)
-                    start += len(f.readline()) - 1     # to the next line boundary
+                    nl = next_newline(f, st.st_size)    # to the next line boundary
+                    start = st.st_size if nl < 0 else nl + 1
                 return cls(path, start, st.st_ino)
         except OSError:
             return cls(path)
 
-    def read_new(self, max_bytes: int | None = None) -> list[dict[str, Any]]:
+    def reject(self, reason: str) -> None:
+        """Count one line no reader may use."""
+        self.bad_lines += 1
+        self.last_bad = reason
+
+    def read_new(self, max_bytes: int | None = None) -> list[Any]:
         return list(self.iter_new(max_bytes))
 
-    def iter_new(self, max_bytes: int | None = None) -> Iterator[dict[str, Any]]:
-        """Yield each new complete, valid line as a dict (at most max_bytes read per call)."""
+    def iter_new(self, max_bytes: int | None = None) -> Iterator[Any]:
+        """Yield each new complete line that is a JSON object, as a dict."""
+        for line in self.iter_lines(max_bytes):
+            obj = parse_line(line)
+            if obj is None:
+                self.reject("not a JSON object")
+            else:
+                yield obj
+
+    def iter_lines(self, max_bytes: int | None = None) -> Iterator[bytes]:
+        """Yield each new complete, non-blank line (at most max_bytes read per call)."""
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
             return
         if self._ino is not None and (st.st_ino != self._ino or st.st_size < self.offset):
-            self.offset, self._partial = 0, b""
+            self.offset, self._partial, self._skipping = 0, b"", False
             self.resets += 1
         self._ino = st.st_ino
-        if st.st_size == self.offset:
+        budget = st.st_size - self.offset if max_bytes is None else min(max_bytes, st.st_size - self.offset)
+        if budget <= 0:
             return
         with open(self.path, "rb") as f:
             f.seek(self.offset)
-            data = f.read(max_bytes) if max_bytes else f.read()
-        self.offset += len(data)
-        data = self._partial + data
-        lines = data.split(b"\n")
+            while budget > 0:
+                data = f.read(min(_READ_BYTES, budget))
+                if not data:
+                    break
+                budget -= len(data)
+                self.offset += len(data)
+                yield from self._split(data)
+
+    def _split(self, data: bytes) -> Iterator[bytes]:
+        if self._skipping:
+            cut = data.find(b"\n")
+            if cut < 0:
+                return
+            data, self._skipping = data[cut + 1:], False
+        lines = (self._partial + data).split(b"\n")
         self._partial = lines.pop()
+        if len(self._partial) > MAX_LINE_BYTES:
+            self._partial, self._skipping = b"", True
+            self.reject(f"a line over {MAX_LINE_BYTES} bytes")
         for line in lines:
-            if not line.strip():
-                continue
-            obj = parse_line(line)
-            if obj is None:
-                self.bad_lines += 1
-            else:
-                yield obj
+            if len(line) > MAX_LINE_BYTES:
+                self.reject(f"a line over {MAX_LINE_BYTES} bytes")
+            elif line.strip():
+                yield line
+
+    def iter_all_lines(self) -> Iterator[bytes]:
+        """Every line of the file, the last one too when it lacks only its newline."""
+        yield from self.iter_lines()
+        if self._partial.strip():
+            yield self._partial
+
+
+def next_newline(f: BinaryIO, end: int) -> int:
+    """The offset of the next newline before `end` from f's position, or -1 (read in chunks)."""
+    pos = f.tell()
+    while pos < end:
+        data = f.read(min(_READ_BYTES, end - pos))
+        if not data:
+            break
+        i = data.find(b"\n")
+        if i >= 0:
+            return pos + i
+        pos += len(data)
+    return -1
 
 
 def read_events(path: Path | str) -> list[dict[str, Any]]:
-    """Every valid line of a JSONL file (the last line counts when it is complete JSON)."""
-    tail = JsonlTail(path)
-    events = tail.read_new()
-    last = parse_line(tail._partial) if tail._partial.strip() else None
-    if last is not None:
-        events.append(last)
-    return events
+    """Every line of a JSONL file that is a JSON object (the last line counts when it is complete)."""
+    return [obj for obj in map(parse_line, JsonlTail(path).iter_all_lines()) if obj is not None]

@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from mt.events import T_MAX, T_MIN
+
 _GPU = {"index": int, "name": str, "util_pct": float, "mem_used_bytes": int, "mem_total_bytes": int,
         "temp_c": float, "power_w": float}
 _RANK = {"rank": int, "pid": int, "cpu_pct": float, "rss_bytes": int, "alive": bool}
@@ -49,7 +51,7 @@ def clean_sample(raw: Any) -> dict[str, Any] | None:
     if not isinstance(raw, dict):
         return None
     t = _value(raw.get("t"), float)
-    if t is None:
+    if t is None or not T_MIN <= t <= T_MAX:
         return None
     host = raw.get("host") if isinstance(raw.get("host"), dict) else {}
     return {

@@ -15,6 +15,7 @@ from textual.reactive import reactive
 from textual.widgets import Footer, OptionList, Static
 from textual.worker import get_current_worker
 
+from mt.records import Checkpoint, Control, Record
 from tui.messages import ControlDone, RunUpdated
 from tui.read.follower import PollResult
 from tui.read.watcher import Watcher, WatchUpdate
@@ -191,24 +192,20 @@ class MtApp(App[int]):
             if rank is not None and rank != self.watcher.log_rank:
                 self.watcher.set_log_rank(rank)
 
-    def _maybe_notify(self, ev: dict) -> None:
+    def _maybe_notify(self, ev: Record) -> None:
         """Tell the user what the engine answered to a request this viewer sent."""
-        rid = ev.get("request_id")
-        if not rid or rid not in self.pending:
-            return
-        if ev.get("kind") == "checkpoint":
+        if isinstance(ev, Checkpoint) and ev.request_id in self.pending:
             # its `control done` may come before or after it: this is the answer that counts
-            self.say(f"checkpoint saved at step {ev.get('step')}", title="checkpoint")
-            self.pending.pop(rid, None)
-        elif ev.get("kind") == "control":
-            status, action = ev.get("status"), ev.get("action")
-            if status == "rejected":
-                self.say(f"{action} rejected: {ev.get('detail') or ''}", severity="error")
-                self.pending.pop(rid, None)
-            elif status == "accepted" and action == "stop":
+            self.say(f"checkpoint saved at step {ev.step}", title="checkpoint")
+            self.pending.pop(ev.request_id, None)
+        elif isinstance(ev, Control) and ev.request_id in self.pending:
+            if ev.status == "rejected":
+                self.say(f"{ev.action} rejected: {ev.detail}", severity="error")
+                self.pending.pop(ev.request_id, None)
+            elif ev.status == "accepted" and ev.action == "stop":
                 self.say("stop accepted: final checkpoint, then the ranks exit")
-            elif status == "done" and action != "checkpoint":
-                self.pending.pop(rid, None)
+            elif ev.status == "done" and ev.action != "checkpoint":
+                self.pending.pop(ev.request_id, None)
 
     def render_frame(self) -> None:
         """Redraw at a bounded rate; skips until the first poll, and if the worker holds the

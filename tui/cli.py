@@ -175,7 +175,7 @@ def _ask(run_dir: Path, action: str, timeout: float) -> tuple[str, Answer]:
 def _answer_line(answer: Answer) -> str:
     ck = answer.checkpoint
     if answer.status == "done" and ck:
-        return f"checkpoint saved at step {ck.get('step')}: {ck.get('path')}"
+        return f"checkpoint saved at step {ck.step}: {ck.path}"
     detail = f": {answer.detail}" if answer.detail else ""
     return f"{answer.action or 'request'} {answer.status}{detail}"
 

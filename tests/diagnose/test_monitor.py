@@ -122,19 +122,20 @@ def test_poll_reads_only_new_bytes(tmp_path: Path) -> None:
 
 
 def test_missing_and_torn_files_are_survived(tmp_path: Path) -> None:
+    T = 1_800_000_000
     root = tmp_path / "bare"
     root.mkdir()
     mon = IncidentMonitor(root, MonitorConfig())  # no config, no events, no status yet
-    assert mon.poll(now=1.0) == []
+    assert mon.poll(now=T + 1) == []
     (root / "status.json").write_text("{not json")
     (root / "heartbeat").mkdir()
     (root / "heartbeat" / "rank0").write_text('{"step": 3, "t"')  # torn mid-rewrite
-    (root / "events.jsonl").write_text('{"v":1,"t":1.0,"kind":"run_start","attempt":1}\n{"v":1,"t":2.0,"kind":"st')
-    assert mon.poll(now=3.0) == []
+    (root / "events.jsonl").write_text(f'{{"v":1,"t":{T + 1},"kind":"run_start","attempt":1}}\n{{"v":1,"t":{T + 2},"kind":"st')
+    assert mon.poll(now=T + 3) == []
     assert mon.sig.attempt == 1 and mon.events.bad_lines == 0  # the torn line waits for its end
     with open(root / "events.jsonl", "a") as f:
         f.write('ep","step":1,"loss":"nan","step_time_s":0.1,"data_wait_s":0.0,"tokens_per_s":1.0}\n')
-    mon.poll(now=4.0)
+    mon.poll(now=T + 4)
     assert mon.sig.last_step is not None and mon.sig.last_step.step == 1
 
 

@@ -2,20 +2,21 @@
 from __future__ import annotations
 
 from mt.config import MonitorConfig
+from mt.records import parse_event
 from tui.diagnose.findings import ChildProc, Observation, RankProc
 from tui.diagnose.rules import evaluate
 from tui.diagnose.signals import RunFacts, RunSignals
 
-T0 = 1_000.0
+T0 = 1_800_000_000.0
 STEP_S = 0.2
 
 
 def signals(n: int = 20) -> RunSignals:
     sig = RunSignals(RunFacts(num_workers=1, world_size=2))
-    sig.feed_event({"kind": "run_start", "t": T0, "attempt": 1, "start_step": 0, "world_size": 2})
+    sig.feed_event(parse_event({"kind": "run_start", "t": T0, "attempt": 1, "start_step": 0, "world_size": 2}))
     for k in range(1, n + 1):
-        sig.feed_event({"kind": "step", "t": T0 + k * STEP_S, "step": k, "step_time_s": STEP_S,
-                        "data_wait_s": 0.01, "tokens_per_s": 1000.0})
+        sig.feed_event(parse_event({"kind": "step", "t": T0 + k * STEP_S, "step": k, "step_time_s": STEP_S,
+                        "data_wait_s": 0.01, "tokens_per_s": 1000.0}))
     return sig
 
 
@@ -105,6 +106,6 @@ def test_no_stall_judged_while_an_eval_is_due() -> None:
     for ev in [{"kind": "run_start", "t": T0, "attempt": 1, "start_step": 0, "world_size": 2}] + [
             {"kind": "step", "t": T0 + k * STEP_S, "step": k, "step_time_s": STEP_S, "data_wait_s": 0.01,
              "tokens_per_s": 1000.0} for k in range(1, 21)]:
-        sig.feed_event(ev)
+        sig.feed_event(parse_event(ev))
     found = evaluate(sig, observe(sig, 4.0, WAITING, {0: "clock_nanosleep", 1: "clock_nanosleep"}), M)
     assert "dataloader_stall" not in found

@@ -13,13 +13,14 @@ from mt.system import clean_sample
 from tests.tui.synth import finished_run
 from tests.tui.test_app import loaded, make_app, text_of
 
+T = 1_800_000_000.0
 HOSTILE = [
-    {"ranks": 5}, {"gpus": "x", "t": 1.0}, {"t": 1.0, "gpus": [{"index": "0", "util_pct": 3}]},
-    {"t": 1.0, "ranks": [{"rank": 0, "cpu_pct": "hot", "rss_bytes": [1]}], "host": 7},
-    {"t": "now"}, {"t": 1e400}, [1, 2], "text", None, 12,
-    {"t": 2.0, "gpus": [{"index": True, "mem_used_bytes": 10**40}], "host": {"load1": {"a": 1}}},
+    {"ranks": 5}, {"gpus": "x", "t": T + 1}, {"t": T + 1, "gpus": [{"index": "0", "util_pct": 3}]},
+    {"t": T + 1, "ranks": [{"rank": 0, "cpu_pct": "hot", "rss_bytes": [1]}], "host": 7},
+    {"t": "now"}, {"t": 1e400}, {"t": 1.0, "gpus": []}, [1, 2], "text", None, 12,
+    {"t": T + 2, "gpus": [{"index": True, "mem_used_bytes": 10**40}], "host": {"load1": {"a": 1}}},
 ]
-GOOD = {"v": 1, "t": 3.0, "nvml": False, "nvml_error": "no driver", "gpus": [],
+GOOD = {"v": 1, "t": T + 3, "nvml": False, "nvml_error": "no driver", "gpus": [],
         "ranks": [{"rank": 0, "pid": 5, "cpu_pct": 87.0, "rss_bytes": 2**30, "alive": True}],
         "host": {"cpu_pct": 50.0, "mem_used_bytes": 2**33, "mem_total_bytes": 2**34, "load1": 1.5}}
 
@@ -42,6 +43,7 @@ def test_clean_sample_types_every_field():
         assert all(isinstance(g["index"], int) and not isinstance(g["index"], bool) for g in s["gpus"])
         assert all(v is None for v in s["host"].values()) or s is None
     assert clean_sample(GOOD) == GOOD
+    assert clean_sample({**GOOD, "t": 1.0}) is None     # 1970: not a time a sample was taken
 
 
 async def test_dashboard_survives_hostile_system_lines(tmp_path):
@@ -62,7 +64,7 @@ def test_incident_rules_survive_hostile_system_lines(tmp_path):
     write_hostile(tmp_path)
     monitor = IncidentMonitor(tmp_path, MonitorConfig())
     monitor.poll()
-    assert [s["t"] for s in monitor.sig.system] == [1.0, 1.0, 1.0, 2.0, 3.0]
+    assert [s["t"] - T for s in monitor.sig.system] == [1.0, 1.0, 1.0, 2.0, 3.0]
 
 
 @pytest.mark.slow

@@ -152,16 +152,17 @@ def test_failing_rank_prefers_the_first_failure_over_the_reason(tmp_path):
 def test_system_panel_reads_only_the_end_of_a_long_system_jsonl(tmp_path):
     from tui.read import watcher as watch
     finished_run(tmp_path, steps=5)
-    sample = {"t": 0.0, "gpus": [{"index": 0, "util_pct": 0}], "ranks": []}
-    lines = [dumps(sample | {"t": float(i), "gpus": [{"index": 0, "util_pct": i % 100}]}) for i in range(20_000)]
+    t0 = 1_800_000_000.0
+    sample = {"t": t0, "gpus": [{"index": 0, "util_pct": 0}], "ranks": []}
+    lines = [dumps(sample | {"t": t0 + i, "gpus": [{"index": 0, "util_pct": i % 100}]}) for i in range(20_000)]
     (tmp_path / "system.jsonl").write_text("\n".join(lines) + "\n")
     w = watch.Watcher(tmp_path)
     w.poll()
     size = os.path.getsize(tmp_path / "system.jsonl")
     assert w.system.samples < 20_000 and w.system.samples * len(lines[-1]) <= watch.SYSTEM_TAIL_BYTES + len(lines[-1])
-    assert w.system.sample["t"] == 19_999.0 and len(w.system.gpu_util[0]) == watch.HISTORY
+    assert w.system.sample["t"] == t0 + 19_999 and len(w.system.gpu_util[0]) == watch.HISTORY
     assert list(w.system.gpu_util[0])[-3:] == [97, 98, 99]
     with open(tmp_path / "system.jsonl", "a") as f:   # and follows what comes next
-        f.write(dumps(sample | {"t": 20_000.0}) + "\n")
-    assert w.poll().system_changed and w.system.sample["t"] == 20_000.0
-    assert w._system_tail.bad_lines == 0 and w._system_tail.offset == size + len(dumps(sample | {"t": 20_000.0})) + 1
+        f.write(dumps(sample | {"t": t0 + 20_000}) + "\n")
+    assert w.poll().system_changed and w.system.sample["t"] == t0 + 20_000
+    assert w._system_tail.bad_lines == 0 and w._system_tail.offset == size + len(dumps(sample | {"t": t0 + 20_000})) + 1

@@ -181,7 +181,7 @@ def worker_exit(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding 
         return None  # mt kill: a SIGKILL after the grace period is the user's doing, not a crash
     if (obs.open_evidence.get("nan_loss") or {}).get("action") == "stop":
         return None  # the engine stopped on purpose, and said why (nan_loss)
-    if sig.run_end is not None and sig.run_end.get("status") in ("completed", "stopped"):
+    if sig.run_end is not None and sig.run_end.status in ("completed", "stopped"):
         return None
     failures, source = _first_failure(obs)
     first = failures[0] if failures else Failure(-1, rc if isinstance(rc, int) else None)

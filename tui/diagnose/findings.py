@@ -4,7 +4,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-SEVERITIES = ("info", "warn", "error")
 # System calls that mean "waiting for someone else": a peer in a collective, a queue, a lock.
 WAITING_SYSCALLS = frozenset({"futex", "poll", "ppoll", "select", "pselect6", "epoll_wait", "epoll_pwait",
                               "epoll_pwait2", "recvfrom", "recvmsg", "read", "sched_yield"})

@@ -17,8 +17,9 @@ from typing import Any
 from mt.anomaly import is_clear
 from mt.config import ConfigError, MonitorConfig, load_config_json
 from mt.events import FINAL_STATES, SCHEMA_VERSION, as_float, dumps
-from mt.jsonl import JsonlTail, read_events, read_json
+from mt.jsonl import JsonlTail, read_json
 from mt.paths import RunPaths
+from mt.records import Incident, RecordTail, RunStart, Step, parse_incident, read_records
 from mt.system import clean_sample
 from tui.diagnose.exit import classify_log
 from tui.diagnose.findings import Finding, Observation
@@ -30,7 +31,6 @@ EXIT_CODES = ("crash", "oom", "nccl_timeout")
 # What stays open once the run is over: the facts that explain how it ended.
 KEEP_WHEN_DONE = frozenset({"nan_loss", *EXIT_CODES})
 KEEP_WHEN_FAILED = KEEP_WHEN_DONE | {"hang"}
-_FIELDS = ("code", "severity", "step", "title", "detail", "advice", "evidence")
 
 
 def run_facts(paths: RunPaths) -> RunFacts:
@@ -58,7 +58,7 @@ class IncidentMonitor:
         self.paths = RunPaths(Path(run_dir))
         self.m = monitor
         self.sig = RunSignals(run_facts(self.paths))
-        self.events = JsonlTail(self.paths.events)
+        self.events = RecordTail(self.paths.events)
         self.system = JsonlTail(self.paths.system)
         self.procs = ProcReader()
         self.open: dict[str, dict[str, Any]] = {}
@@ -72,15 +72,14 @@ class IncidentMonitor:
 
     def _resume_file(self) -> None:
         """A monitor started on a run that already has incidents carries on from them."""
-        for rec in read_events(self.paths.incidents):
-            code = rec.get("code")
-            if rec.get("source") == "engine":
+        for rec in read_records(self.paths.incidents, parse_incident):
+            if rec.source == "engine":
                 self.copied.add(_engine_key(rec))
-            if rec.get("status") == "open":
-                self.open[code] = rec
-                self.clean_steps[code] = 0
-            elif rec.get("status") == "closed":
-                self.open.pop(code, None)
+            if rec.status == "open":
+                self.open[rec.code] = rec.raw
+                self.clean_steps[rec.code] = 0
+            else:
+                self.open.pop(rec.code, None)
 
     # -- the poll --------------------------------------------------------------------------
     def poll(self, now: float | None = None) -> list[dict[str, Any]]:
@@ -90,12 +89,12 @@ class IncidentMonitor:
         new_steps = 0
         for ev in self.events.iter_new():
             self.sig.feed_event(ev)
-            if ev.get("kind") == "incident":
+            if isinstance(ev, Incident):
                 out += self._copy_engine(ev, now)
-            elif ev.get("kind") == "step":
+            elif isinstance(ev, Step):
                 new_steps += 1
                 out += self._engine_clears(ev, now)
-            elif ev.get("kind") == "run_start":
+            elif isinstance(ev, RunStart):
                 new_steps = 0  # the steps read so far belong to an earlier attempt
         for raw in self.system.iter_new():
             sample = clean_sample(raw)
@@ -128,7 +127,7 @@ class IncidentMonitor:
         obs = Observation(now, status, hbs, procs, open_codes=frozenset(self.open),
                           open_evidence={c: {**(r.get("evidence") or {}), "step": r.get("step")} for c, r in self.open.items()})
         exited = status.get("exit_code") not in (None, 0) or status.get("state") == "failed"
-        ended_well = (self.sig.run_end or {}).get("status") in ("completed", "stopped")
+        ended_well = self.sig.run_end is not None and self.sig.run_end.status in ("completed", "stopped")
         if quiet and not ended_well and not exited:
             obs.fresh_error = self._fresh_error()
         if exited or obs.fresh_error or (any(p.alive is False for p in procs.values()) and not ended_well):
@@ -172,31 +171,31 @@ class IncidentMonitor:
         return pids
 
     # -- engine-side incidents -------------------------------------------------------------
-    def _copy_engine(self, ev: dict[str, Any], now: float) -> list[dict[str, Any]]:
+    def _copy_engine(self, ev: Incident, now: float) -> list[dict[str, Any]]:
         key = _engine_key(ev)
-        code = ev.get("code")
-        if key in self.copied or not isinstance(code, str) or code in self.open:
+        if key in self.copied or ev.code in self.open:
             self.copied.add(key)
             return []
         self.copied.add(key)
         # t: when it reached this file (like every record); event_t: when the engine raised it
-        rec = {"v": SCHEMA_VERSION, "t": now, **{f: ev.get(f) for f in _FIELDS},
-               "status": "open", "source": "engine", "event_t": as_float(ev.get("t"))}
-        self.open[code] = rec
-        self.clean_steps[code] = 0
+        rec = {"v": SCHEMA_VERSION, "t": now, "code": ev.code, "severity": ev.severity, "step": ev.step,
+               "title": ev.title, "detail": ev.detail, "advice": ev.advice, "evidence": ev.evidence,
+               "status": "open", "source": "engine", "event_t": ev.t}
+        self.open[ev.code] = rec
+        self.clean_steps[ev.code] = 0
         return [rec]
 
-    def _engine_clears(self, step: dict[str, Any], now: float) -> list[dict[str, Any]]:
+    def _engine_clears(self, step: Step, now: float) -> list[dict[str, Any]]:
         out = []
         for code, rec in list(self.open.items()):
-            if rec.get("source") != "engine" or as_float(step.get("step")) <= as_float(rec.get("step")):
+            if rec.get("source") != "engine" or step.step <= as_float(rec.get("step")):
                 continue
-            if is_clear(code, rec.get("evidence") or {}, step):
+            if is_clear(code, rec.get("evidence") or {}, step.raw):
                 self.clean_steps[code] = self.clean_steps.get(code, 0) + 1
                 # fast runs clear N steps in a second: keep it open long enough to be seen
                 shown = now - as_float(rec.get("t")) >= self.m.close_after_s
                 if self.clean_steps[code] >= self.m.close_after_steps and shown:
-                    out.append(self._close(code, now, f"{self.clean_steps[code]} clean steps up to step {step.get('step')}"))
+                    out.append(self._close(code, now, f"{self.clean_steps[code]} clean steps up to step {step.step}"))
             else:
                 self.clean_steps[code] = 0
         return out
@@ -214,7 +213,7 @@ class IncidentMonitor:
         if state not in FINAL_STATES and self.sig.run_end is not None:
             # the engine's run_end comes before torchrun and the supervisor finish: settle now,
             # as the supervisor may not poll again once it has written the final state
-            state = str(self.sig.run_end.get("status") or "")
+            state = self.sig.run_end.status
         if state in FINAL_STATES:
             keep = KEEP_WHEN_FAILED if state in ("failed", "killed") else KEEP_WHEN_DONE
             for code in list(self.open):
@@ -248,6 +247,7 @@ class IncidentMonitor:
             os.close(fd)
 
 
-def _engine_key(ev: dict[str, Any]) -> tuple[Any, ...]:
-    t = ev.get("event_t", ev.get("t")) if "source" in ev else ev.get("t")
-    return (ev.get("code"), ev.get("step"), round(as_float(t), 3))
+def _engine_key(rec: Incident) -> tuple[Any, ...]:
+    """An engine incident's identity, the same for its event and for its copy in incidents.jsonl."""
+    t = rec.event_t if rec.source is not None else rec.t
+    return (rec.code, rec.step, None if t is None else round(t, 3))

@@ -1,12 +1,14 @@
 """What the rules remember between polls: recent steps, pauses and system samples of a run."""
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from mt.events import as_float
+from mt.events import CONTROL_ACTIONS, as_float
+from mt.records import Checkpoint, Control, Eval, Record, RunEnd, RunStart, Step
 
 # Steps right after an attempt starts carry worker start-up, first-batch and allocator
 # warm-up costs; no rate or share is judged on them.
@@ -41,6 +43,10 @@ class RunFacts:
     host_cores: int | None = None
 
 
+def _f(v: float | None) -> float:
+    return math.nan if v is None else v
+
+
 class RunSignals:
     """Accumulates the event and system streams; the current attempt's steps and pauses."""
 
@@ -57,72 +63,62 @@ class RunSignals:
         self.pending_request = False  # a checkpoint/stop request accepted, not yet written
         self.pause_s: dict[str, float] = {}  # kind -> longest pause seen (this run)
         self.last_event_t: float | None = None
-        self.run_end: dict[str, Any] | None = None
+        self.run_end: RunEnd | None = None
         self.system: deque[dict[str, Any]] = deque()
         self.step_times: dict[int, float] = {}  # step -> event time, for pause lengths
         self.heartbeat_lag: dict[int, tuple[int, float]] = {}  # rank -> (steps behind, since when)
 
     # -- feeding ---------------------------------------------------------------------------
-    def feed_event(self, ev: dict[str, Any]) -> None:
-        kind, t = ev.get("kind"), as_float(ev.get("t"))
-        if t == t:
+    def feed_event(self, ev: Record) -> None:
+        t = ev.t
+        if t is not None:
             self.last_event_t = t if self.last_event_t is None else max(self.last_event_t, t)
-        if kind == "run_start":
-            self._new_attempt(ev, t)
-        elif kind == "step":
-            self._step(ev, t)
-        elif kind in ("eval", "checkpoint"):
-            self._pause(str(kind), ev, t)
-        elif kind == "run_end":
+        if isinstance(ev, RunStart):
+            self._new_attempt(ev)
+        elif isinstance(ev, Step):
+            self._step(ev)
+        elif isinstance(ev, (Eval, Checkpoint)):
+            self._pause(ev)
+        elif isinstance(ev, RunEnd):
             self.run_end = ev
-        elif kind == "control" and ev.get("action") in ("checkpoint", "stop"):
-            self.pending_request = ev.get("status") == "accepted"
+        elif isinstance(ev, Control) and ev.action in CONTROL_ACTIONS:
+            self.pending_request = ev.status == "accepted"
 
-    def _new_attempt(self, ev: dict[str, Any], t: float) -> None:
-        self.attempt = int(ev.get("attempt") or 1)
-        self.attempt_t0 = t
-        self.start_step = int(ev.get("start_step") or 0)
-        self.world_size = int(ev.get("world_size") or 0) or self.world_size
-        self.max_steps = int(as_float(ev.get("max_steps"))) if as_float(ev.get("max_steps")) > 0 else None
-        params = as_float(ev.get("params_total"))
-        self.params_total = int(params) if params > 0 else self.params_total
+    def _new_attempt(self, ev: RunStart) -> None:
+        self.attempt = ev.attempt or 1
+        self.attempt_t0 = ev.t
+        self.start_step = ev.start_step
+        self.world_size = ev.world_size or self.world_size
+        self.max_steps = ev.max_steps or None
+        self.params_total = ev.params_total or self.params_total
         self.pending_request = False
         self.steps.clear()
         self.step_times.clear()
         self.run_end = None
 
-    def _step(self, ev: dict[str, Any], t: float) -> None:
-        try:
-            step = int(ev["step"])
-        except (KeyError, TypeError, ValueError):
-            return
+    def _step(self, ev: Step) -> None:
+        t = _f(ev.t)
         prev = self.steps[-1] if self.steps else None
-        interval = (t - prev.t) / (step - prev.step) if prev and step > prev.step else float("nan")
-        rec = StepRec(t, step, as_float(ev.get("step_time_s")), as_float(ev.get("data_wait_s")),
-                      as_float(ev.get("tokens_per_s")), interval)
-        self.steps.append(rec)
-        self.step_times[step] = t
+        interval = (t - prev.t) / (ev.step - prev.step) if prev and ev.step > prev.step else math.nan
+        self.steps.append(StepRec(t, ev.step, _f(ev.step_time_s), _f(ev.data_wait_s), _f(ev.tokens_per_s), interval))
+        if ev.t is not None:
+            self.step_times[ev.step] = ev.t
         if len(self.step_times) > _KEEP_STEPS:
             self.step_times.pop(next(iter(self.step_times)))
 
-    def _pause(self, kind: str, ev: dict[str, Any], t: float) -> None:
-        try:
-            step = int(ev["step"])
-        except (KeyError, TypeError, ValueError):
-            return
-        self.pauses.setdefault(step, set()).add(kind)
-        if kind == "checkpoint":
+    def _pause(self, ev: Eval | Checkpoint) -> None:
+        self.pauses.setdefault(ev.step, set()).add(ev.kind)
+        if isinstance(ev, Checkpoint):
             self.pending_request = False
-        began = self.step_times.get(step)
-        if began is not None and t == t:
-            self.pause_s[kind] = max(self.pause_s.get(kind, 0.0), t - began)
+        began = self.step_times.get(ev.step)
+        if began is not None and ev.t is not None:
+            self.pause_s[ev.kind] = max(self.pause_s.get(ev.kind, 0.0), ev.t - began)
 
     def feed_system(self, sample: dict[str, Any]) -> None:
-        t = as_float(sample.get("t"))
-        if t != t:
-            return
+        """One sample as `mt.system.clean_sample` returns it (its t is a float)."""
+        t = sample["t"]
         self.system.append(sample)
-        while self.system and t - as_float(self.system[0].get("t")) > _KEEP_SYSTEM_S:
+        while self.system and t - self.system[0]["t"] > _KEEP_SYSTEM_S:
             self.system.popleft()
 
     def note_heartbeats(self, heartbeats: dict[int, dict[str, Any]], now: float, min_lag: int) -> None:
@@ -130,7 +126,7 @@ class RunSignals:
         steps = {}
         for rank, hb in heartbeats.items():
             s = as_float(hb.get("step"))
-            if s == s and (self.attempt is None or hb.get("attempt") in (None, self.attempt)):
+            if math.isfinite(s) and (self.attempt is None or hb.get("attempt") in (None, self.attempt)):
                 steps[rank] = int(s)
         top = max(steps.values(), default=0)
         for rank, s in steps.items():
@@ -157,14 +153,14 @@ class RunSignals:
         return rec.step - 1 not in self.pauses
 
     def median_step_time(self, last: int = 50) -> float | None:
-        times = [r.step_time_s for r in list(self.steps)[-last * 2:] if self.judged(r) and r.step_time_s == r.step_time_s]
+        times = [r.step_time_s for r in list(self.steps)[-last * 2:] if self.judged(r) and not math.isnan(r.step_time_s)]
         if not times:
-            times = [r.step_time_s for r in self.steps if r.step_time_s == r.step_time_s]
+            times = [r.step_time_s for r in self.steps if not math.isnan(r.step_time_s)]
         return statistics.median(times[-last:]) if times else None
 
     def median_step_interval(self, last: int = 50) -> float | None:
         """Median wall time between consecutive logged steps (includes any per-step sleep)."""
-        gaps = [r.interval_s for r in list(self.steps)[-last:] if self.judged(r) and r.interval_s == r.interval_s]
+        gaps = [r.interval_s for r in list(self.steps)[-last:] if self.judged(r) and not math.isnan(r.interval_s)]
         return statistics.median(gaps) if gaps else self.median_step_time(last)
 
     def pauses_due(self, step: int) -> set[str]:
@@ -192,7 +188,7 @@ class RunSignals:
         """System samples of the last window_s seconds, oldest first."""
         out = []
         for s in reversed(self.system):
-            if now - as_float(s.get("t")) > window_s:
+            if now - s["t"] > window_s:
                 break
             out.append(s)
         return out[::-1]

@@ -6,15 +6,15 @@ and scans only the bytes neither covers.
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import numpy as np
 
-from mt.jsonl import read_json
+from mt.jsonl import MAX_LINE_BYTES, next_newline, read_json
 from mt.paths import RunPaths
+from mt.records import Record, Rejected, RunStart, Step, parse_event
 from tui.read.cache import has_cache, load_cache, save_cache
 from tui.read.columns import _NONSTEP, _STEP, CHUNK, COLS, Columns, ColumnScanner
 from tui.read.index import index_end, load_index
@@ -34,7 +34,7 @@ def replay(run_dir: Path, cols: Columns, keep_series: bool = True) -> tuple[RunS
     m = cols.matrix()
     prev = 0
     for _, k, ev in cols.events:
-        if ev.get("kind") == "run_start":
+        if isinstance(ev, RunStart):
             # only a new attempt interacts with the step rows: apply those before it in one go
             _apply_rows(st, series, m[prev:k])
             prev = k
@@ -82,11 +82,8 @@ def fix_recent(st: RunState, path: Path, end: int, tail_bytes: int = 64 * 1024) 
     steps = []
     for line in lines:
         if _STEP in line:
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(ev, dict) and ev.get("kind") == "step":
+            ev = parse_event(line)
+            if isinstance(ev, Step):
                 steps.append(ev)
     st.recent.clear()
     best, best_step, n, state = st.best_loss, st.best_loss_step, st.n_steps, st.state
@@ -173,7 +170,7 @@ def _quick(run_dir: Path, tail_bytes: int | None, keep_series: bool) -> tuple[Ru
     cols = Columns()
     cols.events = [(off, 0, ev) for off, ev in _nonstep_events(paths.events, win_start, tail_start)]
     end = ColumnScanner().scan(paths.events, tail_start, size, cols)
-    if win_start > 0 and not any(ev.get("kind") == "run_start" for _, _, ev in cols.events):
+    if win_start > 0 and not any(isinstance(ev, RunStart) for _, _, ev in cols.events):
         cols.events[:0] = _head_run_start(paths, win_start)
     state, series = replay(paths.root, cols, keep_series=keep_series)
     fix_recent(state, paths.events, end)
@@ -188,26 +185,24 @@ def _line_start(path: Path, offset: int) -> int:
     if offset <= 0:
         return 0
     with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
         f.seek(offset - 1)
-        return offset - 1 + len(f.readline())
+        nl = next_newline(f, size)        # in chunks: the line may be over-long
+        return size if nl < 0 else nl + 1
 
 
-def _head_run_start(paths: RunPaths, win_start: int) -> list[tuple[int, int, dict[str, Any]]]:
+def _head_run_start(paths: RunPaths, win_start: int) -> list[tuple[int, int, Record]]:
     """The current attempt's run_start when it lies before the scanned window."""
     with open(paths.events, "rb") as f:
-        try:
-            first = json.loads(f.readline())
-        except ValueError:
-            first = None
+        first = parse_event(f.readline(MAX_LINE_BYTES + 1))
     status = read_json(paths.status) or {}
-    if isinstance(first, dict) and first.get("kind") == "run_start" and \
-            status.get("attempt") in (None, first.get("attempt")):
+    if isinstance(first, RunStart) and status.get("attempt") in (None, first.attempt):
         return [(0, 0, first)]
     # a later attempt started before the window: find it the slow way (every non-step event)
     return [(off, 0, ev) for off, ev in _nonstep_events(paths.events, 0, win_start)]
 
 
-def _nonstep_events(path: Path, start: int, end: int) -> Iterator[tuple[int, dict[str, Any]]]:
+def _nonstep_events(path: Path, start: int, end: int) -> Iterator[tuple[int, Record]]:
     """Every non-step event in [start, end), found without parsing the step lines."""
     pos = start
     with open(path, "rb") as f:
@@ -218,6 +213,13 @@ def _nonstep_events(path: Path, start: int, end: int) -> Iterator[tuple[int, dic
             if not data:
                 break
             cut = data.rfind(b"\n") + 1 if pos + len(data) < end else len(data)
+            if cut == 0 and len(data) > MAX_LINE_BYTES:
+                nl = next_newline(f, end)    # inside an over-long line: no event, skip to its end
+                if nl < 0:
+                    break
+                pos, carry = nl + 1, b""
+                f.seek(pos)
+                continue
             seen: set[int] = set()
             for m in _NONSTEP.finditer(data, 0, cut):
                 ls = data.rfind(b"\n", 0, m.start()) + 1
@@ -225,11 +227,8 @@ def _nonstep_events(path: Path, start: int, end: int) -> Iterator[tuple[int, dic
                     continue
                 seen.add(ls)
                 le = data.find(b"\n", m.start())
-                try:
-                    ev = json.loads(data[ls:le if le >= 0 else len(data)])
-                except ValueError:
-                    continue
-                if isinstance(ev, dict) and ev.get("kind") != "step":
+                ev = parse_event(data[ls:le if le >= 0 else len(data)])
+                if not isinstance(ev, (Rejected, Step)):
                     yield pos + ls, ev
             pos += cut
             carry = data[cut:]

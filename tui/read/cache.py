@@ -10,12 +10,12 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from mt.jsonl import write_json_atomic
+from mt.jsonl import MAX_LINE_BYTES, write_json_atomic
 from mt.paths import RunPaths
+from mt.records import Record, Rejected, Step, parse_event
 from tui.read.columns import COLS, Columns
 
 CACHE_DIR = ".mt-index"
@@ -61,15 +61,14 @@ def load_cache(paths: RunPaths) -> tuple[Columns, int] | None:
         return None
 
 
-def _read_events_at(path: Path, index: list[list[int]]) -> list[tuple[int, int, dict[str, Any]]] | None:
+def _read_events_at(path: Path, index: list[list[int]]) -> list[tuple[int, int, Record]] | None:
     out = []
     with open(path, "rb") as f:
         for off, k in index:
             f.seek(off)
-            try:
-                ev = json.loads(f.readline())
-            except ValueError:
-                return None
+            ev = parse_event(f.readline(MAX_LINE_BYTES + 1))
+            if isinstance(ev, (Rejected, Step)):
+                return None       # the cache points at a line that is not an event: stale
             out.append((off, k, ev))
     return out
 

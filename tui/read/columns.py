@@ -1,8 +1,10 @@
 """The byte-level scanner of events.jsonl: step lines by a learned regex, the rest by JSON.
 
 A `step` line is flat and written with the same key order every time, so one regex built
-from the first such line captures the plotted columns of a whole chunk in one C call; every
-line must be accounted for, else the chunk is redone line by line (exact, slower).
+from the first such line captures the plotted columns of a whole chunk in one C call. The
+regex accepts only values `mt.records.parse_event` would accept (a strict subset: whole-number
+steps, plausible times, no negative rates), and every line must be accounted for, else the
+chunk is redone line by line by the parser itself (exact, slower).
 """
 from __future__ import annotations
 
@@ -10,18 +12,31 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from mt.events import as_float, parse_line
+from mt.jsonl import MAX_LINE_BYTES, next_newline
+from mt.records import Record, Rejected, Step, parse_event
 
 COLS = ("step", "loss", "lr", "grad_norm", "tokens_per_s")
 CHUNK = 4 << 20                  # bytes per read: bounds memory, and keeps each regex call
                                  # (which holds the GIL) short so the UI thread stays live
 _NONSTEP = re.compile(rb'"kind":"(?!step")')
 _STEP = b'"kind":"step"'
-_VAL = rb'(?:"[^"]*"|[^,"{}\[\]]*)'
+# Values the regex takes for granted (valid JSON the parser accepts); anything else makes the
+# chunk go through the parser. Bounded lengths keep a matched line far below MAX_LINE_BYTES.
+_FLOAT = rb'(?:0|[1-9]\d{0,399})(?:\.\d{1,400})?(?:[eE][+-]?\d{1,4})?'
+_NONNEG = rb'(?:' + _FLOAT + rb'|"nan"|"inf"|NaN|Infinity|null)'
+_REAL = rb'(?:-?' + _FLOAT + rb'|"nan"|"inf"|"-inf"|NaN|-?Infinity|null)'
+_VAL = rb'(?:"[^"\\\x00-\x1f]{0,4096}"|true|false|' + _REAL + rb')'
+_WHOLE = rb'(?:0|[1-9]\d{0,17})'
+_NONNEG_WHOLE = rb'(?:' + _WHOLE + rb'|null)'
+_TIME = rb'(?:9[5-9]\d{7}|[1-3]\d{9}|40\d{8})(?:\.\d{1,20})?'   # 2000..2099, as records.T_MIN/T_MAX
+_STRICT = {
+    "v": rb"1", "t": _TIME, "step": _WHOLE, "loss": _REAL,
+    **dict.fromkeys(("lr", "grad_norm", "tokens_per_s", "step_time_s", "data_wait_s", "mfu"), _NONNEG),
+    **dict.fromkeys(("epoch", "samples_seen", "tokens_seen", "mem_alloc_bytes", "mem_peak_bytes"), _NONNEG_WHOLE),
+}
 
 
 @dataclass
@@ -29,7 +44,7 @@ class Columns:
     """Step-event columns in file order, and the other events with their position among them."""
 
     rows: list[np.ndarray] = field(default_factory=list)          # blocks of shape (n, len(COLS))
-    events: list[tuple[int, int, dict[str, Any]]] = field(default_factory=list)  # (offset, n_before, ev)
+    events: list[tuple[int, int, Record]] = field(default_factory=list)  # (offset, n_before, ev)
     n: int = 0
     bad_lines: int = 0
 
@@ -47,7 +62,7 @@ class Columns:
 
 
 def _step_pattern(line: bytes) -> re.Pattern[bytes] | None:
-    """A regex for step lines with the same key order as `line`, capturing COLS in COLS order."""
+    """A regex for whole step lines with the key order of `line`, capturing COLS in key order."""
     try:
         ev = json.loads(line)
     except ValueError:
@@ -55,27 +70,24 @@ def _step_pattern(line: bytes) -> re.Pattern[bytes] | None:
     if not isinstance(ev, dict) or ev.get("kind") != "step" or "step" not in ev:
         return None
     parts = []
-    last_wanted = max(list(ev).index(c) for c in COLS if c in ev)  # a column it lacks stays nan
-    for key, value in list(ev.items())[: last_wanted + 1]:
+    for key, value in ev.items():
         if isinstance(value, (dict, list)):
             return None
         k = b'"' + re.escape(key.encode()) + b'":'
         if key == "kind":
             parts.append(k + b'"step"')
         elif key in COLS:
-            # a named group per wanted column; "nan"/"inf" come quoted, numbers bare
-            parts.append(k + b'"?(?P<' + key.encode() + rb'>[^,"{}\[\]]*)"?')
+            parts.append(k + b"(?P<" + key.encode() + b">" + _STRICT[key] + b")")
         else:
-            parts.append(k + _VAL)
-    # stop after the last wanted key: the rest of the line need not be matched, only counted
-    return re.compile(rb"\{" + b",".join(parts))
+            parts.append(k + _STRICT.get(key, _VAL))
+    return re.compile(rb"(?m)^\{" + b",".join(parts) + rb"\}$")
 
 
 def _to_float(values: list[bytes]) -> np.ndarray:
     try:
         return np.fromiter(map(float, values), dtype=np.float64, count=len(values))
-    except ValueError:  # null or another non-number: the slow, forgiving way
-        return np.array([as_float(v.decode("utf-8", "replace")) if v != b"null" else np.nan for v in values])
+    except ValueError:  # null or a quoted "nan": the slow way (the regex let only these through)
+        return np.array([np.nan if v == b"null" else float(v.strip(b'"')) for v in values])
 
 
 class ColumnScanner:
@@ -96,6 +108,14 @@ class ColumnScanner:
                 if cut == 0:
                     if len(data) >= end - pos:
                         break           # a half-written last line: leave it for the follower
+                    if len(data) > MAX_LINE_BYTES:
+                        nl = next_newline(f, end)
+                        if nl < 0:
+                            break
+                        out.bad_lines += 1      # an over-long line: skipped, never parsed
+                        pos, carry = nl + 1, b""
+                        f.seek(pos)
+                        continue
                     carry = data
                     continue
                 self._chunk(data, cut, pos, out)
@@ -122,11 +142,11 @@ class ColumnScanner:
             seen_lines.add(ls)
             le = data.find(b"\n", m.start())
             self._steps(data, seg_start, ls, out)
-            try:
-                ev = json.loads(data[ls:le])
-            except ValueError:
-                ev = None
-            if isinstance(ev, dict) and ev.get("kind") != "step":
+            ev = parse_event(data[ls:le])
+            if isinstance(ev, Rejected):
+                out.bad_lines += 1
+                other += 1
+            elif not isinstance(ev, Step):
                 out.events.append((base + ls, out.n, ev))
                 other += 1
             seg_start = le + 1
@@ -166,11 +186,11 @@ class ColumnScanner:
             at, pos = pos, pos + len(line) + 1
             if not line.strip():
                 continue
-            ev = parse_line(line)
-            if ev is None:
+            ev = parse_event(line)
+            if isinstance(ev, Rejected):
                 out.bad_lines += 1
-            elif ev.get("kind") == "step":
-                rows.append([as_float(ev.get(c)) for c in COLS])
+            elif isinstance(ev, Step):
+                rows.append([ev.step, *(np.nan if v is None else v for v in (ev.loss, ev.lr, ev.grad_norm, ev.tokens_per_s))])
             else:
                 if rows:
                     out.add_rows(np.array(rows))
@@ -184,3 +204,4 @@ class ColumnScanner:
             ls = data.rfind(b"\n", 0, last) + 1
             le = data.find(b"\n", last)
             self.pattern = _step_pattern(data[ls:le if le >= 0 else b]) or self.pattern
+

@@ -5,8 +5,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mt.jsonl import JsonlTail, read_json
+from mt.jsonl import read_json
 from mt.paths import RunPaths
+from mt.records import Record, RecordTail, Step, incident_tail
 from tui.state.run import RunSeries, RunState, add_incident, apply_status, new_state, reduce_event, reduce_step
 
 
@@ -15,7 +16,7 @@ class PollResult:
     """What one `RunFollower.poll()` found."""
 
     changed: bool = False
-    new_events: list[dict[str, Any]] = field(default_factory=list)  # non-step events, in order
+    new_events: list[Record] = field(default_factory=list)  # non-step records, in order
     new_steps: int = 0
 
 
@@ -28,8 +29,8 @@ class RunFollower:
         self.series = RunSeries() if keep_series else None
         self.write_cache = write_cache
         self.opened = False    # the first read of events.jsonl happened
-        self.events = JsonlTail(self.paths.events)
-        self.incidents = JsonlTail(self.paths.incidents)
+        self.events = RecordTail(self.paths.events)
+        self.incidents = incident_tail(self.paths.incidents)
         self._status_mtime: float | None = None
 
     def poll(self, max_bytes: int | None = None) -> PollResult:
@@ -51,7 +52,8 @@ class RunFollower:
             res.changed = True
             for ev in self.events.iter_new(max_bytes):
                 self._fold(ev, res)
-        self.state.bad_lines = self.events.bad_lines
+        self.state.bad_lines = self.events.bad_lines + self.incidents.bad_lines
+        self.state.bad_reason = self.incidents.last_bad or self.events.last_bad
         for rec in self.incidents.iter_new():
             add_incident(self.state, rec, source="supervisor")
             res.changed = True
@@ -75,9 +77,9 @@ class RunFollower:
         self.state = bulk.state
         if self.series is not None and bulk.series is not None:
             self.series.replace(bulk.series)
-        self.events = JsonlTail(self.paths.events, bulk.end, bulk.ino)
+        self.events = RecordTail(self.paths.events, bulk.end, bulk.ino)
         self.events.bad_lines = bulk.state.bad_lines
-        self.incidents = JsonlTail(self.paths.incidents)
+        self.incidents = incident_tail(self.paths.incidents)
         self._status_mtime = None
         self.opened = True
 
@@ -87,15 +89,14 @@ class RunFollower:
         if self.series is not None:
             for s in self.series.all().values():
                 s.clear()
-        self.incidents = JsonlTail(self.paths.incidents)
+        self.incidents = incident_tail(self.paths.incidents)
         self._status_mtime = None
-        self.events = JsonlTail(self.paths.events)
+        self.events = RecordTail(self.paths.events)
         self.events.resets = tail.resets
 
-    def _fold(self, ev: dict[str, Any], res: PollResult) -> None:
+    def _fold(self, ev: Record, res: PollResult) -> None:
         res.changed = True
-        kind = ev.get("kind")
-        if kind == "step":
+        if isinstance(ev, Step):
             res.new_steps += 1
             reduce_step(self.state, ev)
             if self.series is not None:

@@ -6,7 +6,6 @@ that disagrees with events.jsonl is ignored.
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -14,6 +13,7 @@ import numpy as np
 
 from mt.eventindex import FIELDS, HEADER, KIND_BAD, KIND_CODES, RECORD, index_path, kind_code, line_matches, read_header
 from mt.paths import RunPaths
+from mt.records import Rejected, parse_event
 from tui.read.columns import COLS, Columns
 
 SPOT_CHECKS = 16
@@ -83,15 +83,14 @@ def _events_at(paths: RunPaths, m: np.ndarray, starts: np.ndarray, rows: np.ndar
             start, k = int(starts[i]), int(steps_before[i])
             if m[i, _COL["kind"]] == _EVAL:
                 step = m[i, _COL["step"]]
-                out.append((start, k, {"kind": "eval", "t": float(m[i, _COL["t"]]), "val_loss": float(m[i, _COL["loss"]]),
-                                       "step": int(step) if np.isfinite(step) else None}))
-                continue
-            f.seek(start)
-            try:
-                ev = json.loads(f.read(int(m[i, 0]) - start))
-            except ValueError:
-                return None
-            if not isinstance(ev, dict) or kind_code(ev) != m[i, _COL["kind"]]:
-                return None
+                ev = parse_event({"kind": "eval", "t": float(m[i, _COL["t"]]), "val_loss": float(m[i, _COL["loss"]]),
+                                  "step": float(step)})
+            else:
+                f.seek(start)
+                ev = parse_event(f.read(int(m[i, 0]) - start))
+                if kind_code(ev) != m[i, _COL["kind"]]:
+                    return None
+            if isinstance(ev, Rejected):
+                return None           # the index disagrees with the parser: not to be trusted
             out.append((start, k, ev))
     return out

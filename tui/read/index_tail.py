@@ -7,13 +7,13 @@ their own files (the follower reads them). Best loss then covers only the tail
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from mt.eventindex import HEADER, KIND_BAD, KIND_CODES, RECORD, index_path, kind_code, line_matches, read_header
 from mt.paths import RunPaths
+from mt.records import Rejected, parse_event
 from tui.state.run import BulkResult, RunState, new_state, reduce_event
 
 TAIL_RECORDS = 4096
@@ -87,17 +87,16 @@ def _replay(paths: RunPaths, items: list[tuple[int, int, Record]]) -> RunState |
                 state.bad_lines += 1
                 continue
             if kind == _STEP and i != last_step:
-                ev: dict[str, Any] | None = {"kind": "step", "step": rec[2], "t": rec[3], "loss": rec[4],
-                                            "lr": rec[5], "grad_norm": rec[6], "tokens_per_s": rec[7]}
+                ev = parse_event({"kind": "step", "step": rec[2], "t": rec[3], "loss": rec[4],
+                                  "lr": rec[5], "grad_norm": rec[6], "tokens_per_s": rec[7]})
             elif kind == _EVAL:
-                ev = {"kind": "eval", "step": rec[2], "t": rec[3], "val_loss": rec[4]}
+                ev = parse_event({"kind": "eval", "step": rec[2], "t": rec[3], "val_loss": rec[4]})
             else:
                 f.seek(start)
-                try:
-                    ev = json.loads(f.read(int(rec[0]) - start))
-                except ValueError:
+                ev = parse_event(f.read(int(rec[0]) - start))
+                if kind_code(ev) != kind:
                     return None
-                if not isinstance(ev, dict) or kind_code(ev) != kind:
-                    return None
+            if isinstance(ev, Rejected):
+                return None           # the index disagrees with the parser: not to be trusted
             reduce_event(state, ev)
     return state

@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from mt.events import CONTROL_ACTIONS, FINAL_STATES
-from mt.jsonl import JsonlTail, write_json_atomic
+from mt.jsonl import write_json_atomic
 from mt.paths import RunPaths
+from mt.records import Checkpoint, Control, RecordTail
 from tui.rundir import liveness, read_status, require_run_dir
 
 
@@ -29,7 +30,7 @@ class Answer:
     action: str
     status: str
     detail: str = ""
-    checkpoint: dict[str, Any] | None = None
+    checkpoint: Checkpoint | None = None
     """The `checkpoint` event written for this request (checkpoint action), if any."""
 
 
@@ -74,21 +75,19 @@ def wait_answer(run_dir: Path, request_id: str, timeout: float) -> Answer:
     `checkpoint` event are there. If the run ends first, status is `ended`.
     """
     paths = RunPaths(Path(run_dir))
-    tail = JsonlTail(paths.events)
+    tail = RecordTail(paths.events)
     answer = Answer(request_id=request_id, action="", status="timeout")
     deadline = time.monotonic() + timeout
     while True:
         for ev in tail.iter_new():
-            if ev.get("request_id") != request_id:
-                continue
-            if ev.get("kind") == "checkpoint":
+            if isinstance(ev, Checkpoint) and ev.request_id == request_id:
                 answer.checkpoint = ev
-            elif ev.get("kind") == "control":
-                answer.action = str(ev.get("action") or answer.action)
-                if ev.get("status") in ("done", "rejected"):
-                    answer.status, answer.detail = str(ev["status"]), str(ev.get("detail") or "")
+            elif isinstance(ev, Control) and ev.request_id == request_id:
+                answer.action = ev.action or answer.action
+                if ev.status in ("done", "rejected"):
+                    answer.status, answer.detail = ev.status, ev.detail
                 elif answer.status == "timeout":
-                    answer.detail = str(ev.get("detail") or "")
+                    answer.detail = ev.detail
         if answer.status == "rejected":
             return answer
         if answer.status == "done" and (answer.action != "checkpoint" or answer.checkpoint is not None):
@@ -98,7 +97,7 @@ def wait_answer(run_dir: Path, request_id: str, timeout: float) -> Answer:
         status = read_status(paths.root)
         if liveness(status) in ("final", "lost"):
             for ev in tail.iter_new():  # the answer may have landed just before the end
-                if ev.get("request_id") == request_id and ev.get("kind") == "checkpoint":
+                if isinstance(ev, Checkpoint) and ev.request_id == request_id:
                     answer.checkpoint = ev
             if answer.status == "timeout":
                 answer.status, answer.detail = "ended", f"the run ended ({status.get('state')}) before answering"

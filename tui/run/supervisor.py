@@ -25,8 +25,9 @@ from typing import Any
 from mt import space
 from mt.config import Config, load_config_json
 from mt.events import dumps
-from mt.jsonl import JsonlTail, write_json_atomic
+from mt.jsonl import write_json_atomic
 from mt.paths import RunPaths
+from mt.records import Control, RecordTail, RunEnd, RunStart
 from tui.run import lock as runlock
 from tui.run.procs import rank_processes, run_processes, terminate_all
 from tui.run.sampler import SystemSampler
@@ -84,7 +85,7 @@ class Supervisor:
         self.status: dict[str, Any] = read_status(self.run_dir)
         self.stop_requested = False
         self.kill_requested = False
-        self.events = JsonlTail(self.paths.events)
+        self.events = RecordTail(self.paths.events)
         self.torchrun: subprocess.Popen[bytes] | None = None
         self.current_attempt: int | None = None  # from the newest run_start event
 
@@ -154,13 +155,13 @@ class Supervisor:
                 rc, worker_rc, run_end = self.run_attempt(attempt)
                 if self.kill_requested:
                     return self.finish("killed", 1, exit_code=None, reason="killed by mt kill")
-                ended = (run_end or {}).get("status")
+                ended = run_end.status if run_end else None
                 # torchrun itself exits 1 after forwarding a SIGTERM even when every worker
                 # stopped cleanly, so the engine's own run_end is the word on how it ended
                 if rc == 0 or ended in ("completed", "stopped"):
                     state = ended if ended in ("completed", "stopped") else \
                         ("stopped" if self.stop_requested else "completed")
-                    return self.finish(state, 0, exit_code=rc, reason=(run_end or {}).get("reason") or state)
+                    return self.finish(state, 0, exit_code=rc, reason=(run_end.reason if run_end else "") or state)
                 reason = self.failure_reason(rc, worker_rc, run_end)
                 if self.stop_requested:
                     return self.finish("failed", 1, exit_code=rc, reason=reason)
@@ -179,9 +180,9 @@ class Supervisor:
         finally:
             self.sampler.close()
 
-    def failure_reason(self, rc: int, worker_rc: int | None, run_end: dict[str, Any] | None) -> str:
-        if run_end and run_end.get("reason"):
-            return str(run_end["reason"])
+    def failure_reason(self, rc: int, worker_rc: int | None, run_end: RunEnd | None) -> str:
+        if run_end and run_end.reason:
+            return run_end.reason
         if worker_rc is not None and worker_rc < 0:
             why = f"a worker was killed by signal {-worker_rc} (torchrun exit {rc})"
         elif worker_rc is not None:
@@ -193,7 +194,7 @@ class Supervisor:
             why += f"; disk full: {space.describe(self.run_dir)}"
         return why
 
-    def run_attempt(self, attempt: int) -> tuple[int, int | None, dict[str, Any] | None]:
+    def run_attempt(self, attempt: int) -> tuple[int, int | None, RunEnd | None]:
         """One torchrun; returns (torchrun exit code, first worker exit code, this attempt's run_end)."""
         started = time.time()
         self.write_status("starting", attempt=attempt, torchrun_pid=None, worker_pids={},
@@ -201,7 +202,7 @@ class Supervisor:
                           reason=None, nproc=self.cfg.launch.nproc_per_node,
                           nnodes=self.cfg.launch.nnodes, node_rank=self.cfg.launch.node_rank)
         if self.kill_requested or self.stop_requested:  # a signal arrived before torchrun started
-            return (-signal.SIGTERM, None, {"status": "stopped", "reason": "stopped before start"})
+            return (-signal.SIGTERM, None, RunEnd(time.time(), {}, None, "stopped", "stopped before start"))
         self.current_attempt = None
         log_path = self.paths.logs / "torchrun.log"
         log_offset = log_path.stat().st_size if log_path.exists() else 0
@@ -222,7 +223,7 @@ class Supervisor:
         rc = tr.returncode
         record.update(ended=time.time(), exit_code=rc)
         worker_rc = _worker_exit_code(log_path, log_offset) if rc else None
-        clean = (run_end or {}).get("status") in ("completed", "stopped")
+        clean = run_end is not None and run_end.status in ("completed", "stopped")
         if not self.kill_requested and not clean:
             self.status["exit_code"] = rc
         # a kill, or a stop that torchrun reports as exit 1, is not a crash for the rules
@@ -233,7 +234,7 @@ class Supervisor:
         self.reap_leftovers()
         return rc, worker_rc, run_end
 
-    def watch(self, attempt: int, tr: subprocess.Popen[bytes]) -> dict[str, Any] | None:
+    def watch(self, attempt: int, tr: subprocess.Popen[bytes]) -> RunEnd | None:
         """Sample, diagnose and follow events until torchrun exits; returns this attempt's run_end."""
         ranks: dict[int, int] = {}
         run_end = None
@@ -268,17 +269,16 @@ class Supervisor:
                 pass
         return self.follow_events(attempt) or run_end
 
-    def follow_events(self, attempt: int) -> dict[str, Any] | None:
+    def follow_events(self, attempt: int) -> RunEnd | None:
         """Read new events: note an accepted stop (state `stopping`) and this attempt's run_end."""
         run_end = None
         for ev in self.events.read_new():
-            kind = ev.get("kind")
-            if kind == "control" and ev.get("action") == "stop" and ev.get("status") == "accepted" \
+            if isinstance(ev, Control) and ev.action == "stop" and ev.status == "accepted" \
                     and self.status.get("state") == "running":
-                self.write_status("stopping", reason=f"stop requested ({ev.get('request_id')})")
-            elif kind == "run_start":
-                self.current_attempt = ev.get("attempt")
-            elif kind == "run_end" and self.current_attempt in (None, attempt):
+                self.write_status("stopping", reason=f"stop requested ({ev.request_id})")
+            elif isinstance(ev, RunStart):
+                self.current_attempt = ev.attempt
+            elif isinstance(ev, RunEnd) and self.current_attempt in (None, attempt):
                 # None: the engine ended before run_start (bad data, refused resume)
                 run_end = ev
         return run_end

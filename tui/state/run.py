@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 from mt.events import FINAL_STATES, as_float
 from mt.jsonl import read_json
 from mt.paths import RunPaths, checkpoint_dirs
+from mt.records import Checkpoint, Control, Eval, Record, RunEnd, RunStart, Step
+from mt.records import Incident as IncidentRecord
 
 if TYPE_CHECKING:
     from tui.state.series import Series
@@ -89,30 +91,23 @@ class RunSeries:
         for name, s in self.all().items():
             s.replace(other.all()[name])
 
-    def add_step(self, ev: dict[str, Any]) -> None:
-        x = _plot_x(ev.get("step"))
-        if x is None:
-            return      # no usable step: nowhere to draw it (the reducer still counts it)
-        self.loss.append(x, as_float(ev.get("loss")))
-        self.lr.append(x, as_float(ev.get("lr")))
-        self.grad_norm.append(x, as_float(ev.get("grad_norm")))
-        self.tokens_per_s.append(x, as_float(ev.get("tokens_per_s")))
+    def add_step(self, ev: Step) -> None:
+        self.loss.append(ev.step, _f(ev.loss))
+        self.lr.append(ev.step, _f(ev.lr))
+        self.grad_norm.append(ev.step, _f(ev.grad_norm))
+        self.tokens_per_s.append(ev.step, _f(ev.tokens_per_s))
 
-    def add_event(self, ev: dict[str, Any]) -> None:
+    def add_event(self, ev: Record) -> None:
         """A non-step event: a new attempt drops what followed its checkpoint; an eval adds a point."""
-        kind = ev.get("kind")
-        if kind == "run_start":
-            self.truncate_after(_plot_x(ev.get("start_step")) or 0.0)
-        elif kind == "eval":
-            x = _plot_x(ev.get("step"))
-            if x is not None:
-                self.val_loss.append(x, as_float(ev.get("val_loss")))
+        if isinstance(ev, RunStart):
+            self.truncate_after(ev.start_step)
+        elif isinstance(ev, Eval):
+            self.val_loss.append(ev.step, _f(ev.val_loss))
 
 
-def _plot_x(v: Any) -> float | None:
-    """An event's step as a plot x: finite, else None."""
-    x = as_float(v)
-    return x if math.isfinite(x) else None
+def _f(v: float | None) -> float:
+    """A value as a plot y: an unknown one is a gap, like a NaN."""
+    return math.nan if v is None else v
 
 
 @dataclass
@@ -156,7 +151,8 @@ class RunState:
     last_checkpoint: CheckpointInfo | None = None
     incidents: list[Incident] = field(default_factory=list)
     controls: dict[str, ControlAnswer] = field(default_factory=dict)
-    bad_lines: int = 0
+    bad_lines: int = 0                 # lines no reader may use (docs/events.md)
+    bad_reason: str = ""               # why the newest of them was skipped
     supervisor_lost: bool = False      # status says live but its supervisor process is gone
     n_steps: int = 0                   # step events seen (all attempts)
     status: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -236,7 +232,7 @@ def _int(v: Any) -> int | None:
     if isinstance(v, bool):
         return None
     if isinstance(v, int):
-        return v                # even one beyond float range (a line from elsewhere)
+        return v
     return int(v) if isinstance(v, float) and math.isfinite(v) else None
 
 
@@ -244,90 +240,73 @@ def _num(v: Any) -> float | None:
     return None if v is None else as_float(v)
 
 
-def reduce_step(st: RunState, ev: dict[str, Any]) -> None:
-    """Fold one `step` event into the state."""
-    step = _int(ev.get("step"))
-    st.step = step
+def reduce_step(st: RunState, ev: Step) -> None:
+    """Fold one `step` record into the state."""
+    st.step = ev.step
     st.n_steps += 1
-    loss = _num(ev.get("loss"))
-    st.loss = loss
-    if loss is not None and math.isfinite(loss) and (st.best_loss is None or loss < st.best_loss):
-        st.best_loss, st.best_loss_step = loss, step
-    st.lr = _num(ev.get("lr"))
-    st.grad_norm = _num(ev.get("grad_norm"))
-    st.tokens_per_s = _num(ev.get("tokens_per_s"))
-    st.step_time_s = _num(ev.get("step_time_s"))
-    if "mfu" in ev:
-        st.mfu = _num(ev.get("mfu"))
-    t = _num(ev.get("t"))
-    if t is not None and step is not None:
-        st.recent.append((t, step))
+    st.loss = ev.loss
+    if ev.loss is not None and math.isfinite(ev.loss) and (st.best_loss is None or ev.loss < st.best_loss):
+        st.best_loss, st.best_loss_step = ev.loss, ev.step
+    st.lr, st.grad_norm, st.tokens_per_s, st.step_time_s = ev.lr, ev.grad_norm, ev.tokens_per_s, ev.step_time_s
+    if ev.mfu is not None:
+        st.mfu = ev.mfu
+    if ev.t is not None:
+        st.recent.append((ev.t, ev.step))
     if st.state == "starting":
         st.state = "running"
 
 
-def reduce_event(st: RunState, ev: dict[str, Any]) -> None:
-    """Fold one event of any kind into the state (unknown kinds are ignored)."""
-    kind = ev.get("kind")
-    t = _num(ev.get("t"))
-    if t is not None and math.isfinite(t):
-        st.last_event_t = t
-    if kind == "step":
+def reduce_event(st: RunState, ev: Record) -> None:
+    """Fold one record of any kind into the state (unknown kinds are ignored)."""
+    if ev.t is not None:
+        st.last_event_t = ev.t
+    if isinstance(ev, Step):
         reduce_step(st, ev)
-    elif kind == "run_start":
-        st.attempt = _int(ev.get("attempt")) or st.attempt
-        for key in ("world_size", "nnodes", "effective_batch", "tokens_per_step", "params_total"):
-            setattr(st, key, _int(ev.get(key)))
-        st.device, st.backend, st.precision = ev.get("device"), ev.get("backend"), ev.get("precision")
-        st.max_steps = _int(ev.get("max_steps")) or st.max_steps
-        st.start_step = _int(ev.get("start_step")) or 0
+    elif isinstance(ev, RunStart):
+        st.attempt = ev.attempt or st.attempt
+        st.world_size, st.nnodes, st.effective_batch = ev.world_size, ev.nnodes, ev.effective_batch
+        st.tokens_per_step, st.params_total = ev.tokens_per_step, ev.params_total
+        st.device, st.backend, st.precision = ev.device, ev.backend, ev.precision
+        st.max_steps = ev.max_steps or st.max_steps
+        st.start_step = ev.start_step
         st.step = st.start_step if st.start_step else st.step
         st.run_end_status = st.run_end_reason = None
         st.recent.clear()
         if st.state in ("starting",) or not st.status:
             st.state = "running"
-    elif kind == "eval":
-        st.val_loss, st.val_loss_step = _num(ev.get("val_loss")), _int(ev.get("step"))
-    elif kind == "checkpoint":
-        st.last_checkpoint = CheckpointInfo(
-            step=_int(ev.get("step")) or 0, path=str(ev.get("path") or ""), t=t or 0.0,
-            reason=str(ev.get("reason") or ""), request_id=ev.get("request_id"))
-        rid = ev.get("request_id")
-        if rid and rid in st.controls:
-            st.controls[rid].checkpoint_step = st.last_checkpoint.step
-    elif kind == "control":
-        rid = str(ev.get("request_id") or "")
-        prev = st.controls.get(rid)
-        st.controls[rid] = ControlAnswer(
-            request_id=rid, action=str(ev.get("action") or ""), status=str(ev.get("status") or ""),
-            detail=str(ev.get("detail") or ""), checkpoint_step=prev.checkpoint_step if prev else None)
-    elif kind == "incident":
+    elif isinstance(ev, Eval):
+        st.val_loss, st.val_loss_step = ev.val_loss, ev.step
+    elif isinstance(ev, Checkpoint):
+        st.last_checkpoint = CheckpointInfo(step=ev.step, path=ev.path, t=ev.t or 0.0, reason=ev.reason,
+                                            request_id=ev.request_id)
+        if ev.request_id and ev.request_id in st.controls:
+            st.controls[ev.request_id].checkpoint_step = ev.step
+    elif isinstance(ev, Control):
+        prev = st.controls.get(ev.request_id)
+        st.controls[ev.request_id] = ControlAnswer(
+            request_id=ev.request_id, action=ev.action, status=ev.status, detail=ev.detail,
+            checkpoint_step=prev.checkpoint_step if prev else None)
+    elif isinstance(ev, IncidentRecord):
         add_incident(st, ev, source="engine")
-    elif kind == "run_end":
-        st.run_end_status, st.run_end_reason = ev.get("status"), ev.get("reason")
-        if not st.status and st.run_end_status in FINAL_STATES:
-            st.state = str(st.run_end_status)
+    elif isinstance(ev, RunEnd):
+        st.run_end_status, st.run_end_reason = ev.status, ev.reason or None
+        if not st.status and ev.status in FINAL_STATES:
+            st.state = ev.status
 
 
-def add_incident(st: RunState, rec: dict[str, Any], source: str) -> None:
+def add_incident(st: RunState, rec: IncidentRecord, source: str) -> None:
     """Open, merge or close an incident; the same code+step from engine and supervisor is one."""
-    code = str(rec.get("code") or "unknown")
-    status = str(rec.get("status") or "open")
-    step = _int(rec.get("step"))
-    if status == "closed":
+    if rec.status == "closed":
         for inc in st.incidents:
-            if inc.code == code and inc.status == "open":
+            if inc.code == rec.code and inc.status == "open":
                 inc.status = "closed"
         return
     for inc in st.incidents:
-        if inc.code == code and inc.step == step and inc.status == "open":
+        if inc.code == rec.code and inc.step == rec.step and inc.status == "open":
             return
-    ev = rec.get("evidence")
     st.incidents.append(Incident(
-        code=code, severity=str(rec.get("severity") or "info"), step=step,
-        title=str(rec.get("title") or code), detail=str(rec.get("detail") or ""),
-        advice=str(rec.get("advice") or ""), evidence=ev if isinstance(ev, dict) else {},
-        t=_num(rec.get("t")) or 0.0, status="open", source=str(rec.get("source") or source)))
+        code=rec.code, severity=rec.severity, step=rec.step, title=rec.title, detail=rec.detail,
+        advice=rec.advice, evidence=rec.evidence, t=rec.t or 0.0, status="open", source=rec.source or source))
 
 
 def apply_status(st: RunState, status: Any) -> bool:

@@ -9,9 +9,10 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Callable, TextIO
 
-from mt.events import FINAL_STATES, as_float
+from mt.events import FINAL_STATES
+from mt.records import Checkpoint, Control, Eval, Incident, Record, RunEnd, RunStart
 from tui.format import fmt_duration, fmt_num
 from tui.read.follower import RunFollower
 from tui.rundir import liveness, read_status
@@ -25,25 +26,23 @@ def step_line(st: RunState) -> str:
             f"  tok/s {fmt_num(st.tokens_per_s, ',.0f')}  ETA {fmt_duration(st.eta_s())}")
 
 
-def event_line(ev: dict[str, Any]) -> str | None:
-    """One line for a notable event, or None for events not worth a line."""
-    kind = ev.get("kind")
-    if kind == "run_start":
-        start = ev.get("start_step") or 0
-        frm = f", resuming from step {start}" if start else ""
-        return (f"attempt {ev.get('attempt')} started: world {ev.get('world_size')} x {ev.get('device')}"
-                f", {ev.get('params_total'):,} params{frm}" if isinstance(ev.get("params_total"), int)
-                else f"attempt {ev.get('attempt')} started{frm}")
-    if kind == "eval":
-        return f"eval  step {ev.get('step')}  val_loss {fmt_num(as_float(ev.get('val_loss')), '.4f')}"
-    if kind == "checkpoint":
-        return f"checkpoint saved at step {ev.get('step')} ({ev.get('reason')}): {ev.get('path')}"
-    if kind == "incident":
-        return f"incident [{ev.get('severity')}] {ev.get('code')} at step {ev.get('step')}: {ev.get('title')}"
-    if kind == "control" and ev.get("status") in ("done", "rejected"):
-        return f"control {ev.get('action')} {ev.get('status')}: {ev.get('detail') or ''}".rstrip(": ")
-    if kind == "run_end":
-        return f"run ended at step {ev.get('step')}: {ev.get('status')} ({ev.get('reason')})"
+def event_line(ev: Record) -> str | None:
+    """One line for a notable record, or None for those not worth a line."""
+    if isinstance(ev, RunStart):
+        frm = f", resuming from step {ev.start_step}" if ev.start_step else ""
+        if ev.params_total is None:
+            return f"attempt {ev.attempt} started{frm}"
+        return f"attempt {ev.attempt} started: world {ev.world_size} x {ev.device}, {ev.params_total:,} params{frm}"
+    if isinstance(ev, Eval):
+        return f"eval  step {ev.step}  val_loss {fmt_num(ev.val_loss, '.4f')}"
+    if isinstance(ev, Checkpoint):
+        return f"checkpoint saved at step {ev.step} ({ev.reason}): {ev.path}"
+    if isinstance(ev, Incident):
+        return f"incident [{ev.severity}] {ev.code} at step {ev.step}: {ev.title}"
+    if isinstance(ev, Control) and ev.status in ("done", "rejected"):
+        return f"control {ev.action} {ev.status}: {ev.detail}".rstrip(": ")
+    if isinstance(ev, RunEnd):
+        return f"run ended at step {ev.step}: {ev.status} ({ev.reason})"
     return None
 
 
@@ -64,9 +63,9 @@ def follow_run(run_dir: Path, out: TextIO, min_interval_s: float = 1.0, poll_s: 
         st = follower.state
         now = clock()
         final = st.state in FINAL_STATES
-        ends = [ev for ev in res.new_events if ev.get("kind") == "run_end"]
+        ends = [ev for ev in res.new_events if isinstance(ev, RunEnd)]
         for ev in res.new_events:
-            line = event_line(ev) if ev.get("kind") != "run_end" else None
+            line = event_line(ev) if not isinstance(ev, RunEnd) else None
             if line:
                 out.write(line + "\n")
         if st.step is not None and st.step != printed_step and (now - last_print >= min_interval_s or final or ends):

@@ -34,5 +34,6 @@ def format_summary(st: "RunState", now: float | None = None) -> str:
     if st.is_final and (st.reason or st.run_end_reason):
         lines.append(f"reason: {st.reason or st.run_end_reason}")
     if st.bad_lines:
-        lines.append(f"skipped {st.bad_lines} unreadable event line(s)")
+        why = f" (newest: {st.bad_reason})" if st.bad_reason else ""
+        lines.append(f"skipped {st.bad_lines} unreadable event line(s){why}")
     return "\n".join(lines)

@@ -1,0 +1,317 @@
+"""The one typed parser of event lines: each becomes a typed record or a counted rejection.
+
+Every reader of events.jsonl and incidents.jsonl (viewer, rules, supervisor, control client,
+index) goes through `parse_event` / `parse_incident`, so they agree on what a line means. A
+missing field is unknown (None); a value that cannot be true (a step that is not a whole
+number, a loss that is a list, a time in 1970) rejects the whole line. docs/events.md.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Iterator, Union
+
+from mt.events import SCHEMA_VERSION, SEVERITIES, T_MAX, T_MIN
+from mt.jsonl import MAX_LINE_BYTES, JsonlTail
+
+_INT_MAX = 1 << 63
+_SPECIAL = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}   # as events.dumps writes them
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A line no reader may use, and why."""
+
+    reason: str
+
+
+@dataclass(slots=True)
+class Event:
+    """What every record has: when it was written, and the parsed line itself."""
+
+    t: float | None
+    raw: dict[str, Any] = field(repr=False)
+    kind: ClassVar[str] = ""
+
+
+@dataclass(slots=True)
+class RunStart(Event):
+    attempt: int | None
+    world_size: int | None
+    nnodes: int | None
+    device: str | None
+    backend: str | None
+    precision: str | None
+    params_total: int | None
+    tokens_per_step: int | None
+    effective_batch: int | None
+    start_step: int
+    max_steps: int | None
+    kind: ClassVar[str] = "run_start"
+
+
+@dataclass(slots=True)
+class Step(Event):
+    step: int
+    loss: float | None
+    lr: float | None
+    grad_norm: float | None
+    tokens_per_s: float | None
+    step_time_s: float | None
+    data_wait_s: float | None
+    mfu: float | None
+    kind: ClassVar[str] = "step"
+
+
+@dataclass(slots=True)
+class Eval(Event):
+    step: int
+    val_loss: float | None
+    kind: ClassVar[str] = "eval"
+
+
+@dataclass(slots=True)
+class Checkpoint(Event):
+    step: int
+    path: str
+    bytes: int | None
+    seconds: float | None
+    reason: str
+    request_id: str | None
+    kind: ClassVar[str] = "checkpoint"
+
+
+@dataclass(slots=True)
+class Incident(Event):
+    """An `incident` event, or a line of incidents.jsonl (which adds status and source)."""
+
+    code: str
+    severity: str
+    step: int | None
+    title: str
+    detail: str
+    advice: str
+    evidence: dict[str, Any]
+    status: str            # "open" | "closed"
+    source: str | None     # "engine" | "supervisor" (incidents.jsonl only)
+    event_t: float | None  # when the engine raised a copied incident
+    kind: ClassVar[str] = "incident"
+
+
+@dataclass(slots=True)
+class Control(Event):
+    request_id: str
+    action: str
+    status: str
+    detail: str
+    kind: ClassVar[str] = "control"
+
+
+@dataclass(slots=True)
+class RunEnd(Event):
+    step: int | None
+    status: str
+    reason: str
+    kind: ClassVar[str] = "run_end"
+
+
+@dataclass(slots=True)
+class Unknown(Event):
+    """A well-formed event of a kind this version does not know: skipped, not counted."""
+
+    name: str
+
+
+Record = Union[RunStart, Step, Eval, Checkpoint, Incident, Control, RunEnd, Unknown]
+
+
+class _Bad(Exception):
+    pass
+
+
+def _int(raw: dict[str, Any], key: str, lo: int = 0, required: bool = False) -> int | None:
+    v = raw.get(key)
+    if v is None:
+        if required:
+            raise _Bad(f"{key} is missing")
+        return None
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _Bad(f"{key} {_show(v)} is not a whole number")
+    if not lo <= v < _INT_MAX:
+        raise _Bad(f"{key} {_show(v)} is out of range")
+    return v
+
+
+def _num(raw: dict[str, Any], key: str, nonneg: bool = False) -> float | None:
+    v = raw.get(key)
+    if v is None:
+        return None
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        try:
+            x = float(v)
+        except OverflowError:
+            raise _Bad(f"{key} is out of range") from None
+    elif isinstance(v, str) and v in _SPECIAL:
+        x = _SPECIAL[v]
+    else:
+        raise _Bad(f"{key} {_show(v)} is not a number")
+    if nonneg and x < 0:
+        raise _Bad(f"{key} {x:g} is negative")
+    return x
+
+
+def _str(raw: dict[str, Any], key: str, required: bool = False) -> str | None:
+    v = raw.get(key)
+    if v is None:
+        if required:
+            raise _Bad(f"{key} is missing")
+        return None
+    if not isinstance(v, str):
+        raise _Bad(f"{key} {_show(v)} is not a string")
+    return v
+
+
+def _show(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _time(raw: dict[str, Any], key: str = "t") -> float | None:
+    t = _num(raw, key)
+    if t is None or math.isnan(t):
+        return None             # unknown (an index record of a line without one)
+    if not T_MIN <= t <= T_MAX:
+        raise _Bad(f"{key} {t:g} is not a time between 2000 and 2100")
+    return t
+
+
+def _run_start(raw: dict[str, Any], t: float | None) -> RunStart:
+    return RunStart(
+        t, raw, _int(raw, "attempt", 1), _int(raw, "world_size", 1), _int(raw, "nnodes", 1),
+        _str(raw, "device"), _str(raw, "backend"), _str(raw, "precision"), _int(raw, "params_total"),
+        _int(raw, "tokens_per_step"), _int(raw, "effective_batch"), _int(raw, "start_step") or 0,
+        _int(raw, "max_steps"))
+
+
+def _step(raw: dict[str, Any], t: float | None) -> Step:
+    for key in ("epoch", "samples_seen", "tokens_seen", "mem_alloc_bytes", "mem_peak_bytes"):
+        _int(raw, key)
+    return Step(
+        t, raw, _int(raw, "step", required=True), _num(raw, "loss"), _num(raw, "lr", True),  # type: ignore[arg-type]
+        _num(raw, "grad_norm", True), _num(raw, "tokens_per_s", True), _num(raw, "step_time_s", True),
+        _num(raw, "data_wait_s", True), _num(raw, "mfu", True))
+
+
+def _eval(raw: dict[str, Any], t: float | None) -> Eval:
+    return Eval(t, raw, _int(raw, "step", required=True), _num(raw, "val_loss"))  # type: ignore[arg-type]
+
+
+def _checkpoint(raw: dict[str, Any], t: float | None) -> Checkpoint:
+    return Checkpoint(
+        t, raw, _int(raw, "step", required=True), _str(raw, "path") or "", _int(raw, "bytes"),  # type: ignore[arg-type]
+        _num(raw, "seconds", True), _str(raw, "reason") or "", _str(raw, "request_id"))
+
+
+def _incident(raw: dict[str, Any], t: float | None) -> Incident:
+    severity = _str(raw, "severity") or "info"
+    if severity not in SEVERITIES:
+        raise _Bad(f"severity {_show(severity)} is not one of {', '.join(SEVERITIES)}")
+    status = _str(raw, "status") or "open"
+    if status not in ("open", "closed"):
+        raise _Bad(f"status {_show(status)} is not open or closed")
+    evidence = raw.get("evidence")
+    if evidence is not None and not isinstance(evidence, dict):
+        raise _Bad("evidence is not an object")
+    code = _str(raw, "code", required=True)
+    return Incident(
+        t, raw, code, severity, _int(raw, "step"), _str(raw, "title") or code,  # type: ignore[arg-type]
+        _str(raw, "detail") or "", _str(raw, "advice") or "", evidence or {}, status,
+        _str(raw, "source"), _time(raw, "event_t"))
+
+
+def _control(raw: dict[str, Any], t: float | None) -> Control:
+    return Control(t, raw, _str(raw, "request_id", True), _str(raw, "action") or "",  # type: ignore[arg-type]
+                   _str(raw, "status", True), _str(raw, "detail") or "")  # type: ignore[arg-type]
+
+
+def _run_end(raw: dict[str, Any], t: float | None) -> RunEnd:
+    return RunEnd(t, raw, _int(raw, "step"), _str(raw, "status", True), _str(raw, "reason") or "")  # type: ignore[arg-type]
+
+
+_PARSERS: dict[str, Callable[[dict[str, Any], float | None], Any]] = {
+    "run_start": _run_start, "step": _step, "eval": _eval, "checkpoint": _checkpoint,
+    "incident": _incident, "control": _control, "run_end": _run_end,
+}
+
+
+def _load(line: bytes | str | dict[str, Any]) -> dict[str, Any] | Rejected:
+    if isinstance(line, dict):
+        return line
+    if len(line) > MAX_LINE_BYTES:
+        return Rejected(f"a line of {len(line)} bytes (over {MAX_LINE_BYTES})")
+    try:
+        raw = json.loads(line)
+    except (ValueError, RecursionError):
+        return Rejected("not JSON")
+    return raw if isinstance(raw, dict) else Rejected("not a JSON object")
+
+
+def parse_event(line: bytes | str | dict[str, Any]) -> Record | Rejected:
+    """One events.jsonl line (or its parsed dict) as a typed record, or why it is rejected."""
+    raw = _load(line)
+    if isinstance(raw, Rejected):
+        return raw
+    kind = raw.get("kind")
+    try:
+        if not isinstance(kind, str):
+            raise _Bad(f"kind {_show(kind)} is not a string")
+        v = raw.get("v")
+        if v is not None and v != SCHEMA_VERSION:
+            raise _Bad(f"schema version {_show(v)} (this mt reads {SCHEMA_VERSION})")
+        t = _time(raw)
+        parse = _PARSERS.get(kind)
+        return Unknown(t, raw, kind) if parse is None else parse(raw, t)
+    except _Bad as e:
+        return Rejected(f"{kind if isinstance(kind, str) else 'event'}: {e}")
+
+
+def parse_incident(line: bytes | str | dict[str, Any]) -> Incident | Rejected:
+    """One incidents.jsonl line (the supervisor's records) as an Incident, or why not."""
+    raw = _load(line)
+    if isinstance(raw, Rejected):
+        return raw
+    try:
+        return _incident(raw, _time(raw))
+    except _Bad as e:
+        return Rejected(f"incident: {e}")
+
+
+class RecordTail(JsonlTail):
+    """A JsonlTail yielding typed records; rejected lines count in `bad_lines`."""
+
+    def __init__(self, path: Path | str, offset: int = 0, ino: int | None = None,
+                 parse: Callable[[bytes], Any] = parse_event) -> None:
+        super().__init__(path, offset, ino)
+        self._parse = parse
+
+    def iter_new(self, max_bytes: int | None = None) -> Iterator[Any]:
+        for line in self.iter_lines(max_bytes):
+            rec = self._parse(line)
+            if isinstance(rec, Rejected):
+                self.reject(rec.reason)
+            else:
+                yield rec
+
+
+def incident_tail(path: Path | str) -> RecordTail:
+    """A tail of incidents.jsonl."""
+    return RecordTail(path, parse=parse_incident)
+
+
+def read_records(path: Path | str, parse: Callable[[bytes], Any] = parse_event) -> list[Any]:
+    """Every valid record of a whole file (its last line counts when it is complete)."""
+    return [r for r in (parse(line) for line in JsonlTail(path).iter_all_lines()) if not isinstance(r, Rejected)]
