@@ -1,8 +1,9 @@
 """IncidentMonitor: follows a run directory, runs the rules, keeps incidents.jsonl.
 
-The supervisor calls `poll()` about once a second while the run lives and once after a
-worker exits. Each poll reads only the new bytes of events.jsonl and system.jsonl, plus the
-small files (status, heartbeats) and, after an exit, the tails of the logs. Every incident is
+The supervisor hands it a `Tick` about once a second while the run lives and once after a
+worker exits: its status, the events it read and the system samples it took, in memory. The
+monitor itself reads only what the workers write (heartbeats and, after an exit, the tails of
+the logs). `poll()` does the same from the files, for a monitor with no supervisor around it. Every incident is
 one `open` line and later one `closed` line with the same code; a code is never opened again
 while it is open. Engine-side incidents (from `incident` events) are copied with source
 "engine" and closed once `close_after_steps` logged steps show the condition gone.
@@ -11,21 +12,23 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from mt.anomaly import is_clear
-from mt.config import ConfigError, MonitorConfig, load_config_json
+from mt.config import Config, ConfigError, MonitorConfig, load_config_json
 from mt.events import FINAL_STATES, SCHEMA_VERSION, as_float, dumps
 from mt.jsonl import JsonlTail, read_json
 from mt.paths import RunPaths
-from mt.records import Incident, RecordTail, RunStart, Step, parse_incident, read_records
+from mt.records import Incident, Record, RecordTail, RunStart, Step, parse_incident, read_records
 from mt.system import clean_sample
 from tui.diagnose.exit import classify_log
 from tui.diagnose.findings import Finding, Observation
 from tui.diagnose.probes import ProcReader, file_size, read_heartbeats, read_tail
 from tui.diagnose.rules import evaluate
 from tui.diagnose.signals import RunFacts, RunSignals
+from tui.run.torchrun import usable_cores
 
 EXIT_CODES = ("crash", "oom", "nccl_timeout")
 # What stays open once the run is over: the facts that explain how it ended.
@@ -33,31 +36,43 @@ KEEP_WHEN_DONE = frozenset({"nan_loss", *EXIT_CODES})
 KEEP_WHEN_FAILED = KEEP_WHEN_DONE | {"hang"}
 
 
-def run_facts(paths: RunPaths) -> RunFacts:
-    """The config values the rules use, from config.json (defaults if it cannot be read)."""
-    try:
-        cfg = load_config_json(paths.config)
-    except ConfigError:
-        return RunFacts()
+@dataclass
+class Tick:
+    """What the supervisor knows at one poll, handed to the monitor in memory."""
+
+    now: float
+    status: dict[str, Any]                                  # as the supervisor keeps it
+    events: Iterable[Record] = ()                           # read since the last tick
+    samples: list[dict[str, Any]] = field(default_factory=list)   # system samples taken since
+    worker_pids: dict[int, int] = field(default_factory=dict)     # this node's ranks, as found
+
+
+def facts_of(cfg: Config) -> RunFacts:
+    """The config values the rules use."""
     return RunFacts(eval_every=cfg.train.eval_every, checkpoint_every=cfg.checkpoint.every_steps,
                     num_workers=cfg.data.num_workers, eval_batches=cfg.train.eval_batches,
-                    world_size=cfg.world_size, device=cfg.launch.device, host_cores=_cores())
+                    world_size=cfg.world_size, device=cfg.launch.device, host_cores=usable_cores())
 
 
-def _cores() -> int | None:
+def run_facts(paths: RunPaths) -> RunFacts:
+    """facts_of config.json (defaults if it cannot be read)."""
     try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count()
+        return facts_of(load_config_json(paths.config))
+    except ConfigError:
+        return RunFacts()
 
 
 class IncidentMonitor:
-    """Diagnoses one run directory incrementally and appends to its incidents.jsonl."""
+    """Diagnoses one run directory incrementally and appends to its incidents.jsonl.
 
-    def __init__(self, run_dir: Path, monitor: MonitorConfig) -> None:
+    Inside the supervisor it is handed a `Tick` each second (`observe`); on its own (`poll`)
+    it reads the same facts from the run directory's files.
+    """
+
+    def __init__(self, run_dir: Path, monitor: MonitorConfig, facts: RunFacts | None = None) -> None:
         self.paths = RunPaths(Path(run_dir))
         self.m = monitor
-        self.sig = RunSignals(run_facts(self.paths))
+        self.sig = RunSignals(facts or run_facts(self.paths))
         self.events = RecordTail(self.paths.events)
         self.system = JsonlTail(self.paths.system)
         self.procs = ProcReader()
@@ -83,11 +98,35 @@ class IncidentMonitor:
 
     # -- the poll --------------------------------------------------------------------------
     def poll(self, now: float | None = None) -> list[dict[str, Any]]:
-        """Read what is new, run the rules, append and return the records written."""
-        now = time.time() if now is None else now
+        """On its own: read what is new from the run directory, then `observe` it."""
+        status = read_json(self.paths.status)
+        status = status if isinstance(status, dict) else {}
+        samples = [s for s in map(clean_sample, self.system.iter_new()) if s is not None]
+        pids = status.get("worker_pids")
+        pids = {int(r): p for r, p in pids.items() if str(r).isdigit() and isinstance(p, int)} \
+            if isinstance(pids, dict) else {}
+        return self.observe(Tick(time.time() if now is None else now, status, self.events.iter_new(), samples, pids))
+
+    def observe(self, tick: Tick) -> list[dict[str, Any]]:
+        """Take one tick, run the rules, append and return the records written."""
+        out, new_steps = self.take_events(tick.events, tick.now)
+        for sample in tick.samples:
+            self.sig.feed_system(sample)
+        if new_steps:  # the logs up to here belong to a run that was still stepping
+            self.log_mark = {r: file_size(self.paths.rank_log(r)) for r in range(self.sig.world_size or 0)}
+        obs = self._observe(tick)
+        obs.new_steps = new_steps
+        found = evaluate(self.sig, obs, self.m)
+        out += self._lifecycle(found, obs)
+        self._append(out)
+        return out
+
+    def take_events(self, events: Iterable[Record], now: float) -> tuple[list[dict[str, Any]], int]:
+        """Feed events to the rules' memory; returns the engine incidents to copy or close, and
+        how many steps this attempt took among them."""
         out: list[dict[str, Any]] = []
         new_steps = 0
-        for ev in self.events.iter_new():
+        for ev in events:
             self.sig.feed_event(ev)
             if isinstance(ev, Incident):
                 out += self._copy_engine(ev, now)
@@ -96,29 +135,22 @@ class IncidentMonitor:
                 out += self._engine_clears(ev, now)
             elif isinstance(ev, RunStart):
                 new_steps = 0  # the steps read so far belong to an earlier attempt
-        for raw in self.system.iter_new():
-            sample = clean_sample(raw)
-            if sample is not None:
-                self.sig.feed_system(sample)
-        if new_steps:  # the logs up to here belong to a run that was still stepping
-            self.log_mark = {r: file_size(self.paths.rank_log(r)) for r in range(self.sig.world_size or 0)}
-        obs = self._observe(now)
-        obs.new_steps = new_steps
-        found = evaluate(self.sig, obs, self.m)
-        out += self._lifecycle(found, obs)
-        self._append(out)
-        return out
+        return out, new_steps
 
-    def _observe(self, now: float) -> Observation:
-        status = read_json(self.paths.status)
-        status = status if isinstance(status, dict) else {}
+    def catch_up(self, history: Iterable[Record]) -> None:
+        """Read a run's earlier events before the first tick (a resume), rules not yet run."""
+        out, _ = self.take_events(history, time.time())
+        self._append(out)
+
+    def _observe(self, tick: Tick) -> Observation:
+        now, status = tick.now, tick.status
         if status.get("attempt") != self.attempt_seen:
             # logs are appended across attempts: only what this attempt wrote may explain its end
             self.attempt_seen = status.get("attempt")
             self.log_from = {p: file_size(p) for p in self._logs()}
         hbs = read_heartbeats(self.paths)
         self.sig.note_heartbeats(hbs, now, self.m.straggler_steps)
-        pids = self._rank_pids(hbs, status)
+        pids = tick.worker_pids or self._heartbeat_pids(hbs)
         progress = self.sig.last_progress_t()
         # the syscall probe is only worth it once the run has been quiet for a couple of seconds
         quiet = progress is not None and now - progress > 2.0
@@ -156,16 +188,10 @@ class IncidentMonitor:
         except OSError:
             return []
 
-    def _rank_pids(self, hbs: dict[int, dict[str, Any]], status: dict[str, Any]) -> dict[int, int]:
+    def _heartbeat_pids(self, hbs: dict[int, dict[str, Any]]) -> dict[int, int]:
+        """Without the supervisor's list of this node's workers (a bare torchrun), the heartbeats name them."""
         pids: dict[int, int] = {}
-        worker_pids = status.get("worker_pids")
-        if isinstance(worker_pids, dict):
-            for r, p in worker_pids.items():
-                if str(r).isdigit() and isinstance(p, int):
-                    pids[int(r)] = p
-        if pids:  # the supervisor's own list: this node's workers only
-            return pids
-        for r, hb in hbs.items():  # without it (a bare torchrun), the heartbeats name them
+        for r, hb in hbs.items():
             if isinstance(hb.get("pid"), int) and hb.get("attempt") in (None, self.sig.attempt):
                 pids[r] = hb["pid"]
         return pids

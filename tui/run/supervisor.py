@@ -20,14 +20,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from mt import space
 from mt.config import Config, load_config_json
 from mt.events import dumps
 from mt.jsonl import write_json_atomic
 from mt.paths import RunPaths
-from mt.records import Control, RecordTail, RunEnd, RunStart
+from mt.records import Control, Record, RecordTail, RunEnd, RunStart
+from mt.system import clean_sample
 from tui.run import lock as runlock
 from tui.run.procs import rank_processes, run_processes, terminate_all
 from tui.run.sampler import SystemSampler
@@ -49,7 +50,7 @@ def _die_with_parent() -> None:
 
 
 class IncidentHook:
-    """The diagnostics engineer's IncidentMonitor, if present; its failures are logged, never fatal."""
+    """The IncidentMonitor, fed in memory; its failures are logged, never fatal."""
 
     def __init__(self, run_dir: Path, cfg: Config, log: logging.Logger) -> None:
         self.log = log
@@ -57,17 +58,31 @@ class IncidentHook:
         try:
             from tui.diagnose import monitor as incidents
 
-            self.monitor = incidents.IncidentMonitor(run_dir, cfg.monitor)
+            self.monitor = incidents.IncidentMonitor(run_dir, cfg.monitor, facts=incidents.facts_of(cfg))
         except (ImportError, AttributeError) as e:
             log.info("incident rules not available (%s); running without them", e)
         except Exception:
             log.exception("incident monitor failed to start")
 
-    def poll(self) -> None:
+    def catch_up(self, history: Iterable[Record]) -> None:
+        """The run's earlier events (a resume), before the first tick."""
+        try:
+            if self.monitor is not None:
+                self.monitor.catch_up(history)
+        except Exception:
+            self.log.exception("incident monitor failed to read the run's history")
+        for _ in history:  # whatever it did not take: the tail must end up at the end of the file
+            pass
+
+    def poll(self, status: dict[str, Any], events: list[Record], samples: list[dict[str, Any]],
+             worker_pids: dict[int, int]) -> None:
+        """One tick: what the supervisor knows now, passed in memory."""
         if self.monitor is None:
             return
         try:
-            for incident in self.monitor.poll() or []:
+            from tui.diagnose.monitor import Tick
+
+            for incident in self.monitor.observe(Tick(time.time(), status, events, samples, worker_pids)):
                 self.log.info("incident: %s", dumps(incident))
         except Exception:
             self.log.exception("incident monitor poll failed")
@@ -85,7 +100,9 @@ class Supervisor:
         self.status: dict[str, Any] = read_status(self.run_dir)
         self.stop_requested = False
         self.kill_requested = False
-        self.events = RecordTail(self.paths.events)
+        self.events = RecordTail(self.paths.events)  # the one reader of events.jsonl here
+        self.news: list[Record] = []                  # events read since the last tick
+        self.ranks: dict[int, int] = {}               # this node's workers: rank -> pid
         self.torchrun: subprocess.Popen[bytes] | None = None
         self.current_attempt: int | None = None  # from the newest run_start event
 
@@ -93,7 +110,7 @@ class Supervisor:
     def finish(self, state: str, code: int, **fields: Any) -> int:
         """The last transition; the incident rules see the final state once more."""
         self.write_status(state, ended=time.time(), **fields)
-        self.incidents.poll()
+        self.tick()
         self.paths.reserve.unlink(missing_ok=True)  # needed only while the run lives; a resume makes it again
         return code
 
@@ -149,7 +166,7 @@ class Supervisor:
         restarts_left = self.cfg.launch.max_restarts
         attempt = int(self.status.get("attempt") or 0) + 1
         self.status.setdefault("attempts", [])
-        self.events.read_new()  # earlier attempts' events are history, not news
+        self.incidents.catch_up(self.events.iter_new())  # earlier attempts: history, not news
         try:
             while True:
                 rc, worker_rc, run_end = self.run_attempt(attempt)
@@ -230,28 +247,27 @@ class Supervisor:
         if rc and not self.kill_requested and not clean:
             self.status["reason"] = self.failure_reason(rc, worker_rc, run_end)
             self.save_status()
-            self.incidents.poll()  # let the rules classify the crash (crash, oom, ...) now
+            self.tick()  # let the rules classify the crash (crash, oom, ...) now
         self.reap_leftovers()
         return rc, worker_rc, run_end
 
     def watch(self, attempt: int, tr: subprocess.Popen[bytes]) -> RunEnd | None:
         """Sample, diagnose and follow events until torchrun exits; returns this attempt's run_end."""
-        ranks: dict[int, int] = {}
+        self.ranks = {}
         run_end = None
         kill_deadline = None
         next_tick = time.monotonic()
         while tr.poll() is None:
             now = time.monotonic()
+            run_end = self.follow_events(attempt) or run_end
             if now >= next_tick:
                 next_tick = now + self.poll_s
-                if len(ranks) < self.cfg.launch.nproc_per_node:
+                if len(self.ranks) < self.cfg.launch.nproc_per_node:
                     found = {r: p.pid for r, p in rank_processes(tr.pid).items()}
-                    if found != ranks:
-                        ranks = found
-                        self.write_status(self.status["state"], worker_pids={str(r): p for r, p in ranks.items()})
-                self.append_sample(ranks)
-                self.incidents.poll()
-            run_end = self.follow_events(attempt) or run_end
+                    if found != self.ranks:
+                        self.ranks = found
+                        self.write_status(self.status["state"], worker_pids={str(r): p for r, p in found.items()})
+                self.tick(self.append_sample(self.ranks))
             if self.stop_requested and self.status.get("state") == "running":
                 self.write_status("stopping", reason="SIGTERM: graceful stop")
             if self.kill_requested and kill_deadline is None:
@@ -272,7 +288,9 @@ class Supervisor:
     def follow_events(self, attempt: int) -> RunEnd | None:
         """Read new events: note an accepted stop (state `stopping`) and this attempt's run_end."""
         run_end = None
-        for ev in self.events.read_new():
+        new = self.events.read_new()
+        self.news += new
+        for ev in new:
             if isinstance(ev, Control) and ev.action == "stop" and ev.status == "accepted" \
                     and self.status.get("state") == "running":
                 self.write_status("stopping", reason=f"stop requested ({ev.request_id})")
@@ -283,13 +301,24 @@ class Supervisor:
                 run_end = ev
         return run_end
 
-    def append_sample(self, ranks: dict[int, int]) -> None:
+    def tick(self, sample: dict[str, Any] | None = None) -> None:
+        """Hand the incident rules what this supervisor knows now: status, news, the sample."""
+        news, self.news = self.news, []
+        self.incidents.poll(self.status, news, [] if sample is None else [sample], self.ranks)
+
+    def append_sample(self, ranks: dict[int, int]) -> dict[str, Any] | None:
+        """Take a system sample and append it to system.jsonl; returns it (None if it failed)."""
         try:
             sample = self.sampler.sample(ranks)
+        except Exception:
+            self.log.exception("cannot sample the system")
+            return None
+        try:
             with open(self.paths.system, "a", encoding="utf-8") as f:
                 f.write(dumps(sample) + "\n")
         except OSError:
-            self.log.exception("cannot write system.jsonl")
+            self.log.exception("cannot write system.jsonl")  # the rules still get it
+        return clean_sample(sample)
 
     def reap_leftovers(self) -> None:
         """After torchrun is gone, no worker of this run may survive it (orphans after SIGKILL)."""
