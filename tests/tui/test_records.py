@@ -132,3 +132,12 @@ def test_an_over_long_line_still_being_written_is_skipped_when_it_ends(tmp_path)
     with open(path, "a") as f:
         f.write("x" * 1000 + '"}\n' + step % 2)
     assert [e.step for e in tail.iter_new()] == [2] and tail.bad_lines == 1
+
+
+def test_a_status_json_state_that_is_no_run_state_is_ignored(tmp_path):
+    r = hostile_run(tmp_path)
+    for bad in ("banana", ["completed"], 7):
+        r.paths.status.write_text(json.dumps({"state": bad, "attempt": 1}))
+        assert load_run_state(tmp_path).state == "completed", bad     # the run_end's word stands
+    r.status("failed")
+    assert load_run_state(tmp_path).state == "failed"

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mt.events import FINAL_STATES, as_float
+from mt.events import FINAL_STATES, RUN_STATES, as_float
 from mt.jsonl import read_json
 from mt.paths import RunPaths, checkpoint_dirs
 from mt.records import Checkpoint, Control, Eval, Record, RunEnd, RunStart, Step
@@ -314,8 +314,8 @@ def apply_status(st: RunState, status: Any) -> bool:
     if not isinstance(status, dict) or status == st.status:
         return False
     st.status = status
-    if status.get("state"):
-        st.state = str(status["state"])
+    if status.get("state") in RUN_STATES:   # anything else is not the supervisor's word
+        st.state = status["state"]
     st.attempt = _int(status.get("attempt")) or st.attempt
     st.started = _num(status.get("started"))
     st.ended = _num(status.get("ended"))
