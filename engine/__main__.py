@@ -26,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     from engine import dist
     from engine.data import DataError, build_splits
     from engine.train import Trainer, report_failure
+    from engine.user import UserCodeError, add_workdir
+    from engine.weights import InitFromError
     from mt import space
     from mt.inbox import StopSignals
     from mt.resume import ResumeRefused
@@ -34,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     dist.redirect_output(paths.rank_log(rank))
     signals = StopSignals()
     signals.install()
+    add_workdir(cfg)  # the user's factories are found where mt launch ran
     try:
         splits = build_splits(cfg)  # bad data is reported before any process group exists
     except DataError as e:
@@ -50,11 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trainer = Trainer(cfg, env, paths, args.attempt, splits, signals)
         return trainer.train()
-    except ResumeRefused as e:
-        dist.log(f"resume refused: {e}")
+    except (ResumeRefused, UserCodeError, InitFromError) as e:
+        why = f"resume refused: {e}" if isinstance(e, ResumeRefused) else str(e)
+        dist.log(why)
         if rank == 0:
-            EventWriter(paths.events).emit("run_end", step=0, status="failed", reason=f"resume refused: {e}")
-        return 2
+            EventWriter(paths.events).emit("run_end", step=0, status="failed", reason=why)
+        return 2  # the preset or the run directory has to change first: no restart
     except Exception as e:  # noqa: BLE001 - whatever ends the loop goes into run_end
         full = space.is_disk_full(e)
         reason = f"rank {rank}: {report_failure(e)}"

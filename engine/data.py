@@ -7,14 +7,15 @@ global stream and a resume at position P is exact on any number of ranks.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from mt.config import Config
 
@@ -45,7 +46,7 @@ def markov_entropy(succ: np.ndarray, cum: np.ndarray, iters: int = 200) -> float
 
 
 class TokenWindows(Dataset):
-    """Sample i is tokens[s : s + T + 1] with s = (first + i) * stride, as (input, target, i).
+    """Sample i is tokens[s : s + T + 1] with s = (first + i) * stride, as ((input, target), i).
 
     stride = T for a flat token stream (windows share their boundary token), T + 1 for rows
     that were cut to length T + 1. A key may carry an injected stall: (i, seconds).
@@ -58,24 +59,57 @@ class TokenWindows(Dataset):
     def __len__(self) -> int:
         return self.count
 
-    def __getitem__(self, key: int | tuple[int, float]) -> tuple[torch.Tensor, torch.Tensor, int]:
-        i, stall = (key, 0.0) if isinstance(key, int) else key
-        if stall:
-            time.sleep(stall)  # injected dataloader stall ([faults] stall_at_step), in the worker
+    def __getitem__(self, key: int | tuple[int, float]) -> tuple[tuple[torch.Tensor, torch.Tensor], int]:
+        i = _index(key)
         start = (self.first + i) * self.stride
         chunk = torch.from_numpy(np.asarray(self.tokens[start : start + self.seq_len + 1], dtype=np.int64))
         if int(chunk.max()) >= self.vocab:
             raise DataError(
                 f"{self.source}: token id {int(chunk.max())} at sample {i} is >= model.vocab_size ({self.vocab})"
             )
-        return chunk[:-1], chunk[1:], i
+        return (chunk[:-1], chunk[1:]), i
+
+
+def _index(key: int | tuple[int, float]) -> int:
+    """A sampler key: an index, or (index, seconds) carrying an injected stall to sleep first."""
+    if isinstance(key, tuple):
+        time.sleep(key[1])  # injected dataloader stall ([faults] stall_at_step), in the worker
+        return key[0]
+    return key
+
+
+class Indexed(Dataset):
+    """A user's dataset whose items come with their index: (sample, i), as TokenWindows' do."""
+
+    def __init__(self, ds: Any) -> None:
+        self.ds = ds
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, key: int | tuple[int, float]) -> tuple[Any, int]:
+        i = _index(key)
+        return self.ds[i], i
+
+
+class IndexedCollate:
+    """A user's collate function applied to the samples of (sample, i) items; the indices stacked."""
+
+    def __init__(self, fn: Callable[[list[Any]], Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, items: list[tuple[Any, int]]) -> tuple[Any, torch.Tensor]:
+        return self.fn([s for s, _ in items]), torch.tensor([i for _, i in items])
 
 
 @dataclass
 class Splits:
-    train: TokenWindows
-    val: TokenWindows | None
+    """Every item is (sample, dataset index); `collate` turns a list of items into (batch, indices)."""
+
+    train: Dataset
+    val: Dataset | None
     loss_floor: float | None
+    collate: Callable[[list[Any]], Any] = default_collate
 
 
 def _windows(tokens: np.ndarray, cfg: Config, source: str, stride: int | None = None) -> Splits:
@@ -99,6 +133,8 @@ def _windows(tokens: np.ndarray, cfg: Config, source: str, stride: int | None = 
 def build_splits(cfg: Config) -> Splits:
     """Load the configured source and split it; every problem raises DataError before training."""
     d, m = cfg.data, cfg.model
+    if d.source == "python" or d.collate:
+        return _user_splits(cfg)
     if d.source == "synthetic":
         succ, cum = markov_chain(m.vocab_size, cfg.run.seed)
         rng = np.random.default_rng(cfg.run.seed + 1)
@@ -141,6 +177,21 @@ def build_splits(cfg: Config) -> Splits:
     return _windows(tokens, cfg, str(path))
 
 
+def _user_splits(cfg: Config) -> Splits:
+    from engine import user
+    try:
+        if cfg.data.source == "python":
+            train, val = user.build_dataset(cfg, "train"), user.build_dataset(cfg, "val")
+            splits = Splits(Indexed(train), Indexed(val) if val is not None else None, None)
+        else:
+            splits = build_splits(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, collate="")))
+        if cfg.data.collate:
+            splits.collate = IndexedCollate(user.import_callable(cfg.data.collate, "data.collate"))
+        return splits
+    except user.UserCodeError as e:
+        raise DataError(str(e)) from None
+
+
 class GlobalOrderSampler(Sampler):
     """Yields this rank's dataset indices from global position `start` on, over endless epochs."""
 
@@ -168,12 +219,13 @@ class GlobalOrderSampler(Sampler):
             pos += self.world
 
 
-def build_loader(ds: Dataset, sampler: Sampler, batch: int, cfg: Config, rank: int, pin: bool) -> DataLoader:
+def build_loader(splits: Splits, sampler: Sampler, batch: int, cfg: Config, rank: int, pin: bool) -> DataLoader:
     """A DataLoader with its own generator, so creating its iterator never draws from the global RNG."""
     workers = cfg.data.num_workers
     return DataLoader(
-        ds,
+        splits.train,
         batch_size=batch,
+        collate_fn=splits.collate,
         sampler=sampler,
         num_workers=workers,
         pin_memory=pin,
@@ -184,9 +236,10 @@ def build_loader(ds: Dataset, sampler: Sampler, batch: int, cfg: Config, rank: i
     )
 
 
-def val_batches(val: TokenWindows, batch: int, n_batches: int, rank: int, world: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def val_batches(splits: Splits, batch: int, n_batches: int, rank: int, world: int) -> Iterator[Any]:
     """The same fixed validation batches at every evaluation, strided across ranks."""
+    val = splits.val
+    assert val is not None
     for b in range(n_batches):
         idx = [(b * batch * world + rank + j * world) % len(val) for j in range(batch)]
-        xs, ys, _ = zip(*(val[i] for i in idx))
-        yield torch.stack(xs), torch.stack(ys)
+        yield splits.collate([val[i] for i in idx])[0]

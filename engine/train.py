@@ -19,8 +19,10 @@ from engine.data import GlobalOrderSampler, Splits, build_loader, val_batches
 from engine.dist import DistEnv, log, seed_everything
 from engine.faults import Faults
 from engine.metrics import device_name, git_commit, memory, peak_flops
-from engine.model import GPT, count_params, flops_per_token
+from engine.model import build_model, count_params, training_flops_per_token
 from engine.optim import build_optimizer, lr_at, set_lr
+from engine.user import call_model, loss_of, to_device, tokens_per_sample
+from engine.weights import load_into, read_state
 from mt import resume
 from mt.anomaly import StepAnomalies, disk_full_incident, nan_incident
 from mt.config import Config
@@ -47,8 +49,11 @@ class Trainer:
 
         # ---- model, optimizer, precision -------------------------------------------------
         seed_everything(cfg.run.seed)  # identical initial weights on every rank
-        self.model = GPT(cfg.model).to(env.device)
+        self.model = build_model(cfg).to(env.device)
+        self.what = f"{cfg.model.factory}(...)" if cfg.model.kind == "python" else "the GPT"
         self.n_params, self.n_trainable = count_params(self.model)
+        active = getattr(self.model, "active_params", None)
+        self.n_active = int(active()) if callable(active) else None
         self.ddp = DDP(self.model, device_ids=[env.local_rank] if env.device.type == "cuda" else None)
         self.optimizer = build_optimizer(self.model, t, env.device)
         amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(t.precision)
@@ -62,11 +67,17 @@ class Trainer:
         self.step, self.samples, self.accum = 0, 0, t.grad_accum_steps
         self.resumed_from = self._maybe_resume()
         if self.resumed_from is None:
+            if cfg.model.init_from:
+                state, source = read_state(Path(cfg.model.init_from))
+                load_into(self.model, {k: v.to(env.device) for k, v in state.items()}, source)
+                log(f"weights from {source} (model.init_from); step 0, fresh optimizer")
             seed_everything(cfg.run.seed + env.rank)  # per-rank dropout streams
         self.start_step = self.step
         self.global_batch = env.world_size * t.micro_batch_size * self.accum
-        self.tokens_per_step = self.global_batch * cfg.model.seq_len
-        self.flops_per_token = flops_per_token(cfg.model, self.n_params)
+        # tokens exist where a sample has a token dimension (input_ids, or its first integer tensor)
+        self.sample_tokens = cfg.model.seq_len if cfg.data.source != "python" else tokens_per_sample(splits.train[0][0])
+        self.tokens_per_step = self.global_batch * self.sample_tokens if self.sample_tokens else None
+        self.flops_per_token = training_flops_per_token(cfg, self.n_params)
         self.peak = peak_flops(env.device)
 
         stall = self.faults.stall_step()
@@ -74,7 +85,7 @@ class Trainer:
         if stall and stall[0] > self.step:  # first sample of that step on this rank
             stall_at[self.samples + (stall[0] - self.step - 1) * self.global_batch + env.rank] = stall[1]
         self.sampler = GlobalOrderSampler(len(splits.train), cfg.run.seed, env.rank, env.world_size, self.samples, stall_at)
-        loader = build_loader(splits.train, self.sampler, t.micro_batch_size, cfg, env.rank, env.device.type == "cuda")
+        loader = build_loader(splits, self.sampler, t.micro_batch_size, cfg, env.rank, env.device.type == "cuda")
         self.batches = iter(loader)
         self.trace: list[list[int]] | None = [] if cfg.debug.trace_samples else None
         self.trace_path = paths.root / "trace" / f"rank{env.rank}.jsonl"
@@ -154,13 +165,13 @@ class Trainer:
         data_wait = 0.0
         for micro in range(self.accum):
             t0 = time.perf_counter()
-            x, y, idx = next(self.batches)
+            batch, idx = next(self.batches)
             data_wait += time.perf_counter() - t0
-            x, y = x.to(self.env.device, non_blocking=True), y.to(self.env.device, non_blocking=True)
+            batch = to_device(batch, self.env.device)
             sync = micro == self.accum - 1
             with (nullcontext() if sync else self.ddp.no_sync()):
                 with self.autocast():
-                    loss = self.ddp(x, y)
+                    loss = loss_of(call_model(self.ddp, batch), self.what)
                 if self.faults.nan_now(step, micro):
                     loss = loss * float("nan")
                 scaled = loss / self.accum
@@ -213,9 +224,9 @@ class Trainer:
         self.ddp.eval()
         total = torch.zeros((), device=self.env.device, dtype=torch.float64)
         n = self.cfg.train.eval_batches
-        for x, y in val_batches(self.splits.val, self.cfg.train.micro_batch_size, n, self.env.rank, self.env.world_size):
+        for batch in val_batches(self.splits, self.cfg.train.micro_batch_size, n, self.env.rank, self.env.world_size):
             with self.autocast():
-                total += self.model(x.to(self.env.device), y.to(self.env.device)).double()
+                total += loss_of(call_model(self.model, to_device(batch, self.env.device)), self.what).double()
         dist.all_reduce(total)
         self.ddp.train()
         return float(total) / (n * self.env.world_size)
@@ -241,7 +252,7 @@ class Trainer:
         dist.all_gather_object(rngs, rng)
         if self.env.is_main:
             train_state = {
-                "step": self.step, "samples_seen": self.samples, "tokens_seen": self.samples * self.cfg.model.seq_len,
+                "step": self.step, "samples_seen": self.samples, "tokens_seen": self.samples * (self.sample_tokens or 0),
                 "world_size": self.env.world_size, "grad_accum_steps": self.accum,
                 "micro_batch_size": self.cfg.train.micro_batch_size, "global_batch": self.global_batch,
                 "rng": rngs, "attempt": self.attempt,
@@ -331,17 +342,19 @@ class Trainer:
 
     def _step_fields(self, step: int, loss: float, lr: float, grad_norm: float, step_time: float, data_wait: float,
                      skipped: bool, scale: float | None, agreed: dict[str, Any]) -> dict[str, Any]:
-        tps = self.tokens_per_step / step_time if step_time > 0 else 0.0
+        per_s = 1 / step_time if step_time > 0 else 0.0
+        tps = self.tokens_per_step * per_s if self.tokens_per_step else None
         fields = {
             "step": step, "epoch": self.sampler.epoch_of(self.samples - 1), "loss": loss, "lr": lr,
             "grad_norm": grad_norm, "clipped": bool(self.cfg.train.grad_clip and grad_norm > self.cfg.train.grad_clip),
             "tokens_per_s": tps, "step_time_s": step_time, "data_wait_s": data_wait,
-            "samples_seen": self.samples, "tokens_seen": self.samples * self.cfg.model.seq_len,
+            "samples_seen": self.samples, "tokens_seen": self.samples * self.sample_tokens if self.sample_tokens else None,
             "skipped": skipped, "mem_alloc_bytes": agreed["mem"], "mem_peak_bytes": agreed["peak"],
+            "samples_per_s": self.global_batch * per_s,
         }
         if scale is not None:
             fields["loss_scale"] = scale
-        if self.peak:
+        if self.peak and tps is not None:
             fields["mfu"] = tps * self.flops_per_token / (self.peak * self.env.world_size)
         return fields
 
@@ -356,11 +369,12 @@ class Trainer:
             effective_batch=self.global_batch, static_mem_bytes=16 * self.n_trainable,  # fp32 weights+grads+2 AdamW moments
             start_step=self.start_step, max_steps=cfg.train.max_steps, resumed_from=self.resumed_from,
             torch_version=torch.__version__, git_commit=git_commit(), grad_accum_steps=self.accum,
-            micro_batch_size=cfg.train.micro_batch_size, seq_len=cfg.model.seq_len, flops_per_token=self.flops_per_token,
+            micro_batch_size=cfg.train.micro_batch_size, seq_len=self.sample_tokens, flops_per_token=self.flops_per_token,
+            params_active=self.n_active, model=self.what,
             peak_flops=self.peak, data_loss_floor=self.splits.loss_floor, pid=os.getpid(),
         )
         log(f"run_start attempt {self.attempt}: {self.n_params} params, world {env.world_size} on {env.device}, "
-            f"global batch {self.global_batch} x {cfg.model.seq_len} tokens, from step {self.start_step}")
+            f"global batch {self.global_batch} x {self.sample_tokens or '?'} tokens, from step {self.start_step}")
 
     def _end(self, status: str, reason: str) -> int:
         self.events.emit("run_end", step=self.step, status=status, reason=reason)

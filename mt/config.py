@@ -37,6 +37,8 @@ class RunConfig:
     """Run name; the run directory is `<name>-<YYYYmmdd-HHMMSS>`."""
     runs_dir: str = "runs"
     seed: int = _c(42, ge=0)
+    workdir: str = ""
+    """The folder user factories are imported from (first, then PYTHONPATH); `mt launch` fills in its own."""
 
 
 @dataclass
@@ -55,7 +57,15 @@ class LaunchConfig:
 
 @dataclass
 class ModelConfig:
-    kind: Literal["gpt"] = "gpt"
+    kind: Literal["gpt", "python"] = "gpt"
+    """gpt: mt's own; python: `factory(**args)` returns any torch.nn.Module (docs/presets.md)."""
+    factory: str = ""
+    """module:callable building the model (kind = "python")."""
+    args: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for the factory ([model.args]): any TOML values."""
+    init_from: str = ""
+    """Start from these weights (step 0, fresh optimizer): an mt run directory, a checkpoints/step-N
+    folder, a .pt state dict or a .safetensors file."""
     vocab_size: int = _c(256, ge=2)
     n_layer: int = _c(4, ge=1)
     n_head: int = _c(4, ge=1)
@@ -66,7 +76,13 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    source: Literal["synthetic", "text", "tokens"] = "synthetic"
+    source: Literal["synthetic", "text", "tokens", "python"] = "synthetic"
+    factory: str = ""
+    """module:callable, `factory(split, **args)` -> a map-style Dataset, or None for no "val" split."""
+    args: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for the data factory ([data.args])."""
+    collate: str = ""
+    """module:callable collating a list of samples into a batch (default: torch's default collate)."""
     path: str = ""
     """Text file (byte tokens) or flat binary token file; relative to where `mt launch` runs."""
     token_dtype: Literal["uint16", "uint32"] = "uint16"
@@ -240,6 +256,13 @@ def _coerce(source: str, key: str, tp: Any, value: Any, rules: dict[str, Any]) -
         if not isinstance(value, str):
             raise ConfigError(source, key, f"expected a string, got {_show(value)}")
         return value
+    if typing.get_origin(tp) is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(source, key, f"expected a table, got {_show(value)}")
+        bad = _not_plain(value)
+        if bad is not None:
+            raise ConfigError(source, f"{key}.{bad[0]}" if bad[0] else key, f"expected a string, number, boolean, list or table, got {bad[1]!r}")
+        return value
     if typing.get_origin(tp) is list:
         if not isinstance(value, list) or not all(
             isinstance(x, (int, float)) and not isinstance(x, bool) for x in value
@@ -247,6 +270,28 @@ def _coerce(source: str, key: str, tp: Any, value: Any, rules: dict[str, Any]) -
             raise ConfigError(source, key, f"expected a list of numbers, got {_show(value)}")
         return [float(x) for x in value]
     raise AssertionError(f"unsupported config type {tp!r}")
+
+
+def _not_plain(value: Any, path: str = "") -> tuple[str, Any] | None:
+    """The first value JSON cannot hold as is (a TOML date, say), with where it is."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            bad = _not_plain(v, f"{path}.{k}" if path else str(k))
+            if bad is not None:
+                return bad
+        return None
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            bad = _not_plain(v, f"{path}[{i}]")
+            if bad is not None:
+                return bad
+        return None
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return None
+    return path, value
+
+
+_SPEC = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 
 def _build(cls: type, source: str, section: str, table: Any) -> Any:
@@ -276,8 +321,15 @@ def _check(cfg: Config, source: str) -> None:
     m, t, launch = cfg.model, cfg.train, cfg.launch
     if not cfg.run.name or not re.fullmatch(r"[A-Za-z0-9_.\-]+", cfg.run.name):
         raise ConfigError(source, "run.name", f"expected letters, digits, '.', '_' or '-', got {_show(cfg.run.name)}")
-    if m.d_model % m.n_head:
+    if m.kind == "gpt" and m.d_model % m.n_head:
         raise ConfigError(source, "model.n_head", f"must divide model.d_model ({m.d_model}), got {m.n_head}")
+    for key, spec, needed in (("model.factory", m.factory, m.kind == "python"),
+                              ("data.factory", cfg.data.factory, cfg.data.source == "python"),
+                              ("data.collate", cfg.data.collate, False)):
+        if needed and not spec:
+            raise ConfigError(source, key, "required (module:callable, e.g. \"my_models:build\")")
+        if spec and not _SPEC.match(spec):
+            raise ConfigError(source, key, f"expected module:callable (e.g. \"my_models:build\"), got {_show(spec)}")
     if t.min_lr > t.lr:
         raise ConfigError(source, "train.min_lr", f"must be <= train.lr ({t.lr}), got {t.min_lr}")
     if t.warmup_steps > t.max_steps:
@@ -291,7 +343,7 @@ def _check(cfg: Config, source: str) -> None:
         raise ConfigError(source, "launch.rdzv_endpoint", f"required when launch.nnodes > 1 (got nnodes = {launch.nnodes})")
     if launch.node_rank >= launch.nnodes:
         raise ConfigError(source, "launch.node_rank", f"must be < launch.nnodes ({launch.nnodes}), got {launch.node_rank}")
-    if cfg.data.source != "synthetic" and not cfg.data.path:
+    if cfg.data.source in ("text", "tokens") and not cfg.data.path:
         raise ConfigError(source, "data.path", f"required when data.source = {_show(cfg.data.source)}")
     if cfg.faults.crash_rank >= cfg.world_size and cfg.faults.crash_at_step:
         raise ConfigError(source, "faults.crash_rank", f"must be < world size ({cfg.world_size})")
@@ -331,17 +383,23 @@ def load_preset(path: str | Path) -> Config:
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(source, "", f"invalid TOML: {e}") from None
     cfg = config_from_dict(raw, source)
-    if cfg.data.path and not Path(cfg.data.path).is_absolute():
-        cfg.data.path = str(Path(cfg.data.path).resolve())
+    for section, key in ((cfg.data, "path"), (cfg.model, "init_from"), (cfg.run, "workdir")):
+        value = getattr(section, key)
+        if value and not Path(value).expanduser().is_absolute():
+            setattr(section, key, str(Path(value).expanduser().resolve()))
     return cfg
 
 
-def check_data_path(cfg: Config, source: str) -> None:
-    """The data file must exist before a run is created for it."""
-    if cfg.data.source != "synthetic":
+def check_paths(cfg: Config, source: str) -> None:
+    """The files a preset names must exist before a run is created for them."""
+    if cfg.data.source in ("text", "tokens"):
         p = Path(cfg.data.path)
         if not p.is_file():
             raise ConfigError(source, "data.path", f"no such file: {p}")
+    if cfg.model.init_from and not Path(cfg.model.init_from).expanduser().exists():
+        raise ConfigError(source, "model.init_from", f"no such file or run directory: {cfg.model.init_from}")
+    if cfg.run.workdir and not Path(cfg.run.workdir).is_dir():
+        raise ConfigError(source, "run.workdir", f"no such folder: {cfg.run.workdir}")
 
 
 def load_config_json(path: str | Path) -> Config:

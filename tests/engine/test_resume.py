@@ -8,7 +8,8 @@ import signal
 import pytest
 import torch
 
-from .runner import events, index_problem, kill_tree, logs, make_run, run_engine, start, steps_by_attempt, wait_for
+from .runner import SMALL, events, index_problem, kill_tree, logs, make_run, run_engine, start, steps_by_attempt, wait_for
+from .usercode import user_base
 
 HARD = {  # dropout, loader workers and accumulation all on: every source of state must be restored
     "model": {"dropout": 0.1},
@@ -23,12 +24,19 @@ def final_weights(run) -> dict[str, torch.Tensor]:
     return torch.load(f"{path}/model.pt", weights_only=True)
 
 
+def base_for(model: str, tmp_path) -> dict:
+    """mt's GPT on synthetic tokens, or a user's own model and dataset (tests/engine/usercode.py)."""
+    return SMALL if model == "gpt" else user_base(tmp_path)
+
+
 @pytest.mark.slow
-def test_sigkill_then_resume_reproduces_the_uninterrupted_run_bitwise(tmp_path):
-    reference = make_run(tmp_path, "reference", **HARD)
+@pytest.mark.parametrize("model", ["gpt", "python"])
+def test_sigkill_then_resume_reproduces_the_uninterrupted_run_bitwise(tmp_path, model):
+    base = base_for(model, tmp_path)
+    reference = make_run(tmp_path, "reference", base, **HARD)
     assert run_engine(reference, nproc=2) == 0, logs(reference)
 
-    run = make_run(tmp_path, "killed", **HARD)
+    run = make_run(tmp_path, "killed", base, **HARD)
     kill_after = random.Random().randint(6, 19)
     proc = start(run, nproc=2)
     wait_for(lambda: any(s["step"] >= kill_after for s in events(run, "step")), what=f"step {kill_after}")
@@ -52,11 +60,14 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run_bitwise(tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_from_two_ranks_onto_one_keeps_the_sample_stream(tmp_path):
+@pytest.mark.parametrize("model", ["gpt", "python"])
+def test_resume_from_two_ranks_onto_one_keeps_the_sample_stream(tmp_path, model):
     # 256 samples, 16 per step: steps 1-16 are exactly one epoch
-    over = {"data": {"synthetic_samples": 256}, "train": {"max_steps": 16, "grad_accum_steps": 2},
+    base = base_for(model, tmp_path)
+    data = {"synthetic_samples": 256} if model == "gpt" else {"args": {**base["data"]["args"], "n": 256}}
+    over = {"data": data, "train": {"max_steps": 16, "grad_accum_steps": 2},
             "debug": {"trace_samples": True}, "checkpoint": {"every_steps": 0}}
-    run = make_run(tmp_path, **over)
+    run = make_run(tmp_path, "run", base, **over)
     proc = start(run, nproc=2)
     wait_for(lambda: any(s["step"] >= 5 for s in events(run, "step")), what="step 5")
     (run / "control").mkdir(exist_ok=True)

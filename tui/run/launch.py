@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mt import space
-from mt.config import Config, ConfigError, check_data_path, config_from_dict, load_config_json, load_preset
+from mt.config import Config, ConfigError, check_paths, config_from_dict, load_config_json, load_preset
 from mt.jsonl import read_json, write_json_atomic
 from mt.paths import RunPaths
 from mt.resume import ResumeRefused, attempt_config
@@ -53,9 +53,33 @@ def resolve_config(preset: Path, over: Overrides) -> Config:
         raw["launch"]["nproc_per_node"] = over.nproc
     if over.node_rank is not None:
         raw["launch"]["node_rank"] = over.node_rank
+    if not raw["run"]["workdir"]:
+        raw["run"]["workdir"] = os.getcwd()   # user factories are found where mt launch runs
     cfg = config_from_dict(raw, source)  # the overrides pass the same checks as the file
-    check_data_path(cfg, source)
+    check_paths(cfg, source)
+    check_user_code(cfg, source)
     return cfg
+
+
+def check_user_code(cfg: Config, source: str) -> None:
+    """Import the preset's factories and bind their args in a short subprocess (it may import
+    torch, which this process never does); a problem is a ConfigError naming the key."""
+    if cfg.model.kind != "python" and cfg.data.source != "python" and not cfg.data.collate:
+        return
+    import json
+
+    try:
+        proc = subprocess.run([sys.executable, "-P", "-m", "engine.user", "--check"], input=json.dumps(cfg.to_dict()),
+                              capture_output=True, text=True, cwd=cfg.run.workdir or None, timeout=300, check=False)
+    except subprocess.TimeoutExpired:
+        raise ConfigError(source, "model.factory", "importing the factories took over 300 s") from None
+    if proc.returncode == 0:
+        return
+    key, _, message = (proc.stdout.strip().splitlines() or ["\t"])[-1].partition("\t")
+    if not message:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ConfigError(source, "model.factory", f"checking the factories failed: {tail}")
+    raise ConfigError(source, key, message)
 
 
 def _check_runs_dir(runs_dir: Path, source: str) -> None:

@@ -1,0 +1,184 @@
+"""Users' own code: import the preset's factories, call them, and make sense of what they return.
+
+`python -P -m engine.user --check` (config.json on stdin) is what `mt launch` runs to refuse a
+factory that cannot be imported or called before anything starts: it prints `key<TAB>message`
+and exits 2.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import sys
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from mt.config import Config, ConfigError, config_from_dict
+
+
+class UserCodeError(ValueError):
+    """A factory that cannot be used; `key` is the preset key that names it."""
+
+    def __init__(self, key: str, message: str) -> None:
+        self.key, self.message = key, message
+        super().__init__(f"{key}: {message}")
+
+
+class ModelOutputError(ValueError):
+    """The model returned no usable loss: a bug in the user's code, found at the first step."""
+
+
+def add_workdir(cfg: Config) -> None:
+    """Make the folder `mt launch` ran in importable first (the workers run with `python -P`)."""
+    if cfg.run.workdir and cfg.run.workdir not in sys.path:
+        sys.path.insert(0, cfg.run.workdir)
+
+
+def import_callable(spec: str, key: str) -> Callable[..., Any]:
+    """`module:attr.path` as a callable, or UserCodeError saying which part is wrong."""
+    module_name, _, attr_path = spec.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        where = "" if e.name == module_name else f" (it imports {e.name!r}, which is not installed)"
+        raise UserCodeError(key, f"cannot import module {module_name!r}{where}") from None
+    except Exception as e:  # noqa: BLE001 - whatever the user's module raises while importing
+        raise UserCodeError(key, f"importing {module_name!r} failed: {type(e).__name__}: {e}") from None
+    for part in attr_path.split("."):
+        if not hasattr(obj, part):
+            raise UserCodeError(key, f"module {module_name!r} has no attribute {attr_path!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise UserCodeError(key, f"{spec} is not callable (it is a {type(obj).__name__})")
+    return obj
+
+
+def check_args(fn: Callable[..., Any], spec: str, key: str, *args: Any, **kwargs: Any) -> None:
+    """The factory's signature must accept these arguments (checked before calling it)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # a builtin or C callable without a signature: find out when it is called
+    try:
+        sig.bind(*args, **kwargs)
+    except TypeError as e:
+        raise UserCodeError(key, f"{spec}{sig} does not accept {_describe(args, kwargs)}: {e}") from None
+
+
+def _describe(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    parts = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
+    return f"({', '.join(parts)})" if parts else "no arguments"
+
+
+def build_model(cfg: Config) -> nn.Module:
+    """`[model] factory(**args)`, checked to be an nn.Module."""
+    m = cfg.model
+    fn = import_callable(m.factory, "model.factory")
+    check_args(fn, m.factory, "model.args", **m.args)
+    model = fn(**m.args)
+    if not isinstance(model, nn.Module):
+        raise UserCodeError("model.factory", f"{m.factory} returned a {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def build_dataset(cfg: Config, split: str) -> Any:
+    """`[data] factory(split, **args)`: a map-style dataset (len and indexing), or None."""
+    d = cfg.data
+    fn = import_callable(d.factory, "data.factory")
+    check_args(fn, d.factory, "data.args", split, **d.args)
+    ds = fn(split, **d.args)
+    if ds is None:
+        return None
+    if not (hasattr(ds, "__len__") and hasattr(ds, "__getitem__")):
+        raise UserCodeError("data.factory", f"{d.factory}({split!r}) returned a {type(ds).__name__}, "
+                                            "not a map-style dataset (it needs __len__ and __getitem__)")
+    if len(ds) < 1 and split == "train":
+        raise UserCodeError("data.factory", f"{d.factory}('train') returned an empty dataset")
+    return ds
+
+
+def call_model(model: nn.Module, batch: Any) -> Any:
+    """`model(*batch)` for a tuple or list, `model(**batch)` for a dict, `model(batch)` otherwise."""
+    if isinstance(batch, (tuple, list)):
+        return model(*batch)
+    if isinstance(batch, dict):
+        return model(**batch)
+    return model(batch)
+
+
+def loss_of(out: Any, what: str) -> torch.Tensor:
+    """The scalar loss in what a model returned: a tensor, `.loss` (a ModelOutput) or `["loss"]`."""
+    loss = out
+    if not isinstance(out, torch.Tensor):
+        loss = out.get("loss") if isinstance(out, dict) else getattr(out, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        return loss.reshape(())
+    shape = f" of shape {list(out.shape)}" if isinstance(out, torch.Tensor) else ""
+    raise ModelOutputError(f"{what} returned a {type(out).__name__}{shape}; expected a scalar loss "
+                           "tensor, an object with .loss, or a dict with \"loss\"")
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """Every tensor in a batch (nested tuples, lists, dicts) moved to `device`."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
+def tokens_per_sample(sample: Any) -> int | None:
+    """A sample's token count: its `input_ids`, else its first integer tensor (None: no tokens)."""
+    if isinstance(sample, dict) and isinstance(sample.get("input_ids"), torch.Tensor):
+        return int(sample["input_ids"].numel())
+    for t in _tensors(sample):
+        if not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool and t.dim() >= 1:
+            return int(t.numel())
+    return None
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in _tensors(v)]
+    if isinstance(obj, (tuple, list)):
+        return [t for v in obj for t in _tensors(v)]
+    return []
+
+
+def check(cfg: Config) -> None:
+    """What `mt launch` wants known before it starts: every factory imports and takes its args."""
+    add_workdir(cfg)
+    if cfg.model.kind == "python":
+        fn = import_callable(cfg.model.factory, "model.factory")
+        check_args(fn, cfg.model.factory, "model.args", **cfg.model.args)
+    if cfg.data.source == "python":
+        fn = import_callable(cfg.data.factory, "data.factory")
+        check_args(fn, cfg.data.factory, "data.args", "train", **cfg.data.args)
+    if cfg.data.collate:
+        fn = import_callable(cfg.data.collate, "data.collate")
+        check_args(fn, cfg.data.collate, "data.collate", [])
+
+
+def main() -> int:
+    if sys.argv[1:] != ["--check"]:
+        print("usage: python -m engine.user --check < config.json", file=sys.stderr)
+        return 2
+    try:
+        check(config_from_dict(json.loads(sys.stdin.read()), "config.json"))
+    except UserCodeError as e:
+        print(f"{e.key}\t{e.message}")
+        return 2
+    except ConfigError as e:
+        print(f"{e.key}\t{e.message}")
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""`[model] init_from`: start a fresh run (step 0, new optimizer) from weights trained before."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine import checkpoint
+from mt.paths import RunPaths
+
+
+class InitFromError(ValueError):
+    """Weights that cannot be loaded into this model; the message names the path and the key."""
+
+
+def read_state(path: Path) -> tuple[dict[str, torch.Tensor], str]:
+    """The state dict `path` holds, and which file it came from.
+
+    A run directory gives its newest intact checkpoint; a checkpoint folder its model.pt; a
+    `.safetensors` file is read with safetensors; anything else as a weights-only torch file.
+    """
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise InitFromError(f"model.init_from: no such file or run directory: {path}")
+    if path.is_dir():
+        folder = path
+        if RunPaths(path).checkpoints.is_dir():
+            found = checkpoint.candidates(RunPaths(path).checkpoints)
+            intact = [p for p in found if _intact(p)]
+            if not intact:
+                raise InitFromError(f"model.init_from: {path}: the run has no intact checkpoint")
+            folder = intact[0]
+        try:
+            checkpoint.verify(folder)
+        except checkpoint.CheckpointError as e:
+            raise InitFromError(f"model.init_from: {e}") from None
+        return _torch_load(folder / "model.pt"), str(folder / "model.pt")
+    if path.suffix == ".safetensors":
+        try:
+            from safetensors.torch import load_file
+        except ImportError:
+            raise InitFromError(f"model.init_from: {path}: reading .safetensors needs the hf extra "
+                                "(pip install -e \".[hf]\")") from None
+        try:
+            return load_file(str(path)), str(path)
+        except Exception as e:  # noqa: BLE001 - a damaged file raises one of several types
+            raise InitFromError(f"model.init_from: {path}: not a readable safetensors file: {e}") from None
+    return _torch_load(path), str(path)
+
+
+def _intact(folder: Path) -> bool:
+    try:
+        checkpoint.verify(folder)
+        return True
+    except checkpoint.CheckpointError:
+        return False
+
+
+def _torch_load(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        state: Any = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - weights_only refuses pickled code, and a bad file raises many types
+        raise InitFromError(f"model.init_from: {path}: not a weights-only state dict: {type(e).__name__}: {e}") from None
+    if isinstance(state, dict) and isinstance(state.get("model"), dict):
+        state = state["model"]            # a common training-script layout: {"model": ..., "optimizer": ...}
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise InitFromError(f"model.init_from: {path}: not a state dict (a mapping of names to tensors)")
+    return state
+
+
+def load_into(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
+    """Copy `state` into `model`; refuses naming the first missing key, unexpected key and shape mismatch."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    shapes = [(k, tuple(state[k].shape), tuple(v.shape)) for k, v in own.items() if k in state and state[k].shape != v.shape]
+    problems = []
+    if missing:
+        problems.append(f"missing key {missing[0]!r}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    if unexpected:
+        problems.append(f"unexpected key {unexpected[0]!r}" + (f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""))
+    if shapes:
+        k, theirs, ours = shapes[0]
+        problems.append(f"shape mismatch for {k!r}: {list(theirs)} in the file, {list(ours)} in the model")
+    if problems:
+        raise InitFromError(f"model.init_from: {source} does not fit the model: {'; '.join(problems)}")
+    model.load_state_dict(state)

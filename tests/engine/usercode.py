@@ -1,0 +1,105 @@
+"""A user's own model and dataset, written into a work folder as a user would have them."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .runner import SMALL, merge
+
+MODELS = '''
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Output:                       # what a Hugging Face model returns: an object with .loss
+    def __init__(self, loss):
+        self.loss = loss
+
+
+class Tagger(nn.Module):
+    def __init__(self, vocab, hidden, dropout):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, hidden)
+        self.drop = nn.Dropout(dropout)
+        self.mix = nn.Linear(hidden, hidden)
+        self.head = nn.Linear(hidden, vocab)
+
+    def forward(self, input_ids, labels):
+        h = torch.tanh(self.mix(self.drop(self.embed(input_ids))))
+        logits = self.head(self.drop(h))
+        return Output(F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1)))
+
+
+def build(vocab=32, hidden=32, dropout=0.1):
+    return Tagger(vocab, hidden, dropout)
+
+
+class Logits(Tagger):
+    def forward(self, input_ids, labels):
+        return self.head(self.embed(input_ids))
+
+
+def logits_only(vocab=32, hidden=32):
+    return Logits(vocab, hidden, 0.0)
+
+
+class Experts(Tagger):
+    def active_params(self):        # a mixture of experts counts what one token uses
+        return 1234
+
+
+def experts(vocab=32, hidden=32):
+    return Experts(vocab, hidden, 0.0)
+
+
+not_callable = 3
+'''
+
+DATA = '''
+import torch
+from torch.utils.data import Dataset
+
+
+class Pairs(Dataset):
+    """Item i: random tokens and a fixed function of them, the same for every rank and attempt."""
+
+    def __init__(self, n, seq_len, seed):
+        self.n, self.seq_len, self.seed = n, seq_len, seed
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(self.seed * 100003 + i)
+        x = torch.randint(0, 32, (self.seq_len,), generator=g)
+        return {"input_ids": x, "labels": (x * 7 + 3) % 32}
+
+
+def build(split, n=512, seq_len=16, val_n=0):
+    if split == "val":
+        return Pairs(val_n, seq_len, 2) if val_n else None
+    return Pairs(n, seq_len, 1)
+'''
+
+# a user's own engine.py beside their code (torchvision's reference scripts have one): never ours
+SHADOW = 'raise SystemExit("a user engine.py was imported instead of mt engine")\n'
+
+
+def work_folder(root: Path) -> Path:
+    """A folder holding my_models.py, my_data.py and an engine.py, as a user's project would."""
+    work = root / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "my_models.py").write_text(MODELS)
+    (work / "my_data.py").write_text(DATA)
+    (work / "engine.py").write_text(SHADOW)
+    return work
+
+
+def user_base(root: Path, **model_args: Any) -> dict[str, Any]:
+    """The engine tests' SMALL config with the user's model and data instead of mt's GPT."""
+    return merge(SMALL, {
+        "run": {"workdir": str(work_folder(root))},
+        "model": {"kind": "python", "factory": "my_models:build", "args": {"vocab": 32, "hidden": 32, "dropout": 0.1, **model_args}},
+        "data": {"source": "python", "factory": "my_data:build", "args": {"n": 512, "seq_len": 16}},
+    })
