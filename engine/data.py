@@ -65,7 +65,7 @@ class TokenWindows(Dataset):
         chunk = torch.from_numpy(np.asarray(self.tokens[start : start + self.seq_len + 1], dtype=np.int64))
         if int(chunk.max()) >= self.vocab:
             raise DataError(
-                f"{self.source}: token id {int(chunk.max())} at sample {i} is >= model.vocab_size ({self.vocab})"
+                f"{self.source}: token id {int(chunk.max())} at sample {i} is >= the model's vocabulary ({self.vocab})"
             )
         return (chunk[:-1], chunk[1:]), i
 
@@ -112,7 +112,7 @@ class Splits:
     collate: Callable[[list[Any]], Any] = default_collate
 
 
-def _windows(tokens: np.ndarray, cfg: Config, source: str, stride: int | None = None) -> Splits:
+def _windows(tokens: np.ndarray, cfg: Config, source: str, vocab: int, stride: int | None = None) -> Splits:
     T = cfg.model.seq_len
     stride = stride or T
     n = (len(tokens) - 1) // stride if stride == T else len(tokens) // stride
@@ -124,42 +124,76 @@ def _windows(tokens: np.ndarray, cfg: Config, source: str, stride: int | None = 
     n_train = n - n_val
     if n_train < 1:
         raise DataError(f"{source}: no training windows left after data.val_fraction = {cfg.data.val_fraction}")
-    v = cfg.model.vocab_size
-    train = TokenWindows(tokens, T, stride, 0, n_train, v, source)
-    val = TokenWindows(tokens, T, stride, n_train, n_val, v, source) if n_val else None
+    train = TokenWindows(tokens, T, stride, 0, n_train, vocab, source)
+    val = TokenWindows(tokens, T, stride, n_train, n_val, vocab, source) if n_val else None
     return Splits(train, val, None)
+
+
+class CausalLM(Dataset):
+    """Token windows as a Hugging Face causal LM takes them: input_ids and labels (it shifts them)."""
+
+    def __init__(self, windows: TokenWindows) -> None:
+        self.windows = windows
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def __getitem__(self, key: int | tuple[int, float]) -> tuple[dict[str, torch.Tensor], int]:
+        (x, _), i = self.windows[key]
+        return {"input_ids": x, "labels": x}, i
+
+
+def _vocab(cfg: Config) -> tuple[int, str]:
+    """The vocabulary the tokens must fit, and the preset key that sets it."""
+    if cfg.model.kind == "hf":
+        from engine.hf import hf_config
+        from engine.user import UserCodeError
+        try:
+            return int(hf_config(cfg).vocab_size), "the model's vocab_size ([model.hf])"
+        except UserCodeError as e:
+            raise DataError(str(e)) from None
+    return cfg.model.vocab_size, "model.vocab_size"
 
 
 def build_splits(cfg: Config) -> Splits:
     """Load the configured source and split it; every problem raises DataError before training."""
-    d, m = cfg.data, cfg.model
-    if d.source == "python" or d.collate:
+    if cfg.data.source == "python" or cfg.data.collate:
         return _user_splits(cfg)
+    splits = _token_splits(cfg)
+    if cfg.model.kind == "hf":
+        splits.train = CausalLM(splits.train)
+        splits.val = CausalLM(splits.val) if splits.val is not None else None
+    return splits
+
+
+def _token_splits(cfg: Config) -> Splits:
+    d, m = cfg.data, cfg.model
+    vocab, vocab_key = _vocab(cfg)
     if d.source == "synthetic":
-        succ, cum = markov_chain(m.vocab_size, cfg.run.seed)
+        succ, cum = markov_chain(vocab, cfg.run.seed)
         rng = np.random.default_rng(cfg.run.seed + 1)
         n, T = d.synthetic_samples, m.seq_len
         seqs = np.empty((n, T + 1), dtype=np.int64)
-        state = rng.integers(0, m.vocab_size, size=n)
+        state = rng.integers(0, vocab, size=n)
         for t in range(T + 1):  # vectorised over samples: each column is one chain step
             seqs[:, t] = state
             k = (rng.random(n)[:, None] > cum[state]).sum(axis=1).clip(max=cum.shape[1] - 1)
             state = succ[state, k]
         # each row is its own sample: windows with stride T + 1 over the rows laid end to end
-        splits = _windows(seqs.reshape(-1), cfg, "synthetic", stride=T + 1)
+        splits = _windows(seqs.reshape(-1), cfg, "synthetic", vocab, stride=T + 1)
         splits.loss_floor = markov_entropy(succ, cum)
         return splits
     path = Path(d.path)
     if not path.is_file():
         raise DataError(f"{path}: data file does not exist (data.path)")
     if d.source == "text":
-        if m.vocab_size < 256:
-            raise DataError(f"{path}: text is read as bytes, so model.vocab_size must be >= 256, got {m.vocab_size}")
+        if vocab < 256:
+            raise DataError(f"{path}: text is read as bytes, so {vocab_key} must be >= 256, got {vocab}")
         try:
             tokens = np.frombuffer(path.read_bytes(), dtype=np.uint8)
         except OSError as e:
             raise DataError(f"{path}: cannot read: {e}") from None
-        return _windows(tokens, cfg, str(path))
+        return _windows(tokens, cfg, str(path), vocab)
     dtype = np.dtype(d.token_dtype)
     size = path.stat().st_size
     if size % dtype.itemsize:
@@ -172,9 +206,9 @@ def build_splits(cfg: Config) -> Splits:
         raise DataError(f"{path}: cannot map as {d.token_dtype}: {e}") from None
     if len(tokens) <= 256 * 1024 * 1024:  # a full scan costs well under a second per 100M tokens
         top = int(tokens.max())
-        if top >= m.vocab_size:
-            raise DataError(f"{path}: token id {top} is >= model.vocab_size ({m.vocab_size})")
-    return _windows(tokens, cfg, str(path))
+        if top >= vocab:
+            raise DataError(f"{path}: token id {top} is >= {vocab_key} ({vocab})")
+    return _windows(tokens, cfg, str(path), vocab)
 
 
 def _user_splits(cfg: Config) -> Splits:
@@ -184,7 +218,7 @@ def _user_splits(cfg: Config) -> Splits:
             train, val = user.build_dataset(cfg, "train"), user.build_dataset(cfg, "val")
             splits = Splits(Indexed(train), Indexed(val) if val is not None else None, None)
         else:
-            splits = build_splits(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, collate="")))
+            splits = build_splits(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, collate="")))  # the tokens, collated by the user's function
         if cfg.data.collate:
             splits.collate = IndexedCollate(user.import_callable(cfg.data.collate, "data.collate"))
         return splits

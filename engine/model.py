@@ -110,6 +110,9 @@ def build_model(cfg: Config) -> nn.Module:
     if cfg.model.kind == "python":
         from engine import user
         return user.build_model(cfg)
+    if cfg.model.kind == "hf":
+        from engine.hf import build_hf_model
+        return build_hf_model(cfg)
     return GPT(cfg.model)
 
 

@@ -163,6 +163,9 @@ def check(cfg: Config) -> None:
     if cfg.data.collate:
         fn = import_callable(cfg.data.collate, "data.collate")
         check_args(fn, cfg.data.collate, "data.collate", [])
+    if cfg.model.kind == "hf":
+        from engine.hf import check_hf
+        check_hf(cfg)
 
 
 def main() -> int:

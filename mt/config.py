@@ -14,6 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+# Hugging Face libraries read these when imported: no download, no hub lookup, no telemetry.
+# Every worker gets them (tui/run/torchrun.py), and engine/hf.py sets them before importing.
+HF_OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+              "HF_HUB_DISABLE_TELEMETRY": "1"}
+
 
 class ConfigError(ValueError):
     """A preset or config.json that cannot be used; str() is the one line to show the user."""
@@ -57,12 +62,15 @@ class LaunchConfig:
 
 @dataclass
 class ModelConfig:
-    kind: Literal["gpt", "python"] = "gpt"
-    """gpt: mt's own; python: `factory(**args)` returns any torch.nn.Module (docs/presets.md)."""
+    kind: Literal["gpt", "python", "hf"] = "gpt"
+    """gpt: mt's own; python: `factory(**args)` returns any torch.nn.Module; hf: a transformers
+    causal LM from [model.hf] (docs/presets.md)."""
     factory: str = ""
     """module:callable building the model (kind = "python")."""
     args: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for the factory ([model.args]): any TOML values."""
+    hf: dict[str, Any] = field(default_factory=dict)
+    """kind = "hf": `model_type` plus config keys (AutoConfig.for_model), or `path` = a local folder."""
     init_from: str = ""
     """Start from these weights (step 0, fresh optimizer): an mt run directory, a checkpoints/step-N
     folder, a .pt state dict or a .safetensors file."""
@@ -321,6 +329,8 @@ def _check(cfg: Config, source: str) -> None:
     m, t, launch = cfg.model, cfg.train, cfg.launch
     if not cfg.run.name or not re.fullmatch(r"[A-Za-z0-9_.\-]+", cfg.run.name):
         raise ConfigError(source, "run.name", f"expected letters, digits, '.', '_' or '-', got {_show(cfg.run.name)}")
+    if m.kind == "hf":
+        _check_hf(m.hf, source)
     if m.kind == "gpt" and m.d_model % m.n_head:
         raise ConfigError(source, "model.n_head", f"must divide model.d_model ({m.d_model}), got {m.n_head}")
     for key, spec, needed in (("model.factory", m.factory, m.kind == "python"),
@@ -351,6 +361,18 @@ def _check(cfg: Config, source: str) -> None:
         raise ConfigError(source, "faults.overflow_at_step", f"needs train.precision = \"fp16\", got {_show(t.precision)}")
     if cfg.faults.hang_rank >= cfg.world_size and cfg.faults.hang_at_step:
         raise ConfigError(source, "faults.hang_rank", f"must be < world size ({cfg.world_size})")
+
+
+def _check_hf(hf: dict[str, Any], source: str) -> None:
+    """[model.hf] names a local folder or a model_type; never a hub id (nothing is downloaded)."""
+    path, model_type = hf.get("path"), hf.get("model_type")
+    if path is not None and not isinstance(path, str):
+        raise ConfigError(source, "model.hf.path", f"expected a folder, got {_show(path)}")
+    if model_type is not None and not isinstance(model_type, str):
+        raise ConfigError(source, "model.hf.model_type", f"expected a string such as \"gpt2\", got {_show(model_type)}")
+    if bool(path) == bool(model_type):
+        raise ConfigError(source, "model.hf", "set model_type (a config built here) or path (a local folder), not both"
+                          if path else "needs model_type (e.g. \"gpt2\" with n_layer, n_embd, ...) or path (a local folder)")
 
 
 def config_from_dict(raw: dict[str, Any], source: str) -> Config:
@@ -387,6 +409,9 @@ def load_preset(path: str | Path) -> Config:
         value = getattr(section, key)
         if value and not Path(value).expanduser().is_absolute():
             setattr(section, key, str(Path(value).expanduser().resolve()))
+    hf_path = cfg.model.hf.get("path")
+    if isinstance(hf_path, str) and hf_path and not Path(hf_path).expanduser().is_absolute():
+        cfg.model.hf["path"] = str(Path(hf_path).expanduser().resolve())
     return cfg
 
 
@@ -396,6 +421,9 @@ def check_paths(cfg: Config, source: str) -> None:
         p = Path(cfg.data.path)
         if not p.is_file():
             raise ConfigError(source, "data.path", f"no such file: {p}")
+    hf_path = cfg.model.hf.get("path") if cfg.model.kind == "hf" else None
+    if hf_path and not Path(hf_path).expanduser().is_dir():
+        raise ConfigError(source, "model.hf.path", f"not a local folder: {hf_path} (mt never downloads models)")
     if cfg.model.init_from and not Path(cfg.model.init_from).expanduser().exists():
         raise ConfigError(source, "model.init_from", f"no such file or run directory: {cfg.model.init_from}")
     if cfg.run.workdir and not Path(cfg.run.workdir).is_dir():

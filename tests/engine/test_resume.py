@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from .runner import SMALL, events, index_problem, kill_tree, logs, make_run, run_engine, start, steps_by_attempt, wait_for
-from .usercode import user_base
+from .usercode import GPT2, hf_base, user_base
 
 HARD = {  # dropout, loader workers and accumulation all on: every source of state must be restored
     "model": {"dropout": 0.1},
@@ -25,12 +25,12 @@ def final_weights(run) -> dict[str, torch.Tensor]:
 
 
 def base_for(model: str, tmp_path) -> dict:
-    """mt's GPT on synthetic tokens, or a user's own model and dataset (tests/engine/usercode.py)."""
-    return SMALL if model == "gpt" else user_base(tmp_path)
+    """mt's GPT on synthetic tokens, a user's own model and dataset, or a tiny Hugging Face GPT-2."""
+    return {"gpt": SMALL, "python": user_base(tmp_path), "hf": hf_base(GPT2)}[model]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["gpt", "python"])
+@pytest.mark.parametrize("model", ["gpt", "python", "hf"])
 def test_sigkill_then_resume_reproduces_the_uninterrupted_run_bitwise(tmp_path, model):
     base = base_for(model, tmp_path)
     reference = make_run(tmp_path, "reference", base, **HARD)

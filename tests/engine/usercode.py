@@ -103,3 +103,13 @@ def user_base(root: Path, **model_args: Any) -> dict[str, Any]:
         "model": {"kind": "python", "factory": "my_models:build", "args": {"vocab": 32, "hidden": 32, "dropout": 0.1, **model_args}},
         "data": {"source": "python", "factory": "my_data:build", "args": {"n": 512, "seq_len": 16}},
     })
+
+
+GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 32, "vocab_size": 64, "n_positions": 64}
+LLAMA = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+         "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 64, "max_position_embeddings": 64}
+
+
+def hf_base(hf: dict[str, Any]) -> dict[str, Any]:
+    """SMALL with a tiny Hugging Face causal LM (built from its config, offline) instead of mt's GPT."""
+    return merge(SMALL, {"model": {"kind": "hf", "hf": dict(hf)}})

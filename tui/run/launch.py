@@ -64,7 +64,7 @@ def resolve_config(preset: Path, over: Overrides) -> Config:
 def check_user_code(cfg: Config, source: str) -> None:
     """Import the preset's factories and bind their args in a short subprocess (it may import
     torch, which this process never does); a problem is a ConfigError naming the key."""
-    if cfg.model.kind != "python" and cfg.data.source != "python" and not cfg.data.collate:
+    if cfg.model.kind == "gpt" and cfg.data.source != "python" and not cfg.data.collate:
         return
     import json
 

@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from mt.config import Config
+from mt.config import HF_OFFLINE, Config
 
 
 def torchrun_command(cfg: Config, run_dir: Path, attempt: int, python: str = sys.executable) -> list[str]:
@@ -58,4 +58,5 @@ def worker_env(cfg: Config, base: dict[str, str] | None = None) -> dict[str, str
     env = dict(os.environ if base is None else base)
     env.setdefault("OMP_NUM_THREADS", str(max(1, usable_cores() // cfg.launch.nproc_per_node)))
     env["PYTHONUNBUFFERED"] = "1"  # worker logs arrive as they are written
+    env.update(HF_OFFLINE)  # a worker never reaches for the network (Hugging Face hub)
     return env

@@ -1,0 +1,70 @@
+"""`[model] kind = "hf"`: a transformers causal LM built from a local config, never from the hub."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from torch import nn
+
+from engine.user import UserCodeError
+from mt.config import HF_OFFLINE, Config
+
+
+def _transformers() -> Any:
+    os.environ.update(HF_OFFLINE)
+    try:
+        import transformers
+    except ImportError:
+        raise UserCodeError("model.kind", "\"hf\" needs the hf extra: pip install -e \".[hf]\" (transformers)") from None
+    transformers.logging.set_verbosity_error()  # its advice about unused weights is noise in a rank log
+    return transformers
+
+
+def hf_config(cfg: Config) -> Any:
+    """The model's transformers config: `AutoConfig.for_model(model_type, **rest)` or a local folder's."""
+    tf = _transformers()
+    spec = dict(cfg.model.hf)
+    path = spec.pop("path", "")
+    try:
+        if path:
+            config = tf.AutoConfig.from_pretrained(path, local_files_only=True)
+        else:
+            config = tf.AutoConfig.for_model(spec.pop("model_type"), **spec)
+    except (ValueError, KeyError, OSError, TypeError) as e:
+        key = "model.hf.path" if path else "model.hf.model_type"
+        raise UserCodeError(key, f"transformers cannot build this config: {str(e).splitlines()[0][:300]}") from None
+    config.use_cache = False  # training: no key/value cache to keep
+    return config
+
+
+def max_positions(config: Any) -> int | None:
+    """The longest sequence the model takes (None: no such limit in its config)."""
+    for name in ("n_positions", "max_position_embeddings"):
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def build_hf_model(cfg: Config) -> nn.Module:
+    """The causal LM: random weights from the config, or the local folder's weights."""
+    tf = _transformers()
+    config = hf_config(cfg)
+    path = cfg.model.hf.get("path")
+    try:
+        if path:
+            return tf.AutoModelForCausalLM.from_pretrained(path, config=config, local_files_only=True)
+        return tf.AutoModelForCausalLM.from_config(config)
+    except (ValueError, KeyError, OSError) as e:
+        raise UserCodeError("model.hf", f"transformers cannot build a causal LM from it: {str(e).splitlines()[0][:300]}") from None
+
+
+def check_hf(cfg: Config) -> None:
+    """What `mt launch` checks before it starts: the config builds, and the windows fit the model."""
+    config = hf_config(cfg)
+    limit = max_positions(config)
+    if limit is not None and cfg.model.seq_len > limit:
+        raise UserCodeError("model.seq_len", f"{cfg.model.seq_len} is longer than the model's {limit} positions")
+    vocab = getattr(config, "vocab_size", None)
+    if cfg.data.source == "text" and isinstance(vocab, int) and vocab < 256:
+        raise UserCodeError("model.hf.vocab_size", f"text is read as bytes, so the vocabulary must be >= 256, got {vocab}")
