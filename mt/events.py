@@ -5,6 +5,7 @@ Stdlib only (the `tui` side imports it and must never load torch). Documented in
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import Any
 
@@ -77,7 +78,7 @@ def dumps(obj: Any) -> str:
 
 
 def _finite(obj: Any) -> Any:
-    if isinstance(obj, float) and obj != obj:
+    if isinstance(obj, float) and math.isnan(obj):
         return "nan"
     if isinstance(obj, float) and obj in (float("inf"), float("-inf")):
         return "inf" if obj > 0 else "-inf"
