@@ -41,6 +41,8 @@ INCIDENT_CODES = (
     "checkpoint_skipped",  # a damaged checkpoint passed over on resume
     "disk_full",  # a checkpoint that did not fit was skipped (or ended the run)
 )
+EXIT_CODES = ("crash", "oom", "nccl_timeout")  # incidents that say how a rank ended
+FAILURE_CODES = (*EXIT_CODES, "hang")  # incidents that name the rank that failed first
 CONTROL_ACTIONS = ("checkpoint", "stop")
 
 
