@@ -5,6 +5,7 @@ Stdlib only (the `tui` side imports it and must never load torch). Documented in
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import Any
 
@@ -40,6 +41,8 @@ INCIDENT_CODES = (
     "checkpoint_skipped",  # a damaged checkpoint passed over on resume
     "disk_full",  # a checkpoint that did not fit was skipped (or ended the run)
 )
+EXIT_CODES = ("crash", "oom", "nccl_timeout")  # incidents that say how a rank ended
+FAILURE_CODES = (*EXIT_CODES, "hang")  # incidents that name the rank that failed first
 CONTROL_ACTIONS = ("checkpoint", "stop")
 
 
@@ -77,7 +80,7 @@ def dumps(obj: Any) -> str:
 
 
 def _finite(obj: Any) -> Any:
-    if isinstance(obj, float) and obj != obj:
+    if isinstance(obj, float) and math.isnan(obj):
         return "nan"
     if isinstance(obj, float) and obj in (float("inf"), float("-inf")):
         return "inf" if obj > 0 else "-inf"

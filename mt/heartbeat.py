@@ -25,6 +25,3 @@ class Heartbeat:
         """`phase` says what the rank does next (train, eval, checkpoint), so a long pause is explained."""
         record = json.dumps({"step": step, "t": time.time(), "pid": os.getpid(), "rank": self.rank, "attempt": self.attempt, "phase": phase})
         os.pwrite(self._fd, record.ljust(self.WIDTH).encode() + b"\n", 0)
-
-    def close(self) -> None:
-        os.close(self._fd)

@@ -10,8 +10,9 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
-from mt.jsonl import write_json_atomic
+from mt.paths import RunPaths
 from tests.cli.conftest import SMALL, toml_text, write_preset
+from tests.tui.synth import write_status
 from tui.cli import app
 from tui.run.launch import Overrides, create_run
 
@@ -101,7 +102,7 @@ def _made_run(tmp_path: Path, state: str) -> Path:
     preset = write_preset(tmp_path / "p.toml", tmp_path / "runs")
     run_dir = create_run(preset, Overrides())
     status = {"state": state, "attempt": 1, "supervisor_pid": None, "ended": time.time()}
-    write_json_atomic(run_dir / "status.json", status)
+    write_status(RunPaths(run_dir), status)
     return run_dir
 
 

@@ -26,16 +26,15 @@ def test_liveness_of_every_kind_of_status() -> None:
 
 def test_kill_never_signals_a_recorded_pid_that_now_belongs_to_another_program(tmp_path) -> None:
     """status.json outlives its processes: a pid it names may have been reused by now."""
-    from mt.jsonl import write_json_atomic
     from tests.cli.conftest import mt
-    from tests.tui.synth import finished_run
+    from tests.tui.synth import finished_run, write_status
 
     run = tmp_path / "run"
-    finished_run(run)
+    r = finished_run(run)
     bystander = subprocess.Popen(["sleep", "60"])
     try:
-        write_json_atomic(run / "status.json", {"state": "completed", "supervisor_pid": bystander.pid,
-                                                "torchrun_pid": bystander.pid, "worker_pids": {"0": bystander.pid}})
+        write_status(r.paths, {"state": "completed", "supervisor_pid": bystander.pid,
+                               "torchrun_pid": bystander.pid, "worker_pids": {"0": bystander.pid}})
         res = mt("kill", run)
         assert res.returncode == 2 and "nothing to kill" in res.stderr, res.stderr
         assert bystander.poll() is None  # still alive: never signalled

@@ -1,4 +1,8 @@
-"""A run directory written by hand, on a simulated clock, with an IncidentMonitor polling it."""
+"""A run directory written by hand, on a simulated clock, with an IncidentMonitor polling it.
+
+Events and status.json go through tests/tui/synth.py's writers; the events hold only the fields
+the rules read.
+"""
 from __future__ import annotations
 
 import json
@@ -12,6 +16,7 @@ from mt.config import Config, MonitorConfig, RunConfig
 from mt.events import dumps
 from mt.jsonl import read_events
 from mt.paths import RunPaths
+from tests.tui.synth import event_line, write_status
 from tui.diagnose.monitor import IncidentMonitor
 
 T0 = 1_800_000_000.0
@@ -50,10 +55,10 @@ class FakeRun:
     # -- writers ---------------------------------------------------------------------------
     def event(self, kind: str, **fields: Any) -> None:
         with open(self.paths.events, "a") as f:
-            f.write(dumps({"v": 1, "t": self.now, "kind": kind, **fields}) + "\n")
+            f.write(event_line(kind, self.now, partial=True, **fields) + "\n")
 
     def status(self, st: dict[str, Any]) -> None:
-        self.paths.status.write_text(json.dumps(st))
+        write_status(self.paths, st)
 
     def heartbeat(self, rank: int, step: int, t: float | None = None) -> None:
         self.paths.heartbeat_dir.mkdir(exist_ok=True)

@@ -1,4 +1,8 @@
-"""Synthetic run directories that follow the event schema (docs/events.md) exactly (written via mt.events)."""
+"""Synthetic run directories that follow the event schema (docs/events.md) exactly (written via mt.events).
+
+`event_line` and `write_status` are the one way the tests write a synthetic run's events.jsonl
+lines and status.json (SynthRun here, FakeRun in tests/diagnose/fakerun.py).
+"""
 from __future__ import annotations
 
 import json
@@ -7,11 +11,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mt.events import dumps, make_event
+from mt.events import SCHEMA_VERSION, dumps, make_event
 from mt.jsonl import write_json_atomic
 from mt.paths import RunPaths
 
 T0 = 1_700_000_000.0
+
+
+def event_line(kind: str, t: float, *, partial: bool = False, **fields: Any) -> str:
+    """One events.jsonl line as the engine writes it: make_event's envelope (v, t, kind) and
+    mt.events.dumps' encoding (non-finite floats as strings).
+
+    make_event raises on a field the schema requires and `fields` lacks; `partial` skips that
+    check, for a line holding only the fields the rule under test reads (FakeRun's).
+    """
+    if partial:
+        return dumps({"v": SCHEMA_VERSION, "t": t, "kind": kind, **fields})
+    ev = make_event(kind, **fields)
+    ev["t"] = t
+    return dumps(ev)
+
+
+def write_status(paths: RunPaths, status: dict[str, Any]) -> None:
+    """status.json as the supervisor writes it: the whole dict, atomically."""
+    write_json_atomic(paths.status, status)
 
 
 def loss_at(step: int) -> float:
@@ -35,12 +58,9 @@ class SynthRun:
         cfg = {"run": {"name": self.name}, "train": {"max_steps": self.max_steps, "grad_clip": 1.0}}
         (self.root / "config.json").write_text(json.dumps(cfg))
 
-    def event(self, kind: str, dt: float = 0.5, **fields: Any) -> dict[str, Any]:
+    def event(self, kind: str, dt: float = 0.5, **fields: Any) -> None:
         self.t += dt
-        ev = make_event(kind, **fields)
-        ev["t"] = self.t
-        self.lines.append(dumps(ev))
-        return ev
+        self.lines.append(event_line(kind, self.t, **fields))
 
     def run_start(self, attempt: int = 1, start_step: int = 0, device: str = "cpu", world_size: int = 2) -> None:
         self.event("run_start", run_id="r1", attempt=attempt, world_size=world_size, nnodes=1,
@@ -62,7 +82,7 @@ class SynthRun:
 
     def status(self, state: str, attempt: int = 1, reason: str | None = None,
                exit_code: int | None = None, ended: float | None = None) -> None:
-        write_json_atomic(self.paths.status, {
+        write_status(self.paths, {
             "state": state, "attempt": attempt, "supervisor_pid": 1, "torchrun_pid": 2,
             "started": T0, "ended": ended, "exit_code": exit_code, "reason": reason})
 

@@ -8,7 +8,7 @@ from textual.widgets import OptionList
 
 from mt.jsonl import read_events
 from tests.tui.conftest import fixed_now
-from tests.tui.synth import SynthRun
+from tests.tui.synth import SynthRun, write_status
 from tui.app import MtApp
 from tui.format import fmt_duration, fmt_num
 from tui.read.cache import CACHE_DIR
@@ -234,7 +234,7 @@ async def test_run_whose_supervisor_is_gone_is_shown_lost(tmp_path):
     r = running_run(tmp_path)
     st = json.loads(r.paths.status.read_text())
     st["supervisor_pid"] = 2**22 + 12345           # above pid_max: never a live process
-    r.paths.status.write_text(json.dumps(st))
+    write_status(r.paths, st)
     app = make_app(tmp_path)
     async with app.run_test(size=(140, 44)) as pilot:
         await loaded(pilot)

@@ -1,6 +1,7 @@
 """Why a worker exited: crash, oom or nccl_timeout, from exit codes and log tails (pure text)."""
 from __future__ import annotations
 
+import math
 import re
 import signal
 from dataclasses import dataclass
@@ -140,21 +141,16 @@ def _host_memory_share(sig: RunSignals) -> float | None:
     for s in reversed(sig.system):
         host = s.get("host") or {}
         used, total = as_float(host.get("mem_used_bytes")), as_float(host.get("mem_total_bytes"))
-        if used == used and total == total and total > 0:
+        if not math.isnan(used) and not math.isnan(total) and total > 0:
             return used / total
     return None
 
 
 def _first_failure(obs: Observation) -> tuple[list[Failure], str]:
-    """Failed ranks, the first first: from torchrun's report, status.json, or the logs."""
+    """Failed ranks, the first first: from torchrun's report, or the logs."""
     failures = torchrun_failures(obs.torchrun_log)
     if failures:
         return failures, "torchrun's report (first observed failure)"
-    codes = obs.status.get("worker_exit_codes") or obs.status.get("rank_exit_codes") or {}
-    if isinstance(codes, dict) and codes:
-        failed = [Failure(int(r), int(c)) for r, c in codes.items() if isinstance(c, int) and c != 0]
-        if failed:
-            return failed, "status.json exit codes"
     ranked = []
     for rank, tail in sorted(obs.rank_logs.items()):
         kind, _ = classify_log(tail)
@@ -165,6 +161,70 @@ def _first_failure(obs: Observation) -> tuple[list[Failure], str]:
     return [Failure(r, None) for _, _, r in sorted(ranked)], "rank logs"
 
 
+def _worth_explaining(sig: RunSignals, obs: Observation, exited: bool) -> bool:
+    """Whether a worker failed (or is failing) in a way nobody asked for."""
+    st = obs.status
+    dying = st.get("state") in ("running", "stopping") and (
+        obs.fresh_error or any(p.alive is False for p in obs.procs.values()))
+    if st.get("state") == "killed" or st.get("reason") == "kill requested" or not (exited or dying):
+        return False  # mt kill: a SIGKILL after the grace period is the user's doing, not a crash
+    if (obs.open_evidence.get("nan_loss") or {}).get("action") == "stop":
+        return False  # the engine stopped on purpose, and said why (nan_loss)
+    return not (sig.run_end is not None and sig.run_end.status in ("completed", "stopped"))
+
+
+def _root_cause(first: Failure, failures: list[Failure], obs: Observation) -> tuple[Failure, str | None, str]:
+    """(rank, kind, line): the first failure, unless its log shows only a consequence (a lost
+    peer, a stop request) and another rank's log has a cause of its own."""
+    kind, line = classify_log(obs.rank_logs.get(first.rank, ""))
+    if kind in ("peer", "terminated"):
+        for f in failures[1:] + [Failure(r, None) for r in sorted(obs.rank_logs) if r != first.rank]:
+            k2, l2 = classify_log(obs.rank_logs.get(f.rank, ""))
+            if k2 not in (None, "peer", "terminated"):
+                return f, k2, l2
+    return first, kind, line
+
+
+def _what_happened(kind: str | None, line: str, signum: int | None, signame: str | None,
+                   host_mem: float | None, exit_code: Any) -> tuple[str, str]:
+    """(incident code, what the rank did) from its log's verdict and how it exited."""
+    if kind == "oom":
+        return "oom", f"ran out of memory: {line}"
+    if kind == "timeout":
+        return "nccl_timeout", f"timed out in a collective: {line}"
+    if kind == "peer":
+        return "nccl_timeout", f"lost its collective peer: {line}"
+    if (signum == signal.SIGKILL or kind == "killed") and host_mem is not None and host_mem >= 0.9:
+        return "oom", f"was killed by SIGKILL with host memory at {host_mem:.0%}: the kernel's OOM killer"
+    if kind == "killed":
+        return "crash", f"lost a process to SIGKILL (the kernel's OOM killer, or kill -9): {line}"
+    if signame:
+        return "crash", f"was killed by {signame}" + (f" ({line})" if line else "") + (
+            " (the kernel's OOM killer, or kill -9)" if signum == signal.SIGKILL else "")
+    if kind == "exception":
+        return "crash", f"raised {line}"
+    return "crash", f"exited with code {exit_code}; no traceback in its log"
+
+
+def _detail(who: str, what: str, source: str, first: Failure, failures: list[Failure],
+            code: str, stuck: list[int] | None) -> str:
+    detail = f"{who} {what} (first to fail, per {source})"
+    others = [f"rank {f.rank} exit {f.exit_code}" for f in failures if f.rank != first.rank]
+    if others:
+        detail += "; then " + ", ".join(others)
+    if code == "nccl_timeout" and stuck:
+        detail += f"; the hang before it pointed at rank {', '.join(map(str, stuck))}"
+    return detail
+
+
+def _title(code: str, step: int, who: str, stuck: list[int] | None) -> str:
+    if code != "nccl_timeout":
+        return f"{'Worker crashed' if code == 'crash' else 'Out of memory'}: {who} at step {step}"
+    if stuck:
+        return f"Collective timeout at step {step}: rank {', '.join(map(str, stuck))} had stopped"
+    return f"Collective timeout at step {step}: {who} gave up waiting"
+
+
 def worker_exit(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
     """A worker exited non-zero: classify the first one to die.
 
@@ -172,58 +232,24 @@ def worker_exit(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding 
     rank that has gone, or printed an error since the last step, with a clear cause in its
     log already counts.
     """
-    st = obs.status
-    rc = st.get("exit_code")
-    exited = rc not in (None, 0) or st.get("state") == "failed"
-    dying = st.get("state") in ("running", "stopping") and (
-        obs.fresh_error or any(p.alive is False for p in obs.procs.values()))
-    if st.get("state") == "killed" or st.get("reason") == "kill requested" or not (exited or dying):
-        return None  # mt kill: a SIGKILL after the grace period is the user's doing, not a crash
-    if (obs.open_evidence.get("nan_loss") or {}).get("action") == "stop":
-        return None  # the engine stopped on purpose, and said why (nan_loss)
-    if sig.run_end is not None and sig.run_end.status in ("completed", "stopped"):
+    rc = obs.status.get("exit_code")
+    exited = rc not in (None, 0) or obs.status.get("state") == "failed"
+    if not _worth_explaining(sig, obs, exited):
         return None
     failures, source = _first_failure(obs)
     first = failures[0] if failures else Failure(-1, rc if isinstance(rc, int) else None)
     tail = obs.rank_logs.get(first.rank, "")
-    kind, line = classify_log(tail)
-    if kind in ("peer", "terminated"):  # a consequence: look for a rank with a cause of its own
-        for f in failures[1:] + [Failure(r, None) for r in sorted(obs.rank_logs) if r != first.rank]:
-            k2, l2 = classify_log(obs.rank_logs.get(f.rank, ""))
-            if k2 not in (None, "peer", "terminated"):
-                first, kind, line = f, k2, l2
-                break
+    first, kind, line = _root_cause(first, failures, obs)
     signum, signame = _signal_name(first.exit_code)
     if kind == "terminated" or (kind is None and (signum in _POLITE or not exited)):
         return None  # stopped from outside (mt stop/kill, a scheduler): the status says so
     host_mem = _host_memory_share(sig)
-    if kind == "oom":
-        code, what = "oom", f"ran out of memory: {line}"
-    elif kind == "timeout":
-        code, what = "nccl_timeout", f"timed out in a collective: {line}"
-    elif kind == "peer":
-        code, what = "nccl_timeout", f"lost its collective peer: {line}"
-    elif (signum == signal.SIGKILL or kind == "killed") and host_mem is not None and host_mem >= 0.9:
-        code, what = "oom", f"was killed by SIGKILL with host memory at {host_mem:.0%}: the kernel's OOM killer"
-    elif kind == "killed":
-        code, what = "crash", f"lost a process to SIGKILL (the kernel's OOM killer, or kill -9): {line}"
-    elif signame:
-        code, what = "crash", f"was killed by {signame}" + (f" ({line})" if line else "") + (
-            " (the kernel's OOM killer, or kill -9)" if signum == signal.SIGKILL else "")
-    elif kind == "exception":
-        code, what = "crash", f"raised {line}"
-    else:
-        code, what = "crash", f"exited with code {first.exit_code if first.exit_code is not None else rc}; no traceback in its log"
+    code, what = _what_happened(kind, line, signum, signame, host_mem,
+                                first.exit_code if first.exit_code is not None else rc)
     last = sig.last_step
     step = (last.step if last else sig.start_step) + 1
     who = f"rank {first.rank}" if first.rank >= 0 else "a worker"
-    others = [f"rank {f.rank} exit {f.exit_code}" for f in failures if f.rank != first.rank]
-    detail = f"{who} {what} (first to fail, per {source})"
-    if others:
-        detail += "; then " + ", ".join(others)
-    hang_ev = obs.open_evidence.get("hang") or {}
-    if code == "nccl_timeout" and hang_ev.get("suspect_ranks"):
-        detail += f"; the hang before it pointed at rank {', '.join(map(str, hang_ev['suspect_ranks']))}"
+    stuck = (obs.open_evidence.get("hang") or {}).get("suspect_ranks")
     evidence: dict[str, Any] = {
         "rank": first.rank if first.rank >= 0 else None, "exit_code": first.exit_code, "pid": first.pid,
         "signal": signame, "line": line or None, "source": source, "torchrun_exit_code": rc,
@@ -231,10 +257,5 @@ def worker_exit(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding 
         "log_tail": [ln for ln in tail.splitlines() if ln.strip()][-8:], "host_mem_share": host_mem,
         "last_step": last.step if last else None,
     }
-    if code == "nccl_timeout":
-        stuck = hang_ev.get("suspect_ranks")
-        title = (f"Collective timeout at step {step}: rank {', '.join(map(str, stuck))} had stopped" if stuck
-                 else f"Collective timeout at step {step}: {who} gave up waiting")
-    else:
-        title = f"{'Worker crashed' if code == 'crash' else 'Out of memory'}: {who} at step {step}"
-    return Finding(code, "error", step, title, detail, ADVICE[code], evidence)
+    return Finding(code, "error", step, _title(code, step, who, stuck),
+                   _detail(who, what, source, first, failures, code, stuck), ADVICE[code], evidence)

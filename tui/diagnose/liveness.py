@@ -1,6 +1,7 @@
 """Liveness rules from heartbeats and rank processes: hang and straggler."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from mt.config import MonitorConfig
@@ -51,7 +52,7 @@ def last_progress(sig: RunSignals, obs: Observation) -> float | None:
     """The newest sign of life of this attempt: an event or a heartbeat."""
     marks = [t for t in (sig.attempt_t0, sig.last_event_t) if t is not None]
     marks += [as_float(hb.get("t")) for hb in _this_attempt(sig, obs).values()]
-    marks = [t for t in marks if t == t]
+    marks = [t for t in marks if not math.isnan(t)]
     return max(marks) if marks else None
 
 
@@ -115,7 +116,7 @@ def hang(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
         hb, p = hbs.get(r, {}), obs.procs.get(r)
         age = obs.now - as_float(hb.get("t")) if hb else None
         per_rank[str(r)] = {
-            "heartbeat_step": hb.get("step"), "heartbeat_age_s": None if age is None or age != age else round(age, 1),
+            "heartbeat_step": hb.get("step"), "heartbeat_age_s": None if age is None or math.isnan(age) else round(age, 1),
             "pid": p.pid if p else hb.get("pid"), "alive": p.alive if p else None,
             "cpu_pct": p.cpu_pct if p else None, "state": p.state if p else None,
             "syscall": p.syscall if p else None, "stale": age is not None and age >= limit,

@@ -18,7 +18,7 @@ from typing import Any, Iterable
 
 from mt.anomaly import is_clear
 from mt.config import Config, ConfigError, MonitorConfig, load_config_json
-from mt.events import FINAL_STATES, SCHEMA_VERSION, as_float, dumps
+from mt.events import EXIT_CODES, FINAL_STATES, SCHEMA_VERSION, as_float, dumps
 from mt.jsonl import JsonlTail, read_json
 from mt.paths import RunPaths
 from mt.records import Incident, Record, RecordTail, RunStart, Step, parse_incident, read_records
@@ -30,7 +30,6 @@ from tui.diagnose.rules import evaluate
 from tui.diagnose.signals import RunFacts, RunSignals
 from tui.run.torchrun import usable_cores
 
-EXIT_CODES = ("crash", "oom", "nccl_timeout")
 # What stays open once the run is over: the facts that explain how it ended.
 KEEP_WHEN_DONE = frozenset({"nan_loss", *EXIT_CODES})
 KEEP_WHEN_FAILED = KEEP_WHEN_DONE | {"hang"}

@@ -1,6 +1,7 @@
 """Throughput rules: throughput drop, GPU memory pressure (and helpers the stall rule shares)."""
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
@@ -31,17 +32,13 @@ def is_live(sig: RunSignals, obs: Observation) -> bool:
     return sig.run_end is None and (state is None or state in LIVE_STATES)
 
 
-def is_nan(x: float) -> bool:
-    return x != x
-
-
 def gpu_util(sig: RunSignals, obs: Observation, window_s: float) -> float | None:
     """Mean GPU utilisation over the window, if NVML sampled it for (most of) the window."""
     samples = [s for s in sig.recent_system(obs.now, window_s) if s.get("nvml") and s.get("gpus")]
     utils = []
     for s in samples:
         vals = [as_float(g.get("util_pct")) for g in s["gpus"]]
-        vals = [v for v in vals if not is_nan(v)]
+        vals = [v for v in vals if not math.isnan(v)]
         if vals:
             utils.append((as_float(s.get("t")), sum(vals) / len(vals)))
     if len(utils) < 2 or utils[-1][0] - utils[0][0] < 0.8 * window_s:
@@ -50,12 +47,12 @@ def gpu_util(sig: RunSignals, obs: Observation, window_s: float) -> float | None
 
 
 def _tps_ok(r: StepRec) -> bool:
-    return not is_nan(r.tokens_per_s) and r.tokens_per_s > 0
+    return not math.isnan(r.tokens_per_s) and r.tokens_per_s > 0
 
 
 def _weight(r: StepRec) -> float:
     """The wall time a step held the run (its interval; its step time when that is unknown)."""
-    w = r.interval_s if not is_nan(r.interval_s) else r.step_time_s
+    w = r.interval_s if not math.isnan(r.interval_s) else r.step_time_s
     return w if w > 0 else 0.0
 
 
@@ -81,11 +78,11 @@ def _host_view(sig: RunSignals, obs: Observation) -> tuple[dict[str, Any], str]:
     h = sample.get("host") or {}
     load, cpu = as_float(h.get("load1")), as_float(h.get("cpu_pct"))
     ranks = [as_float(r.get("cpu_pct")) for r in sample.get("ranks") or [] if isinstance(r, dict)]
-    view = {"load1": None if is_nan(load) else round(load, 2), "cpu_pct": None if is_nan(cpu) else cpu,
-            "cores": sig.facts.host_cores, "rank_cpu_pct": [None if is_nan(c) else c for c in ranks]}
+    view = {"load1": None if math.isnan(load) else round(load, 2), "cpu_pct": None if math.isnan(cpu) else cpu,
+            "cores": sig.facts.host_cores, "rank_cpu_pct": [None if math.isnan(c) else c for c in ranks]}
     cores = sig.facts.host_cores
-    if cores and not is_nan(load) and load > 1.5 * cores:
-        shown = ", ".join(f"{c:.0f}%" for c in ranks if not is_nan(c))
+    if cores and not math.isnan(load) and load > 1.5 * cores:
+        shown = ", ".join(f"{c:.0f}%" for c in ranks if not math.isnan(c))
         return view, (f"; the host is oversubscribed: load {load:.1f} on {cores} cores"
                       + (f", the ranks get {shown} CPU" if shown else "") + " (other processes compete)")
     return view, ""
@@ -101,7 +98,7 @@ def throughput_drop(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Find
         if len(before) == 500:
             break
         # steps that mostly waited for data are the stall rule's; they would only echo it here
-        data_bound = not is_nan(r.data_wait_s) and r.data_wait_s >= m.stall_data_share * max(r.step_time_s, 1e-9)
+        data_bound = not math.isnan(r.data_wait_s) and r.data_wait_s >= m.stall_data_share * max(r.step_time_s, 1e-9)
         if sig.judged(r) and _tps_ok(r) and not data_bound:
             (recent if obs.now - r.t <= m.throughput_window_s else before).append(r)
     recent.reverse()
@@ -116,7 +113,7 @@ def throughput_drop(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Find
     if now_rate >= m.throughput_drop_share * base or len(slow) < 3:
         return None  # one long step, however long, is a hiccup (or a hang), not a lower rate
     first = slow[0]
-    wait = statistics.median(r.data_wait_s for r in recent if not is_nan(r.data_wait_s)) if recent else None
+    wait = statistics.median(r.data_wait_s for r in recent if not math.isnan(r.data_wait_s)) if recent else None
     detail = (f"tokens/s fell to {now_rate:,.0f} (time-weighted median of the last {fmt_s(m.throughput_window_s)}, "
               f"{len(recent)} steps) from {base:,.0f} before, {now_rate / base:.0%} of it; "
               f"median step time {fmt_s(statistics.median(r.step_time_s for r in recent))}, data wait {fmt_s(wait)}")
@@ -141,7 +138,7 @@ def memory_pressure(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Find
     for s in samples:
         for g in s["gpus"]:
             used, total = as_float(g.get("mem_used_bytes")), as_float(g.get("mem_total_bytes"))
-            if is_nan(used) or is_nan(total) or total <= 0:
+            if math.isnan(used) or math.isnan(total) or total <= 0:
                 continue
             idx = int(g.get("index", 0))
             shares.setdefault(idx, []).append(used / total)

@@ -1,6 +1,7 @@
 """What the incident monitor reads besides the JSONL streams: heartbeats, /proc, log tails."""
 from __future__ import annotations
 
+import math
 import os
 import platform
 import time
@@ -139,7 +140,7 @@ class ProcReader:
                     p.cpu_pct = round(100.0 * (st[1] - last[1]) / _TICK / (now - last[0]), 1)
             entry = from_sample.get(rank) or {}
             cpu = as_float(entry.get("cpu_pct"))
-            if cpu == cpu and entry.get("pid") == pid:
+            if not math.isnan(cpu) and entry.get("pid") == pid:
                 p.cpu_pct = cpu
             if detailed and p.alive:
                 p.syscall = _syscall(pid)

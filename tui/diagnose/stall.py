@@ -1,10 +1,12 @@
 """dataloader_stall: the input pipeline, not the model, is what the steps wait for."""
 from __future__ import annotations
 
+import math
+
 from mt.config import MonitorConfig
 from tui.diagnose.findings import WAITING_SYSCALLS, ChildProc, Finding, Observation, RankProc, fmt_s
 from tui.diagnose.liveness import last_progress, running
-from tui.diagnose.perf import gpu_util, is_live, is_nan
+from tui.diagnose.perf import gpu_util, is_live
 from tui.diagnose.signals import WARMUP_STEPS, RunSignals, StepRec
 
 ADVICE_STALL = (
@@ -22,7 +24,7 @@ def _stall_window(sig: RunSignals, steps: list[StepRec], end: int, m: MonitorCon
     for r in reversed(steps[: end + 1]):
         if t_end - r.t > m.stall_window_s or len(recent) == m.stall_steps:
             break
-        if sig.judged(r) and not is_nan(r.data_wait_s) and not is_nan(r.step_time_s):
+        if sig.judged(r) and not math.isnan(r.data_wait_s) and not math.isnan(r.step_time_s):
             recent.append(r)
     recent.reverse()
     return recent

@@ -15,6 +15,7 @@ import numpy as np
 from mt.jsonl import MAX_LINE_BYTES, next_newline, read_json
 from mt.paths import RunPaths
 from mt.records import Record, Rejected, RunStart, Step, parse_event
+from tui.read import BULK_MIN_BYTES
 from tui.read.cache import has_cache, load_cache, save_cache
 from tui.read.columns import _NONSTEP, _STEP, CHUNK, COLS, Columns, ColumnScanner
 from tui.read.index import index_end, load_index
@@ -96,18 +97,18 @@ def fix_recent(st: RunState, path: Path, end: int, tail_bytes: int = 64 * 1024) 
 
 
 def bulk_read(run_dir: Path, keep_series: bool = True, write_cache: bool = True,
-              min_cache_bytes: int | None = None) -> BulkResult:
+              min_cache_bytes: int | None = None, bulk_min_bytes: int = BULK_MIN_BYTES) -> BulkResult:
     """Exact state (and full plot history) of events.jsonl up to its current size.
 
-    The cache is (re)written when at least `min_cache_bytes` (default: the bulk threshold)
-    had to be scanned.
+    `bulk_min_bytes` is the bulk threshold (the follower passes its own): an engine index
+    leaving less than that unscanned is used as it is. The cache is (re)written when at least
+    `min_cache_bytes` (default: the bulk threshold) had to be scanned.
     """
     if min_cache_bytes is None:
-        from tui.read import follower
-        min_cache_bytes = follower.BULK_MIN_BYTES
+        min_cache_bytes = bulk_min_bytes
     paths = RunPaths(Path(run_dir))
     st = os.stat(paths.events)
-    hit = _best_start(paths, st.st_size)
+    hit = _best_start(paths, st.st_size, bulk_min_bytes)
     cols, start = hit if hit else (Columns(), 0)
     # One thread, in chunks: worker processes were tried and bought little on 2 cores, at the
     # price of spawn's re-import of __main__ in every embedding.
@@ -120,22 +121,21 @@ def bulk_read(run_dir: Path, keep_series: bool = True, write_cache: bool = True,
     return BulkResult(state, series, end, st.st_ino, start, cached)
 
 
-def has_fast_start(paths: RunPaths) -> bool:
-    """A bulk read would start from an index or cache covering (nearly) all of events.jsonl."""
-    from tui.read import follower
+def has_fast_start(paths: RunPaths, bulk_min_bytes: int) -> bool:
+    """A bulk read would start from an index or cache covering (nearly) all of events.jsonl:
+    an index leaving less than `bulk_min_bytes` unscanned, or the viewer's cache."""
     try:
         size = os.stat(paths.events).st_size
     except OSError:
         return False
-    return size - index_end(paths) < follower.BULK_MIN_BYTES or has_cache(paths)
+    return size - index_end(paths) < bulk_min_bytes or has_cache(paths)
 
 
-def _best_start(paths: RunPaths, size: int) -> tuple[Columns, int] | None:
-    """The engine's index when it covers (nearly) everything, else whichever of it and the
-    viewer's cache covers more."""
-    from tui.read import follower
+def _best_start(paths: RunPaths, size: int, bulk_min_bytes: int) -> tuple[Columns, int] | None:
+    """The engine's index when it leaves less than `bulk_min_bytes` unscanned, else whichever
+    of it and the viewer's cache covers more."""
     hit = load_index(paths)
-    if hit and size - hit[1] < follower.BULK_MIN_BYTES:
+    if hit and size - hit[1] < bulk_min_bytes:
         return hit
     cached = load_cache(paths)
     return max((h for h in (hit, cached) if h), key=lambda h: h[1], default=None)

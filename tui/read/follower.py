@@ -8,6 +8,7 @@ from typing import Any
 from mt.jsonl import read_json
 from mt.paths import RunPaths
 from mt.records import Record, RecordTail, Step, incident_tail
+from tui.read import BULK_MIN_BYTES as BULK_MIN_BYTES  # re-exported: the follower's threshold (tests patch it here)
 from tui.state.run import RunSeries, RunState, add_incident, apply_status, new_state, reduce_event, reduce_step
 
 
@@ -70,7 +71,13 @@ class RunFollower:
     def bulk(self) -> Any:
         """Read events.jsonl as it is now with the column scanner (no shared state touched)."""
         from tui.read.bulk import bulk_read  # numpy + regex machinery, only for big files
-        return bulk_read(self.paths.root, keep_series=self.series is not None, write_cache=self.write_cache)
+        return bulk_read(self.paths.root, keep_series=self.series is not None, write_cache=self.write_cache,
+                         bulk_min_bytes=BULK_MIN_BYTES)
+
+    def has_fast_start(self) -> bool:
+        """A bulk read would start from an index or cache covering (nearly) all of events.jsonl."""
+        from tui.read.bulk import has_fast_start
+        return has_fast_start(self.paths, BULK_MIN_BYTES)
 
     def adopt(self, bulk: Any) -> None:
         """Take a bulk read's state and history, and follow on from the byte it ended at."""
@@ -118,9 +125,6 @@ class RunFollower:
         return apply_status(self.state, read_json(self.paths.status))
 
 
-BULK_MIN_BYTES = 4 << 20
-
-
 def load_run_state(run_dir: Path, exact_best: bool = True) -> RunState:
     """The current state of a run, read once (no plot history kept); fast on huge files.
 
@@ -136,8 +140,8 @@ def load_run_state(run_dir: Path, exact_best: bool = True) -> RunState:
             from tui.read.index_tail import quick_read_index
             quick = quick_read_index(follower.paths.root)
         if quick is None:
-            from tui.read.bulk import has_fast_start, quick_read
-            if not has_fast_start(follower.paths):
+            from tui.read.bulk import quick_read
+            if not follower.has_fast_start():
                 quick = quick_read(follower.paths.root)
         if quick is not None:
             follower.adopt(quick)

@@ -163,8 +163,8 @@ class Watcher:
             from tui.read.index_tail import quick_read_index
             quick = quick_read_index(f.paths.root)
             if quick is None:
-                from tui.read.bulk import has_fast_start, quick_read
-                if not has_fast_start(f.paths):
+                from tui.read.bulk import quick_read
+                if not f.has_fast_start():
                     quick = quick_read(f.paths.root, keep_series=True)  # the newest steps plotted at once
             if quick is not None:
                 with self.lock:

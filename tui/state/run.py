@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mt.events import FINAL_STATES, RUN_STATES, as_float
+from mt.events import FAILURE_CODES, FINAL_STATES, RUN_STATES, as_float
 from mt.jsonl import read_json
 from mt.paths import RunPaths, checkpoint_dirs
 from mt.records import Checkpoint, Control, Eval, Record, RunEnd, RunStart, Step
@@ -179,7 +179,7 @@ class RunState:
     def failing_rank(self) -> int | None:
         """The rank that failed first: the newest crash-like incident's evidence, else the reason."""
         for inc in reversed(self.incidents):
-            if inc.code in ("crash", "oom", "nccl_timeout", "hang") and isinstance(inc.evidence.get("rank"), int):
+            if inc.code in FAILURE_CODES and isinstance(inc.evidence.get("rank"), int):
                 return inc.evidence["rank"]
         m = re.search(r"rank\s*(\d+)", self.reason or self.run_end_reason or "")
         return int(m.group(1)) if m else None

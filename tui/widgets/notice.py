@@ -4,6 +4,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
+from mt.events import FAILURE_CODES
 from tui.state.run import RunState
 
 
@@ -22,7 +23,7 @@ def notice_text(st: RunState, log_tail: list[str], failing_rank: int | None) -> 
         reason = _plain(st.reason or st.run_end_reason or "no reason recorded")
         t = Text(f"Run {st.state}: {reason}", style="bold red")
         first = next((i for i in reversed(st.incidents)
-                      if i.code in ("crash", "oom", "nccl_timeout", "hang") and i.status == "open"), None)
+                      if i.code in FAILURE_CODES and i.status == "open"), None)
         if first is not None:
             t.append(f"\nfirst failure: {first.title}", style="red")
         if log_tail:
