@@ -1,11 +1,13 @@
 """A minimal hand-written DDP loop (the nanoGPT way) with the engine's model, data and settings.
 
-Run under torchrun by bench/engine_vs_baseline.py; prints one JSON line with tokens/s.
+Run by bench/engine_vs_baseline.py, under torchrun (DDP) or, for one process, as a plain loop
+with no process group and no DDP wrapper; prints one JSON line with tokens/s.
 """
 from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from contextlib import nullcontext
@@ -16,22 +18,27 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 from engine.data import build_splits
-from engine.model import GPT
+from engine.model import build_model
 from engine.optim import build_optimizer, lr_at, set_lr
+from engine.user import add_workdir, call_model, loss_of
 from mt.config import load_config_json
 
 
 def main(config_path: str, warmup: int) -> None:
     cfg = load_config_json(config_path)
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    add_workdir(cfg)
+    distributed = "WORLD_SIZE" in os.environ
+    if distributed:
+        dist.init_process_group("gloo")
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     torch.manual_seed(cfg.run.seed)
-    model = GPT(cfg.model)
-    ddp = DDP(model)
+    model = build_model(cfg)
+    ddp = DDP(model) if distributed else model
     opt = build_optimizer(model, cfg.train, torch.device("cpu"))
-    ds = build_splits(cfg).train
-    sampler = DistributedSampler(ds, num_replicas=world, rank=rank, seed=cfg.run.seed, drop_last=True)
-    loader = DataLoader(ds, batch_size=cfg.train.micro_batch_size, sampler=sampler, num_workers=cfg.data.num_workers, drop_last=True)
+    splits = build_splits(cfg)
+    sampler = DistributedSampler(splits.train, num_replicas=world, rank=rank, seed=cfg.run.seed, drop_last=True)
+    loader = DataLoader(splits.train, batch_size=cfg.train.micro_batch_size, sampler=sampler, collate_fn=splits.collate,
+                        num_workers=cfg.data.num_workers, drop_last=True)
     t = cfg.train
 
     def batches():
@@ -47,21 +54,24 @@ def main(config_path: str, warmup: int) -> None:
         t0 = time.perf_counter()
         set_lr(opt, lr_at(step, t))
         for micro in range(t.grad_accum_steps):
-            x, y, _ = next(it)
-            with (ddp.no_sync() if micro < t.grad_accum_steps - 1 else nullcontext()):
-                loss = ddp(x, y)
+            batch, _ = next(it)
+            with (ddp.no_sync() if distributed and micro < t.grad_accum_steps - 1 else nullcontext()):
+                loss = loss_of(call_model(ddp, batch), "model")
                 (loss / t.grad_accum_steps).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip or math.inf)
         opt.step()
         opt.zero_grad(set_to_none=True)
         loss_t = loss.detach().clone()
-        dist.all_reduce(loss_t)  # the one sync a minimal loop also needs to log a global loss
+        if distributed:
+            dist.all_reduce(loss_t)  # the one sync a minimal loop also needs to log a global loss
+        float(loss_t)                # and reading it back, as any loop that logs its loss does
         times.append(time.perf_counter() - t0)
     if rank == 0:
         tokens = world * t.micro_batch_size * t.grad_accum_steps * cfg.model.seq_len
         steady = sorted(times[warmup:])
         print(json.dumps({"tokens_per_s": tokens / steady[len(steady) // 2], "median_step_s": steady[len(steady) // 2]}))
-    dist.destroy_process_group()
+    if distributed:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

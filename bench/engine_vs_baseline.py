@@ -1,10 +1,13 @@
 """Engine throughput vs a minimal DDP loop, and the cost of the engine's bookkeeping, in one script.
 
-    .venv/bin/python bench/engine_vs_baseline.py [--rounds 3] [--steps 60] [--nproc 2]
+    .venv/bin/python bench/engine_vs_baseline.py [--rounds 3] [--steps 60] [--nproc 2] [--model gpt|charlstm]
 
 Runs baseline and engine alternately (A B A B ...) on the same config and reports the ratio of
 median step throughput; then times events + heartbeat + control polling per step in-process and
-reports it as a share of the engine's median step time.
+reports it as a share of the engine's median step time. `--model charlstm` trains the user
+model and dataset of examples/charlstm (a `kind = "python"` preset) on both sides; with
+`--nproc 1` the baseline is a plain single-process loop (no process group, no DDP) and the
+engine runs as `mt` runs one process.
 """
 from __future__ import annotations
 
@@ -36,8 +39,21 @@ CONFIG = {
 }
 
 
+CHARLSTM = {
+    "run": {"workdir": str(REPO)},
+    "model": {"kind": "python", "factory": "examples.charlstm.model:build", "seq_len": 64,
+              "args": {"vocab": 16, "hidden": 128, "layers": 2, "dropout": 0.1}},
+    "data": {"source": "python", "factory": "examples.charlstm.data:build", "args": {"n": 4096, "seq_len": 64, "val_n": 0},
+             "val_fraction": 0.0, "num_workers": 1},
+}
+
+
 def torchrun(nproc: int, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *args]
+    """Under torchrun, or for one process as a plain `python` (what mt launches for one rank)."""
+    if nproc == 1:
+        cmd = [sys.executable, *args]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *args]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=True)
 
 
@@ -46,6 +62,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--model", choices=["gpt", "charlstm"], default="gpt")
     a = ap.parse_args()
     warmup = 10
     env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 2) // a.nproc)), PYTHONPATH=str(REPO))
@@ -53,6 +70,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(a.rounds):
             raw = json.loads(json.dumps(CONFIG))
+            if a.model == "charlstm":
+                for section, values in CHARLSTM.items():
+                    raw.setdefault(section, {}).update(values)
             raw["launch"]["nproc_per_node"] = a.nproc
             raw["train"]["max_steps"] = a.steps
             cfg = config_from_dict(raw, "bench")

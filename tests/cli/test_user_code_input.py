@@ -72,3 +72,27 @@ def test_factories_are_found_where_mt_launch_runs_and_a_local_engine_py_is_not_m
     run = run_dir_from(out.stdout)
     assert status(run)["state"] == "completed" and "step 6/6" in out.stdout
     assert (run / "checkpoints" / "step-6").is_dir()
+
+
+HF_CASES = [
+    ("hf-unknown-type", 'kind = "hf"\n[model.hf]\nmodel_type = "gpt9"', ["model.hf.model_type", "gpt9"]),
+    ("hf-hub-id", 'kind = "hf"\n[model.hf]\npath = "gpt2"', ["model.hf.path", "not a local folder", "never downloads"]),
+    ("hf-both", 'kind = "hf"\n[model.hf]\npath = "."\nmodel_type = "gpt2"', ["model.hf", "not both"]),
+    ("hf-neither", 'kind = "hf"', ["model.hf", "needs model_type"]),
+    ("hf-seq-too-long", 'kind = "hf"\nseq_len = 128\n[model.hf]\nmodel_type = "gpt2"\nn_layer = 1\nn_head = 2\nn_embd = 16\n'
+     'vocab_size = 64\nn_positions = 64', ["model.seq_len", "128", "64 positions"]),
+]
+
+
+@pytest.mark.parametrize("case, model, words", HF_CASES, ids=[c[0] for c in HF_CASES])
+def test_bad_hf_model_is_rejected_before_anything_exists(tmp_path: Path, case: str, model: str, words: list[str]) -> None:
+    runs = tmp_path / "runs"
+    path = tmp_path / "p.toml"
+    path.write_text(preset_text(runs, None, model, 'source = "synthetic"'))
+    result = runner.invoke(app, ["launch", str(path), "--detach"])
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    err = result.stderr.strip()
+    assert len(err.splitlines()) == 1 and str(path) in err, err
+    for w in words:
+        assert w in err, f"{w!r} not in {err!r}"
+    assert not runs.exists()
