@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from tui.state.plotmath import SmoothCache
     from tui.state.series import Series
 
-AXIS_COLS = 12  # cells plotext spends on the y tick labels
+ROWS_SPENT = 4  # rows of a figure that are not canvas: title, two x axes, x tick labels
 
 
 @dataclass
@@ -43,9 +43,10 @@ class MetricPlot(Widget, can_focus=True):
     }
     """
 
-    def __init__(self, title: str, curves: list[Curve], hline: float | None = None, **kw) -> None:
+    def __init__(self, title: str, ylabel: str, curves: list[Curve], hline: float | None = None, **kw) -> None:
         super().__init__(**kw)
         self.title = title
+        self.ylabel = ylabel
         self.curves = curves
         self.hline = hline
         self.min_interval_s = 2.0
@@ -72,6 +73,8 @@ class MetricPlot(Widget, can_focus=True):
         """The built figure, rebuilt only after `redraw` changed it or the size changed."""
         if self._key is None:
             return ""  # nothing drawn yet: a first frame builds no figure
+        if self.size.height <= ROWS_SPENT:  # no row left for a curve: plotext would draw garbage
+            return Text(f"{self.title}: too small to plot", style="dim")
         sig = (self._key, self.size, self.app.theme)
         if self._rendered is not None and sig == self._rendered_sig:
             return self._rendered
@@ -88,12 +91,11 @@ class MetricPlot(Widget, can_focus=True):
     def drawn_current(self) -> bool:
         """The figure shows the newest data of every curve."""
         return (self._key is not None and self._key[0] == tuple(c.series.version for c in self.curves)
-                and self._key[1][:2] == (max(1, self.size.width - AXIS_COLS), self.size.height))
+                and self._key[1][:2] == (self.size.width, self.size.height))
 
     def redraw(self, weight: float, logy: bool, force: bool = False) -> bool:
         """Rebuild the plotext figure if anything it shows changed; True if it did."""
-        width = max(1, self.size.width - AXIS_COLS)
-        view = (width, self.size.height, weight, logy, self.hline)
+        view = (self.size.width, self.size.height, weight, logy, self.hline)
         key = (tuple(c.series.version for c in self.curves), view, tuple(c.series.generation for c in self.curves))
         if key == self._key and not force:
             return False
@@ -106,6 +108,7 @@ class MetricPlot(Widget, can_focus=True):
             return False
         self._key, self._last_draw = key, now
         from tui.widgets.figure import draw
-        draw(self.plt, self.title, self.curves, width, weight, logy, self.hline)
+        draw(self.plt, self.title, self.ylabel, self.curves, self.size.width, self.size.height, weight, logy,
+             self.hline)
         self.refresh()
         return True
