@@ -6,7 +6,7 @@ import re
 import pytest
 
 from tests.tui.synth import SynthRun, loss_at
-from tests.tui.test_app import loaded, make_app, wait_for
+from tests.tui.test_app import loaded, make_app, running_run, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -135,6 +135,26 @@ async def test_finished_run_plots_end_at_its_last_step_with_readable_ticks(tmp_p
             await pilot.press("t")
             await wait_for(pilot, app.settled)
         assert checked_tps
+
+
+async def test_plots_catch_up_once_a_live_run_goes_quiet(tmp_path):
+    """Steps that arrive within the redraw spacing are drawn as soon as no more come."""
+    r = running_run(tmp_path)
+    app = make_app(tmp_path)
+    async with app.run_test(size=(140, 44)) as pilot:
+        await loaded(pilot)
+        await wait_for(pilot, app.settled)
+        plots = [app.query_one(sel) for sel in shown(app)]
+        # the spacing this test runs inside: the small plots would wait 4 s after their last draw
+        assert max(p.min_interval_s for p in plots) >= 4.0
+        with open(r.paths.events, "a") as f:
+            for s in range(2, 68):
+                r.step(s)
+                f.write(r.lines[-1] + "\n")
+        await wait_for(pilot, lambda: "step 67/" in str(app.query_one("#header").content))
+        await wait_for(pilot, lambda: all(p.drawn_current() for p in plots), timeout=2.5)
+        for p in plots:
+            assert x_labels(figure(app, f"#{p.id}"))[-1] == "67"
 
 
 async def test_no_data_yet_and_a_single_step(tmp_path):
