@@ -99,7 +99,7 @@ class MtApp(App[int]):
             with Vertical(id="side"):
                 yield SystemPanel(id="system")
                 yield IncidentsPanel(id="incidents")
-                yield LogsPanel(id="logs", max_lines=500, wrap=False, markup=False)
+                yield LogsPanel(id="logs")
         yield Static("", id="too-small")
         yield Footer()
 
