@@ -85,18 +85,21 @@ class MtApp(App[int]):
         yield Notice(id="notice")
         with Horizontal(id="main"):
             with Vertical(id="plots"):
-                yield MetricPlot("loss: train (cyan, raw grey), val (orange)", [
+                yield MetricPlot("loss: train (cyan, raw grey), val (orange)", "loss", [
                     Curve("train", series.loss, "cyan"),
                     Curve("val", series.val_loss, "orange", smooth=False)], id="plot-loss")
                 with Horizontal(id="plots-small"):
-                    yield MetricPlot("learning rate", [Curve("lr", series.lr, "green", smooth=False)], id="plot-lr")
-                    yield MetricPlot("tokens/s", [Curve("tokens/s", series.tokens_per_s, "yellow")], id="plot-tps")
-                    yield MetricPlot("grad norm (red line: clip)", [Curve("grad_norm", series.grad_norm, "magenta")],
-                                     hline=st.grad_clip, id="plot-grad")
+                    yield MetricPlot("learning rate", "lr", [Curve("lr", series.lr, "green", smooth=False)],
+                                     id="plot-lr")
+                    yield MetricPlot("tokens/s", "tokens/s", [Curve("tokens/s", series.tokens_per_s, "yellow")],
+                                     id="plot-tps")
+                    yield MetricPlot("grad norm (red line: clip)", "grad norm",
+                                     [Curve("grad_norm", series.grad_norm, "magenta")], hline=st.grad_clip,
+                                     id="plot-grad")
             with Vertical(id="side"):
                 yield SystemPanel(id="system")
                 yield IncidentsPanel(id="incidents")
-                yield LogsPanel(id="logs", max_lines=500, wrap=False, markup=False)
+                yield LogsPanel(id="logs")
         yield Static("", id="too-small")
         yield Footer()
 

@@ -21,3 +21,28 @@ def fmt_duration(s: float | None) -> str:
     if s < 3600:
         return f"{s // 60}m{s % 60:02d}s"
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+_SUFFIXES = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
+def fmt_compact(v: float | None, sig: int = 3) -> str:
+    """A number in a few characters for an axis: 8259, 34.6k, 1.2M, 0.25, 3e-4 (`sig` digits)."""
+    if v is None:
+        return "N/A"
+    if not math.isfinite(v):
+        return str(v)
+    if v == 0:
+        return "0"
+    sign = "-" if v < 0 else ""
+    if abs(v) < 1e4 and abs(v) == int(abs(v)):
+        return f"{sign}{int(abs(v))}"   # whole numbers below 10k as they are: step 1234, 8200 tok/s
+    a = float(f"{abs(v):.{sig - 1}e}")   # rounded first: 999,950 is 1M, not 1000k
+    for scale, suffix in _SUFFIXES:
+        if a >= scale and a < scale * 1000:
+            return f"{sign}{a / scale:.{sig}g}{suffix}"
+    if 0.01 <= a < 1e15:
+        return f"{sign}{a:.{sig}g}"
+    mantissa, exp = f"{a:.{sig - 1}e}".split("e")
+    mantissa = mantissa.rstrip("0").rstrip(".")
+    return f"{sign}{mantissa}e{int(exp)}"

@@ -70,10 +70,12 @@ class SynthRun:
                    max_steps=self.max_steps, resumed_from=None, torch_version="2.13",
                    git_commit=None)
 
-    def step(self, step: int, loss: float | None = None, grad_norm: float = 0.8) -> None:
+    def step(self, step: int, loss: float | None = None, grad_norm: float = 0.8,
+             tokens_per_s: float | None = None) -> None:
         self.event("step", step=step, epoch=0, loss=loss_at(step) if loss is None else loss,
                    lr=1e-3 * min(1.0, step / 10), grad_norm=grad_norm, clipped=grad_norm > 1.0,
-                   tokens_per_s=8192.0 + step, step_time_s=0.5, data_wait_s=0.01,
+                   tokens_per_s=8192.0 + step if tokens_per_s is None else tokens_per_s,
+                   step_time_s=0.5, data_wait_s=0.01,
                    samples_seen=32 * step, tokens_seen=4096 * step, skipped=False,
                    mem_alloc_bytes=0, mem_peak_bytes=0)
 

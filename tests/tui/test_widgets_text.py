@@ -64,3 +64,17 @@ def test_notice_for_every_state(tmp_path):
     assert "Run killed" in notice_text(st("killed", step=3), [], None).plain
     assert notice_text(st("completed", step=3), ["x"], 0) is None
     assert notice_text(st("running", step=3), [], None) is None
+
+
+def test_incident_detail_lists_evidence_as_key_value_lines():
+    from tui.state.run import Incident
+    from tui.widgets.incidents import evidence_value, incident_detail
+
+    inc = Incident(code="nan_loss", severity="warn", step=15, title="Non-finite loss", detail="loss nan at 15",
+                   advice="lower lr", evidence={"loss": "nan", "lr": 0.002786, "rank": 1, "signal": None,
+                                                "sample_indices": [948, 1188], "ok": False, "mem": {"a": 1}})
+    lines = incident_detail(inc).plain.splitlines()
+    assert lines[:4] == ["nan_loss (open, from engine)", "loss nan at 15", "advice: lower lr", "evidence:"]
+    assert lines[4:] == ["  loss: nan", "  lr: 0.002786", "  rank: 1", "  signal: N/A",
+                         "  sample_indices: 948, 1188", "  ok: False", "  mem: a=1"]
+    assert evidence_value("x" * 1000).endswith("…") and len(evidence_value("x" * 1000)) == 300

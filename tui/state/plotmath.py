@@ -1,12 +1,14 @@
-"""TensorBoard's debiased EMA and min/max downsampling of a `Series` for drawing. Pure numpy."""
+"""TensorBoard's debiased EMA, min/max downsampling of a `Series`, log-y points and axis ticks. Pure."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Iterable
 
 import numpy as np
 
+from tui.format import fmt_compact
 from tui.state.series import Series
 
 
@@ -142,3 +144,121 @@ class SmoothCache:
         elif y.size > n:
             self.smoothed = np.concatenate((self.smoothed, self.ema.extend(y[n:])))
         return self.smoothed
+
+
+# ---------------------------------------------------------------- log-y and axis ticks
+
+
+def log_points(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(x, log10 y) for a log axis: finite y <= 0 have no logarithm and are dropped; nan/inf stay
+    (as nan/inf, so they are still marked as bad points)."""
+    drop = np.isfinite(y) & (y <= 0)
+    if drop.any():  # rare: no copy of a million points for nothing
+        x, y = x[~drop], y[~drop]
+    with np.errstate(invalid="ignore"):  # log10(-inf) is nan: still a bad point
+        return x, np.log10(y)
+
+
+def nice_step(span: float, n: int, integer: bool = False) -> float:
+    """The round step (1, 2, 2.5 or 5 x 10^k; 1, 2 or 5 when `integer`) giving about n intervals
+    (a few more rather than half as many: 0.5 for a span of 2.1 in 4)."""
+    raw = span / max(n, 1)
+    if integer and raw <= 1:
+        return 1.0
+    mag = 10.0 ** math.floor(math.log10(raw))
+    for m in ((1, 2, 5, 10) if integer else (1, 2, 2.5, 5, 10)):
+        if m * mag >= raw * 0.8:
+            return m * mag
+    return 10 * mag
+
+
+def linear_ticks(lo: float, hi: float, n: int, integer: bool = False) -> list[float]:
+    """Multiples of a round step inside [lo, hi], about n of them."""
+    if not hi > lo:
+        return [lo]
+    step = nice_step(hi - lo, n, integer)
+    k0, k1 = math.ceil(lo / step - 1e-9), math.floor(hi / step + 1e-9)
+    # through a decimal string: 3 * 0.1 is 0.30000000000000004, its label would be too
+    return [float(f"{k * step:.12g}") for k in range(k0, k1 + 1)]
+
+
+def log_ticks(lo: float, hi: float, n: int) -> list[float]:
+    """Ticks of a log axis over [lo, hi] (real values, > 0), at most about n: powers of ten, or
+    1-2-5 x 10^k, or every digit x 10^k, the densest that fits; round linear steps for a range
+    narrower than one digit."""
+    e0, e1 = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+    eps = 1e-9 * (hi - lo)
+    best: list[float] = []
+    for digits in ((1,), (1, 2, 5), range(1, 10)):
+        ticks = [float(f"{d}e{e}") for e in range(e0, e1 + 1) for d in digits]
+        ticks = [t for t in ticks if lo - eps <= t <= hi + eps]
+        if len(ticks) > max(n, 2):
+            # too dense: keep the sparser set, or thin this one if it is the first with two
+            return best or ticks[:: math.ceil(len(ticks) / max(n, 2))]
+        if len(ticks) >= 2:
+            best = ticks
+    return best or linear_ticks(lo, hi, n)
+
+
+def tick_labels(values: list[float]) -> list[str]:
+    """Compact labels (34.6k, 3e-4) with just enough digits to tell every tick apart."""
+    for sig in range(3, 10):
+        labels = [fmt_compact(v, sig) for v in values]
+        if len(set(labels)) == len(labels):
+            return labels
+    return labels
+
+
+@dataclass
+class YAxis:
+    """A y axis in plot units (log10 of the values on a log axis) and its labels in real units."""
+
+    lo: float
+    hi: float
+    ticks: list[float]
+    labels: list[str]
+
+
+def y_axis(lo: float, hi: float, rows: int, logy: bool) -> YAxis:
+    """The y axis for shown values lo..hi (in plot units) on `rows` rows: a tick every 2 rows or more."""
+    if hi <= lo:  # a flat curve: a band around it (a decade on a log axis)
+        pad = 0.5 if logy else (abs(lo) * 0.5 or 1.0)
+        lo, hi = lo - pad, hi + pad
+    n = max(2, rows // 2)
+    if logy:
+        real = log_ticks(10.0 ** lo, 10.0 ** hi, n)
+        return YAxis(lo, hi, [math.log10(v) for v in real], tick_labels(real))
+    ticks = linear_ticks(lo, hi, n)
+    if len(ticks) < 2:
+        ticks = linear_ticks(lo, hi, 2 * n)
+    return YAxis(lo, hi, ticks, tick_labels(ticks))
+
+
+def step_ticks(lo: int, hi: int, cols: int) -> tuple[list[int], list[str]]:
+    """Integer x ticks for steps lo..hi on `cols` canvas columns: both ends (the last step is always
+    labelled), and evenly spaced round steps between them whose labels fit without touching."""
+    if hi <= lo:
+        return [lo], tick_labels([lo])
+
+    def span(t: int, label: str) -> tuple[int, int]:
+        # where plotext puts a label: centred on its column, pushed inside at the ends
+        col = math.floor(0.5 + (cols - 1) * (t - lo) / (hi - lo))
+        start = min(max(col - len(label) // 2, 0), cols - len(label) + 1)
+        return start, start + len(label)
+
+    def apart(a: tuple[int, int], b: tuple[int, int]) -> bool:
+        return a[1] + 3 <= b[0]
+
+    n = max(1, cols // 8)  # a label every 8 columns or more
+    while True:
+        inner = [int(t) for t in linear_ticks(lo, hi, n, integer=True) if lo < t < hi]
+        ticks = [lo, *inner, hi]
+        spans = [span(t, label) for t, label in zip(ticks, tick_labels(ticks))]
+        # a round step too near an end gives way to it; too near each other, a coarser step
+        keep = [i for i in range(1, len(ticks) - 1) if apart(spans[0], spans[i]) and apart(spans[i], spans[-1])]
+        if all(apart(spans[i], spans[j]) for i, j in zip(keep, keep[1:])):
+            chosen = [lo, *(ticks[i] for i in keep), hi]
+            return chosen, tick_labels(chosen)
+        if n == 1:
+            return [lo, hi], tick_labels([lo, hi])
+        n //= 2

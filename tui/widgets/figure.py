@@ -1,6 +1,8 @@
 """A plot's plotext figure from its curves. numpy and plotext load here, with the first figure."""
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -10,7 +12,8 @@ from textual.color import Color
 from textual_plotext import Plot
 from textual_plotext.plot import _rgbify_theme, _sequence  # what its PlotextPlot widget uses
 
-from tui.state.plotmath import SmoothCache, minmax_downsample
+from tui.state.plotmath import SmoothCache, YAxis, log_points, minmax_downsample, step_ticks, y_axis
+from tui.widgets.plots import ROWS_SPENT
 
 if TYPE_CHECKING:
     from textual.app import App
@@ -41,68 +44,96 @@ def build(plt: Plot, width: int, height: int, app: App) -> Text:
     return Text.from_ansi(plt.build())
 
 
-def draw(plt: Plot, title: str, curves: list[Curve], width: int, weight: float, logy: bool,
-         hline: float | None) -> None:
-    """Put the curves on a cleared figure: x is the span of all curves, y fits what is shown."""
+MIN_CANVAS = 3  # canvas rows below which the axis names give up their row to the curves
+
+
+@dataclass
+class Shown:
+    """One curve's points as drawn, in plot units (log10 y on a log axis)."""
+
+    curve: Curve
+    x: np.ndarray
+    y: np.ndarray
+    smooth_x: np.ndarray | None = None
+    smooth_y: np.ndarray | None = None
+
+
+def draw(plt: Plot, title: str, ylabel: str, curves: list[Curve], width: int, height: int, weight: float,
+         logy: bool, hline: float | None) -> None:
+    """Put the curves on a cleared figure of width x height: x spans all curves (its last step
+    always labelled), y fits what is shown; a log axis plots log10 y with ticks in real units."""
     plt.clear_data()
     plt.clear_figure()
     plt.title(title)
-    plt.yscale("log" if logy else "linear")
-    lo_x = hi_x = None
-    for c in curves:
-        x, _ = c.series.arrays()
-        if x.size:
-            lo_x = x[0] if lo_x is None else min(lo_x, x[0])
-            hi_x = x[-1] if hi_x is None else max(hi_x, x[-1])
-    if lo_x is None:
+    rows = height - ROWS_SPENT
+    if rows - 1 >= MIN_CANVAS:
+        rows -= 1
+        plt.xlabel("step")
+        plt.ylabel(f"{ylabel} (log)" if logy else ylabel)
+    shown = [_points(c, weight, logy) for c in curves]
+    drawn = [p for p in shown if p.x.size]
+    if not drawn:
         plt.text("no data yet", x=0.5, y=0.5)
         plt.xlim(0, 1)
         plt.ylim(0, 1)
+        plt.xticks([])
+        plt.yticks([])
         return
-    xr = (float(lo_x), float(hi_x))
-    ys: list[float] = []
-    for c in curves:
-        ys += _draw_curve(plt, c, width, xr, weight, logy)
+    lo_x, hi_x = int(min(p.x[0] for p in drawn)), int(max(p.x[-1] for p in drawn))
+    ys = [float(v) for p in drawn for v in _extremes(p.y)]
     if hline is not None and (not logy or hline > 0):
+        hline = math.log10(hline) if logy else hline
         plt.hline(hline, "red")
         ys.append(hline)
-    if ys:
-        lo, hi = min(ys), max(ys)
-        if lo == hi:
-            lo, hi = (lo * 0.5, hi * 2) if logy else (lo - 1, hi + 1)
-        plt.ylim(lo, hi)
-    if xr[1] > xr[0]:
-        plt.xlim(*xr)
+    ax = y_axis(min(ys), max(ys), rows, logy) if ys else YAxis(0.0, 1.0, [], [])
+    cols = max(1, width - 2 - max((len(label) for label in ax.labels), default=1))
+    for p in drawn:
+        _draw_curve(plt, p, cols, (lo_x, hi_x), weight, ax.hi)
+    plt.ylim(ax.lo, ax.hi)
+    plt.yticks(ax.ticks, ax.labels)
+    if hi_x > lo_x:
+        plt.xlim(lo_x, hi_x)
+    else:  # one step: in the middle
+        plt.xlim(lo_x - 1, hi_x + 1)
+    plt.xticks(*step_ticks(lo_x, hi_x, cols))
 
 
-def _draw_curve(plt: Plot, c: Curve, width: int, xr: tuple[float, float], weight: float, logy: bool) -> list[float]:
-    """Draw one curve; returns the y values that must fit in the view."""
+def _extremes(y: np.ndarray) -> list[float]:
+    """Min and max of the finite values (none if there is none)."""
+    fin = y[np.isfinite(y)]
+    return [fin.min(), fin.max()] if fin.size else []
+
+
+def _points(c: Curve, weight: float, logy: bool) -> Shown:
+    """A curve's raw and smoothed points in plot units; on a log axis y <= 0 is left out."""
     x, y = c.series.arrays()
-    if not x.size:
-        return []
     y = np.array(y)        # copy: the worker may append while we draw
     x = np.array(x[: y.size])
+    sx = sy = None
+    if c.smooth and weight > 0 and x.size:
+        if c.cache is None:
+            c.cache = SmoothCache()
+        sx, sy = x, c.cache.get(c.series, weight)[: x.size]
+        if logy:
+            sx, sy = log_points(sx, sy)
     if logy:
-        y = np.where(y > 0, y, np.nan)
+        x, y = log_points(x, y)
+    return Shown(c, x, y, sx, sy)
+
+
+def _draw_curve(plt: Plot, p: Shown, width: int, xr: tuple[float, float], weight: float, top: float) -> None:
+    """Draw one curve on `width` canvas columns; its nan/inf points as red x's at `top`."""
+    c, x, y = p.curve, p.x, p.y
     raw = minmax_downsample(x, y, width, xr)
     ok = np.isfinite(raw.ymin)
-    if not ok.any():
-        out: list[float] = []
-    else:
-        out = [float(raw.ymin[ok].min()), float(raw.ymax[ok].max())]
     if c.smooth and ok.any():
         # Raw points as each column's min and max (scatter, not a line: plotext spends
         # time per cell a line crosses, and a zigzag crosses the whole height every column).
         xs = np.concatenate((raw.x[ok], raw.x[ok])).tolist()
         vs = np.concatenate((raw.ymin[ok], raw.ymax[ok])).tolist()
         plt.scatter(xs, vs, color="gray" if weight > 0 else c.color, marker="braille")
-        if weight > 0:
-            if c.cache is None:
-                c.cache = SmoothCache()
-            sm = c.cache.get(c.series, weight)[: x.size]
-            if logy:
-                sm = np.where(sm > 0, sm, np.nan)
-            d = minmax_downsample(x, sm, width, xr)
+        if p.smooth_x is not None and p.smooth_y is not None:
+            d = minmax_downsample(p.smooth_x, p.smooth_y, width, xr)
             good = np.isfinite(d.ymin)
             if good.any():  # a smoothed curve barely moves within a column: draw its middle
                 mid = ((d.ymin[good] + d.ymax[good]) / 2).tolist()
@@ -116,6 +147,4 @@ def _draw_curve(plt: Plot, c: Curve, width: int, xr: tuple[float, float], weight
             plt.plot(raw.x[ok].tolist(), mid, color=c.color, marker="braille")
     if raw.bad_x.size:
         # non-finite points are marked, never dropped silently: a red x on the top edge
-        top = out[1] if out else 1.0
         plt.scatter(raw.bad_x.tolist(), [top] * raw.bad_x.size, color="red", marker="x")
-    return out

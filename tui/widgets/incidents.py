@@ -1,17 +1,19 @@
-"""Incidents panel: open and recent incidents; the highlighted one's detail, evidence, advice."""
+"""Incidents panel: open and recent incidents; the highlighted one's detail, advice, evidence."""
 from __future__ import annotations
 
-import json
+from typing import Any
 
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
-from textual.containers import Vertical
+from textual.containers import Vertical, VerticalScroll
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
-from tui.format import fmt_duration
+from tui.format import fmt_duration, fmt_num
 from tui.state.run import Incident
+
+MAX_VALUE_CHARS = 300  # an evidence value longer than this (a whole traceback line) is cut
 
 SEVERITY_STYLE = {"info": "cyan", "warn": "yellow", "error": "bold red"}
 
@@ -26,17 +28,36 @@ def incident_line(inc: Incident, now: float) -> Text:
     return t
 
 
+def evidence_value(v: Any) -> str:
+    """One evidence value as text: numbers as the header prints them, lists joined, null N/A."""
+    if v is None or isinstance(v, float):
+        out = fmt_num(v)
+    elif isinstance(v, (bool, int, str)):
+        out = str(v)
+    elif isinstance(v, dict):
+        out = ", ".join(f"{k}={evidence_value(x)}" for k, x in v.items())
+    elif isinstance(v, (list, tuple)):
+        out = ", ".join(evidence_value(x) for x in v)
+    else:
+        out = str(v)
+    return out if len(out) <= MAX_VALUE_CHARS else out[: MAX_VALUE_CHARS - 1] + "…"
+
+
 def incident_detail(inc: Incident) -> Text:
+    """The detail, the advice, then the evidence as `key: value` lines (Static wraps them)."""
     t = Text()
     t.append(f"{inc.code} ({inc.status}, from {inc.source})\n", style="bold")
     if inc.detail:
         t.append(inc.detail + "\n")
-    if inc.evidence:
-        t.append("evidence: ", style="dim")
-        t.append(json.dumps(inc.evidence, default=str)[:400] + "\n")
-    if inc.advice:
+    if inc.advice:  # what to do comes before the numbers that show why
         t.append("advice: ", style="green")
-        t.append(inc.advice)
+        t.append(inc.advice + "\n")
+    if inc.evidence:
+        t.append("evidence:\n", style="dim")
+        for k, v in inc.evidence.items():
+            t.append(f"  {k}: ", style="dim")
+            t.append(evidence_value(v) + "\n")
+    t.rstrip()
     return t
 
 
@@ -50,7 +71,9 @@ class IncidentsPanel(Vertical, can_focus=False):
 
     def compose(self) -> ComposeResult:
         yield OptionList(id="incident-list")
-        yield Static("", id="incident-detail")
+        # a long detail scrolls in place of running off the bottom of the panel
+        with VerticalScroll(id="incident-detail-box"):
+            yield Static("", id="incident-detail")
 
     def on_mount(self) -> None:
         self._shown: list[Incident] = []

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from tui.state.plotmath import SmoothCache
     from tui.state.series import Series
 
-AXIS_COLS = 12  # cells plotext spends on the y tick labels
+ROWS_SPENT = 4  # rows of a figure that are not canvas: title, two x axes, x tick labels
 
 
 @dataclass
@@ -43,16 +43,20 @@ class MetricPlot(Widget, can_focus=True):
     }
     """
 
-    def __init__(self, title: str, curves: list[Curve], hline: float | None = None, **kw) -> None:
+    def __init__(self, title: str, ylabel: str, curves: list[Curve], hline: float | None = None, **kw) -> None:
         super().__init__(**kw)
         self.title = title
+        self.ylabel = ylabel
         self.curves = curves
         self.hline = hline
-        self.min_interval_s = 2.0
+        self.min_interval_s = 2.0   # data-driven redraws at most this often while points keep coming
+        self.quiet_s = 1.0          # ...and at once when none came for this long (longer than a poll)
         self.build_s = 0.0          # cost of the last plotext build
         self._plt: Plot | None = None
         self._key: tuple | None = None
         self._last_draw = 0.0
+        self._seen: tuple | None = None  # the data versions at the previous `redraw` call
+        self._seen_at = 0.0              # when they last changed
         self._rendered: RenderResult | None = None
         self._rendered_sig: tuple | None = None
 
@@ -72,6 +76,8 @@ class MetricPlot(Widget, can_focus=True):
         """The built figure, rebuilt only after `redraw` changed it or the size changed."""
         if self._key is None:
             return ""  # nothing drawn yet: a first frame builds no figure
+        if self.size.height <= ROWS_SPENT:  # no row left for a curve: plotext would draw garbage
+            return Text(f"{self.title}: too small to plot", style="dim")
         sig = (self._key, self.size, self.app.theme)
         if self._rendered is not None and sig == self._rendered_sig:
             return self._rendered
@@ -88,24 +94,30 @@ class MetricPlot(Widget, can_focus=True):
     def drawn_current(self) -> bool:
         """The figure shows the newest data of every curve."""
         return (self._key is not None and self._key[0] == tuple(c.series.version for c in self.curves)
-                and self._key[1][:2] == (max(1, self.size.width - AXIS_COLS), self.size.height))
+                and self._key[1][:2] == (self.size.width, self.size.height))
 
     def redraw(self, weight: float, logy: bool, force: bool = False) -> bool:
         """Rebuild the plotext figure if anything it shows changed; True if it did."""
-        width = max(1, self.size.width - AXIS_COLS)
-        view = (width, self.size.height, weight, logy, self.hline)
-        key = (tuple(c.series.version for c in self.curves), view, tuple(c.series.generation for c in self.curves))
+        view = (self.size.width, self.size.height, weight, logy, self.hline)
+        data = tuple(c.series.version for c in self.curves)
+        key = (data, view, tuple(c.series.generation for c in self.curves))
+        now = time.monotonic()
+        if data != self._seen:
+            self._seen, self._seen_at = data, now
         if key == self._key and not force:
             return False
-        now = time.monotonic()
-        # New points alone wait their turn: a plotext build costs tens of ms, so data-driven
-        # redraws are spaced to keep the viewer's CPU small. Key presses, resizes and a new
+        # New points alone wait their turn while they keep coming: a plotext build costs tens of
+        # ms, so data-driven redraws are spaced to keep the viewer's CPU small. Once they stop for
+        # `quiet_s` the figure catches up at once: a finished or idle run shows its last step (it
+        # used to wait out the spacing, up to 25 builds' time). Key presses, resizes and a new
         # history (a big run's full read replacing its newest steps, a resumed attempt) are immediate.
-        if not force and self._key is not None and self._key[1:] == key[1:] and \
+        quiet = now - self._seen_at >= self.quiet_s
+        if not force and not quiet and self._key is not None and self._key[1:] == key[1:] and \
                 now - self._last_draw < max(self.min_interval_s, 25 * self.build_s):
             return False
         self._key, self._last_draw = key, now
         from tui.widgets.figure import draw
-        draw(self.plt, self.title, self.curves, width, weight, logy, self.hline)
+        draw(self.plt, self.title, self.ylabel, self.curves, self.size.width, self.size.height, weight, logy,
+             self.hline)
         self.refresh()
         return True

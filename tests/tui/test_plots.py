@@ -1,0 +1,180 @@
+"""Pilot tests of the plots on synthetic runs: what the rendered figures say, read off their text."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.tui.synth import SynthRun, loss_at
+from tests.tui.test_app import loaded, make_app, running_run, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+PLOTS = ("#plot-loss", "#plot-lr", "#plot-tps", "#plot-grad")
+SUFFIX = {"k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+
+
+def figure(app, selector: str) -> list[str]:
+    """The plot's figure as lines of plain text, as it is on the screen."""
+    out = app.query_one(selector).render()
+    return out.plain.splitlines() if hasattr(out, "plain") else str(out).splitlines()
+
+
+def y_labels(lines: list[str]) -> list[str]:
+    """The y tick labels, top to bottom (a label then the axis' tick mark)."""
+    return [m[1] for line in lines if (m := re.match(r"^\s*([^\s┤├│]+)[┤├]", line))]
+
+
+def x_labels(lines: list[str]) -> list[str]:
+    """The x tick labels: the row under the bottom axis."""
+    i = next(i for i, line in enumerate(lines) if "└" in line)
+    return lines[i + 1].split()
+
+
+def axis_names(lines: list[str]) -> str:
+    return lines[-1]
+
+
+def value(label: str) -> float:
+    """A compact tick label (34.6k, 3e-4, 1M) as a number."""
+    return float(label[:-1]) * SUFFIX[label[-1]] if label[-1] in SUFFIX else float(label)
+
+
+def canvas(lines: list[str]) -> str:
+    """The rows between the top and the bottom axis."""
+    top = next(i for i, line in enumerate(lines) if "┌" in line)
+    bottom = next(i for i, line in enumerate(lines) if "└" in line)
+    return "\n".join(lines[top + 1:bottom])
+
+
+def curve_cells(lines: list[str]) -> int:
+    """Cells of the canvas holding a curve (braille or dot markers)."""
+    return sum(1 for ch in canvas(lines) if 0x2801 <= ord(ch) <= 0x28FF or ch == "•")
+
+
+def shown(app) -> list[str]:
+    return [sel for sel in PLOTS if app.query_one(sel).display]
+
+
+def log_run(root) -> SynthRun:
+    """A completed 67-step run from step 0 (lr 0 there), one loss of 0 at step 30."""
+    r = SynthRun(root, max_steps=67)
+    r.run_start()
+    for s in range(0, 68):
+        r.step(s, loss=0.0 if s == 30 else None)
+        if s % 25 == 0 and s:
+            r.event("eval", step=s, val_loss=loss_at(s) + 0.1)
+    r.event("run_end", step=67, status="completed", reason="max_steps reached")
+    r.flush()
+    r.status("completed", exit_code=0, ended=r.t)
+    return r
+
+
+async def test_log_y_draws_every_plot_with_ticks_in_the_data_range(tmp_path):
+    log_run(tmp_path)
+    app = make_app(tmp_path)
+    series = app.watcher.follower.series
+    async with app.run_test(size=(140, 44)) as pilot:
+        await loaded(pilot)
+        await pilot.press("l")
+        await wait_for(pilot, app.settled)
+        checked = []
+        for _ in range(2):                      # the learning rate, then tokens/s in its place
+            for sel in shown(app):
+                lines = figure(app, sel)
+                text = "\n".join(lines)
+                assert "cannot draw" not in text, (sel, text)
+                assert curve_cells(lines) >= 20, (sel, text)
+                assert "(log)" in axis_names(lines), (sel, text)
+                # the ticks are real values inside what the plot holds (positive values only:
+                # lr 0 at step 0 and the loss of 0 at step 30 are left out, not stretching the axis)
+                ys = {"#plot-loss": [series.loss, series.val_loss], "#plot-lr": [series.lr],
+                      "#plot-tps": [series.tokens_per_s], "#plot-grad": [series.grad_norm]}[sel]
+                pos = [v for s in ys for v in s.arrays()[1].tolist() if v > 0]
+                lo, hi = min(pos), max(pos + ([1.0] if sel == "#plot-grad" else []))   # + the clip line
+                labels = [value(v) for v in y_labels(lines)]
+                assert len(labels) >= 2, (sel, text)
+                assert all(lo * 0.999 <= v <= hi * 1.001 for v in labels), (sel, labels, lo, hi)
+                assert "x" not in canvas(lines), (sel, text)   # dropped, not marked as bad points
+                checked.append(sel)
+            await pilot.press("t")
+            await wait_for(pilot, app.settled)
+        assert sorted(set(checked)) == sorted(PLOTS)
+        # loss 2.9..6.7 on a log axis: whole numbers; lr 1e-4..1e-3: powers of ten
+        assert y_labels(figure(app, "#plot-loss")) == ["6", "5", "4", "3"]
+        assert {"1e-3", "1e-4"} <= set(y_labels(figure(app, "#plot-lr")))
+
+
+async def test_finished_run_plots_end_at_its_last_step_with_readable_ticks(tmp_path):
+    r = SynthRun(tmp_path, max_steps=67)
+    r.run_start()
+    for s in range(1, 68):
+        r.step(s, tokens_per_s=34_000.0 + 10 * s)
+    r.event("run_end", step=67, status="completed", reason="max_steps reached")
+    r.flush()
+    r.status("completed", exit_code=0, ended=r.t)
+    app = make_app(tmp_path)
+    async with app.run_test(size=(140, 44)) as pilot:
+        await loaded(pilot)
+        await wait_for(pilot, app.settled)
+        assert "step 67/67" in str(app.query_one("#header").content)
+        checked_tps = False
+        for _ in range(2):
+            for sel in shown(app):
+                lines = figure(app, sel)
+                xs = x_labels(lines)
+                assert xs[0] == "1" and xs[-1] == "67", (sel, xs)      # the last step is labelled
+                assert all(re.fullmatch(r"\d+", x) for x in xs), (sel, xs)   # steps are whole
+                assert [int(x) for x in xs] == sorted(int(x) for x in xs)
+                assert "step" in axis_names(lines)
+                if sel == "#plot-tps":   # 34,010..34,670 tokens/s: 34.2k, 34.4k...
+                    labels = y_labels(lines)
+                    assert len(labels) >= 2 and all(re.fullmatch(r"34\.\d+k", v) for v in labels), labels
+                    assert axis_names(lines).startswith("tokens/s")
+                    checked_tps = True
+            await pilot.press("t")
+            await wait_for(pilot, app.settled)
+        assert checked_tps
+
+
+async def test_plots_catch_up_once_a_live_run_goes_quiet(tmp_path):
+    """Steps that arrive within the redraw spacing are drawn as soon as no more come."""
+    r = running_run(tmp_path)
+    app = make_app(tmp_path)
+    async with app.run_test(size=(140, 44)) as pilot:
+        await loaded(pilot)
+        await wait_for(pilot, app.settled)
+        plots = [app.query_one(sel) for sel in shown(app)]
+        # the spacing this test runs inside: the small plots would wait 4 s after their last draw
+        assert max(p.min_interval_s for p in plots) >= 4.0
+        with open(r.paths.events, "a") as f:
+            for s in range(2, 68):
+                r.step(s)
+                f.write(r.lines[-1] + "\n")
+        await wait_for(pilot, lambda: "step 67/" in str(app.query_one("#header").content))
+        await wait_for(pilot, lambda: all(p.drawn_current() for p in plots), timeout=2.5)
+        for p in plots:
+            assert x_labels(figure(app, f"#{p.id}"))[-1] == "67"
+
+
+async def test_no_data_yet_and_a_single_step(tmp_path):
+    r = SynthRun(tmp_path)
+    r.run_start()
+    r.flush()
+    r.status("running")
+    app = make_app(tmp_path)
+    async with app.run_test(size=(140, 44)) as pilot:
+        await loaded(pilot)
+        await wait_for(pilot, app.settled)
+        assert "no data yet" in "\n".join(figure(app, "#plot-loss"))
+        with open(r.paths.events, "a") as f:
+            r.step(1)
+            f.write(r.lines[-1] + "\n")
+        await wait_for(pilot, lambda: "step 1/" in str(app.query_one("#header").content))
+        await wait_for(pilot, app.settled)
+        for logy in (False, True):
+            lines = figure(app, "#plot-loss")
+            assert "cannot draw" not in "\n".join(lines) and x_labels(lines) == ["1"]
+            assert curve_cells(lines) >= 1
+            await pilot.press("l")
+            await wait_for(pilot, app.settled)
