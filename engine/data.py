@@ -183,9 +183,16 @@ def _token_splits(cfg: Config) -> Splits:
         splits = _windows(seqs.reshape(-1), cfg, "synthetic", vocab, stride=T + 1)
         splits.loss_floor = markov_entropy(succ, cum)
         return splits
+    if d.source == "text" and d.tokenizer:
+        # mt launch tokenized the text into this file (tui/prepare.py); mt resume makes it again if it is gone
+        if not d.token_cache:
+            raise DataError("data.tokenizer is set but data.token_cache is not: start the run with mt launch, which tokenizes the text")
+        return _token_file(Path(d.token_cache), d.token_dtype, cfg,
+                           "token cache does not exist (data.token_cache); mt resume makes it again", vocab, vocab_key)
     path = Path(d.path)
+    missing = "data file does not exist (data.path)"
     if not path.is_file():
-        raise DataError(f"{path}: data file does not exist (data.path)")
+        raise DataError(f"{path}: {missing}")
     if d.source == "text":
         if vocab < 256:
             raise DataError(f"{path}: text is read as bytes, so {vocab_key} must be >= 256, got {vocab}")
@@ -194,16 +201,23 @@ def _token_splits(cfg: Config) -> Splits:
         except OSError as e:
             raise DataError(f"{path}: cannot read: {e}") from None
         return _windows(tokens, cfg, str(path), vocab)
-    dtype = np.dtype(d.token_dtype)
+    return _token_file(path, d.token_dtype, cfg, missing, vocab, vocab_key)
+
+
+def _token_file(path: Path, dtype_name: str, cfg: Config, missing: str, vocab: int, vocab_key: str) -> Splits:
+    """A flat binary token file, memory-mapped, its ids checked against the model's vocabulary."""
+    if not path.is_file():
+        raise DataError(f"{path}: {missing}")
+    dtype = np.dtype(dtype_name)
     size = path.stat().st_size
     if size % dtype.itemsize:
-        raise DataError(f"{path}: size {size} is not a multiple of {dtype.itemsize} bytes ({d.token_dtype} tokens)")
+        raise DataError(f"{path}: size {size} is not a multiple of {dtype.itemsize} bytes ({dtype_name} tokens)")
     if size == 0:
         raise DataError(f"{path}: file is empty")
     try:
         tokens = np.memmap(path, dtype=dtype, mode="r")
     except (OSError, ValueError) as e:
-        raise DataError(f"{path}: cannot map as {d.token_dtype}: {e}") from None
+        raise DataError(f"{path}: cannot map as {dtype_name}: {e}") from None
     if len(tokens) <= 256 * 1024 * 1024:  # a full scan costs well under a second per 100M tokens
         top = int(tokens.max())
         if top >= vocab:

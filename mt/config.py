@@ -93,7 +93,12 @@ class DataConfig:
     """module:callable collating a list of samples into a batch (default: torch's default collate)."""
     path: str = ""
     """Text file (byte tokens) or flat binary token file; relative to where `mt launch` runs."""
+    tokenizer: str = ""
+    """A `tokenizers` JSON file for source = "text" (the hf extra); without it text is read as bytes."""
+    token_cache: str = ""
+    """Set by `mt launch` for text with a tokenizer: the token file it made, `<runs_dir>/.tokens/<key>.bin`."""
     token_dtype: Literal["uint16", "uint32"] = "uint16"
+    """Element type of a tokens file (and of the token cache, where `mt launch` sets it)."""
     num_workers: int = _c(0, ge=0)
     val_fraction: float = _c(0.05, ge=0, lt=1)
     synthetic_samples: int = _c(8192, ge=1)
@@ -355,6 +360,8 @@ def _check(cfg: Config, source: str) -> None:
         raise ConfigError(source, "launch.node_rank", f"must be < launch.nnodes ({launch.nnodes}), got {launch.node_rank}")
     if cfg.data.source in ("text", "tokens") and not cfg.data.path:
         raise ConfigError(source, "data.path", f"required when data.source = {_show(cfg.data.source)}")
+    if cfg.data.tokenizer and cfg.data.source != "text":
+        raise ConfigError(source, "data.tokenizer", f"only used with data.source = \"text\", got {_show(cfg.data.source)}")
     if cfg.faults.crash_rank >= cfg.world_size and cfg.faults.crash_at_step:
         raise ConfigError(source, "faults.crash_rank", f"must be < world size ({cfg.world_size})")
     if cfg.faults.overflow_at_step and t.precision != "fp16":
@@ -405,7 +412,7 @@ def load_preset(path: str | Path) -> Config:
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(source, "", f"invalid TOML: {e}") from None
     cfg = config_from_dict(raw, source)
-    for section, key in ((cfg.data, "path"), (cfg.model, "init_from"), (cfg.run, "workdir")):
+    for section, key in ((cfg.data, "path"), (cfg.data, "tokenizer"), (cfg.model, "init_from"), (cfg.run, "workdir")):
         value = getattr(section, key)
         if value and not Path(value).expanduser().is_absolute():
             setattr(section, key, str(Path(value).expanduser().resolve()))

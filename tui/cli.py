@@ -257,6 +257,50 @@ def kill(
 
 
 @app.command()
+def prepare(
+    text: Annotated[Path, typer.Argument(help="A UTF-8 text file (the corpus).", show_default=False)],
+    tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="A tokenizers JSON file (e.g. a Hugging Face tokenizer.json).", show_default=False)] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Write TEXT's tokens here: a flat file for data.source = \"tokens\".", show_default=False)] = None,
+    train_tokenizer: Annotated[Optional[Path], typer.Option("--train-tokenizer", help="Train a byte-level BPE on TEXT and save it here (--out then uses it).", show_default=False)] = None,
+    vocab: Annotated[int, typer.Option("--vocab", help="Vocabulary size for --train-tokenizer (>= 256, the byte symbols).")] = 512,
+) -> None:
+    """Tokenize TEXT into a flat token file (--out), with --tokenizer or a BPE trained on it.
+
+    Needs the hf extra (pip install -e ".[hf]"). Examples:
+
+    \b
+        mt prepare corpus.txt --train-tokenizer tok.json --vocab 512
+        mt prepare corpus.txt --tokenizer tok.json --out corpus.bin
+    """
+    from tui import prepare as prep
+
+    if tokenizer and train_tokenizer:
+        fail("--tokenizer and --train-tokenizer: give one of them")
+    if out is None and train_tokenizer is None:
+        fail("nothing to do: give --out (with --tokenizer) or --train-tokenizer")
+    if out is not None and tokenizer is None and train_tokenizer is None:
+        fail("--out needs --tokenizer (or --train-tokenizer)")
+    if train_tokenizer and vocab < 256:
+        fail(f"--vocab: expected an integer >= 256 (the 256 byte symbols), got {vocab}")
+    if not text.is_file():
+        fail(f"{text}: no such file")
+    try:
+        if train_tokenizer:
+            tok = prep.train_bpe(text, vocab, train_tokenizer)
+            typer.echo(f"trained a byte-level BPE on {text}: vocab {prep.vocab_size(tok)} -> {train_tokenizer}")
+        else:
+            tok = prep.load_tokenizer(tokenizer)
+        if out is not None:
+            made = prep.tokenize_file(text, tok, out, show=True)
+    except prep.PrepareError as e:
+        fail(e.message)
+    if out is not None:
+        typer.echo(f"{out}: {prep.summary(made)}")
+        typer.echo(f'use it with: [data] source = "tokens", path = "{out}", token_dtype = "{made.dtype}"; '
+                   f"[model] vocab_size >= {prep.vocab_size(tok)}")
+
+
+@app.command()
 def doctor() -> None:
     """Check torch, CUDA/NCCL, the GPUs NVML sees and whether a 2-process gloo group starts.
 

@@ -57,10 +57,10 @@ def write_preset(path: Path, runs_dir: Path, **sections: dict[str, Any]) -> Path
     return path
 
 
-def mt(*args: str, timeout: float = 240, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run `mt ARGS` as a real process (same interpreter as the tests)."""
+def mt(*args: str, timeout: float = 240, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `mt ARGS` as a real process (same interpreter as the tests); `env` adds to the environment."""
     return subprocess.run([*MT, *map(str, args)], capture_output=True, text=True, timeout=timeout,
-                          cwd=cwd or REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                          cwd=cwd or REPO, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
 
 
 def wait_for(cond: Callable[[], Any], timeout: float, what: str, every: float = 0.2) -> Any:

@@ -5,6 +5,7 @@ directory is complete, so bad input leaves no trace.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -82,6 +83,52 @@ def check_user_code(cfg: Config, source: str) -> None:
     raise ConfigError(source, key, message)
 
 
+# what a PrepareError is about -> the preset key to name
+_PREPARE_KEYS = {"tokenizer": "data.tokenizer", "text": "data.path", "out": "run.runs_dir"}
+
+
+def with_token_cache(cfg: Config, source: str) -> Config:
+    """Text with a tokenizer: tokenize it once into `<runs_dir>/.tokens/` (or reuse what is there) and
+    record the file in data.token_cache; ConfigError naming the key on a bad tokenizer or vocab."""
+    d = cfg.data
+    if d.source != "text" or not d.tokenizer:
+        return cfg
+    from tui import prepare
+
+    try:
+        tok = prepare.load_tokenizer(d.tokenizer)
+        vocab = prepare.vocab_size(tok)
+        # an hf model's vocabulary is its config's: the engine checks the ids against it
+        if cfg.model.kind != "hf" and cfg.model.vocab_size < vocab:
+            raise ConfigError(source, "model.vocab_size", f"must be >= the vocab size of data.tokenizer ({vocab}), got {cfg.model.vocab_size}")
+        made = prepare.cached_tokens(d.path, tok, d.tokenizer, prepare.cache_dir(cfg.run.runs_dir))
+    except prepare.PrepareError as e:
+        raise ConfigError(source, _PREPARE_KEYS[e.what], e.message) from None
+    return dataclasses.replace(cfg, data=dataclasses.replace(d, token_cache=str(made.path), token_dtype=made.dtype))
+
+
+def _resume_token_cache(run_dir: Path, cfg: Config) -> Config:
+    """The run's token cache, found (where config.json says, or beside the run) or made again from
+    data.path and data.tokenizer when they still hash to its key; else a ResumeError saying how to fix it."""
+    d = cfg.data
+    if d.source != "text" or not d.tokenizer:
+        return cfg
+    from tui import prepare
+
+    recorded = Path(d.token_cache)
+    here = prepare.cache_dir(run_dir.parent) / recorded.name  # the runs folder may have moved
+    found = prepare.read_cache(recorded) or prepare.read_cache(here)
+    if found is None:
+        try:
+            if prepare.cache_key(d.path, d.tokenizer) != recorded.stem:
+                raise ResumeError(f"{run_dir}: the token cache {recorded} is gone and {d.path} or {d.tokenizer} changed "
+                                  f"since launch, so it cannot be made again; put them back as they were, or launch a new run")
+            found = prepare.build_cache(d.path, prepare.load_tokenizer(d.tokenizer), d.tokenizer, here)
+        except prepare.PrepareError as e:
+            raise ResumeError(f"{run_dir}: cannot make the token cache {recorded} again: {e}") from None
+    return dataclasses.replace(cfg, data=dataclasses.replace(d, token_cache=str(found.path), token_dtype=found.dtype))
+
+
 def _check_runs_dir(runs_dir: Path, source: str) -> None:
     """The runs directory must be creatable and writable before anything is made in it."""
     probe = runs_dir
@@ -119,6 +166,7 @@ def create_run(preset: Path, over: Overrides) -> Path:
     cfg = resolve_config(preset, over)
     runs_dir = Path(cfg.run.runs_dir).expanduser()
     _check_runs_dir(runs_dir, str(preset))
+    cfg = with_token_cache(cfg, str(preset))
     try:
         run_dir = _new_run_dir(runs_dir, cfg).resolve()
     except OSError as e:
@@ -227,6 +275,7 @@ def _resume_locked(run_dir: Path, nproc: int | None, lock: int) -> None:
         new = attempt_config(cfg, manifest if isinstance(manifest, dict) else {}, nproc)
     except (ConfigError, ResumeRefused) as e:
         raise ResumeError(f"{run_dir}: {e}") from None
+    new = _resume_token_cache(run_dir, new)
     if new != cfg:
         cfg = new
         _write_or_refuse(paths, paths.config, cfg.to_dict())
