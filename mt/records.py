@@ -45,6 +45,7 @@ class RunStart(Event):
     backend: str | None
     precision: str | None
     params_total: int | None
+    params_active: int | None          # a mixture of experts: what one token uses
     tokens_per_step: int | None
     effective_batch: int | None
     start_step: int
@@ -62,6 +63,7 @@ class Step(Event):
     step_time_s: float | None
     data_wait_s: float | None
     mfu: float | None
+    samples_per_s: float | None
     kind: ClassVar[str] = "step"
 
 
@@ -193,7 +195,7 @@ def _run_start(raw: dict[str, Any], t: float | None) -> RunStart:
     return RunStart(
         t, raw, _int(raw, "attempt", 1), _int(raw, "world_size", 1), _int(raw, "nnodes", 1),
         _str(raw, "device"), _str(raw, "backend"), _str(raw, "precision"), _int(raw, "params_total"),
-        _int(raw, "tokens_per_step"), _int(raw, "effective_batch"), _int(raw, "start_step") or 0,
+        _int(raw, "params_active"), _int(raw, "tokens_per_step"), _int(raw, "effective_batch"), _int(raw, "start_step") or 0,
         _int(raw, "max_steps"))
 
 
@@ -203,7 +205,7 @@ def _step(raw: dict[str, Any], t: float | None) -> Step:
     return Step(
         t, raw, _int(raw, "step", required=True), _num(raw, "loss"), _num(raw, "lr", True),  # type: ignore[arg-type]
         _num(raw, "grad_norm", True), _num(raw, "tokens_per_s", True), _num(raw, "step_time_s", True),
-        _num(raw, "data_wait_s", True), _num(raw, "mfu", True))
+        _num(raw, "data_wait_s", True), _num(raw, "mfu", True), _num(raw, "samples_per_s", True))
 
 
 def _eval(raw: dict[str, Any], t: float | None) -> Eval:

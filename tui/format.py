@@ -46,3 +46,10 @@ def fmt_compact(v: float | None, sig: int = 3) -> str:
     mantissa, exp = f"{a:.{sig - 1}e}".split("e")
     mantissa = mantissa.rstrip("0").rstrip(".")
     return f"{sign}{mantissa}e{int(exp)}"
+
+
+def fmt_rate(tokens_per_s: float | None, samples_per_s: float | None) -> str:
+    """Throughput: tokens/s where the samples have tokens, else samples/s (the label says which)."""
+    if tokens_per_s is None and samples_per_s is not None:
+        return f"samples/s {fmt_num(samples_per_s, ',.1f')}"
+    return f"tok/s {fmt_num(tokens_per_s, ',.0f')}"

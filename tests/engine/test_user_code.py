@@ -1,6 +1,7 @@
 """A user's own model and dataset in the engine: init_from, what the model returns, what is counted."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from .runner import events, logs, make_run, run_engine
@@ -21,41 +22,68 @@ def test_user_model_reports_tokens_samples_and_active_params(tmp_path):
     assert step["tokens_seen"] == step["samples_seen"] * 16
 
 
-def test_init_from_continues_at_the_earlier_runs_loss(tmp_path):
+def test_samples_without_tokens_are_counted_as_samples(tmp_path):
+    from tui.read.follower import load_run_state
+    from tui.widgets.header import render_header
+
+    base = user_base(tmp_path)
+    run = make_run(tmp_path, "points", base, **SHORT, model={**base["model"], "factory": "my_models:regressor", "args": {}},
+                   data={**base["data"], "factory": "my_data:points", "args": {}})
+    assert run_engine(run) == 0, logs(run)
+    assert events(run, "run_start")[0]["tokens_per_step"] is None
+    step = events(run, "step")[-1]
+    assert step["tokens_per_s"] is None and step["samples_per_s"] > 0 and "mfu" not in step
+    header = render_header(load_run_state(run), step["t"], 200, 0.0, False).plain
+    assert "samples/s " in header and "tok/s" not in header and "params 161" in header
+
+
+def test_init_from_continues_at_the_earlier_runs_loss_and_refuses_weights_that_do_not_fit(tmp_path):
+    from engine.weights import InitFromError, load_into, read_state
+    from tests.engine.usercode import work_folder
+
     base = user_base(tmp_path)
     first = make_run(tmp_path, "first", base, checkpoint={"every_steps": 0},
                      train={"max_steps": 40, "grad_accum_steps": 1, "lr": 1e-2, "min_lr": 1e-3, "warmup_steps": 0})
     assert run_engine(first) == 0, logs(first)
     losses = [s["loss"] for s in events(first, "step")]
+    run = make_run(tmp_path, "again", base, **SHORT, model={**base["model"], "init_from": str(first)})
+    assert run_engine(run) == 0, logs(run)
+    start = events(run, "run_start")[0]
+    assert start["start_step"] == 0 and start["resumed_from"] is None
+    again = events(run, "step")[0]["loss"]
+    # fresh optimizer, same weights: the first loss is where the earlier run ended, not where it began
+    assert abs(again - losses[-1]) < 0.25 * (losses[0] - losses[-1]), (again, losses[0], losses[-1])
+
+    # the same weights as a checkpoint folder, a .pt state dict and a {"model": ...} training-script file
     final = [c for c in events(first, "checkpoint") if c["reason"] == "final"][-1]["path"]
-    state_file = tmp_path / "weights.pt"
-    torch.save(torch.load(f"{final}/model.pt", weights_only=True), state_file)
-    for name, source in (("from-run", first), ("from-folder", final), ("from-pt", state_file)):
-        run = make_run(tmp_path, name, base, **SHORT, model={**base["model"], "init_from": str(source)})
-        assert run_engine(run) == 0, logs(run)
-        start = events(run, "run_start")[0]
-        assert start["start_step"] == 0 and start["resumed_from"] is None
-        again = events(run, "step")[0]["loss"]
-        # fresh optimizer, same weights: the first loss is where the earlier run ended, not where it began
-        assert abs(again - losses[-1]) < 0.25 * (losses[0] - losses[-1]), (name, again, losses[0], losses[-1])
+    state = torch.load(f"{final}/model.pt", weights_only=True)
+    torch.save(state, tmp_path / "weights.pt")
+    torch.save({"model": state, "step": 40}, tmp_path / "script.pt")
+    for source in (first, final, tmp_path / "weights.pt", tmp_path / "script.pt"):
+        got, _ = read_state(source)
+        assert got.keys() == state.keys() and all(torch.equal(got[k], state[k]) for k in state), source
 
-
-def test_init_from_that_does_not_fit_names_the_key(tmp_path):
-    base = user_base(tmp_path)
-    first = make_run(tmp_path, "first", base, **SHORT)
-    assert run_engine(first) == 0, logs(first)
-    gpt = make_run(tmp_path, "gpt", **SHORT)
-    assert run_engine(gpt) == 0, logs(gpt)
-    for name, model_args, source, words in (
-        ("wider", {"hidden": 48}, first, ["shape mismatch for 'embed.weight'", "[32, 32] in the file, [32, 48] in the model"]),
-        ("other-model", {}, gpt, ["missing key 'embed.weight'", "unexpected key"]),
+    import sys
+    sys.path.insert(0, str(work_folder(tmp_path)))
+    try:
+        import my_models
+    finally:
+        sys.path.pop(0)
+    torch.save({"tok_emb.weight": torch.zeros(3, 3)}, tmp_path / "other.pt")
+    for model, source, words in (
+        (my_models.build(hidden=48), first, ["shape mismatch for 'embed.weight'", "[32, 32] in the file, [32, 48] in the model"]),
+        (my_models.build(), tmp_path / "other.pt", ["missing key 'embed.weight' (and 4 more)", "unexpected key 'tok_emb.weight'"]),
     ):
-        run = make_run(tmp_path, name, base, **SHORT,
-                       model={**base["model"], "args": {**base["model"]["args"], **model_args}, "init_from": str(source)})
-        assert run_engine(run) == 2, logs(run)
-        reason = events(run, "run_end")[-1]["reason"]
-        assert reason.startswith("model.init_from: ") and all(w in reason for w in words), reason
-        assert not events(run, "step")
+        with pytest.raises(InitFromError) as e:
+            load_into(model, *read_state(source))
+        assert str(e.value).startswith("model.init_from: ") and all(w in str(e.value) for w in words), str(e.value)
+
+    # in a real run: exit 2 before the first step, the reason in run_end
+    wider = make_run(tmp_path, "wider", base, **SHORT, model={**base["model"], "args": {**base["model"]["args"], "hidden": 48},
+                                                             "init_from": str(first)})
+    assert run_engine(wider) == 2, logs(wider)
+    reason = events(wider, "run_end")[-1]["reason"]
+    assert reason.startswith("model.init_from: ") and "shape mismatch for 'embed.weight'" in reason and not events(wider, "step")
 
 
 def test_a_model_that_returns_no_loss_fails_at_the_first_step_saying_what_came_back(tmp_path):

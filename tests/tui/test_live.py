@@ -39,6 +39,35 @@ every_steps = 0
 step_sleep_s = 0.1
 """
 
+# the same keys on a user's own model and dataset (examples/charlstm), not mt's GPT
+REPO = Path(__file__).resolve().parents[2]
+USER_MODEL = """
+[model]
+kind = "python"
+factory = "examples.charlstm.model:build"
+seq_len = 32
+[model.args]
+vocab = 16
+hidden = 32
+layers = 1
+dropout = 0.1
+[data]
+source = "python"
+factory = "examples.charlstm.data:build"
+[data.args]
+n = 2048
+seq_len = 32
+val_n = 0
+"""
+
+
+def preset_text(runs: Path, model: str) -> str:
+    if model == "gpt":
+        return PRESET.format(runs=runs)
+    gpt_model = PRESET[PRESET.index("[model]"):PRESET.index("[train]")]
+    text = PRESET.replace(gpt_model, USER_MODEL.lstrip("\n"))
+    return text.replace("[launch]", f"workdir = {str(REPO)!r}\n[launch]", 1).format(runs=runs)
+
 
 def status(run_dir: Path) -> dict:
     return read_json(run_dir / "status.json") or {}
@@ -48,12 +77,13 @@ def kinds(run_dir: Path, kind: str) -> list[dict]:
     return [e for e in read_events(run_dir / "events.jsonl") if e.get("kind") == kind]
 
 
-async def test_keys_checkpoint_stop_resume_kill_on_a_live_run(tmp_path):
+@pytest.mark.parametrize("model", ["gpt", "python"])
+async def test_keys_checkpoint_stop_resume_kill_on_a_live_run(tmp_path, model):
     from tui.run.control import kill_run
     from tui.run.launch import Overrides, launch_run
 
     preset = tmp_path / "live.toml"
-    preset.write_text(PRESET.format(runs=tmp_path / "runs"))
+    preset.write_text(preset_text(tmp_path / "runs", model))
     run_dir = launch_run(preset, Overrides())
     app = MtApp(run_dir, poll_s=0.1, redraw_s=0.1)
     try:

@@ -34,7 +34,7 @@ _NONNEG_WHOLE = rb'(?:' + _WHOLE + rb'|null)'
 _TIME = rb'(?:9[5-9]\d{7}|[1-3]\d{9}|40\d{8})(?:\.\d{1,20})?'   # 2000..2099, as records.T_MIN/T_MAX
 _STRICT = {
     "v": rb"1", "t": _TIME, "step": _WHOLE, "loss": _REAL,
-    **dict.fromkeys(("lr", "grad_norm", "tokens_per_s", "step_time_s", "data_wait_s", "mfu"), _NONNEG),
+    **dict.fromkeys(("lr", "grad_norm", "tokens_per_s", "step_time_s", "data_wait_s", "mfu", "samples_per_s"), _NONNEG),
     **dict.fromkeys(("epoch", "samples_seen", "tokens_seen", "mem_alloc_bytes", "mem_peak_bytes"), _NONNEG_WHOLE),
 }
 

@@ -131,6 +131,7 @@ class RunState:
     grad_norm: float | None = None
     grad_clip: float | None = None
     tokens_per_s: float | None = None
+    samples_per_s: float | None = None
     step_time_s: float | None = None
     mfu: float | None = None
     world_size: int | None = None
@@ -141,6 +142,7 @@ class RunState:
     effective_batch: int | None = None
     tokens_per_step: int | None = None
     params_total: int | None = None
+    params_active: int | None = None
     started: float | None = None
     ended: float | None = None
     exit_code: int | None = None
@@ -248,6 +250,7 @@ def reduce_step(st: RunState, ev: Step) -> None:
     if ev.loss is not None and math.isfinite(ev.loss) and (st.best_loss is None or ev.loss < st.best_loss):
         st.best_loss, st.best_loss_step = ev.loss, ev.step
     st.lr, st.grad_norm, st.tokens_per_s, st.step_time_s = ev.lr, ev.grad_norm, ev.tokens_per_s, ev.step_time_s
+    st.samples_per_s = ev.samples_per_s
     if ev.mfu is not None:
         st.mfu = ev.mfu
     if ev.t is not None:
@@ -265,7 +268,7 @@ def reduce_event(st: RunState, ev: Record) -> None:
     elif isinstance(ev, RunStart):
         st.attempt = ev.attempt or st.attempt
         st.world_size, st.nnodes, st.effective_batch = ev.world_size, ev.nnodes, ev.effective_batch
-        st.tokens_per_step, st.params_total = ev.tokens_per_step, ev.params_total
+        st.tokens_per_step, st.params_total, st.params_active = ev.tokens_per_step, ev.params_total, ev.params_active
         st.device, st.backend, st.precision = ev.device, ev.backend, ev.precision
         st.max_steps = ev.max_steps or st.max_steps
         st.start_step = ev.start_step

@@ -13,7 +13,7 @@ from typing import Callable, TextIO
 
 from mt.events import FINAL_STATES
 from mt.records import Checkpoint, Control, Eval, Incident, Record, RunEnd, RunStart
-from tui.format import fmt_duration, fmt_num
+from tui.format import fmt_duration, fmt_num, fmt_rate
 from tui.read.follower import RunFollower
 from tui.rundir import liveness, read_status
 from tui.state.run import RunState
@@ -23,7 +23,7 @@ def step_line(st: RunState) -> str:
     total = "?" if st.max_steps is None else str(st.max_steps)
     width = len(total)
     return (f"step {st.step:>{width}}/{total}  loss {fmt_num(st.loss, '.4f')}  lr {fmt_num(st.lr, '.2e')}"
-            f"  tok/s {fmt_num(st.tokens_per_s, ',.0f')}  ETA {fmt_duration(st.eta_s())}")
+            f"  {fmt_rate(st.tokens_per_s, st.samples_per_s)}  ETA {fmt_duration(st.eta_s())}")
 
 
 def event_line(ev: Record) -> str | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from tui.format import fmt_duration, fmt_num
+from tui.format import fmt_compact, fmt_duration, fmt_num, fmt_rate
 from tui.state.run import RunState
 
 STATE_STYLE = {
@@ -33,13 +33,16 @@ def render_header(st: RunState, now: float, width: int, smoothing: float, logy: 
         f"  attempt {st.attempt}  step {step}/{total}{pct} ")
     bar_w = max(0, min(30, width - line1.cell_len - 2))
     line1.append_text(progress_bar(st.step, st.max_steps, bar_w))
-    parts = [f"ETA {fmt_duration(st.eta_s())}", f"tok/s {fmt_num(st.tokens_per_s, ',.0f')}"]
+    parts = [f"ETA {fmt_duration(st.eta_s())}", fmt_rate(st.tokens_per_s, st.samples_per_s)]
     if st.mfu is not None:
         parts.append(f"MFU {fmt_num(100 * st.mfu, '.1f')}%")
     parts.append(f"elapsed {fmt_duration(st.elapsed_s(now))}")
     parts.append(f"{st.world_size or '?'} × {st.device or '?'}")
     parts.append(f"{st.precision or '?'}")
     parts.append(f"eff.batch {st.effective_batch or '?'}")
+    if st.params_total is not None:
+        active = f" ({fmt_compact(st.params_active)} active)" if st.params_active is not None else ""
+        parts.append(f"params {fmt_compact(st.params_total)}{active}")
     ck = st.last_checkpoint
     parts.append("ckpt none" if ck is None else f"ckpt @{ck.step} ({fmt_duration(ck.age_s(now))} ago)")
     line2 = Text("  ".join(parts))
