@@ -54,7 +54,9 @@ class Trainer:
         self.n_params, self.n_trainable = count_params(self.model)
         active = getattr(self.model, "active_params", None)
         self.n_active = int(active()) if callable(active) else None
-        self.ddp = DDP(self.model, device_ids=[env.local_rank] if env.device.type == "cuda" else None)
+        # one rank pays for no DDP: no wrapper, no bucketed all-reduce, no per-step gather
+        self.ddp = self.model if env.world_size == 1 else DDP(self.model, device_ids=[env.local_rank] if env.device.type == "cuda" else None)
+        self.no_sync = self.ddp.no_sync if isinstance(self.ddp, DDP) else nullcontext
         self.optimizer = build_optimizer(self.model, t, env.device)
         amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(t.precision)
         self.autocast = (lambda: torch.autocast(env.device.type, dtype=amp_dtype)) if amp_dtype else nullcontext
@@ -169,7 +171,7 @@ class Trainer:
             data_wait += time.perf_counter() - t0
             batch = to_device(batch, self.env.device)
             sync = micro == self.accum - 1
-            with (nullcontext() if sync else self.ddp.no_sync()):
+            with (nullcontext() if sync else self.no_sync()):
                 with self.autocast():
                     loss = loss_of(call_model(self.ddp, batch), self.what)
                 if self.faults.nan_now(step, micro):
@@ -198,9 +200,12 @@ class Trainer:
         stop = self.signals.received is not None or bool(requests["stop"])
         row = torch.tensor([0.0, float(stop), float(bool(requests["checkpoint"])), mem, peak], dtype=torch.float64, device=self.env.device)
         row[_LOSS] = loss_local
-        rows = [torch.empty_like(row) for _ in range(self.env.world_size)]
-        dist.all_gather(rows, row)
-        table = torch.stack(rows).cpu()
+        if self.env.world_size == 1:
+            table = row.unsqueeze(0).cpu()
+        else:
+            rows = [torch.empty_like(row) for _ in range(self.env.world_size)]
+            dist.all_gather(rows, row)
+            table = torch.stack(rows).cpu()
         losses = table[:, _LOSS]
         return {
             "loss": float(losses.sum() / len(losses)) if bool(torch.isfinite(losses).all()) else float("nan"),

@@ -151,6 +151,9 @@ def _first_failure(obs: Observation) -> tuple[list[Failure], str]:
     failures = torchrun_failures(obs.torchrun_log)
     if failures:
         return failures, "torchrun's report (first observed failure)"
+    rc = obs.status.get("exit_code")
+    if obs.status.get("direct") and isinstance(rc, int) and rc:
+        return [Failure(0, rc)], "the worker's exit code"  # one process, started without torchrun
     ranked = []
     for rank, tail in sorted(obs.rank_logs.items()):
         kind, _ = classify_log(tail)

@@ -32,7 +32,7 @@ from mt.system import clean_sample
 from tui.run import lock as runlock
 from tui.run.procs import rank_processes, run_processes, terminate_all
 from tui.run.sampler import SystemSampler
-from tui.run.torchrun import torchrun_command, worker_env
+from tui.run.torchrun import attempt_command, is_direct, worker_env
 from tui.rundir import newest_checkpoint, read_status
 
 _PR_SET_PDEATHSIG = 1
@@ -212,18 +212,20 @@ class Supervisor:
         return why
 
     def run_attempt(self, attempt: int) -> tuple[int, int | None, RunEnd | None]:
-        """One torchrun; returns (torchrun exit code, first worker exit code, this attempt's run_end)."""
+        """One torchrun (or, for one process, the worker itself: `direct`); returns (its exit code,
+        the first worker's exit code, this attempt's run_end)."""
         started = time.time()
         self.write_status("starting", attempt=attempt, torchrun_pid=None, worker_pids={},
                           started=self.status.get("started") or started, ended=None, exit_code=None,
                           reason=None, nproc=self.cfg.launch.nproc_per_node,
-                          nnodes=self.cfg.launch.nnodes, node_rank=self.cfg.launch.node_rank)
+                          nnodes=self.cfg.launch.nnodes, node_rank=self.cfg.launch.node_rank,
+                          direct=is_direct(self.cfg))
         if self.kill_requested or self.stop_requested:  # a signal arrived before torchrun started
             return (-signal.SIGTERM, None, RunEnd(time.time(), {}, None, "stopped", "stopped before start"))
         self.current_attempt = None
         log_path = self.paths.logs / "torchrun.log"
         log_offset = log_path.stat().st_size if log_path.exists() else 0
-        cmd = torchrun_command(self.cfg, self.run_dir, attempt)
+        cmd = attempt_command(self.cfg, self.run_dir, attempt)
         self.log.info("attempt %d: %s", attempt, " ".join(cmd))
         with open(log_path, "ab") as out:
             self.torchrun = subprocess.Popen(
@@ -239,7 +241,7 @@ class Supervisor:
         run_end = self.watch(attempt, tr)
         rc = tr.returncode
         record.update(ended=time.time(), exit_code=rc)
-        worker_rc = _worker_exit_code(log_path, log_offset) if rc else None
+        worker_rc = (rc if is_direct(self.cfg) else _worker_exit_code(log_path, log_offset)) if rc else None
         clean = run_end is not None and run_end.status in ("completed", "stopped")
         if not self.kill_requested and not clean:
             self.status["exit_code"] = rc
@@ -263,7 +265,7 @@ class Supervisor:
             if now >= next_tick:
                 next_tick = now + self.poll_s
                 if len(self.ranks) < self.cfg.launch.nproc_per_node:
-                    found = {r: p.pid for r, p in rank_processes(tr.pid).items()}
+                    found = {0: tr.pid} if is_direct(self.cfg) else {r: p.pid for r, p in rank_processes(tr.pid).items()}
                     if found != self.ranks:
                         self.ranks = found
                         self.write_status(self.status["state"], worker_pids={str(r): p for r, p in found.items()})

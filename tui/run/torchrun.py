@@ -49,6 +49,18 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def is_direct(cfg: Config) -> bool:
+    """One process on one node runs without torchrun: it would only add its own start-up (seconds)."""
+    return cfg.world_size == 1
+
+
+def attempt_command(cfg: Config, run_dir: Path, attempt: int, python: str = sys.executable) -> list[str]:
+    """What the supervisor starts for an attempt: torchrun, or the one worker itself."""
+    if is_direct(cfg):
+        return [python, "-P", "-m", "engine", "--run-dir", str(run_dir), "--attempt", str(attempt)]
+    return torchrun_command(cfg, run_dir, attempt, python)
+
+
 def worker_env(cfg: Config, base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment for torchrun and its workers.
 
@@ -59,4 +71,9 @@ def worker_env(cfg: Config, base: dict[str, str] | None = None) -> dict[str, str
     env.setdefault("OMP_NUM_THREADS", str(max(1, usable_cores() // cfg.launch.nproc_per_node)))
     env["PYTHONUNBUFFERED"] = "1"  # worker logs arrive as they are written
     env.update(HF_OFFLINE)  # a worker never reaches for the network (Hugging Face hub)
+    if is_direct(cfg):
+        # what torchrun would set; without MASTER_ADDR the engine's group of one needs no store server
+        env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+        for name in ("MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID"):
+            env.pop(name, None)
     return env
