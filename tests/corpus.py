@@ -1,4 +1,4 @@
-"""A generated text corpus for the tokenizer tests and bench/tokenize.py: made-up words in lines
+"""A generated text corpus for the tokenizer tests and bench/tokenize_text.py: made-up words in lines
 and paragraphs, with indentation, digits, punctuation and some non-ASCII letters."""
 from __future__ import annotations
 

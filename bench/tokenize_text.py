@@ -1,6 +1,6 @@
 """Tokenizing generated text into the launch-time token cache (tui/prepare.py), as mt launch does.
 
-    .venv/bin/python bench/tokenize.py [--mb 100] [--vocab 8192] [--dir /tmp/mt-bench-tokenize]
+    .venv/bin/python bench/tokenize_text.py [--mb 100] [--vocab 8192] [--dir /tmp/mt-bench-tokenize]
 
 Writes the text (tests/corpus.py) and trains a byte-level BPE on its first 4 MB once (kept in
 --dir), then times a cold cache build (hash + tokenize + write) and a warm reuse.
