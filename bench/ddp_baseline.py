@@ -21,7 +21,7 @@ from engine.data import build_splits
 from engine.model import build_model
 from engine.optim import build_optimizer, lr_at, set_lr
 from engine.user import add_workdir, call_model, loss_of
-from mt.config import load_config_json
+from mt.preset import load_config_json
 
 
 def main(config_path: str, warmup: int) -> None:

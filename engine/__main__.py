@@ -5,9 +5,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from mt.config import ConfigError, load_config_json
+from mt.config import ConfigError
 from mt.eventlog import EventWriter
 from mt.paths import RunPaths
+from mt.preset import load_config_json
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,6 +21,7 @@ from engine.faults import Faults
 from engine.metrics import device_name, git_commit, memory, peak_flops
 from engine.model import build_model, count_params, training_flops_per_token
 from engine.optim import build_optimizer, lr_at, set_lr
+from engine.resume import find_checkpoint
 from engine.user import call_model, loss_of, to_device, tokens_per_sample
 from engine.weights import load_into, read_state
 from mt import resume
@@ -29,7 +30,6 @@ from mt.config import Config
 from mt.eventlog import EventWriter, NullEventWriter
 from mt.heartbeat import Heartbeat
 from mt.inbox import ControlInbox, Request, StopSignals
-from mt.jsonl import read_json
 from mt.paths import RunPaths
 from mt.space import DiskFullError
 
@@ -299,20 +299,11 @@ class Trainer:
                 self.inbox.done(req.path)
 
     def _maybe_resume(self) -> dict[str, Any] | None:
-        found: list[Any] = [None, [], None, None]
-        parts = None
-        if self.env.is_main:
-            checkpoint.clean_temporaries(self.paths.checkpoints)
-            path, parts, skipped = checkpoint.find_latest(self.paths.checkpoints, self.env.device)
-            manifest = checkpoint.verify(path)["files"] if path else None  # cached by the OS: just read
-            found = [str(path) if path else None, [(str(p), why) for p, why in skipped], path.name if path else None, manifest]
-            for p, why in skipped:
-                log(f"skipping checkpoint {p}: {why}")
-                self.events.emit("incident", step=0, code="checkpoint_skipped", severity="warn", title="Checkpoint skipped on resume", detail=why, advice="The newest intact checkpoint is used instead; inspect or delete the damaged folder.", evidence={"path": str(p)})
-        dist.broadcast_object_list(found, src=0)
-        if found[0] is None:
+        """Load the newest intact checkpoint's model, optimizer, RNG and position (None: a fresh start)."""
+        found = find_checkpoint(self.paths, self.env, self.events)
+        if found is None:
             return None
-        parts = self._share_checkpoint(self.paths.checkpoints / found[2], found[3], parts)
+        path, parts, skipped = found
         state = parts["train.pt"]
         t = self.cfg.train
         how = resume.plan(state, self.env.world_size, t.micro_batch_size, t.grad_accum_steps, t.allow_batch_change)
@@ -325,25 +316,10 @@ class Trainer:
             checkpoint.restore_rng(rngs[self.env.rank], self.env.device)
         else:  # a rank the checkpoint did not have: fresh but reproducible streams
             seed_everything(self.cfg.run.seed + self.env.rank + 1000 * self.step)
-        log(f"resumed from {found[0]} at step {self.step}: {how.note}")
-        return {"path": found[0], "step": self.step, "samples_seen": self.samples, "world_size_before": int(state["world_size"]),
+        log(f"resumed from {path} at step {self.step}: {how.note}")
+        return {"path": path, "step": self.step, "samples_seen": self.samples, "world_size_before": int(state["world_size"]),
                 "grad_accum_before": int(state["grad_accum_steps"]), "grad_accum_now": self.accum, "exact": how.exact,
-                "note": how.note, "skipped": found[1]}
-
-    def _share_checkpoint(self, path: Path, files: dict[str, Any], parts: dict[str, Any] | None) -> dict[str, Any]:
-        """Every rank's copy of the checkpoint rank 0 chose: read from its own run directory where
-        the same checkpoint is there (one node, shared filesystem), else sent by rank 0."""
-        local = read_json(path / "manifest.json")
-        same = isinstance(local, dict) and local.get("files") == files
-        visible = torch.tensor([float(same)], device=self.env.device)
-        dist.all_reduce(visible, op=dist.ReduceOp.MIN)
-        if bool(visible.item()):
-            return parts if parts is not None else checkpoint.load(path, map_location=self.env.device)
-        box = [{k: _to_cpu(v) for k, v in parts.items()} if parts is not None else None]
-        dist.broadcast_object_list(box, src=0)
-        if not same:
-            log(f"{path} is not in this run directory: received the checkpoint from rank 0")
-        return box[0]
+                "note": how.note, "skipped": skipped}
 
     def _step_fields(self, step: int, loss: float, lr: float, grad_norm: float, step_time: float, data_wait: float,
                      skipped: bool, scale: float | None, agreed: dict[str, Any]) -> dict[str, Any]:
@@ -385,17 +361,6 @@ class Trainer:
         self.events.emit("run_end", step=self.step, status=status, reason=reason)
         log(f"run_end {status}: {reason}")
         return 0
-
-
-def _to_cpu(obj: Any) -> Any:
-    """A state tree with every tensor on the CPU, so it can travel through broadcast_object_list."""
-    if isinstance(obj, torch.Tensor):
-        return obj.cpu()
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_cpu(v) for v in obj)
-    return obj
 
 
 def report_failure(exc: BaseException) -> str:

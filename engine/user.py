@@ -15,7 +15,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from mt.config import Config, ConfigError, config_from_dict
+from mt.config import Config, ConfigError
+from mt.preset import config_from_dict
 
 
 class UserCodeError(ValueError):

@@ -8,12 +8,11 @@ from pathlib import Path
 
 import psutil
 
-from mt.config import config_from_dict
+from mt.preset import config_from_dict
 from tests.cli.conftest import SMALL, wait_for
 from tui.run.procs import rank_processes, run_processes, terminate_all
 from tui.run.sampler import SystemSampler
-from tui.run.supervisor import _worker_exit_code
-from tui.run.torchrun import torchrun_command, usable_cores, worker_env
+from tui.run.torchrun import torchrun_command, usable_cores, worker_env, worker_exit_code
 from tui.rundir import checkpoints, newest_checkpoint
 
 
@@ -128,8 +127,8 @@ def test_worker_exit_code_is_the_root_cause(tmp_path: Path) -> None:
     report = ("Failures:\n[1]:\n  rank      : 0\n  exitcode  : -15 (pid: 11)\n"
               "Root Cause (first observed failure):\n[0]:\n  rank      : 1\n  exitcode  : 2 (pid: 12)\n")
     log.write_text(old + report)
-    assert _worker_exit_code(log, len(old)) == 2
-    assert _worker_exit_code(log, log.stat().st_size) is None
+    assert worker_exit_code(log, len(old)) == 2
+    assert worker_exit_code(log, log.stat().st_size) is None
 
 
 def test_only_checkpoints_with_a_manifest_count(tmp_path: Path) -> None:

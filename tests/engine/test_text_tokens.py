@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from engine.data import DataError, build_splits
-from mt.config import config_from_dict
+from mt.preset import config_from_dict
 from tests.corpus import write_corpus
 from tui import prepare
 

@@ -69,7 +69,7 @@ def test_second_signal_exits_at_once(tmp_path):
 
 def test_attempt_config_is_derived_in_one_place():
     """A 2-rank run with faults aimed at rank 1 resumes on 1 rank; grad_accum_steps is what the engine will run."""
-    from mt.config import config_from_dict
+    from mt.preset import config_from_dict
     from mt.resume import attempt_config
 
     raw = {"run": {"name": "t"}, "launch": {"nproc_per_node": 2, "device": "cpu"},

@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from mt.anomaly import is_clear
-from mt.config import Config, ConfigError, MonitorConfig, load_config_json
+from mt.config import Config, ConfigError, MonitorConfig
 from mt.events import EXIT_CODES, FINAL_STATES, SCHEMA_VERSION, as_float, dumps
 from mt.jsonl import JsonlTail, read_json
 from mt.paths import RunPaths
+from mt.preset import load_config_json
 from mt.records import Incident, Record, RecordTail, RunStart, Step, parse_incident, read_records
 from mt.system import clean_sample
 from tui.diagnose.exit import classify_log

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mt import space
-from mt.config import Config, ConfigError, check_paths, config_from_dict, load_config_json, load_preset
+from mt.config import Config, ConfigError
 from mt.jsonl import read_json, write_json_atomic
 from mt.paths import RunPaths
+from mt.preset import check_paths, config_from_dict, load_config_json, load_preset
 from mt.resume import ResumeRefused, attempt_config
 from tui.run import lock as runlock
 from tui.rundir import liveness, newest_checkpoint, read_status, require_run_dir

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -116,3 +117,19 @@ def terminate_all(procs: list[psutil.Process], grace_s: float) -> SignalReport:
     _, still = psutil.wait_procs(alive, timeout=5.0)
     report.survivors = [p.pid for p in still]
     return report
+
+
+def daemonize(log_path: Path) -> None:
+    """Fork once more so the supervisor is nobody's child (init reaps it); the parent prints its
+    pid and exits. stdout/stderr go to the supervisor log (tracebacks included)."""
+    pid = os.fork()
+    if pid > 0:
+        sys.stdout.write(f"{pid}\n")
+        sys.stdout.flush()
+        os._exit(0)
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = os.fdopen(1, "w", buffering=1)
+    sys.stderr = os.fdopen(2, "w", buffering=1)

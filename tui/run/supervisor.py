@@ -14,7 +14,6 @@ import argparse
 import ctypes
 import logging
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -23,20 +22,20 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from mt import space
-from mt.config import Config, load_config_json
+from mt.config import Config
 from mt.events import dumps
 from mt.jsonl import write_json_atomic
 from mt.paths import RunPaths
+from mt.preset import load_config_json
 from mt.records import Control, Record, RecordTail, RunEnd, RunStart
 from mt.system import clean_sample
 from tui.run import lock as runlock
-from tui.run.procs import rank_processes, run_processes, terminate_all
+from tui.run.procs import daemonize, rank_processes, run_processes, terminate_all
 from tui.run.sampler import SystemSampler
-from tui.run.torchrun import attempt_command, is_direct, worker_env
+from tui.run.torchrun import attempt_command, is_direct, worker_env, worker_exit_code
 from tui.rundir import newest_checkpoint, read_status
 
 _PR_SET_PDEATHSIG = 1
-_EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
 
 
 def _die_with_parent() -> None:
@@ -241,7 +240,7 @@ class Supervisor:
         run_end = self.watch(attempt, tr)
         rc = tr.returncode
         record.update(ended=time.time(), exit_code=rc)
-        worker_rc = (rc if is_direct(self.cfg) else _worker_exit_code(log_path, log_offset)) if rc else None
+        worker_rc = (rc if is_direct(self.cfg) else worker_exit_code(log_path, log_offset)) if rc else None
         clean = run_end is not None and run_end.status in ("completed", "stopped")
         if not self.kill_requested and not clean:
             self.status["exit_code"] = rc
@@ -330,19 +329,6 @@ class Supervisor:
             terminate_all(leftovers, grace_s=10.0)
 
 
-def _worker_exit_code(log_path: Path, offset: int) -> int | None:
-    """The first failed worker's exit code, from torchrun's ChildFailedError report."""
-    try:
-        with open(log_path, "rb") as f:
-            f.seek(offset)
-            text = f.read().decode("utf-8", "replace")
-    except OSError:
-        return None
-    root = text.find("Root Cause")  # torchrun names the first failure there; others got SIGTERM after
-    m = _EXITCODE.search(text, root if root >= 0 else 0)
-    return int(m.group(1)) if m else None
-
-
 def _file_logger(path: Path) -> logging.Logger:
     path.parent.mkdir(parents=True, exist_ok=True)
     log = logging.getLogger(f"mt.supervisor.{path}")
@@ -353,22 +339,6 @@ def _file_logger(path: Path) -> logging.Logger:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         log.addHandler(handler)
     return log
-
-
-def _daemonize(log_path: Path) -> None:
-    """Fork once more so the supervisor is nobody's child (init reaps it); the parent prints its
-    pid and exits. stdout/stderr go to the supervisor log (tracebacks included)."""
-    pid = os.fork()
-    if pid > 0:
-        sys.stdout.write(f"{pid}\n")
-        sys.stdout.flush()
-        os._exit(0)
-    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    sys.stdout = os.fdopen(1, "w", buffering=1)
-    sys.stderr = os.fdopen(2, "w", buffering=1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -388,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mt supervisor: {e}", file=sys.stderr)
         return 2
     if args.daemon:
-        _daemonize(RunPaths(args.run_dir).supervisor_log)
+        daemonize(RunPaths(args.run_dir).supervisor_log)
     runlock.note_holder(lock, f"supervisor pid {os.getpid()}")
     sup = Supervisor(args.run_dir)
     try:

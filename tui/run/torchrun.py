@@ -10,6 +10,7 @@ logs, heartbeats, status.json and system.jsonl (status.json `worker_pids` lists 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -77,3 +78,19 @@ def worker_env(cfg: Config, base: dict[str, str] | None = None) -> dict[str, str
         for name in ("MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID"):
             env.pop(name, None)
     return env
+
+
+_EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
+
+
+def worker_exit_code(log_path: Path, offset: int) -> int | None:
+    """The first failed worker's exit code, from torchrun's ChildFailedError report."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    root = text.find("Root Cause")  # torchrun names the first failure there; others got SIGTERM after
+    m = _EXITCODE.search(text, root if root >= 0 else 0)
+    return int(m.group(1)) if m else None

@@ -1,0 +1,235 @@
+"""Reading presets and config.json into the schema of mt/config.py: types, bounds, cross-key rules.
+
+Every error names the file and the key (`x.toml: train.lr: ...`). Stdlib only.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import tomllib
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+from mt.config import Config, ConfigError
+
+_RULE_TEXT = {"gt": "> {}", "ge": ">= {}", "lt": "< {}", "le": "<= {}"}
+_RULE_TEST = {
+    "gt": lambda v, b: v > b,
+    "ge": lambda v, b: v >= b,
+    "lt": lambda v, b: v < b,
+    "le": lambda v, b: v <= b,
+}
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, (str, list, dict)) else repr(value)
+
+
+def _coerce(source: str, key: str, tp: Any, value: Any, rules: dict[str, Any]) -> Any:
+    bounds = " and ".join(_RULE_TEXT[r].format(b) for r, b in rules.items())
+    if typing.get_origin(tp) is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ConfigError(source, key, f"expected one of {', '.join(choices)}, got {_show(value)}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(source, key, f"expected true or false, got {_show(value)}")
+        return value
+    if tp in (int, float):
+        ok = isinstance(value, int) if tp is int else isinstance(value, (int, float))
+        if isinstance(value, bool) or not ok:
+            noun = "an integer" if tp is int else "a number"
+            raise ConfigError(source, key, f"expected {noun}{' ' + bounds if bounds else ''}, got {_show(value)}")
+        value = tp(value)
+        for rule, bound in rules.items():
+            if not _RULE_TEST[rule](value, bound):
+                noun = "an integer" if tp is int else "a number"
+                raise ConfigError(source, key, f"expected {noun} {bounds}, got {_show(value)}")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(source, key, f"expected a string, got {_show(value)}")
+        return value
+    if typing.get_origin(tp) is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(source, key, f"expected a table, got {_show(value)}")
+        bad = _not_plain(value)
+        if bad is not None:
+            raise ConfigError(source, f"{key}.{bad[0]}" if bad[0] else key, f"expected a string, number, boolean, list or table, got {bad[1]!r}")
+        return value
+    if typing.get_origin(tp) is list:
+        if not isinstance(value, list) or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) for x in value
+        ):
+            raise ConfigError(source, key, f"expected a list of numbers, got {_show(value)}")
+        return [float(x) for x in value]
+    raise AssertionError(f"unsupported config type {tp!r}")
+
+
+def _not_plain(value: Any, path: str = "") -> tuple[str, Any] | None:
+    """The first value JSON cannot hold as is (a TOML date, say), with where it is."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            bad = _not_plain(v, f"{path}.{k}" if path else str(k))
+            if bad is not None:
+                return bad
+        return None
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            bad = _not_plain(v, f"{path}[{i}]")
+            if bad is not None:
+                return bad
+        return None
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return None
+    return path, value
+
+
+_SPEC = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+def _build(cls: type, source: str, section: str, table: Any) -> Any:
+    if not isinstance(table, dict):
+        raise ConfigError(source, section, f"expected a table [{section}], got {_show(table)}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in table:
+        if key not in fields:
+            known = ", ".join(fields)
+            raise ConfigError(source, f"{section}.{key}", f"unknown key (known: {known})")
+    kwargs = {}
+    for name, f in fields.items():
+        key = f"{section}.{name}"
+        if name in table:
+            kwargs[name] = _coerce(source, key, hints[name], table[name], dict(f.metadata))
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(source, key, "missing (required)")
+    return cls(**kwargs)
+
+
+_ENDPOINT = re.compile(r"^[A-Za-z0-9_.\-]+:\d{1,5}$|^\[[0-9a-fA-F:]+\]:\d{1,5}$")
+
+
+def _check(cfg: Config, source: str) -> None:
+    """Rules that span several keys."""
+    m, t, launch = cfg.model, cfg.train, cfg.launch
+    if not cfg.run.name or not re.fullmatch(r"[A-Za-z0-9_.\-]+", cfg.run.name):
+        raise ConfigError(source, "run.name", f"expected letters, digits, '.', '_' or '-', got {_show(cfg.run.name)}")
+    if m.kind == "hf":
+        _check_hf(m.hf, source)
+    if m.kind == "gpt" and m.d_model % m.n_head:
+        raise ConfigError(source, "model.n_head", f"must divide model.d_model ({m.d_model}), got {m.n_head}")
+    for key, spec, needed in (("model.factory", m.factory, m.kind == "python"),
+                              ("data.factory", cfg.data.factory, cfg.data.source == "python"),
+                              ("data.collate", cfg.data.collate, False)):
+        if needed and not spec:
+            raise ConfigError(source, key, "required (module:callable, e.g. \"my_models:build\")")
+        if spec and not _SPEC.match(spec):
+            raise ConfigError(source, key, f"expected module:callable (e.g. \"my_models:build\"), got {_show(spec)}")
+    if t.min_lr > t.lr:
+        raise ConfigError(source, "train.min_lr", f"must be <= train.lr ({t.lr}), got {t.min_lr}")
+    if t.warmup_steps > t.max_steps:
+        raise ConfigError(source, "train.warmup_steps", f"must be <= train.max_steps ({t.max_steps}), got {t.warmup_steps}")
+    if len(t.betas) != 2 or not all(0 <= b < 1 for b in t.betas):
+        raise ConfigError(source, "train.betas", f"expected two numbers in [0, 1), got {_show(t.betas)}")
+    if launch.rdzv_endpoint:
+        if not _ENDPOINT.match(launch.rdzv_endpoint) or not 0 < int(launch.rdzv_endpoint.rsplit(":", 1)[1]) < 65536:
+            raise ConfigError(source, "launch.rdzv_endpoint", f"expected host:port, got {_show(launch.rdzv_endpoint)}")
+    elif launch.nnodes > 1:
+        raise ConfigError(source, "launch.rdzv_endpoint", f"required when launch.nnodes > 1 (got nnodes = {launch.nnodes})")
+    if launch.node_rank >= launch.nnodes:
+        raise ConfigError(source, "launch.node_rank", f"must be < launch.nnodes ({launch.nnodes}), got {launch.node_rank}")
+    if cfg.data.source in ("text", "tokens") and not cfg.data.path:
+        raise ConfigError(source, "data.path", f"required when data.source = {_show(cfg.data.source)}")
+    if cfg.data.tokenizer and cfg.data.source != "text":
+        raise ConfigError(source, "data.tokenizer", f"only used with data.source = \"text\", got {_show(cfg.data.source)}")
+    if cfg.faults.crash_rank >= cfg.world_size and cfg.faults.crash_at_step:
+        raise ConfigError(source, "faults.crash_rank", f"must be < world size ({cfg.world_size})")
+    if cfg.faults.overflow_at_step and t.precision != "fp16":
+        raise ConfigError(source, "faults.overflow_at_step", f"needs train.precision = \"fp16\", got {_show(t.precision)}")
+    if cfg.faults.hang_rank >= cfg.world_size and cfg.faults.hang_at_step:
+        raise ConfigError(source, "faults.hang_rank", f"must be < world size ({cfg.world_size})")
+
+
+def _check_hf(hf: dict[str, Any], source: str) -> None:
+    """[model.hf] names a local folder or a model_type; never a hub id (nothing is downloaded)."""
+    path, model_type = hf.get("path"), hf.get("model_type")
+    if path is not None and not isinstance(path, str):
+        raise ConfigError(source, "model.hf.path", f"expected a folder, got {_show(path)}")
+    if model_type is not None and not isinstance(model_type, str):
+        raise ConfigError(source, "model.hf.model_type", f"expected a string such as \"gpt2\", got {_show(model_type)}")
+    if bool(path) == bool(model_type):
+        raise ConfigError(source, "model.hf", "set model_type (a config built here) or path (a local folder), not both"
+                          if path else "needs model_type (e.g. \"gpt2\" with n_layer, n_embd, ...) or path (a local folder)")
+
+
+def config_from_dict(raw: dict[str, Any], source: str) -> Config:
+    """Validate a parsed preset (or config.json) and fill in every default."""
+    sections = {f.name: f for f in dataclasses.fields(Config)}
+    for key in raw:
+        if key not in sections:
+            raise ConfigError(source, key, f"unknown section (known: {', '.join(sections)})")
+    if "run" not in raw:
+        raise ConfigError(source, "run", "missing section [run] (it needs at least name)")
+    hints = typing.get_type_hints(Config)
+    parts = {name: _build(hints[name], source, name, raw.get(name, {})) for name in sections}
+    cfg = Config(**parts)
+    _check(cfg, source)
+    return cfg
+
+
+def load_preset(path: str | Path) -> Config:
+    """Read and validate a TOML preset; a relative data path is made absolute from the cwd."""
+    path = Path(path)
+    source = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(source, "", "no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(source, "", f"cannot read: {e}") from None
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(source, "", f"invalid TOML: {e}") from None
+    cfg = config_from_dict(raw, source)
+    for section, key in ((cfg.data, "path"), (cfg.data, "tokenizer"), (cfg.model, "init_from"), (cfg.run, "workdir")):
+        value = getattr(section, key)
+        if value and not Path(value).expanduser().is_absolute():
+            setattr(section, key, str(Path(value).expanduser().resolve()))
+    hf_path = cfg.model.hf.get("path")
+    if isinstance(hf_path, str) and hf_path and not Path(hf_path).expanduser().is_absolute():
+        cfg.model.hf["path"] = str(Path(hf_path).expanduser().resolve())
+    return cfg
+
+
+def check_paths(cfg: Config, source: str) -> None:
+    """The files a preset names must exist before a run is created for them."""
+    if cfg.data.source in ("text", "tokens"):
+        p = Path(cfg.data.path)
+        if not p.is_file():
+            raise ConfigError(source, "data.path", f"no such file: {p}")
+    hf_path = cfg.model.hf.get("path") if cfg.model.kind == "hf" else None
+    if hf_path and not Path(hf_path).expanduser().is_dir():
+        raise ConfigError(source, "model.hf.path", f"not a local folder: {hf_path} (mt never downloads models)")
+    if cfg.model.init_from and not Path(cfg.model.init_from).expanduser().exists():
+        raise ConfigError(source, "model.init_from", f"no such file or run directory: {cfg.model.init_from}")
+    if cfg.run.workdir and not Path(cfg.run.workdir).is_dir():
+        raise ConfigError(source, "run.workdir", f"no such folder: {cfg.run.workdir}")
+
+
+def load_config_json(path: str | Path) -> Config:
+    """Read a run's resolved `config.json`."""
+    source = str(path)
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(source, "", "no such file") from None
+    except (OSError, ValueError) as e:
+        raise ConfigError(source, "", f"not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(source, "", "expected a JSON object")
+    return config_from_dict(raw, source)
