@@ -50,7 +50,8 @@ class Trainer:
         # ---- model, optimizer, precision -------------------------------------------------
         seed_everything(cfg.run.seed)  # identical initial weights on every rank
         self.model = build_model(cfg).to(env.device)
-        self.what = f"{cfg.model.factory}(...)" if cfg.model.kind == "python" else "the GPT"
+        self.what = {"python": f"{cfg.model.factory}(...)", "hf": f"the Hugging Face {cfg.model.hf.get('model_type') or 'model'}"}.get(
+            cfg.model.kind, "the GPT")  # names the model in a run_end that says what it returned
         self.n_params, self.n_trainable = count_params(self.model)
         active = getattr(self.model, "active_params", None)
         self.n_active = int(active()) if callable(active) else None

@@ -46,6 +46,8 @@ CASES: list[tuple[str, Any, list[str], list[str]]] = [
     ("data-path-missing", {"data": {"source": "text", "path": "/nonexistent/corpus.txt"}}, [], ["data.path", "no such file"]),
     ("data-path-required", {"data": {"source": "tokens"}}, [], ["data.path", "required"]),
     ("section-not-a-table", "model = 3\n[run]\nname = \"x\"\n", [], ["model", "table"]),
+    # CUDA_VISIBLE_DEVICES is emptied for every case below: no GPU, on any machine
+    ("cuda-without-gpu", {"launch": {"device": "cuda"}}, [], ["launch.device", "no NVIDIA GPU is visible"]),
 ]
 
 
@@ -59,7 +61,8 @@ def _no_process_mentions(path: Path) -> bool:
 
 @pytest.mark.parametrize("case, preset, extra, words", CASES, ids=[c[0] for c in CASES])
 def test_bad_preset_is_rejected_before_anything_exists(tmp_path: Path, case: str, preset: Any,
-                                                       extra: list[str], words: list[str]) -> None:
+                                                       extra: list[str], words: list[str], monkeypatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     runs = tmp_path / "runs"
     path = tmp_path / "p.toml"
     if isinstance(preset, str):
@@ -183,3 +186,15 @@ def test_resume_without_any_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.chdir(tmp_path)  # `mt resume` alone looks for the newest run under ./runs
     result = runner.invoke(app, ["resume"])
     assert result.exit_code == 2 and "no run under runs/" in result.stderr
+
+
+def test_far_more_cpu_ranks_than_cores_is_a_warning(tmp_path: Path) -> None:
+    from mt.preset import load_preset
+    from tui.run.launch import device_warnings
+    from tui.run.torchrun import usable_cores
+
+    cores = usable_cores()
+    many = load_preset(write_preset(tmp_path / "p.toml", tmp_path / "runs", launch={"nproc_per_node": 4 * cores}))
+    warning, = device_warnings(many)
+    assert f"launch.nproc_per_node = {4 * cores} CPU ranks on {cores} usable cores" in warning
+    assert device_warnings(load_preset(write_preset(tmp_path / "q.toml", tmp_path / "runs", launch={"nproc_per_node": 1}))) == []

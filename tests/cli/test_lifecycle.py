@@ -119,6 +119,9 @@ def test_headless_run_completes(headless_run: tuple[subprocess.Popen[str], Path,
     assert len(step_lines) < max_steps
     # layout: private folder, preset copy, worker logs, supervisor log, system samples
     assert (run_dir.stat().st_mode & 0o777) == 0o700
+    private = [p for p in run_dir.rglob("*") if p.is_file() and ".mt-index" not in p.parts]
+    assert private and {p.relative_to(run_dir).as_posix(): oct(p.stat().st_mode & 0o777) for p in private
+                        if p.stat().st_mode & 0o077} == {}     # every file 0600 (supervisor.log was 0644)
     assert (run_dir / "preset.toml").read_text() == preset.read_text()
     for rank in (0, 1):
         assert (run_dir / "logs" / f"rank{rank}.log").is_file()

@@ -59,8 +59,48 @@ def resolve_config(preset: Path, over: Overrides) -> Config:
         raw["run"]["workdir"] = os.getcwd()   # user factories are found where mt launch runs
     cfg = config_from_dict(raw, source)  # the overrides pass the same checks as the file
     check_paths(cfg, source)
+    check_devices(cfg, source)
     check_user_code(cfg, source)
     return cfg
+
+
+def check_devices(cfg: Config, source: str) -> None:
+    """Refuse a device this machine does not have (asked of NVML: no torch here), before anything starts."""
+    from tui.run.sampler import GpuReader
+
+    launch = cfg.launch
+    if launch.device == "cpu":
+        return
+    gpus = GpuReader()
+    try:
+        n = gpus.visible()
+    finally:
+        gpus.close()
+    if launch.device == "cuda" and n == 0:
+        why = gpus.error or ("CUDA_VISIBLE_DEVICES hides them" if "CUDA_VISIBLE_DEVICES" in os.environ else "NVML sees none")
+        raise ConfigError(source, "launch.device", f"\"cuda\" but no NVIDIA GPU is visible on this machine ({why}); "
+                                                   "use \"cpu\" or \"auto\"")
+    if n and launch.nproc_per_node > n:  # every rank binds its own GPU (local rank = device index)
+        raise ConfigError(source, "launch.nproc_per_node", f"{launch.nproc_per_node} ranks need {launch.nproc_per_node} GPUs, "
+                                                           f"{n} visible here; at most {n}, or launch.device = \"cpu\"")
+
+
+def device_warnings(cfg: Config) -> list[str]:
+    """What is allowed but probably not meant: far more CPU ranks than cores."""
+    from tui.run.sampler import GpuReader
+    from tui.run.torchrun import usable_cores
+
+    cores = usable_cores()
+    on_cpu = cfg.launch.device == "cpu"
+    if cfg.launch.device == "auto":
+        gpus = GpuReader()
+        on_cpu = gpus.visible() == 0
+        gpus.close()
+    nproc = cfg.launch.nproc_per_node
+    if on_cpu and nproc > cores:
+        return [f"launch.nproc_per_node = {nproc} CPU ranks on {cores} usable cores: the ranks share the cores "
+                "and every step waits for the slowest; fewer ranks will be faster"]
+    return []
 
 
 def check_user_code(cfg: Config, source: str) -> None:
@@ -165,6 +205,8 @@ def create_run(preset: Path, over: Overrides) -> Path:
     """Validate, then make the run directory with preset.toml, config.json and status.json."""
     preset = Path(preset)
     cfg = resolve_config(preset, over)
+    for warning in device_warnings(cfg):
+        print(f"mt: warning: {warning}", file=sys.stderr)
     runs_dir = Path(cfg.run.runs_dir).expanduser()
     _check_runs_dir(runs_dir, str(preset))
     cfg = with_token_cache(cfg, str(preset))
@@ -196,7 +238,8 @@ def start_supervisor(run_dir: Path, lock_fd: int) -> int:
     `lock_fd` (the run's lock, see tui.run.lock) and holds it until it exits.
     """
     paths = RunPaths(Path(run_dir))
-    with open(paths.supervisor_log, "ab") as log:
+    # 0600 like every file of the run, whatever this shell's umask (the supervisor appends to it)
+    with os.fdopen(os.open(paths.supervisor_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab") as log:
         proc = subprocess.run(
             [sys.executable, "-P", "-m", "tui.run.supervisor", "--run-dir", str(run_dir), "--daemon",
              "--lock-fd", str(lock_fd)],

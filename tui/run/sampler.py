@@ -38,6 +38,18 @@ class GpuReader:
     def ok(self) -> bool:
         return self.nvml is not None
 
+    def visible(self) -> int:
+        """GPUs a worker may use: NVML's count, narrowed by CUDA_VISIBLE_DEVICES (0 without NVML)."""
+        listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if listed is not None:
+            ids = [d for d in listed.split(",") if d.strip()]
+            # CUDA stops at the first invalid entry (e.g. "-1" hides every GPU)
+            ids = ids[:next((i for i, d in enumerate(ids) if d.strip().startswith("-")), len(ids))]
+            if not ids:
+                return 0
+        found = (_read(self.nvml.nvmlDeviceGetCount) or 0) if self.nvml is not None else 0
+        return found if listed is None else min(found, len(ids))
+
     def read(self) -> list[dict[str, Any]]:
         """One entry per GPU the driver shows."""
         n = self.nvml
