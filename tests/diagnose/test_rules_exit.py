@@ -133,6 +133,9 @@ def test_root_that_only_lost_its_peer_points_to_the_real_cause(tmp_path: Path) -
     run = crashed_run(tmp_path, 0, 1, {0: TRACEBACK.format(r=0, last=PEER), 1: TRACEBACK.format(r=1, last=line)})
     got = run.opened()
     assert [(g["code"], g["evidence"]["rank"]) for g in got] == [("crash", 1)]
+    # the log tail shown is the blamed rank's (was rank 0's, torchrun's first)
+    tail = got[0]["evidence"]["log_tail"]
+    assert any(line in ln for ln in tail) and not any("Connection closed by peer" in ln for ln in tail)
 
 
 def test_sigterm_from_outside_is_no_incident(tmp_path: Path) -> None:

@@ -241,8 +241,8 @@ def worker_exit(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding 
         return None
     failures, source = _first_failure(obs)
     first = failures[0] if failures else Failure(-1, rc if isinstance(rc, int) else None)
-    tail = obs.rank_logs.get(first.rank, "")
     first, kind, line = _root_cause(first, failures, obs)
+    tail = obs.rank_logs.get(first.rank, "")   # the blamed rank's log, not torchrun's first
     signum, signame = _signal_name(first.exit_code)
     if kind == "terminated" or (kind is None and (signum in _POLITE or not exited)):
         return None  # stopped from outside (mt stop/kill, a scheduler): the status says so
