@@ -7,6 +7,7 @@ torch is never imported here.
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn, Optional
 
@@ -30,6 +31,7 @@ OK, RUN_FAILED, BAD_INPUT = 0, 1, 2
 RunDirArg = Annotated[Path, typer.Argument(help="A run directory, e.g. runs/tiny-cpu-20260101-120000.", show_default=False)]
 DetachOpt = Annotated[bool, typer.Option("--detach", help="Print the run directory and return; the run keeps going.")]
 HeadlessOpt = Annotated[bool, typer.Option("--headless", help="No dashboard: print progress lines and exit with the run's result (SIGTERM stops the run gracefully; Ctrl-C only detaches).")]
+EveryOpt = Annotated[float, typer.Option("--every", metavar="SECONDS", help="With --headless: at most one step line per SECONDS (0: one per logged step); checkpoints, evals, incidents and attempts always get their line.")]
 NprocOpt = Annotated[Optional[int], typer.Option("--nproc", help="Worker processes on this node (overrides launch.nproc_per_node).", show_default=False)]
 
 
@@ -39,7 +41,8 @@ def fail(message: str, code: int = BAD_INPUT) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _attach(run_dir: Path, detach: bool, headless: bool) -> None:
+def _attach(run_dir: Path, detach: bool, headless: bool, every: float = 1.0,
+            since: tuple[int, float] | None = None) -> None:
     """After starting a run: print it (--detach), follow it (--headless) or open the dashboard."""
     if detach:
         typer.echo(str(run_dir))
@@ -48,7 +51,7 @@ def _attach(run_dir: Path, detach: bool, headless: bool) -> None:
         from tui.text.headless import follow_headless
 
         typer.echo(f"run dir: {run_dir}")
-        raise typer.Exit(follow_headless(run_dir, sys.stdout))
+        raise typer.Exit(follow_headless(run_dir, sys.stdout, every_s=every, since=since))
     from tui.app import run_app
 
     raise typer.Exit(run_app(run_dir))
@@ -59,6 +62,7 @@ def launch(
     preset: Annotated[Path, typer.Argument(help="A TOML preset, e.g. presets/tiny-cpu.toml.", show_default=False)],
     detach: DetachOpt = False,
     headless: HeadlessOpt = False,
+    every: EveryOpt = 1.0,
     name: Annotated[Optional[str], typer.Option("--name", help="Run name (overrides run.name).", show_default=False)] = None,
     runs_dir: Annotated[Optional[Path], typer.Option("--runs-dir", help="Where run directories go (overrides run.runs_dir).", show_default=False)] = None,
     nproc: NprocOpt = None,
@@ -81,15 +85,24 @@ def launch(
         fail(str(e))
     except LaunchError as e:
         fail(str(e), RUN_FAILED)
-    _attach(run_dir, detach, headless)
+    _check_every(every)
+    _attach(run_dir, detach, headless, every)
+
+
+def _check_every(every: float) -> None:
+    if not every >= 0:
+        fail(f"--every: expected a number of seconds >= 0, got {every}")
 
 
 @app.command()
 def watch(
     run_dir: RunDirArg,
     once: Annotated[bool, typer.Option("--once", help="Print a plain-text summary and exit.")] = False,
+    headless: Annotated[bool, typer.Option("--headless", help="No dashboard: print progress lines until the run ends and exit with its result (SIGTERM stops the run gracefully; Ctrl-C only detaches).")] = False,
+    every: EveryOpt = 1.0,
 ) -> None:
-    """Open the dashboard on a live or finished run (--once: print a summary and exit).
+    """Open the dashboard on a live or finished run (--once: print a summary and exit;
+    --headless: print progress lines until it ends).
 
     Example:
 
@@ -107,6 +120,9 @@ def watch(
 
         typer.echo(run_summary(run_dir))
         return
+    _check_every(every)
+    if headless:
+        _attach(run_dir, False, True, every)
     from tui.app import run_app
 
     raise typer.Exit(run_app(run_dir))
@@ -118,6 +134,7 @@ def resume(
     nproc: NprocOpt = None,
     detach: DetachOpt = False,
     headless: HeadlessOpt = False,
+    every: EveryOpt = 1.0,
 ) -> None:
     """Start a new attempt of a stopped or failed run from its newest checkpoint.
 
@@ -135,11 +152,22 @@ def resume(
             fail("no run under runs/ to resume; name one: mt resume RUN_DIR")
     if nproc is not None and nproc < 1:
         fail(f"--nproc: expected an integer >= 1, got {nproc}")
+    _check_every(every)
+    since = _events_end(run_dir)   # --headless prints only the new attempt's lines
     try:
         resume_run(run_dir, nproc)
     except (NotARunError, ResumeError) as e:
         fail(str(e))
-    _attach(run_dir.resolve(), detach, headless)
+    _attach(run_dir.resolve(), detach, headless, every, since)
+
+
+def _events_end(run_dir: Path) -> tuple[int, float]:
+    """(bytes of events.jsonl, wall time) now: where a resumed run's new lines begin."""
+    try:
+        size = (run_dir / "events.jsonl").stat().st_size
+    except OSError:
+        size = 0
+    return size, time.time()
 
 
 @app.command("ls")

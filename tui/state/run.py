@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mt.events import FAILURE_CODES, FINAL_STATES, RUN_STATES, as_float
+from mt.events import EXIT_CODES, FAILURE_CODES, FINAL_STATES, RUN_STATES, as_float
 from mt.jsonl import read_json
 from mt.paths import RunPaths, checkpoint_dirs
 from mt.records import Checkpoint, Control, Eval, Record, RunEnd, RunStart, Step
@@ -157,6 +157,7 @@ class RunState:
     bad_reason: str = ""               # why the newest of them was skipped
     supervisor_lost: bool = False      # status says live but its supervisor process is gone
     n_steps: int = 0                   # step events seen (all attempts)
+    attempt_t: float | None = None     # when the newest run_start was written
     status: dict[str, Any] = field(default_factory=dict, repr=False)
     # (t, step) of recent step events, for a wall-clock ETA that includes eval/ckpt pauses
     recent: deque = field(default_factory=lambda: deque(maxlen=64), repr=False)
@@ -185,6 +186,24 @@ class RunState:
                 return inc.evidence["rank"]
         m = re.search(r"rank\s*(\d+)", self.reason or self.run_end_reason or "")
         return int(m.group(1)) if m else None
+
+    def exit_incident(self) -> Incident | None:
+        """The newest crash/oom/nccl_timeout incident of the current attempt that names a rank."""
+        for inc in reversed(self.incidents):
+            if inc.code in EXIT_CODES and isinstance(inc.evidence.get("rank"), int) and (
+                    self.attempt_t is None or not inc.t or inc.t >= self.attempt_t):
+                return inc
+        return None
+
+    def first_failure(self) -> str | None:
+        """Why the run failed, naming the first rank to fail ("rank 1: RuntimeError: ..."): the
+        exit incident's evidence (rank, line) wins over a reason written by a rank that only
+        lost its peer; else the status / run_end reason."""
+        inc = self.exit_incident()
+        if inc is not None:
+            line = inc.evidence.get("line")
+            return f"rank {inc.evidence['rank']}: {line if isinstance(line, str) and line else inc.title}"
+        return self.reason or self.run_end_reason
 
     def elapsed_s(self, now: float) -> float | None:
         if self.started is None:
@@ -274,6 +293,7 @@ def reduce_event(st: RunState, ev: Record) -> None:
         st.start_step = ev.start_step
         st.step = st.start_step if st.start_step else st.step
         st.run_end_status = st.run_end_reason = None
+        st.attempt_t = ev.t
         st.recent.clear()
         if st.state in ("starting",) or not st.status:
             st.state = "running"

@@ -1,7 +1,8 @@
 """`--headless`: follow a run and print compact progress lines until it ends.
 
-At most one step line per `min_interval_s` (so SLURM / nohup logs stay small), plus one line
-per checkpoint, eval, incident, control answer and attempt.
+At most one step line per `min_interval_s` (`--every`, so SLURM / nohup logs stay small; 0 = one
+per logged step), plus one line per checkpoint, eval, control answer and attempt, and one when an
+incident opens and one when it closes (engine and supervisor incidents alike).
 """
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 from mt.events import FINAL_STATES
-from mt.records import Checkpoint, Control, Eval, Incident, Record, RunEnd, RunStart
+from mt.records import Checkpoint, Control, Eval, Record, RunEnd, RunStart, Step
+from mt.records import Incident as IncidentRecord
 from tui.format import fmt_duration, fmt_num, fmt_rate
-from tui.read.follower import RunFollower
+from tui.read.follower import PollResult, RunFollower
 from tui.rundir import liveness, read_status
-from tui.state.run import RunState
+from tui.state.run import Incident, RunState
 
 
 def step_line(st: RunState) -> str:
@@ -37,7 +39,7 @@ def event_line(ev: Record) -> str | None:
         return f"eval  step {ev.step}  val_loss {fmt_num(ev.val_loss, '.4f')}"
     if isinstance(ev, Checkpoint):
         return f"checkpoint saved at step {ev.step} ({ev.reason}): {ev.path}"
-    if isinstance(ev, Incident):
+    if isinstance(ev, IncidentRecord):
         return f"incident [{ev.severity}] {ev.code} at step {ev.step}: {ev.title}"
     if isinstance(ev, Control) and ev.status in ("done", "rejected"):
         return f"control {ev.action} {ev.status}: {ev.detail}".rstrip(": ")
@@ -51,40 +53,135 @@ def exit_code_for(state: str) -> int:
     return 0 if state in ("completed", "stopped") else 1
 
 
+def incident_open_line(inc: Incident) -> str:
+    return f"incident [{inc.severity}] {inc.code} at step {inc.step}: {inc.title}"
+
+
+def incident_close_line(inc: Incident) -> str:
+    return f"incident closed: {inc.code} at step {inc.step}: {inc.title}"
+
+
+def incident_keys(st: RunState) -> list[tuple[tuple[str, int | None, int], Incident]]:
+    """Each incident with a key that survives a rebuilt state: (code, step, n-th of that pair)."""
+    seen: dict[tuple[str, int | None], int] = {}
+    out = []
+    for inc in st.incidents:
+        n = seen.get((inc.code, inc.step), 0)
+        seen[(inc.code, inc.step)] = n + 1
+        out.append(((inc.code, inc.step, n), inc))
+    return out
+
+
+class _LineFollower(RunFollower):
+    """A RunFollower that also keeps, in order, each record it folds (a step as its line)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        super().__init__(run_dir, keep_series=False)
+        self.folded: list[tuple[str, Record]] = []
+
+    def _fold(self, ev: Record, res: PollResult) -> None:
+        super()._fold(ev, res)
+        self.folded.append((step_line(self.state) if isinstance(ev, Step) else "", ev))
+
+
+SETTLE_S = 10.0   # how long a failed run_end waits for the supervisor's verdict on who failed first
+
+
 def follow_run(run_dir: Path, out: TextIO, min_interval_s: float = 1.0, poll_s: float = 0.5,
-               clock: Callable[[], float] = time.monotonic) -> str:
-    """Print progress until the run reaches a final state; returns that state."""
-    follower = RunFollower(Path(run_dir), keep_series=False)
+               clock: Callable[[], float] = time.monotonic, since: tuple[int, float] | None = None) -> str:
+    """Print progress until the run reaches a final state; returns that state.
+
+    A step line at most every `min_interval_s` seconds (0: one per logged step); one line when an
+    incident opens and one when it closes, from the engine or the supervisor. `since` = (bytes of
+    events.jsonl, wall time) when a resume began: what was there before is read, not printed.
+    """
+    follower = _LineFollower(Path(run_dir))
     last_print = -float("inf")
     printed_step: int | None = None
     state_shown = None
+    opened: set[tuple[str, int | None, int]] = set()
+    closed: set[tuple[str, int | None, int]] = set()
+    silent: set[tuple[str, int | None, int]] = set()
+    pending_end: tuple[RunEnd, float] | None = None   # a failed run_end waiting for its exit incident
+
+    def write(line: str) -> None:
+        out.write(line + "\n")
+
+    def incidents(st: RunState) -> None:
+        for key, inc in incident_keys(st):
+            if key in silent:
+                continue
+            if key not in opened:
+                opened.add(key)
+                write(incident_open_line(inc))
+            if inc.status == "closed" and key not in closed:
+                closed.add(key)
+                write(incident_close_line(inc))
+
+    def end_line(ev: RunEnd, st: RunState) -> str:
+        reason = (st.first_failure() or ev.reason) if ev.status == "failed" else ev.reason
+        return f"run ended at step {ev.step}: {ev.status} ({reason})"
+
+    if since is not None:
+        offset, t0 = since
+        follower.poll(max_bytes=offset)
+        follower.folded.clear()
+        st = follower.state
+        printed_step = st.step
+        silent = {key for key, inc in incident_keys(st) if not inc.t or inc.t < t0}
     while True:
         res = follower.poll()
         st = follower.state
         now = clock()
         final = st.state in FINAL_STATES
-        ends = [ev for ev in res.new_events if isinstance(ev, RunEnd)]
-        for ev in res.new_events:
-            line = event_line(ev) if not isinstance(ev, RunEnd) else None
-            if line:
-                out.write(line + "\n")
-        if st.step is not None and st.step != printed_step and (now - last_print >= min_interval_s or final or ends):
-            out.write(step_line(st) + "\n")
+        if final:   # the supervisor writes its verdict (incidents) before the final status
+            res.new_events += follower.poll().new_events
+            st = follower.state
+        folded, follower.folded = follower.folded, []
+        steps_due = min_interval_s <= 0
+        for line, ev in folded:
+            if isinstance(ev, Step):
+                if steps_due and ev.step != printed_step:
+                    write(line)
+                    last_print, printed_step = now, ev.step
+                continue
+            if pending_end is not None and isinstance(ev, RunStart):
+                write(end_line(pending_end[0], st))
+                pending_end = None
+            if isinstance(ev, IncidentRecord):
+                incidents(st)
+            elif isinstance(ev, RunEnd):
+                if st.step is not None and st.step != printed_step:
+                    write(step_line(st))
+                    last_print, printed_step = now, st.step
+                if ev.status == "failed" and not final:
+                    pending_end = (ev, now)
+                else:
+                    write(end_line(ev, st))
+            else:
+                line = event_line(ev)
+                if line:
+                    write(line)
+        if st.step is not None and st.step != printed_step and (now - last_print >= min_interval_s or final):
+            write(step_line(st))
             last_print, printed_step = now, st.step
-        for ev in ends:
-            out.write(f"{event_line(ev)}\n")
+        incidents(st)
+        if pending_end is not None and (final or st.exit_incident() is not None or now - pending_end[1] >= SETTLE_S):
+            write(end_line(pending_end[0], st))
+            pending_end = None
         if st.state != state_shown and st.state in ("stopping",):
-            out.write(f"state: {st.state}\n")
+            write(f"state: {st.state}")
         state_shown = st.state
         out.flush()
         if final:
-            reason = f" ({st.reason})" if st.reason else ""
-            out.write(f"run {st.state}{reason}: {run_dir}\n")
+            why = st.first_failure() if st.state == "failed" else st.reason
+            reason = f" ({why})" if why else ""
+            write(f"run {st.state}{reason}: {run_dir}")
             out.flush()
             return st.state
         status = read_status(Path(run_dir))
         if liveness(status) == "lost" and liveness(read_status(Path(run_dir))) == "lost":
-            out.write(f"run lost: its supervisor (pid {status.get('supervisor_pid')}) is gone: {run_dir}\n")
+            write(f"run lost: its supervisor (pid {status.get('supervisor_pid')}) is gone: {run_dir}")
             out.flush()
             return "lost"
         time.sleep(poll_s)
@@ -94,7 +191,8 @@ class Detached(Exception):
     """The viewer let go of the run (Ctrl-C or a closed terminal); the run keeps going."""
 
 
-def follow_headless(run_dir: Path, out: TextIO) -> int:
+def follow_headless(run_dir: Path, out: TextIO, every_s: float = 1.0,
+                    since: tuple[int, float] | None = None) -> int:
     """follow_run with the signals a batch job sees; returns the exit code for `mt`.
 
     SIGTERM (SLURM time limit, preemption, `kill`) is passed to the supervisor as a graceful
@@ -115,7 +213,7 @@ def follow_headless(run_dir: Path, out: TextIO) -> int:
 
     old = {s: signal.signal(s, h) for s, h in ((signal.SIGTERM, stop_run), (signal.SIGINT, detach), (signal.SIGHUP, detach))}
     try:
-        return exit_code_for(follow_run(Path(run_dir), out))
+        return exit_code_for(follow_run(Path(run_dir), out, min_interval_s=every_s, since=since))
     except Detached:
         try:
             out.write(f"detached; the run keeps going. Follow it: mt watch {run_dir}  stop it: mt stop {run_dir}\n")

@@ -29,10 +29,13 @@ def format_summary(st: "RunState", now: float | None = None) -> str:
     ck = st.last_checkpoint
     lines.append("checkpoint: none" if ck is None else
                  f"checkpoint: step {ck.step} ({fmt_duration(ck.age_s(now))} ago)  {ck.path}")
-    for inc in st.open_incidents:
-        lines.append(f"incident [{inc.severity}] {inc.code} at step {inc.step}: {inc.title}")
-    if st.is_final and (st.reason or st.run_end_reason):
-        lines.append(f"reason: {st.reason or st.run_end_reason}")
+    if st.incidents:   # every incident of the run, from the engine or the supervisor, open or closed
+        lines.append(f"incidents: {len(st.open_incidents)} open, {len(st.incidents) - len(st.open_incidents)} closed")
+        for inc in st.incidents:
+            lines.append(f"  {inc.status:<6} [{inc.severity}] {inc.code} at step {inc.step}: {inc.title}")
+    reason = st.first_failure() if st.state == "failed" else st.reason or st.run_end_reason
+    if st.is_final and reason:
+        lines.append(f"reason: {reason}")
     if st.bad_lines:
         why = f" (newest: {st.bad_reason})" if st.bad_reason else ""
         lines.append(f"skipped {st.bad_lines} unreadable event line(s){why}")

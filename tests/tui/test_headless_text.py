@@ -1,0 +1,156 @@
+"""`--headless` lines and the `--once` summary: every incident, the first failing rank, resume, --every."""
+from __future__ import annotations
+
+import io
+import threading
+import time
+from pathlib import Path
+
+from mt.events import dumps
+from tests.cli.conftest import mt
+from tests.tui.synth import SynthRun, finished_run
+from tui.read.follower import load_run_state
+from tui.text.headless import follow_run
+from tui.text.summary import format_summary
+
+CRASH = "RuntimeError: injected crash at step 12 on rank 1 ([faults] crash_at_step)"
+PEER = "rank 0: RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:29500"
+
+
+def incident(t: float, code: str, step: int, status: str = "open", source: str = "supervisor",
+             evidence: dict | None = None, severity: str = "error") -> str:
+    return dumps(dict(v=1, t=t, status=status, source=source, code=code, severity=severity, step=step,
+                      title=f"{code} title", detail="", advice="", evidence=evidence or {})) + "\n"
+
+
+def append(path: Path, text: str) -> None:
+    with open(path, "a") as fh:
+        fh.write(text)
+
+
+def test_headless_prints_every_incident_once_opened_and_closed(tmp_path: Path) -> None:
+    r = SynthRun(tmp_path, max_steps=10)
+    r.run_start()
+    for s in range(1, 6):
+        r.step(s)
+    spike = dict(code="loss_spike", severity="warn", step=5, title="Loss spike", detail="", advice="", evidence={})
+    r.event("incident", **spike)
+    r.flush()
+    r.status("running")
+    out = io.StringIO()
+    result: list[str] = []
+    th = threading.Thread(target=lambda: result.append(follow_run(tmp_path, out, poll_s=0.02)))
+    th.start()
+    try:
+        time.sleep(0.3)
+        # the supervisor copies the engine's incident, then diagnoses a hang that later clears
+        append(r.paths.incidents, dumps(dict(v=1, t=r.t, status="open", source="engine", **spike)) + "\n")
+        append(r.paths.incidents, incident(r.t + 1, "hang", 6))
+        time.sleep(0.3)
+        assert "incident [error] hang at step 6: hang title" in out.getvalue()   # before the run ends
+        append(r.paths.incidents, incident(r.t + 2, "hang", 6, status="closed"))
+        append(r.paths.incidents, incident(r.t + 3, "stall", 7, severity="warn")
+               + incident(r.t + 4, "stall", 7, status="closed", severity="warn"))
+        time.sleep(0.3)
+        r.event("run_end", step=5, status="completed", reason="max_steps reached")
+        r.flush()
+        r.status("completed", exit_code=0, ended=r.t)
+    finally:
+        th.join(timeout=10)
+    assert result == ["completed"]
+    lines = out.getvalue().splitlines()
+    inc = [ln for ln in lines if ln.startswith("incident")]
+    assert inc == ["incident [warn] loss_spike at step 5: Loss spike",
+                   "incident [error] hang at step 6: hang title",
+                   "incident closed: hang at step 6: hang title",
+                   "incident [warn] stall at step 7: stall title",
+                   "incident closed: stall at step 7: stall title"], lines
+
+
+def test_once_lists_closed_incidents_too(tmp_path: Path) -> None:
+    r = finished_run(tmp_path, steps=10)
+    r.paths.incidents.write_text(incident(r.t, "stall", 4, severity="warn") + incident(r.t, "hang", 6)
+                                 + incident(r.t + 1, "stall", 4, status="closed", severity="warn"))
+    text = format_summary(load_run_state(tmp_path), now=r.t)
+    assert "incidents: 1 open, 1 closed" in text
+    assert "  closed [warn] stall at step 4: stall title" in text
+    assert "  open   [error] hang at step 6: hang title" in text
+
+
+def failed_by_rank1(tmp_path: Path) -> SynthRun:
+    """Rank 1 raised; rank 0 lost its peer and wrote run_end (and so status.json's reason)."""
+    r = SynthRun(tmp_path, max_steps=20)
+    r.run_start()
+    for s in range(1, 12):
+        r.step(s)
+    r.event("run_end", step=11, status="failed", reason=PEER)
+    r.flush()
+    r.paths.incidents.write_text(incident(r.t + 1, "crash", 12, evidence={"rank": 1, "line": CRASH}))
+    r.status("failed", reason=PEER, exit_code=1, ended=r.t + 1)
+    return r
+
+
+def test_the_end_line_names_the_first_rank_that_failed(tmp_path: Path) -> None:
+    r = failed_by_rank1(tmp_path)
+    out = io.StringIO()
+    assert follow_run(tmp_path, out, poll_s=0.01) == "failed"
+    text = out.getvalue()
+    assert f"run ended at step 11: failed (rank 1: {CRASH})" in text
+    assert f"run failed (rank 1: {CRASH}): {tmp_path}" in text
+    assert "Connection closed by peer" not in text
+    st = load_run_state(tmp_path)
+    assert st.failing_rank() == 1 and st.first_failure() == f"rank 1: {CRASH}"
+    assert f"reason: rank 1: {CRASH}" in format_summary(st, now=r.t)
+
+
+def test_without_an_exit_incident_the_reason_stays(tmp_path: Path) -> None:
+    r = SynthRun(tmp_path)
+    r.run_start()
+    r.step(1)
+    r.event("run_end", step=1, status="failed", reason="worker exited 1")
+    r.flush()
+    r.status("failed", reason="rank 1 exited with code 1", exit_code=1, ended=r.t)
+    out = io.StringIO()
+    assert follow_run(tmp_path, out, poll_s=0.01) == "failed"
+    assert f"run failed (rank 1 exited with code 1): {tmp_path}" in out.getvalue()
+
+
+def test_resume_prints_only_the_new_attempt(tmp_path: Path) -> None:
+    r = failed_by_rank1(tmp_path)
+    since = (r.paths.events.stat().st_size, r.t + 5)
+    r.t += 10
+    r.run_start(attempt=2, start_step=8)
+    for s in range(9, 21):
+        r.step(s)
+    r.event("run_end", step=20, status="completed", reason="max_steps reached")
+    r.flush()
+    r.status("completed", attempt=2, exit_code=0, ended=r.t)
+    out = io.StringIO()
+    assert follow_run(tmp_path, out, poll_s=0.01, since=since) == "completed"
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "attempt 2 started: world 2 x cpu, 800,000 params, resuming from step 8", lines
+    assert not any("failed" in ln or "attempt 1" in ln or "crash" in ln for ln in lines), lines
+    assert "run ended at step 20: completed (max_steps reached)" in lines
+
+
+def test_every_zero_prints_each_logged_step(tmp_path: Path) -> None:
+    finished_run(tmp_path, steps=10)
+    out = io.StringIO()
+    assert follow_run(tmp_path, out, min_interval_s=0, poll_s=0.01) == "completed"
+    steps = [ln.split()[1] for ln in out.getvalue().splitlines() if ln.startswith("step ")]
+    assert steps == [f"{s}/10" for s in range(1, 11)]
+    out = io.StringIO()         # the default rate limit: one poll, one step line
+    assert follow_run(tmp_path, out, poll_s=0.01) == "completed"
+    assert [ln for ln in out.getvalue().splitlines() if ln.startswith("step ")] == [
+        next(ln for ln in out.getvalue().splitlines() if ln.startswith("step 10/10"))]
+
+
+def test_every_is_a_flag_of_each_headless_command(tmp_path: Path) -> None:
+    for cmd in ("launch", "watch", "resume"):
+        res = mt(cmd, "--help")
+        assert res.returncode == 0 and "--every SECONDS" in res.stdout, res.stdout
+    finished_run(tmp_path / "run", steps=10)
+    res = mt("watch", tmp_path / "run", "--headless", "--every", "0")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert len([ln for ln in res.stdout.splitlines() if ln.startswith("step ")]) == 10
+    assert mt("watch", tmp_path / "run", "--headless", "--every", "-1").returncode == 2
