@@ -86,6 +86,9 @@ def test_detach_watch_ckpt_stop_resume_ls(tmp_path: Path, runs: Path, headless_r
     # resume on another world size: the engine keeps the global batch (grad_accum doubles)
     resumed = mt("resume", run_dir, "--headless", "--nproc", "1")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    # only attempt 2's lines: attempt 1's start and end are not replayed
+    assert "attempt 1 started" not in resumed.stdout and "attempt 2 started" in resumed.stdout
+    assert ": stopped (" not in resumed.stdout, resumed.stdout
     assert status(run_dir)["state"] == "completed" and status(run_dir)["attempt"] == 2
     starts = events(run_dir, "run_start")
     assert [s["attempt"] for s in starts] == [1, 2] and starts[1]["start_step"] == final["step"]
@@ -167,7 +170,9 @@ def test_injected_crash_auto_resumes_or_fails(tmp_path: Path, runs: Path, two_no
     run_dir = run_dir_from(out_b)
     st = status(run_dir)
     assert st["state"] == "failed" and st["attempt"] == 1 and st["exit_code"] != 0 and st["reason"]
-    assert f"run failed ({st['reason']})" in out_b
+    # the end line names the rank that raised, with its error (from the crash incident)
+    assert "run failed (rank 0: RuntimeError: injected crash at step" in out_b, out_b
+    assert "incident [error] crash" in out_a, out_a     # a supervisor incident, now printed
 
 
 def _free_port() -> int:
