@@ -87,6 +87,80 @@ class _LineFollower(RunFollower):
 SETTLE_S = 10.0   # how long a failed run_end waits for the supervisor's verdict on who failed first
 
 
+class _Printer:
+    """What --headless has printed so far, and the lines each poll adds."""
+
+    def __init__(self, out: TextIO, min_interval_s: float) -> None:
+        self.out, self.min_interval_s = out, min_interval_s
+        self.last_print = -float("inf")
+        self.printed_step: int | None = None
+        self.state_shown: str | None = None
+        self.opened: set[tuple[str, int | None, int]] = set()
+        self.closed: set[tuple[str, int | None, int]] = set()
+        self.silent: set[tuple[str, int | None, int]] = set()   # before a resume: read, never printed
+        self.pending_end: tuple[RunEnd, float] | None = None   # a failed run_end waiting for its exit incident
+
+    def write(self, line: str) -> None:
+        self.out.write(line + "\n")
+
+    def step(self, st: RunState, now: float) -> None:
+        if st.step is not None and st.step != self.printed_step:
+            self.write(step_line(st))
+            self.last_print, self.printed_step = now, st.step
+
+    def incidents(self, st: RunState) -> None:
+        for key, inc in incident_keys(st):
+            if key in self.silent:
+                continue
+            if key not in self.opened:
+                self.opened.add(key)
+                self.write(incident_open_line(inc))
+            if inc.status == "closed" and key not in self.closed:
+                self.closed.add(key)
+                self.write(incident_close_line(inc))
+
+    def end(self, ev: RunEnd, st: RunState) -> None:
+        reason = (st.first_failure() or ev.reason) if ev.status == "failed" else ev.reason
+        self.write(f"run ended at step {ev.step}: {ev.status} ({reason})")
+
+    def fold(self, folded: list[tuple[str, Record]], st: RunState, now: float, final: bool) -> None:
+        """The lines for what one poll read, in file order."""
+        for line, ev in folded:
+            if isinstance(ev, Step):
+                if self.min_interval_s <= 0 and ev.step != self.printed_step:
+                    self.write(line)
+                    self.last_print, self.printed_step = now, ev.step
+                continue
+            if self.pending_end is not None and isinstance(ev, RunStart):
+                self.end(self.pending_end[0], st)
+                self.pending_end = None
+            if isinstance(ev, IncidentRecord):
+                self.incidents(st)
+            elif isinstance(ev, RunEnd):
+                self.step(st, now)
+                if ev.status == "failed" and not final:
+                    self.pending_end = (ev, now)
+                else:
+                    self.end(ev, st)
+            else:
+                text = event_line(ev)
+                if text:
+                    self.write(text)
+
+    def settle(self, st: RunState, now: float, final: bool) -> None:
+        """After each poll: the step line when due, incidents, a held-back end, a stopping state."""
+        if now - self.last_print >= self.min_interval_s or final:
+            self.step(st, now)
+        self.incidents(st)
+        if self.pending_end is not None and (final or st.exit_incident() is not None or now - self.pending_end[1] >= SETTLE_S):
+            self.end(self.pending_end[0], st)
+            self.pending_end = None
+        if st.state != self.state_shown and st.state in ("stopping",):
+            self.write(f"state: {st.state}")
+        self.state_shown = st.state
+        self.out.flush()
+
+
 def follow_run(run_dir: Path, out: TextIO, min_interval_s: float = 1.0, poll_s: float = 0.5,
                clock: Callable[[], float] = time.monotonic, since: tuple[int, float] | None = None) -> str:
     """Print progress until the run reaches a final state; returns that state.
@@ -96,92 +170,30 @@ def follow_run(run_dir: Path, out: TextIO, min_interval_s: float = 1.0, poll_s: 
     events.jsonl, wall time) when a resume began: what was there before is read, not printed.
     """
     follower = _LineFollower(Path(run_dir))
-    last_print = -float("inf")
-    printed_step: int | None = None
-    state_shown = None
-    opened: set[tuple[str, int | None, int]] = set()
-    closed: set[tuple[str, int | None, int]] = set()
-    silent: set[tuple[str, int | None, int]] = set()
-    pending_end: tuple[RunEnd, float] | None = None   # a failed run_end waiting for its exit incident
-
-    def write(line: str) -> None:
-        out.write(line + "\n")
-
-    def incidents(st: RunState) -> None:
-        for key, inc in incident_keys(st):
-            if key in silent:
-                continue
-            if key not in opened:
-                opened.add(key)
-                write(incident_open_line(inc))
-            if inc.status == "closed" and key not in closed:
-                closed.add(key)
-                write(incident_close_line(inc))
-
-    def end_line(ev: RunEnd, st: RunState) -> str:
-        reason = (st.first_failure() or ev.reason) if ev.status == "failed" else ev.reason
-        return f"run ended at step {ev.step}: {ev.status} ({reason})"
-
+    printer = _Printer(out, min_interval_s)
     if since is not None:
         offset, t0 = since
         follower.poll(max_bytes=offset)
         follower.folded.clear()
-        st = follower.state
-        printed_step = st.step
-        silent = {key for key, inc in incident_keys(st) if not inc.t or inc.t < t0}
+        printer.printed_step = follower.state.step
+        printer.silent = {key for key, inc in incident_keys(follower.state) if not inc.t or inc.t < t0}
     while True:
-        res = follower.poll()
-        st = follower.state
-        now = clock()
-        final = st.state in FINAL_STATES
+        follower.poll()
+        final = follower.state.state in FINAL_STATES
         if final:   # the supervisor writes its verdict (incidents) before the final status
-            res.new_events += follower.poll().new_events
-            st = follower.state
+            follower.poll()
+        st, now = follower.state, clock()
         folded, follower.folded = follower.folded, []
-        steps_due = min_interval_s <= 0
-        for line, ev in folded:
-            if isinstance(ev, Step):
-                if steps_due and ev.step != printed_step:
-                    write(line)
-                    last_print, printed_step = now, ev.step
-                continue
-            if pending_end is not None and isinstance(ev, RunStart):
-                write(end_line(pending_end[0], st))
-                pending_end = None
-            if isinstance(ev, IncidentRecord):
-                incidents(st)
-            elif isinstance(ev, RunEnd):
-                if st.step is not None and st.step != printed_step:
-                    write(step_line(st))
-                    last_print, printed_step = now, st.step
-                if ev.status == "failed" and not final:
-                    pending_end = (ev, now)
-                else:
-                    write(end_line(ev, st))
-            else:
-                line = event_line(ev)
-                if line:
-                    write(line)
-        if st.step is not None and st.step != printed_step and (now - last_print >= min_interval_s or final):
-            write(step_line(st))
-            last_print, printed_step = now, st.step
-        incidents(st)
-        if pending_end is not None and (final or st.exit_incident() is not None or now - pending_end[1] >= SETTLE_S):
-            write(end_line(pending_end[0], st))
-            pending_end = None
-        if st.state != state_shown and st.state in ("stopping",):
-            write(f"state: {st.state}")
-        state_shown = st.state
-        out.flush()
+        printer.fold(folded, st, now, final)
+        printer.settle(st, now, final)
         if final:
             why = st.first_failure() if st.state == "failed" else st.reason
-            reason = f" ({why})" if why else ""
-            write(f"run {st.state}{reason}: {run_dir}")
+            printer.write(f"run {st.state}{f' ({why})' if why else ''}: {run_dir}")
             out.flush()
             return st.state
         status = read_status(Path(run_dir))
         if liveness(status) == "lost" and liveness(read_status(Path(run_dir))) == "lost":
-            write(f"run lost: its supervisor (pid {status.get('supervisor_pid')}) is gone: {run_dir}")
+            printer.write(f"run lost: its supervisor (pid {status.get('supervisor_pid')}) is gone: {run_dir}")
             out.flush()
             return "lost"
         time.sleep(poll_s)
