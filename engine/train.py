@@ -279,7 +279,8 @@ class Trainer:
                     raise  # the run's last weights: ending without them must not look like success
                 saved = None
             if saved is not None:
-                self.events.emit("checkpoint", step=self.step, path=str(saved.path), bytes=saved.bytes, seconds=round(saved.seconds, 4), reason=reason, request_id=reqs[0].id if reqs else None)
+                self.events.emit("checkpoint", step=self.step, path=str(saved.path), bytes=saved.bytes, seconds=round(saved.seconds, 4), reason=reason, request_id=reqs[0].id if reqs else None,
+                                 request_ids=[r.id for r in reqs])
                 for req in reqs:
                     self.events.emit("control", request_id=req.id, action=req.action, status="done", detail=f"checkpoint saved at step {self.step}: {saved.path}")
                     self.inbox.done(req.path)

@@ -82,6 +82,7 @@ class Checkpoint(Event):
     seconds: float | None
     reason: str
     request_id: str | None
+    request_ids: tuple[str, ...]    # every request this checkpoint answers (two in one step: both)
     kind: ClassVar[str] = "checkpoint"
 
 
@@ -213,9 +214,14 @@ def _eval(raw: dict[str, Any], t: float | None) -> Eval:
 
 
 def _checkpoint(raw: dict[str, Any], t: float | None) -> Checkpoint:
+    first = _str(raw, "request_id")
+    ids = raw.get("request_ids")
+    if ids is not None and not (isinstance(ids, list) and all(isinstance(i, str) for i in ids)):
+        raise _Bad(f"request_ids {_show(ids)} is not a list of strings")
     return Checkpoint(
         t, raw, _int(raw, "step", required=True), _str(raw, "path") or "", _int(raw, "bytes"),  # type: ignore[arg-type]
-        _num(raw, "seconds", True), _str(raw, "reason") or "", _str(raw, "request_id"))
+        _num(raw, "seconds", True), _str(raw, "reason") or "", first,
+        tuple(ids) if ids is not None else (first,) if first else ())
 
 
 def _incident(raw: dict[str, Any], t: float | None) -> Incident:

@@ -197,10 +197,12 @@ class MtApp(App[int]):
 
     def _maybe_notify(self, ev: Record) -> None:
         """Tell the user what the engine answered to a request this viewer sent."""
-        if isinstance(ev, Checkpoint) and ev.request_id in self.pending:
+        asked = [rid for rid in ev.request_ids if rid in self.pending] if isinstance(ev, Checkpoint) else []
+        if asked:
             # its `control done` may come before or after it: this is the answer that counts
             self.say(f"checkpoint saved at step {ev.step}", title="checkpoint")
-            self.pending.pop(ev.request_id, None)
+            for rid in asked:
+                self.pending.pop(rid, None)
         elif isinstance(ev, Control) and ev.request_id in self.pending:
             if ev.status == "rejected":
                 self.say(f"{ev.action} rejected: {ev.detail}", severity="error")

@@ -126,3 +126,17 @@ def test_hostile_control_entries_never_end_a_run(tmp_path):
     assert len(rejected) == len(HOSTILE) + 3
     assert events(run, "run_end")[-1]["status"] == "completed"  # the outside stop request was not obeyed
     assert sorted(p.name for p in (run / "control").iterdir()) == ["processed"]
+
+
+def test_two_checkpoint_requests_in_one_step_are_both_answered(tmp_path):
+    from tui.run.control import wait_answer
+
+    run = make_run(tmp_path, train={"max_steps": 3})
+    drop(run, "ckpt-a", "checkpoint")
+    drop(run, "ckpt-b", "checkpoint")        # both are taken at the first step's poll
+    assert run_engine(run) == 0, logs(run)
+    step1 = [c for c in events(run, "checkpoint") if c["reason"] == "request"]
+    assert len(step1) == 1 and step1[0]["request_ids"] == ["ckpt-a", "ckpt-b"]
+    for rid in ("ckpt-a", "ckpt-b"):        # was: the second waited for a checkpoint naming it, and timed out
+        got = wait_answer(run, rid, timeout=5)
+        assert got.status == "done" and got.checkpoint is not None and got.checkpoint.step == 1, rid

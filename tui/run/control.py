@@ -80,7 +80,7 @@ def wait_answer(run_dir: Path, request_id: str, timeout: float) -> Answer:
     deadline = time.monotonic() + timeout
     while True:
         for ev in tail.iter_new():
-            if isinstance(ev, Checkpoint) and ev.request_id == request_id:
+            if isinstance(ev, Checkpoint) and request_id in ev.request_ids:
                 answer.checkpoint = ev
             elif isinstance(ev, Control) and ev.request_id == request_id:
                 answer.action = ev.action or answer.action
@@ -97,7 +97,7 @@ def wait_answer(run_dir: Path, request_id: str, timeout: float) -> Answer:
         status = read_status(paths.root)
         if liveness(status) in ("final", "lost"):
             for ev in tail.iter_new():  # the answer may have landed just before the end
-                if isinstance(ev, Checkpoint) and ev.request_id == request_id:
+                if isinstance(ev, Checkpoint) and request_id in ev.request_ids:
                     answer.checkpoint = ev
             if answer.status == "timeout":
                 answer.status, answer.detail = "ended", f"the run ended ({status.get('state')}) before answering"

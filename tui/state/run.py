@@ -302,8 +302,9 @@ def reduce_event(st: RunState, ev: Record) -> None:
     elif isinstance(ev, Checkpoint):
         st.last_checkpoint = CheckpointInfo(step=ev.step, path=ev.path, t=ev.t or 0.0, reason=ev.reason,
                                             request_id=ev.request_id)
-        if ev.request_id and ev.request_id in st.controls:
-            st.controls[ev.request_id].checkpoint_step = ev.step
+        for rid in ev.request_ids:
+            if rid in st.controls:
+                st.controls[rid].checkpoint_step = ev.step
     elif isinstance(ev, Control):
         prev = st.controls.get(ev.request_id)
         st.controls[ev.request_id] = ControlAnswer(
