@@ -31,10 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     from engine.weights import InitFromError
     from mt import space
     from mt.inbox import StopSignals
+    from mt.ranklog import redirect_output
     from mt.resume import ResumeRefused
 
     rank = dist.read_env()[0]
-    dist.redirect_output(paths.rank_log(rank))
+    redirect_output(paths.rank_log(rank))
     signals = StopSignals()
     signals.install()
     add_workdir(cfg)  # the user's factories are found where mt launch ran

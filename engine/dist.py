@@ -3,11 +3,9 @@ from __future__ import annotations
 
 import os
 import random
-import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -66,19 +64,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def redirect_output(log_path: Path) -> None:
-    """Send this process's stdout and stderr (and its children's) to its rank log, appending."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
-    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
 
 
 def log(msg: str) -> None:

@@ -52,6 +52,11 @@ class LaunchConfig:
     node_rank: int = _c(0, ge=0)
     pg_timeout_s: float = _c(300.0, gt=0)
     """Process-group timeout; gloo's default of 30 minutes hides a hung rank far too long."""
+    script: str = ""
+    """A training script of the user's own (`train.py`) run on every rank instead of mt's engine;
+    it reports through the `mt` library ([model], [data], [train] are then unused)."""
+    script_args: list[str] = _c([])
+    """Command-line arguments for the script (`mt launch train.py -- ARGS`)."""
 
 
 @dataclass

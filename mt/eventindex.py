@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mt.records import Checkpoint, Eval, Incident, Record, Rejected, RunEnd, Step, Unknown, parse_event
+from mt.records import Checkpoint, Eval, Incident, Record, Rejected, RunEnd, Step, parse_event
 
 MAGIC = b"MTEVIDX1"
 VERSION = 2
@@ -56,7 +56,7 @@ def kind_code(rec: Record | Rejected) -> int:
     """The index kind of a parsed line."""
     if isinstance(rec, Rejected):
         return KIND_BAD
-    return KIND_OTHER if isinstance(rec, Unknown) else KIND_CODES[rec.kind]
+    return KIND_CODES.get(rec.kind, KIND_OTHER)  # metrics, and kinds this version does not know
 
 
 def _num(v: float | None) -> float:

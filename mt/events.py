@@ -26,6 +26,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
         "mem_peak_bytes",
     ),
     "eval": ("step", "val_loss"),
+    "metrics": ("step", "values"),  # a script's run.log(): {name: number}
     "checkpoint": ("step", "path", "bytes", "seconds", "reason", "request_id"),
     "incident": ("step", "code", "severity", "title", "detail", "advice", "evidence"),
     "control": ("request_id", "action", "status", "detail"),

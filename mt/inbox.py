@@ -153,11 +153,12 @@ class StopSignals:
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
-    def __init__(self) -> None:
+    def __init__(self, signals: tuple[int, ...] = SIGNALS) -> None:
         self.received: int | None = None
+        self.signals = signals
 
     def install(self) -> None:
-        for sig in self.SIGNALS:
+        for sig in self.signals:
             signal.signal(sig, self._handle)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:

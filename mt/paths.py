@@ -1,8 +1,10 @@
 """Where everything lives inside a run directory, and how checkpoint folders are named."""
 from __future__ import annotations
 
+import errno
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,3 +103,18 @@ def checkpoint_dirs(root: Path) -> list[tuple[int, Path]]:
         except OSError:
             continue
     return sorted(found, reverse=True)
+
+
+def new_run_dir(runs_dir: Path, name: str, node_rank: int = 0) -> Path:
+    """Create `<name>-<YYYYmmdd-HHMMSS>` (node_rank > 0 adds `-node<K>`) under runs_dir, 0700 and unique."""
+    base = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}" + (f"-node{node_rank}" if node_rank else "")
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    for i in range(1, 1000):
+        path = runs_dir / (base if i == 1 else f"{base}.{i}")
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        os.chmod(path, 0o700)  # mkdir's mode is masked by the umask
+        return path
+    raise FileExistsError(errno.EEXIST, f"no free run directory name for {base}")

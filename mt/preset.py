@@ -60,6 +60,10 @@ def _coerce(source: str, key: str, tp: Any, value: Any, rules: dict[str, Any]) -
         if bad is not None:
             raise ConfigError(source, f"{key}.{bad[0]}" if bad[0] else key, f"expected a string, number, boolean, list or table, got {bad[1]!r}")
         return value
+    if tp == list[str]:
+        if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+            raise ConfigError(source, key, f"expected a list of strings, got {_show(value)}")
+        return list(value)
     if typing.get_origin(tp) is list:
         if not isinstance(value, list) or not all(
             isinstance(x, (int, float)) and not isinstance(x, bool) for x in value
@@ -196,7 +200,8 @@ def load_preset(path: str | Path) -> Config:
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(source, "", f"invalid TOML: {e}") from None
     cfg = config_from_dict(raw, source)
-    for section, key in ((cfg.data, "path"), (cfg.data, "tokenizer"), (cfg.model, "init_from"), (cfg.run, "workdir")):
+    for section, key in ((cfg.data, "path"), (cfg.data, "tokenizer"), (cfg.model, "init_from"), (cfg.run, "workdir"),
+                         (cfg.launch, "script")):
         value = getattr(section, key)
         if value and not Path(value).expanduser().is_absolute():
             setattr(section, key, str(Path(value).expanduser().resolve()))
@@ -217,6 +222,9 @@ def check_paths(cfg: Config, source: str) -> None:
         raise ConfigError(source, "model.hf.path", f"not a local folder: {hf_path} (mt never downloads models)")
     if cfg.model.init_from and not Path(cfg.model.init_from).expanduser().exists():
         raise ConfigError(source, "model.init_from", f"no such file or run directory: {cfg.model.init_from}")
+    if cfg.launch.script and not Path(cfg.launch.script).is_file():
+        what = "a folder, not a script" if Path(cfg.launch.script).is_dir() else "no such file"
+        raise ConfigError(source, "launch.script", f"{what}: {cfg.launch.script}")
     if cfg.run.workdir and not Path(cfg.run.workdir).is_dir():
         raise ConfigError(source, "run.workdir", f"no such folder: {cfg.run.workdir}")
 
@@ -233,3 +241,13 @@ def load_config_json(path: str | Path) -> Config:
     if not isinstance(raw, dict):
         raise ConfigError(source, "", "expected a JSON object")
     return config_from_dict(raw, source)
+
+
+def script_preset(cfg: Config, why: str) -> str:
+    """The preset.toml of a run of a script (`mt launch train.py`, or mt.init on its own)."""
+    q = json.dumps  # a JSON string is a TOML basic string
+    lines = [f"# {why}", "[run]", f"name = {q(cfg.run.name)}", f"runs_dir = {q(cfg.run.runs_dir)}",
+             "", "[launch]", f"script = {q(cfg.launch.script)}",
+             f"script_args = [{', '.join(q(a) for a in cfg.launch.script_args)}]",
+             f"nproc_per_node = {cfg.launch.nproc_per_node}", f"nnodes = {cfg.launch.nnodes}", ""]
+    return "\n".join(lines)

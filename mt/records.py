@@ -64,6 +64,7 @@ class Step(Event):
     data_wait_s: float | None
     mfu: float | None
     samples_per_s: float | None
+    extra: dict[str, float]        # a script's own metrics passed to run.step (name -> value)
     kind: ClassVar[str] = "step"
 
 
@@ -72,6 +73,15 @@ class Eval(Event):
     step: int
     val_loss: float | None
     kind: ClassVar[str] = "eval"
+
+
+@dataclass(slots=True)
+class Metrics(Event):
+    """A script's `run.log(values, step)`: any named numbers at a step."""
+
+    step: int
+    values: dict[str, float]
+    kind: ClassVar[str] = "metrics"
 
 
 @dataclass(slots=True)
@@ -127,7 +137,7 @@ class Unknown(Event):
     name: str
 
 
-Record = Union[RunStart, Step, Eval, Checkpoint, Incident, Control, RunEnd, Unknown]
+Record = Union[RunStart, Step, Eval, Metrics, Checkpoint, Incident, Control, RunEnd, Unknown]
 
 
 class _Bad(Exception):
@@ -206,7 +216,26 @@ def _step(raw: dict[str, Any], t: float | None) -> Step:
     return Step(
         t, raw, _int(raw, "step", required=True), _num(raw, "loss"), _num(raw, "lr", True),  # type: ignore[arg-type]
         _num(raw, "grad_norm", True), _num(raw, "tokens_per_s", True), _num(raw, "step_time_s", True),
-        _num(raw, "data_wait_s", True), _num(raw, "mfu", True), _num(raw, "samples_per_s", True))
+        _num(raw, "data_wait_s", True), _num(raw, "mfu", True), _num(raw, "samples_per_s", True), _values(raw, "extra"))
+
+
+def _values(raw: dict[str, Any], key: str) -> dict[str, float]:
+    """A table of named numbers ({} when absent); anything else rejects the line."""
+    table = raw.get(key)
+    if table is None:
+        return {}
+    if not isinstance(table, dict):
+        raise _Bad(f"{key} {_show(table)} is not an object")
+    out = {}
+    for name in table:
+        v = _num(table, name)
+        if v is not None:
+            out[str(name)] = v
+    return out
+
+
+def _metrics(raw: dict[str, Any], t: float | None) -> Metrics:
+    return Metrics(t, raw, _int(raw, "step", required=True), _values(raw, "values"))  # type: ignore[arg-type]
 
 
 def _eval(raw: dict[str, Any], t: float | None) -> Eval:
@@ -251,7 +280,7 @@ def _run_end(raw: dict[str, Any], t: float | None) -> RunEnd:
 
 
 _PARSERS: dict[str, Callable[[dict[str, Any], float | None], Any]] = {
-    "run_start": _run_start, "step": _step, "eval": _eval, "checkpoint": _checkpoint,
+    "run_start": _run_start, "step": _step, "eval": _eval, "metrics": _metrics, "checkpoint": _checkpoint,
     "incident": _incident, "control": _control, "run_end": _run_end,
 }
 

@@ -59,7 +59,8 @@ def _attach(run_dir: Path, detach: bool, headless: bool, every: float = 1.0,
 
 @app.command()
 def launch(
-    preset: Annotated[Path, typer.Argument(help="A TOML preset, e.g. presets/tiny-cpu.toml.", show_default=False)],
+    preset: Annotated[Path, typer.Argument(help="A TOML preset (presets/tiny-cpu.toml), or a training script of your own (train.py).", show_default=False)],
+    script_args: Annotated[Optional[list[str]], typer.Argument(metavar="[-- ARGS...]", help="Arguments for a script, after --.", show_default=False)] = None,
     detach: DetachOpt = False,
     headless: HeadlessOpt = False,
     every: EveryOpt = 1.0,
@@ -70,15 +71,19 @@ def launch(
 ) -> None:
     """Validate PRESET, create its run directory, start the run detached and open the dashboard.
 
-    The run survives the viewer quitting and the terminal closing. Example:
+    PRESET may be your own script (train.py): it runs on every rank under torchrun, and the
+    mt library (mt.init, run.step) gives it plots, diagnosis and control. The run survives the
+    viewer quitting and the terminal closing. Examples:
 
     \b
         mt launch presets/tiny-cpu.toml --headless --nproc 2
+        mt launch train.py --nproc 2 -- --lr 3e-4
     """
     from mt.config import ConfigError
     from tui.run.launch import LaunchError, Overrides, launch_run
 
-    over = Overrides(name=name, runs_dir=str(runs_dir) if runs_dir else None, nproc=nproc, node_rank=node_rank)
+    over = Overrides(name=name, runs_dir=str(runs_dir) if runs_dir else None, nproc=nproc, node_rank=node_rank,
+                     script_args=script_args or None)
     try:
         run_dir = launch_run(preset, over)
     except ConfigError as e:

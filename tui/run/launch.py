@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,9 +18,9 @@ from pathlib import Path
 from mt import space
 from mt.config import Config, ConfigError
 from mt.jsonl import read_json, write_json_atomic
-from mt.paths import RunPaths
-from mt.preset import check_paths, config_from_dict, load_config_json, load_preset
-from mt.resume import ResumeRefused, attempt_config
+from mt.paths import RunPaths, new_run_dir
+from mt.preset import check_paths, config_from_dict, load_config_json, load_preset, script_preset
+from mt.resume import ResumeRefused, attempt_config, reported_checkpoint
 from tui.run import lock as runlock
 from tui.rundir import liveness, newest_checkpoint, read_status, require_run_dir
 
@@ -40,13 +41,35 @@ class Overrides:
     runs_dir: str | None = None
     nproc: int | None = None
     node_rank: int | None = None
+    script_args: list[str] | None = None
+    """ARGS after `--`: for a script (they replace `[launch] script_args`)."""
+
+
+def is_script(path: Path) -> bool:
+    """`mt launch train.py`: a script of the user's own, not a preset."""
+    return Path(path).suffix == ".py"
+
+
+def _load(preset: Path) -> Config:
+    """A preset, or for `train.py` the config of a script run named after it."""
+    if not is_script(preset):
+        return load_preset(preset)
+    if not preset.is_file():
+        raise ConfigError(str(preset), "", "no such script" if not preset.exists() else "not a file")
+    name = re.sub(r"[^A-Za-z0-9_.\-]", "-", preset.stem).strip(".-") or "script"
+    return config_from_dict({"run": {"name": name}, "launch": {"script": str(preset.resolve())}}, str(preset))
 
 
 def resolve_config(preset: Path, over: Overrides) -> Config:
     """Load and validate the preset with overrides applied; ConfigError names file and key."""
-    cfg = load_preset(preset)
+    cfg = _load(Path(preset))
     raw = cfg.to_dict()
     source = str(preset)
+    if over.script_args is not None:
+        if not cfg.launch.script:
+            raise ConfigError(source, "", f"arguments {' '.join(over.script_args)!r} are for a script "
+                                          "(mt launch train.py -- ARGS, or [launch] script); this preset runs mt's engine")
+        raw["launch"]["script_args"] = list(over.script_args)
     if over.name is not None:
         raw["run"]["name"] = over.name
     if over.runs_dir is not None:
@@ -59,6 +82,8 @@ def resolve_config(preset: Path, over: Overrides) -> Config:
         raw["run"]["workdir"] = os.getcwd()   # user factories are found where mt launch runs
     cfg = config_from_dict(raw, source)  # the overrides pass the same checks as the file
     check_paths(cfg, source)
+    if cfg.launch.script:
+        return cfg  # devices, models and data are the script's own business
     check_devices(cfg, source)
     check_user_code(cfg, source)
     return cfg
@@ -183,24 +208,6 @@ def _check_runs_dir(runs_dir: Path, source: str) -> None:
         raise ConfigError(source, "run.runs_dir", f"cannot write to {probe}")
 
 
-def _new_run_dir(runs_dir: Path, cfg: Config) -> Path:
-    """`<name>-<YYYYmmdd-HHMMSS>` (node_rank > 0 adds `-node<K>`), created 0700 and unique."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = f"{cfg.run.name}-{stamp}"
-    if cfg.launch.node_rank:
-        base += f"-node{cfg.launch.node_rank}"
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    for i in range(1, 1000):
-        path = runs_dir / (base if i == 1 else f"{base}.{i}")
-        try:
-            path.mkdir(mode=0o700)
-        except FileExistsError:
-            continue
-        os.chmod(path, 0o700)  # mkdir's mode is masked by the umask
-        return path
-    raise LaunchError(f"{runs_dir}: cannot find a free run directory name for {base}")
-
-
 def create_run(preset: Path, over: Overrides) -> Path:
     """Validate, then make the run directory with preset.toml, config.json and status.json."""
     preset = Path(preset)
@@ -211,14 +218,19 @@ def create_run(preset: Path, over: Overrides) -> Path:
     _check_runs_dir(runs_dir, str(preset))
     cfg = with_token_cache(cfg, str(preset))
     try:
-        run_dir = _new_run_dir(runs_dir, cfg).resolve()
+        run_dir = new_run_dir(runs_dir, cfg.run.name, cfg.launch.node_rank).resolve()
     except OSError as e:
         raise ConfigError(str(preset), "run.runs_dir", f"cannot create a run in {runs_dir}: {e.strerror}") from None
     paths = RunPaths(run_dir)
     for sub in (paths.logs, paths.control, paths.checkpoints, paths.heartbeat_dir):
         sub.mkdir(mode=0o700)
-    shutil.copyfile(preset, paths.preset)
-    os.chmod(paths.preset, 0o600)
+    if is_script(preset):
+        fd = os.open(paths.preset, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(script_preset(cfg, f"mt launch {preset}"))
+    else:
+        shutil.copyfile(preset, paths.preset)
+        os.chmod(paths.preset, 0o600)
     write_json_atomic(paths.config, cfg.to_dict())
     write_json_atomic(paths.status, {
         "state": "starting", "attempt": 0, "supervisor_pid": None, "torchrun_pid": None,
@@ -306,13 +318,16 @@ def _resume_locked(run_dir: Path, nproc: int | None, lock: int) -> None:
                           f"({', '.join(str(p.pid) for p in left)}); wait for them or `mt kill` the run")
     if status.get("state") == "completed":
         raise ResumeError(f"{run_dir}: the run already completed; nothing to resume")
-    ckpt = newest_checkpoint(run_dir)
-    if ckpt is None:
-        raise ResumeError(f"{run_dir}: no checkpoint to resume from (checkpoints/ is empty)")
     try:
         cfg = load_config_json(paths.config)
     except ConfigError as e:
         raise ResumeError(str(e)) from None
+    if cfg.launch.script:
+        _resume_script(run_dir, cfg, status, nproc, lock)
+        return
+    ckpt = newest_checkpoint(run_dir)
+    if ckpt is None:
+        raise ResumeError(f"{run_dir}: no checkpoint to resume from (checkpoints/ is empty)")
     _check_room(paths, cfg.checkpoint.keep_last)
     manifest = read_json(ckpt / "manifest.json")
     try:
@@ -323,13 +338,30 @@ def _resume_locked(run_dir: Path, nproc: int | None, lock: int) -> None:
     if new != cfg:
         cfg = new
         _write_or_refuse(paths, paths.config, cfg.to_dict())
-    status.update(state="starting", supervisor_pid=None, ended=None, exit_code=None,
-                  reason=f"resuming from {ckpt.name}", nproc=cfg.launch.nproc_per_node)
+    _start_attempt(paths, status, f"resuming from {ckpt.name}", cfg.launch.nproc_per_node, lock)
+
+
+def _resume_script(run_dir: Path, cfg: Config, status: dict, nproc: int | None, lock: int) -> None:
+    """A script's run goes on from the newest checkpoint it reported (`run.checkpoint_saved`)."""
+    paths = RunPaths(run_dir)
+    ckpt = reported_checkpoint(paths.events)
+    if ckpt is None:
+        raise ResumeError(f"{run_dir}: no checkpoint to resume from (the script never reported one with "
+                          f"run.checkpoint_saved, or the files it named are gone)")
+    if nproc is not None and nproc != cfg.launch.nproc_per_node:
+        cfg = dataclasses.replace(cfg, launch=dataclasses.replace(cfg.launch, nproc_per_node=nproc))
+        _write_or_refuse(paths, paths.config, cfg.to_dict())
+    status.pop("owner", None)  # from here on a supervisor owns it, even if mt.init made it
+    _start_attempt(paths, status, f"resuming from {ckpt}", cfg.launch.nproc_per_node, lock)
+
+
+def _start_attempt(paths: RunPaths, status: dict, reason: str, nproc: int, lock: int) -> None:
+    status.update(state="starting", supervisor_pid=None, ended=None, exit_code=None, reason=reason, nproc=nproc)
     _write_or_refuse(paths, paths.status, status)
     try:
-        start_supervisor(run_dir, lock)
+        start_supervisor(paths.root, lock)
     except (LaunchError, OSError, subprocess.TimeoutExpired) as e:
-        _mark_failed(run_dir, str(e))
+        _mark_failed(paths.root, str(e))
         raise ResumeError(str(e)) from None
 
 

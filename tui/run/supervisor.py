@@ -179,6 +179,10 @@ class Supervisor:
                         ("stopped" if self.stop_requested else "completed")
                     return self.finish(state, 0, exit_code=rc, reason=(run_end.reason if run_end else "") or state)
                 reason = self.failure_reason(rc, worker_rc, run_end)
+                if self.stop_requested and self.cfg.launch.script and run_end is None:
+                    # a script that does not use mt dies of the SIGTERM we forwarded: that is its stop
+                    return self.finish("stopped", 0, exit_code=rc, reason="stopped by SIGTERM (the script reports "
+                                       "nothing through mt, so it saved no final checkpoint for mt)")
                 if self.stop_requested:
                     return self.finish("failed", 1, exit_code=rc, reason=reason)
                 if worker_rc == 2:
@@ -230,6 +234,7 @@ class Supervisor:
             self.torchrun = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 env=worker_env(self.cfg), preexec_fn=_die_with_parent, close_fds=True,
+                cwd=self.script_cwd(),
             )
         tr = self.torchrun
         record = {"attempt": attempt, "started": started, "torchrun_pid": tr.pid, "ended": None, "exit_code": None}
@@ -251,6 +256,11 @@ class Supervisor:
             self.tick()  # let the rules classify the crash (crash, oom, ...) now
         self.reap_leftovers()
         return rc, worker_rc, run_end
+
+    def script_cwd(self) -> str | None:
+        """A script runs where `mt launch` ran, as it would by hand (its relative paths hold)."""
+        workdir = self.cfg.run.workdir
+        return workdir if self.cfg.launch.script and workdir and os.path.isdir(workdir) else None
 
     def watch(self, attempt: int, tr: subprocess.Popen[bytes]) -> RunEnd | None:
         """Sample, diagnose and follow events until torchrun exits; returns this attempt's run_end."""

@@ -18,7 +18,7 @@ from mt.config import HF_OFFLINE, Config
 
 
 def torchrun_command(cfg: Config, run_dir: Path, attempt: int, python: str = sys.executable) -> list[str]:
-    """`python -P -m torch.distributed.run ... --no-python python -P -m engine --run-dir DIR --attempt N`.
+    """`python -P -m torch.distributed.run ... --no-python <worker_command>`.
 
     `-P`: the working directory is not put on sys.path, so a user's own `engine.py` (or
     `torch/`) there cannot shadow ours; `--no-python` is what lets us pass it to the workers.
@@ -38,8 +38,15 @@ def torchrun_command(cfg: Config, run_dir: Path, attempt: int, python: str = sys
             "--rdzv-endpoint", launch.rdzv_endpoint,
             "--rdzv-id", f"mt-{cfg.run.name}-a{attempt}",
         ]
-    cmd += ["--max-restarts", "0", "--no-python", python, "-P", "-m", "engine", "--run-dir", str(run_dir), "--attempt", str(attempt)]
-    return cmd
+    return cmd + ["--max-restarts", "0", "--no-python", *worker_command(cfg, run_dir, attempt, python)]
+
+
+def worker_command(cfg: Config, run_dir: Path, attempt: int, python: str = sys.executable) -> list[str]:
+    """One rank: mt's engine, or the user's script under `mt.script` (`[launch] script`)."""
+    where = ["--run-dir", str(run_dir), "--attempt", str(attempt)]
+    if cfg.launch.script:
+        return [python, "-P", "-m", "mt.script", *where, "--", cfg.launch.script, *cfg.launch.script_args]
+    return [python, "-P", "-m", "engine", *where]
 
 
 def usable_cores() -> int:
@@ -58,7 +65,7 @@ def is_direct(cfg: Config) -> bool:
 def attempt_command(cfg: Config, run_dir: Path, attempt: int, python: str = sys.executable) -> list[str]:
     """What the supervisor starts for an attempt: torchrun, or the one worker itself."""
     if is_direct(cfg):
-        return [python, "-P", "-m", "engine", "--run-dir", str(run_dir), "--attempt", str(attempt)]
+        return worker_command(cfg, run_dir, attempt, python)
     return torchrun_command(cfg, run_dir, attempt, python)
 
 

@@ -1,0 +1,54 @@
+"""The one tiny collective of a script's step: every rank learns whether to checkpoint or stop.
+
+torch is taken from `sys.modules`, never imported: a script that has not imported it has no
+process group, and one rank needs no agreement.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+
+class Agreement:
+    """Folds each rank's wishes (checkpoint, stop) and token count into one all_reduce per step."""
+
+    def __init__(self) -> None:
+        self._device: Any = None
+
+    @staticmethod
+    def _group() -> Any:
+        """torch.distributed with a process group of more than one rank, or None."""
+        torch = sys.modules.get("torch")
+        dist = getattr(torch, "distributed", None) if torch is not None else None
+        if dist is None or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+            return None
+        return dist
+
+    def decide(self, checkpoint: bool, stop: bool, tokens: float | None) -> tuple[bool, bool, float | None]:
+        """(checkpoint, stop, tokens summed over ranks): True on every rank if any rank asked."""
+        dist = self._group()
+        if dist is None:
+            return checkpoint, stop, tokens
+        torch = sys.modules["torch"]
+        if self._device is None:
+            # NCCL reduces only CUDA tensors; gloo (and the others) take CPU ones
+            nccl = dist.get_backend() == "nccl"
+            self._device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+        flags = torch.tensor([float(checkpoint), float(stop), float(tokens or 0.0), float(tokens is not None)],
+                             dtype=torch.float64, device=self._device)
+        dist.all_reduce(flags)
+        ckpt, stp, total, known = flags.tolist()
+        return ckpt > 0, stp > 0, total if known > 0 else None
+
+    def backend(self) -> str | None:
+        dist = self._group()
+        return str(dist.get_backend()) if dist is not None else None
+
+    @staticmethod
+    def device_name() -> str | None:
+        """The GPU this process uses if the script has touched CUDA, else None (unknown)."""
+        torch = sys.modules.get("torch")
+        cuda = getattr(torch, "cuda", None)
+        if cuda is None or not cuda.is_initialized():
+            return None
+        return str(cuda.get_device_name(cuda.current_device()))

@@ -1,0 +1,77 @@
+"""A run directory the library makes itself, for a script started by plain `python` or `torchrun`.
+
+It has what `mt launch` would have written (config.json naming the script, preset.toml,
+status.json), so `mt ls`, `mt watch`, `mt ckpt`, `mt stop` and `mt resume` work on it. With
+no supervisor, rank 0's own pid stands in for one: the run is live while rank 0 lives.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from mt.config import Config, LaunchConfig, RunConfig
+from mt.jsonl import read_json, write_json_atomic
+from mt.paths import RunPaths, new_run_dir
+from mt.preset import script_preset
+
+
+def make_own_run(rank: int, world: int, name: str | None, runs_dir: Path) -> RunPaths:
+    """Rank 0 creates the run and tells the other ranks where it is (a broadcast)."""
+    made = _create(world, name, runs_dir) if rank == 0 else None
+    if world > 1:
+        made = _share(made)
+    assert made is not None
+    return made
+
+
+def _create(world: int, name: str | None, runs_dir: Path) -> RunPaths:
+    script = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] not in ("", "-c", "-m") else None
+    base = re.sub(r"[^A-Za-z0-9_.\-]", "-", name or (script.stem if script else "script")).strip(".-") or "script"
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    cfg = Config(run=RunConfig(name=base, runs_dir=str(runs_dir), workdir=os.getcwd()),
+                 launch=LaunchConfig(nproc_per_node=local, nnodes=max(1, world // max(1, local)),
+                                     script=str(script or ""), script_args=list(sys.argv[1:])))
+    paths = RunPaths(new_run_dir(runs_dir.expanduser(), base).resolve())
+    for sub in (paths.logs, paths.control, paths.checkpoints, paths.heartbeat_dir):
+        sub.mkdir(mode=0o700, exist_ok=True)
+    fd = os.open(paths.preset, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(script_preset(cfg, "written by mt.init for a script started without mt launch"))
+    write_json_atomic(paths.config, cfg.to_dict())
+    now = time.time()
+    write_json_atomic(paths.status, {
+        "state": "running", "attempt": 1, "supervisor_pid": os.getpid(), "owner": "script", "torchrun_pid": None,
+        "worker_pids": {"0": os.getpid()}, "started": now, "ended": None, "exit_code": None,
+        "reason": "started without mt launch: rank 0 stands in for the supervisor",
+        "nproc": local, "nnodes": cfg.launch.nnodes, "node_rank": 0, "preset": str(script or ""),
+        "attempts": [{"attempt": 1, "started": now, "torchrun_pid": None, "ended": None, "exit_code": None}],
+    })
+    return paths
+
+
+def _share(made: RunPaths | None) -> RunPaths:
+    torch = sys.modules.get("torch")
+    dist = getattr(torch, "distributed", None) if torch is not None else None
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("mt.init: with WORLD_SIZE > 1 outside `mt launch`, call it after "
+                           "torch.distributed.init_process_group, so that every rank joins the same run directory")
+    box: list[Any] = [str(made.root) if made else None]
+    dist.broadcast_object_list(box, src=0)
+    return RunPaths(Path(box[0]))
+
+
+def record_end(paths: RunPaths, state: str, reason: str) -> None:
+    """The final state in status.json (rank 0, the stand-in supervisor)."""
+    status = read_json(paths.status)
+    if not isinstance(status, dict) or status.get("owner") != "script":
+        return
+    now = time.time()
+    status.update(state=state, ended=now, reason=reason, exit_code=0 if state in ("completed", "stopped") else 1)
+    for attempt in status.get("attempts") or []:
+        if isinstance(attempt, dict) and attempt.get("ended") is None:
+            attempt.update(ended=now, exit_code=status["exit_code"])
+    write_json_atomic(paths.status, status)

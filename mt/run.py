@@ -1,0 +1,276 @@
+"""The library a training script uses: `run = mt.init()`, then `run.step(...)` every optimizer step.
+
+Under `mt launch` it joins the run directory the supervisor made (MT_RUN_DIR); under plain
+`python` or `torchrun` it makes one itself (mt/ownrun.py), so `mt watch` and `mt ckpt` work
+there too. It writes through the same writers as mt's engine: events, heartbeats, the control
+inbox. Stdlib only; torch is used only once the script has imported it. docs/library.md.
+"""
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Mapping
+
+from mt.agree import Agreement
+from mt.eventlog import EventWriter
+from mt.heartbeat import Heartbeat
+from mt.inbox import ControlInbox, Request, StopSignals
+from mt.paths import RunPaths
+
+ENV_RUN_DIR, ENV_ATTEMPT = "MT_RUN_DIR", "MT_ATTEMPT"
+_KNOWN = ("loss", "lr", "grad_norm", "tokens")
+_POLL_S = 0.1  # rank 0 looks into control/ at most this often
+
+
+@dataclass(frozen=True)
+class Control:
+    """What to do after this step; the same on every rank."""
+
+    checkpoint: bool = False
+    stop: bool = False
+
+
+class Run:
+    """One attempt of a script's run, as the script sees it; `mt.init` makes it."""
+
+    def __init__(self, paths: RunPaths, rank: int, world_size: int, attempt: int, config: Mapping[str, Any] | None,
+                 max_steps: int | None, owned: bool) -> None:
+        self.dir = paths.root
+        self.rank, self.world_size, self.attempt = rank, world_size, attempt
+        self.paths, self.config, self.max_steps, self.owned = paths, dict(config or {}), max_steps, owned
+        self.resume_from: Path | None = None
+        self._events = EventWriter(paths.events) if rank == 0 else None
+        self._inbox = ControlInbox(paths.control) if rank == 0 else None
+        self._heartbeat = Heartbeat(paths.heartbeat(rank), rank, attempt)
+        self._agree = Agreement()
+        self._signals = StopSignals((signal.SIGTERM,))  # a handler that only sets a flag: the script saves at its next step
+        if threading.current_thread() is threading.main_thread():
+            self._signals.install()
+        self._pending: list[Request] = []  # accepted requests that the next checkpoint_saved answers
+        self._last_poll = -math.inf
+        self._last_t: float | None = None
+        self._step: int | None = None
+        self._tokens_seen = 0.0
+        self._stopping: str | None = None
+        self._started = False
+        self._finished = False
+        self._anomalies: Any = None
+        self._nan_open = False
+        self._heartbeat.beat(0, "start")
+
+    # ---- every optimizer step -----------------------------------------------------------
+    def step(self, step: int, *, loss: float | None = None, lr: float | None = None, grad_norm: float | None = None,
+             tokens: int | None = None, **metrics: float) -> Control:
+        """Record optimizer step `step` (rank 0 writes it), beat this rank's heartbeat and say
+        whether to checkpoint or stop now: one tiny collective keeps every rank in agreement."""
+        now = time.perf_counter()
+        step = _whole(step, "step")
+        self._heartbeat.beat(step)
+        ckpt, stop = self._poll(now)
+        ckpt, stop, tokens_all = self._agree.decide(ckpt, stop or self._signals.received is not None,
+                                                    _number(tokens, "tokens"))
+        if stop and self._stopping is None:
+            self._stopping = f"{self._signals.name} received" if self._signals.received else "stop requested"
+        if self._events is not None:
+            if not self._started:
+                self._emit_run_start(step - 1)
+            self._emit_step(step, now, loss, lr, grad_norm, tokens_all, metrics)
+        self._step, self._last_t = step, now
+        if ckpt or stop:
+            self._heartbeat.beat(step, "checkpoint")  # a long save is explained, not taken for a hang
+        return Control(checkpoint=ckpt, stop=stop)
+
+    def log(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        """Extra metrics (an eval, say) at `step` (default: the last step); rank 0 writes them."""
+        if self._events is None:
+            return
+        at = _whole(step if step is not None else (self._step or 0), "step")
+        values = {str(k): _number(v, str(k)) for k, v in metrics.items()}
+        self._ensure_started(at)
+        self._events.emit("metrics", step=at, values=values)
+
+    def checkpoint_saved(self, path: str | os.PathLike[str], step: int | None = None) -> None:
+        """The script saved a checkpoint at `path`: answer the requests waiting for one, and let
+        later attempts find it in `resume_from`."""
+        if self._events is None or self._inbox is None:
+            return
+        at = _whole(step if step is not None else (self._step or 0), "step")
+        where = Path(path).absolute()
+        self._ensure_started(at)
+        reqs, self._pending = self._pending, []
+        reason = "stop" if self._stopping else "request" if reqs else "script"
+        self._events.emit("checkpoint", step=at, path=str(where), bytes=_size(where), seconds=None, reason=reason,
+                          request_id=reqs[0].id if reqs else None, request_ids=[r.id for r in reqs])
+        for req in reqs:
+            self._events.emit("control", request_id=req.id, action=req.action, status="done",
+                              detail=f"checkpoint saved at step {at}: {where}")
+            self._inbox.done(req.path)
+
+    def finish(self, status: str | None = None, reason: str | None = None) -> None:
+        """The run ended: `completed` (or `stopped` after a stop), or what `status` says."""
+        if self._finished:
+            return
+        self._finished = True
+        final = status or ("stopped" if self._stopping else "completed")
+        why = reason or self._stopping or ("the script finished" if final == "completed" else final)
+        if self._events is not None and self._inbox is not None:
+            self._ensure_started(self._step or 0)
+            for req in self._pending:
+                done = req.action == "stop" and final == "stopped"
+                self._events.emit("control", request_id=req.id, action=req.action, status="done" if done else "rejected",
+                                  detail=f"stopped at step {self._step}" if done else f"the script ended ({final}) without saving a checkpoint")
+                self._inbox.done(req.path)
+            self._pending = []
+            self._events.emit("run_end", step=self._step or 0, status=final, reason=why)
+        if self.owned and self.rank == 0:
+            from mt.ownrun import record_end
+            record_end(self.paths, final, why)
+
+    # ---- machinery ----------------------------------------------------------------------
+    def _poll(self, now: float) -> tuple[bool, bool]:
+        """Rank 0: new requests in control/ (accepted ones wait for the next checkpoint_saved)."""
+        if self._inbox is None or self._events is None or now - self._last_poll < _POLL_S:
+            return False, False
+        self._last_poll = now
+        polled = self._inbox.poll()
+        for rid, action, why in polled.rejected:
+            self._events.emit("control", request_id=rid, action=action, status="rejected", detail=why)
+        at = (self._step or 0) + 1
+        for req in polled.requests:
+            self._events.emit("control", request_id=req.id, action=req.action, status="accepted", detail=f"at step {at}")
+        self._pending += polled.requests
+        return (any(r.action == "checkpoint" for r in polled.requests),
+                any(r.action == "stop" for r in polled.requests))
+
+    def _emit_step(self, step: int, now: float, loss: float | None, lr: float | None, grad_norm: float | None,
+                   tokens: float | None, metrics: Mapping[str, float]) -> None:
+        assert self._events is not None
+        dt = now - self._last_t if self._last_t is not None else None
+        if tokens is not None:
+            self._tokens_seen += tokens
+        loss_v = _number(loss, "loss")
+        fields: dict[str, Any] = {
+            "step": step, "epoch": None, "loss": loss_v, "lr": _number(lr, "lr"), "grad_norm": _number(grad_norm, "grad_norm"),
+            "clipped": None, "tokens_per_s": tokens / dt if tokens and dt else None, "step_time_s": dt, "data_wait_s": None,
+            "samples_seen": None, "tokens_seen": int(self._tokens_seen) if tokens is not None else None, "skipped": False,
+            "mem_alloc_bytes": None, "mem_peak_bytes": None,
+        }
+        if metrics:
+            fields["extra"] = {k: _number(v, k) for k, v in metrics.items()}
+        self._events.emit("step", **fields)
+        self._watch(step, fields)
+
+    def _watch(self, step: int, fields: dict[str, Any]) -> None:
+        """The engine's own rank-0 rules (NaN, loss spike, grad explosion) on the script's numbers."""
+        from mt.anomaly import StepAnomalies, nan_incident
+
+        assert self._events is not None
+        loss = fields["loss"]
+        if loss is not None and not math.isfinite(loss):
+            if not self._nan_open:
+                self._events.emit("incident", **nan_incident(step, fields["lr"] or math.nan, fields["grad_norm"] or math.nan,
+                                                             loss, [], "reported"))
+            self._nan_open = True
+            return
+        self._nan_open = False
+        if self._anomalies is None:
+            from mt.config import MonitorConfig
+            self._anomalies = StepAnomalies(MonitorConfig(), 0.0)
+        for incident in self._anomalies.observe(fields):
+            self._events.emit("incident", **incident)
+
+    def _ensure_started(self, step: int) -> None:
+        if self._events is not None and not self._started:
+            self._emit_run_start(step)
+
+    def _emit_run_start(self, start_step: int) -> None:
+        assert self._events is not None
+        self._started = True
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+        torch = sys.modules.get("torch")
+        self._events.emit(
+            "run_start", run_id=self.dir.name, attempt=self.attempt, world_size=self.world_size,
+            nnodes=max(1, self.world_size // max(1, local)), device=self._agree.device_name(), backend=self._agree.backend(),
+            precision=None, config=_plain(self.config), params_total=None, params_trainable=None, tokens_per_step=None,
+            effective_batch=None, static_mem_bytes=None, start_step=max(0, start_step), max_steps=self.max_steps,
+            resumed_from={"path": str(self.resume_from)} if self.resume_from else None,
+            torch_version=getattr(torch, "__version__", None), git_commit=None, source="script",
+            script=sys.argv[0] if sys.argv else None, pid=os.getpid(),
+        )
+
+    def _excepthook(self, kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        """An exception escaping the script ends the run as failed, with its type and message."""
+        try:
+            first = (str(exc).splitlines() or [""])[0][:400]
+            self.finish("failed", f"rank {self.rank}: {kind.__name__}: {first}" if first else f"rank {self.rank}: {kind.__name__}")
+        finally:
+            self._previous_hook(kind, exc, tb)
+
+    _previous_hook = staticmethod(sys.__excepthook__)
+
+
+def init(config: Mapping[str, Any] | None = None, *, name: str | None = None, runs_dir: str | os.PathLike[str] = "runs",
+         max_steps: int | None = None) -> Run:
+    """Join this process's mt run (under `mt launch`), or make one under `runs_dir` (plain python/torchrun).
+
+    Call it on every rank; with several ranks outside `mt launch`, after init_process_group."""
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if max_steps is None and config:
+        guess = next((config[k] for k in ("max_steps", "max_iters") if k in config), None)
+        max_steps = guess if isinstance(guess, int) and not isinstance(guess, bool) and guess > 0 else None
+    joined = os.environ.get(ENV_RUN_DIR)
+    if joined:
+        paths, attempt, owned = RunPaths(Path(joined)), int(os.environ.get(ENV_ATTEMPT) or 1), False
+    else:
+        from mt.ownrun import make_own_run
+        paths, attempt, owned = make_own_run(rank, world, name, Path(runs_dir)), 1, True
+    run = Run(paths, rank, world, attempt, config, max_steps, owned)
+    from mt.resume import reported_checkpoint
+    run.resume_from = reported_checkpoint(paths.events)
+    run._previous_hook = sys.excepthook
+    sys.excepthook = run._excepthook
+    return run
+
+
+def _number(value: Any, what: str) -> float | None:
+    """A metric as a float (a 0-d tensor too); None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise TypeError(f"mt: {what} must be a number, got {value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"mt: {what} must be a number, got {type(value).__name__}") from None
+
+
+def _whole(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) and not (hasattr(value, "__index__")):
+        raise TypeError(f"mt: {what} must be a whole number, got {type(value).__name__}")
+    return int(value)
+
+
+def _size(path: Path) -> int | None:
+    """Bytes of a checkpoint file, or of everything under a checkpoint folder."""
+    try:
+        if path.is_file():
+            return path.stat().st_size
+        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else None
+    except OSError:
+        return None
+
+
+def _plain(config: Mapping[str, Any]) -> Any:
+    """The script's config as JSON can hold it (paths and other objects as their text)."""
+    import json
+    try:
+        return json.loads(json.dumps(config, default=str))
+    except (ValueError, TypeError) as e:  # a circular reference, keys that are not strings
+        return {"unreadable": f"{type(e).__name__}: {e}"}
