@@ -1,0 +1,119 @@
+"""The mt library in a plain `python` process: its own run directory, control, resume, the contract."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mt.records import Metrics, Rejected, Step, parse_event
+from mt.resume import reported_checkpoint
+from tests.cli.conftest import events, mt, status, wait_for
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def _start(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+    """plain_loop.py from its own folder (which holds a user's engine.py and tui/), with no PYTHONPATH."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MT_RUN_DIR", "RANK", "WORLD_SIZE")}
+    return subprocess.Popen([sys.executable, str(SCRIPTS / "plain_loop.py"), "--runs-dir", str(tmp_path / "runs"), *args],
+                            cwd=SCRIPTS, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _run_dir(tmp_path: Path) -> Path:
+    found = wait_for(lambda: [p for p in (tmp_path / "runs").glob("plain_loop-*") if (p / "status.json").exists()],
+                     30, "the run directory mt.init makes")
+    return found[0]
+
+
+def test_a_plain_python_script_makes_a_run_that_mt_watches_checkpoints_stops_and_resumes(tmp_path: Path) -> None:
+    proc = _start(tmp_path)
+    try:
+        run_dir = _run_dir(tmp_path)
+        wait_for(lambda: len(events(run_dir, "step")) >= 5, 30, "steps")
+        once = mt("watch", run_dir, "--once")
+        assert once.returncode == 0, once.stderr
+        assert "[running]" in once.stdout and "plain_loop" in once.stdout
+
+        ckpt = mt("ckpt", run_dir, "--timeout", "30")
+        assert ckpt.returncode == 0, ckpt.stdout + ckpt.stderr
+        saved = [e for e in events(run_dir, "checkpoint")]
+        assert len(saved) == 1 and Path(saved[0]["path"]).parent == run_dir and saved[0]["reason"] == "request"
+        assert saved[0]["path"] in ckpt.stdout
+
+        stop = mt("stop", run_dir, "--timeout", "30")
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert proc.wait(30) == 0
+    finally:
+        proc.kill()
+    st = status(run_dir)
+    assert st["state"] == "stopped" and st["owner"] == "script"
+    end = events(run_dir, "run_end")[-1]
+    last = events(run_dir, "checkpoint")[-1]
+    assert end["status"] == "stopped" and last["reason"] == "stop" and last["step"] == end["step"]
+    assert "engine" not in proc.stderr.read()
+
+    # the step events carry the script's own metric, run.log's val loss is a metrics event
+    steps = [parse_event(json.dumps(e)) for e in events(run_dir, "step")]
+    assert all(isinstance(s, Step) and s.extra["accuracy"] > 0 for s in steps)
+    assert [s.step for s in steps] == list(range(1, end["step"] + 1))
+    metrics = [parse_event(json.dumps(e)) for e in events(run_dir, "metrics")]
+    assert metrics and all(isinstance(m, Metrics) and m.values["val_loss"] == 2.0 / m.step for m in metrics)
+
+    # mt resume starts the script again under a supervisor; run.resume_from is the stop checkpoint
+    cfg = json.loads((run_dir / "config.json").read_text())
+    assert cfg["launch"]["script"] == str(SCRIPTS / "plain_loop.py") and "--runs-dir" in cfg["launch"]["script_args"]
+    res = mt("resume", run_dir, "--detach")
+    assert res.returncode == 0, res.stderr
+    wait_for(lambda: len([e for e in events(run_dir, "run_start") if e["attempt"] == 2]) == 1
+             and len(events(run_dir, "step")) > end["step"] + 3, 60, "attempt 2 stepping")
+    start2 = [e for e in events(run_dir, "run_start") if e["attempt"] == 2][0]
+    assert start2["start_step"] == end["step"] and start2["resumed_from"] == {"path": last["path"]}
+    assert (run_dir / "logs" / "rank0.log").read_text().startswith("run dir: ")
+    kill = mt("kill", run_dir)
+    assert kill.returncode == 0, kill.stderr
+
+
+def test_an_exception_escaping_the_script_ends_the_run_as_failed(tmp_path: Path) -> None:
+    script = tmp_path / "boom.py"
+    script.write_text("import mt\nrun = mt.init(runs_dir='runs')\nrun.step(1, loss=2.0)\nraise ValueError('bad batch 7')\n")
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "ValueError: bad batch 7" in proc.stderr  # the traceback still prints
+    run_dir = next((tmp_path / "runs").iterdir())
+    assert status(run_dir)["state"] == "failed"
+    assert events(run_dir, "run_end")[-1]["reason"] == "rank 0: ValueError: bad batch 7"
+
+
+def test_importing_mt_loads_nothing_heavy() -> None:
+    code = "import sys, mt; print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'engine', 'tui', 'psutil', 'textual')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_step_metrics_that_are_not_numbers_are_refused_in_the_script_and_by_the_parser(tmp_path: Path) -> None:
+    script = tmp_path / "bad.py"
+    script.write_text("import mt\nrun = mt.init(runs_dir='runs')\nrun.step(1, loss='low')\n")
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "mt: loss must be a number, got str" in proc.stderr
+    line = {"v": 1, "t": 1.8e9, "kind": "step", "step": 3, "loss": 1.0, "extra": {"acc": [1]}}
+    assert isinstance(parse_event(json.dumps(line)), Rejected)
+    assert isinstance(parse_event(json.dumps({**line, "kind": "metrics", "values": "x"})), Rejected)
+
+
+@pytest.mark.parametrize("chunk", [7, 64, 1 << 20])
+def test_the_newest_reported_checkpoint_that_still_exists_is_found_reading_backwards(tmp_path: Path, chunk: int) -> None:
+    lines = []
+    for step in range(1, 40):
+        lines.append(json.dumps({"v": 1, "t": 1.8e9, "kind": "step", "step": step, "loss": 1.0}))
+        if step % 10 == 0:
+            path = tmp_path / f"ck{step}.pt"
+            if step != 30:  # the newest one's file was deleted
+                path.write_text("x")
+            lines.append(json.dumps({"v": 1, "t": 1.8e9, "kind": "checkpoint", "step": step, "path": str(path), "reason": "script"}))
+    lines.append('{"kind": "checkpoint", "torn')
+    (tmp_path / "events.jsonl").write_text("\n".join(lines))
+    assert reported_checkpoint(tmp_path / "events.jsonl", chunk) == tmp_path / "ck20.pt"
+    assert reported_checkpoint(tmp_path / "missing.jsonl") is None
