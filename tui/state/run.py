@@ -156,6 +156,7 @@ class RunState:
     bad_lines: int = 0                 # lines no reader may use (docs/events.md)
     bad_reason: str = ""               # why the newest of them was skipped
     supervisor_lost: bool = False      # status says live but its supervisor process is gone
+    script: str | None = None          # a user's script ([launch] script) instead of mt's engine
     n_steps: int = 0                   # step events seen (all attempts)
     attempt_t: float | None = None     # when the newest run_start was written
     status: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -169,6 +170,13 @@ class RunState:
     @property
     def is_final(self) -> bool:
         return self.state in FINAL_STATES
+
+    def script_hint(self) -> str | None:
+        """For a script that reports nothing through mt: what `run.step` would add."""
+        if self.script is None or self.attempt_t is not None or self.n_steps or self.state == "starting":
+            return None
+        return ("this script reports nothing through mt: `run = mt.init()` and `run.step(step, loss=...)` "
+                "add loss/lr plots, hang and NaN diagnosis, and the c/s keys (docs/library.md)")
 
     def eta_s(self) -> float | None:
         """Seconds to max_steps at the recent wall-clock rate; None when unknown or finished."""
@@ -241,11 +249,14 @@ def new_state(run_dir: Path) -> RunState:
     st = RunState(run_dir=paths.root, name=paths.root.name)
     cfg = read_json(paths.config)
     if isinstance(cfg, dict):
-        run, train = cfg.get("run") or {}, cfg.get("train") or {}
+        run, train, launch = cfg.get("run") or {}, cfg.get("train") or {}, cfg.get("launch") or {}
         st.name = str(run.get("name") or st.name)
-        st.max_steps = _int(train.get("max_steps"))
-        clip = as_float(train.get("grad_clip"))
-        st.grad_clip = clip if math.isfinite(clip) and clip > 0 else None
+        script = launch.get("script") if isinstance(launch, dict) else None
+        st.script = script if isinstance(script, str) and script else None
+        if st.script is None:  # [train] is the engine's; a script says its own max_steps in run_start
+            st.max_steps = _int(train.get("max_steps"))
+            clip = as_float(train.get("grad_clip"))
+            st.grad_clip = clip if math.isfinite(clip) and clip > 0 else None
     return st
 
 

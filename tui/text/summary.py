@@ -36,6 +36,9 @@ def format_summary(st: "RunState", now: float | None = None) -> str:
     reason = st.first_failure() if st.state == "failed" else st.reason or st.run_end_reason
     if st.is_final and reason:
         lines.append(f"reason: {reason}")
+    hint = st.script_hint()
+    if hint:
+        lines.append(hint)
     if st.bad_lines:
         why = f" (newest: {st.bad_reason})" if st.bad_reason else ""
         lines.append(f"skipped {st.bad_lines} unreadable event line(s){why}")

@@ -13,6 +13,9 @@ def notice_text(st: RunState, log_tail: list[str], failing_rank: int | None) -> 
     if st.supervisor_lost:
         return Text(f"status.json says {st.state}, but its supervisor (pid {st.status.get('supervisor_pid')})"
                     " is gone: the run is lost. Press r to resume from the newest checkpoint.", style="bold red")
+    hint = st.script_hint()
+    if hint and st.state == "running":
+        return Text(hint[0].upper() + hint[1:], style="yellow")
     if st.state == "starting" or (st.state == "running" and st.step is None):
         what = ("the supervisor to start torchrun" if not st.status.get("torchrun_pid")
                 else "rank 0 to report run_start" if not st.world_size else "the first optimizer step")

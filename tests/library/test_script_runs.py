@@ -1,0 +1,128 @@
+"""Users' own DDP scripts under `mt launch` and under plain torchrun: real ranks, real signals."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cli.conftest import REPO, events, mt, status, toml_text, wait_for
+
+pytestmark = pytest.mark.slow
+EXAMPLE = REPO / "examples" / "script" / "train.py"
+SCRIPTS = Path(__file__).parent / "scripts"
+ARGS = ["--steps", "50", "--sleep", "0.15", "--save-every", "1000"]
+
+
+def _launched(runs: Path, prefix: str) -> Path:
+    return wait_for(lambda: next(iter(sorted(runs.glob(f"{prefix}-*"))), None), 30, f"a {prefix} run directory")
+
+
+def _losses(run_dir: Path) -> dict[int, float]:
+    """Loss by step; a resumed attempt's steps replace what followed its checkpoint."""
+    return {e["step"]: e["loss"] for e in events(run_dir, "step")}
+
+
+def test_a_ddp_script_is_watched_checkpointed_stopped_and_resumed_exactly(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    # the same script under plain torchrun, beside it: the reference, and a run mt.init made itself
+    plain_dir = tmp_path / "plain"
+    plain_dir.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MT_")}
+    plain = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(EXAMPLE), *ARGS],
+                             cwd=plain_dir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        launch = mt("launch", EXAMPLE, "--nproc", "2", "--runs-dir", runs, "--detach", "--", *ARGS, cwd=tmp_path)
+        assert launch.returncode == 0, launch.stderr
+        run_dir = Path(launch.stdout.strip().splitlines()[-1])
+        wait_for(lambda: len(events(run_dir, "step")) >= 3, 90, "steps of the launched script")
+        once = mt("watch", run_dir, "--once")
+        assert once.returncode == 0 and "[running]" in once.stdout and "/50" in once.stdout, once.stdout
+
+        ckpt = mt("ckpt", run_dir, "--timeout", "60")
+        assert ckpt.returncode == 0, ckpt.stdout + ckpt.stderr
+        saved = events(run_dir, "checkpoint")[-1]
+        assert saved["reason"] == "request" and saved["path"] == str(run_dir / "ckpt" / f"step{saved['step']}.pt")
+
+        stop = mt("stop", run_dir, "--timeout", "60")
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        st = status(run_dir)
+        assert st["state"] == "stopped", st
+        final = events(run_dir, "checkpoint")[-1]
+        assert final["reason"] == "stop" and Path(final["path"]).is_file()
+        stopped_at = events(run_dir, "run_end")[-1]["step"]
+        assert final["step"] == stopped_at < 50
+
+        # plain torchrun: mt.init made ./runs/train-<stamp>; mt watch and mt ckpt work on it
+        plain_run = _launched(plain_dir / "runs", "train")
+        wait_for(lambda: len(events(plain_run, "step")) >= 3, 90, "steps of the plain torchrun run")
+        if plain.poll() is None:
+            pckpt = mt("ckpt", plain_run, "--timeout", "60")
+            assert pckpt.returncode == 0, pckpt.stdout + pckpt.stderr
+            assert status(plain_run)["owner"] == "script"
+
+        res = mt("resume", run_dir, "--detach")
+        assert res.returncode == 0, res.stderr
+        wait_for(lambda: status(run_dir).get("state") in ("completed", "failed"), 120, "the resumed attempt to end")
+        assert status(run_dir)["state"] == "completed", status(run_dir)
+        assert plain.wait(120) == 0, plain.stderr.read()
+    finally:
+        if plain.poll() is None:
+            plain.kill()
+    start2 = [e for e in events(run_dir, "run_start") if e["attempt"] == 2]
+    assert start2 and start2[0]["start_step"] == stopped_at and start2[0]["resumed_from"] == {"path": final["path"]}
+    # stopped, saved in the script's own format and resumed: every loss equals the uninterrupted run's, bit for bit
+    reference = _losses(plain_run)
+    assert sorted(reference) == list(range(1, 51))
+    assert _losses(run_dir) == reference
+    assert status(plain_run)["state"] == "completed"
+
+
+def _script_preset(tmp_path: Path, name: str, args: list[str], **monitor: float) -> Path:
+    tables = {"run": {"name": name, "runs_dir": str(tmp_path / "runs")},
+              "launch": {"script": str(SCRIPTS / "faulty.py"), "script_args": args, "nproc_per_node": 2}}
+    if monitor:
+        tables["monitor"] = dict(monitor)
+    path = tmp_path / f"{name}.toml"
+    path.write_text(toml_text(tables))
+    return path
+
+
+def _incidents(run_dir: Path, code: str) -> list[dict]:
+    try:
+        lines = (run_dir / "incidents.jsonl").read_text().splitlines()
+    except OSError:
+        return []
+    return [r for r in map(json.loads, lines) if r.get("code") == code]
+
+
+def test_script_faults_are_diagnosed_with_the_rank(tmp_path: Path) -> None:
+    # a script that never calls mt: supervised, its out-of-memory error classified with the rank
+    oom = mt("launch", SCRIPTS / "faulty.py", "--nproc", "2", "--runs-dir", tmp_path / "runs", "--name", "oom", "--headless",
+             "--", "--no-mt", "--fault", "oom", "--at", "3", cwd=tmp_path)
+    assert oom.returncode == 1, oom.stdout + oom.stderr
+    oom_dir = _launched(tmp_path / "runs", "oom")
+    found = _incidents(oom_dir, "oom")
+    assert found and found[0]["evidence"]["rank"] == 1, (oom_dir / "incidents.jsonl").read_text()
+    once = mt("watch", oom_dir, "--once").stdout
+    assert "[failed]" in once and "run.step" in once  # says what the script would gain from mt
+
+    # with mt: a hang on rank 1 is named by the hang rule
+    hang = mt("launch", _script_preset(tmp_path, "hang", ["--fault", "hang", "--at", "6", "--steps", "400"],
+                                       hang_floor_s=2.0), "--detach")
+    assert hang.returncode == 0, hang.stderr
+    hang_dir = Path(hang.stdout.strip().splitlines()[-1])
+    found = wait_for(lambda: _incidents(hang_dir, "hang"), 90, "a hang incident")
+    assert found[0]["evidence"]["suspect_ranks"] == [1] and found[0]["step"] == 6, found[0]
+    assert mt("kill", hang_dir).returncode == 0
+
+    # with mt: a crash on rank 1 is diagnosed with rank 1, and the end line names it
+    crash = mt("launch", _script_preset(tmp_path, "crash", ["--fault", "crash", "--at", "4"]), "--headless")
+    assert crash.returncode == 1
+    crash_dir = _launched(tmp_path / "runs", "crash")
+    found = _incidents(crash_dir, "crash")
+    assert found and found[0]["evidence"]["rank"] == 1, (crash_dir / "incidents.jsonl").read_text()
+    assert "rank 1: RuntimeError: injected crash on rank 1 at step 4" in crash.stdout, crash.stdout
