@@ -72,20 +72,10 @@ class Run:
         whether to checkpoint or stop now: one tiny collective keeps every rank in agreement."""
         now = time.perf_counter()
         step = _whole(step, "step")
-        self._heartbeat.beat(step)
-        ckpt, stop = self._poll(now)
-        ckpt, stop, tokens_all = self._agree.decide(ckpt, stop or self._signals.received is not None,
-                                                    _number(tokens, "tokens"))
-        if stop and self._stopping is None:
-            self._stopping = f"{self._signals.name} received" if self._signals.received else "stop requested"
-        if self._events is not None:
-            if not self._started:
-                self._emit_run_start(step - 1)
-            self._emit_step(step, now, loss, lr, grad_norm, tokens_all, metrics)
-        self._step, self._last_t = step, now
-        if ckpt or stop:
-            self._heartbeat.beat(step, "checkpoint")  # a long save is explained, not taken for a hang
-        return Control(checkpoint=ckpt, stop=stop)
+        ctl, tokens_all = self._sync(step, _number(tokens, "tokens"), now)
+        self._emit_step(step, now, loss, lr, grad_norm, tokens_all, metrics)
+        self._last_t = now
+        return ctl
 
     def log(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         """Extra metrics (an eval, say) at `step` (default: the last step); rank 0 writes them."""
@@ -134,6 +124,21 @@ class Run:
             record_end(self.paths, final, why)
 
     # ---- machinery ----------------------------------------------------------------------
+    def _sync(self, step: int, tokens: float | None, now: float) -> tuple[Control, float | None]:
+        """The part of a step every rank does: heartbeat, control (rank 0), the agreement."""
+        step = _whole(step, "step")
+        self._heartbeat.beat(step)
+        ckpt, stop = self._poll(now)
+        ckpt, stop, tokens_all = self._agree.decide(ckpt, stop or self._signals.received is not None, tokens)
+        if stop and self._stopping is None:
+            self._stopping = f"{self._signals.name} received" if self._signals.received else "stop requested"
+        if self._events is not None and not self._started:
+            self._emit_run_start(step - 1)
+        self._step = step
+        if ckpt or stop:
+            self._heartbeat.beat(step, "checkpoint")  # a long save is explained, not taken for a hang
+        return Control(checkpoint=ckpt, stop=stop), tokens_all
+
     def _poll(self, now: float) -> tuple[bool, bool]:
         """Rank 0: new requests in control/ (accepted ones wait for the next checkpoint_saved)."""
         if self._inbox is None or self._events is None or now - self._last_poll < _POLL_S:
@@ -151,7 +156,10 @@ class Run:
 
     def _emit_step(self, step: int, now: float, loss: float | None, lr: float | None, grad_norm: float | None,
                    tokens: float | None, metrics: Mapping[str, float]) -> None:
-        assert self._events is not None
+        """Rank 0: the `step` event (and the rank-0 rules on it); other ranks write nothing."""
+        if self._events is None:
+            return
+        self._ensure_started(step - 1)
         dt = now - self._last_t if self._last_t is not None else None
         if tokens is not None:
             self._tokens_seen += tokens

@@ -126,3 +126,27 @@ def test_script_faults_are_diagnosed_with_the_rank(tmp_path: Path) -> None:
     found = _incidents(crash_dir, "crash")
     assert found and found[0]["evidence"]["rank"] == 1, (crash_dir / "incidents.jsonl").read_text()
     assert "rank 1: RuntimeError: injected crash on rank 1 at step 4" in crash.stdout, crash.stdout
+
+
+def test_the_hf_trainer_adapter_saves_on_c_and_stops_on_s(tmp_path: Path) -> None:
+    pytest.importorskip("accelerate")  # the Trainer needs it (in the hf extra)
+    launch = mt("launch", SCRIPTS / "hf_trainer.py", "--nproc", "2", "--runs-dir", tmp_path / "runs", "--detach",
+                "--", "2000", cwd=tmp_path)
+    assert launch.returncode == 0, launch.stderr
+    run_dir = Path(launch.stdout.strip().splitlines()[-1])
+    try:
+        wait_for(lambda: len(events(run_dir, "step")) >= 3, 120, "Trainer steps")
+        step = events(run_dir, "step")[-1]
+        assert step["loss"] > 0 and step["lr"] > 0 and step["grad_norm"] > 0
+        ckpt = mt("ckpt", run_dir, "--timeout", "60")
+        assert ckpt.returncode == 0, ckpt.stdout + ckpt.stderr
+        saved = events(run_dir, "checkpoint")[-1]
+        assert saved["path"] == str(tmp_path / "hf-out" / f"checkpoint-{saved['step']}") and saved["reason"] == "request"
+        assert (Path(saved["path"]) / "model.safetensors").is_file() and (Path(saved["path"]) / "trainer_state.json").is_file()
+        stop = mt("stop", run_dir, "--timeout", "60")
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+    finally:
+        mt("kill", run_dir)
+    assert status(run_dir)["state"] == "stopped"
+    final = events(run_dir, "checkpoint")[-1]
+    assert final["reason"] == "stop" and Path(final["path"]).is_dir() and final["step"] > saved["step"]

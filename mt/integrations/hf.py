@@ -1,0 +1,70 @@
+"""Hugging Face `Trainer` under mt: `Trainer(..., callbacks=[MtCallback()])`.
+
+Loss, learning rate and grad norm go to the dashboard; `c` / `mt ckpt` set `should_save`, `s` /
+`mt stop` / SIGTERM set `should_save` and `should_training_stop`; every folder the Trainer saves
+is reported, so a resumed attempt continues with `trainer.train(resume_from_checkpoint=cb.resume_from)`.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from transformers import TrainerCallback
+
+import mt
+
+_SKIP = ("epoch", "total_flos", "train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss")
+
+
+class MtCallback(TrainerCallback):
+    """Reports a Trainer to mt and obeys mt's checkpoint and stop requests (on every rank)."""
+
+    def __init__(self, run: mt.Run | None = None) -> None:
+        self._run = run
+
+    @property
+    def run(self) -> mt.Run:
+        """The mt run, joined (or made) on first use: after the Trainer exists, so every rank agrees."""
+        if self._run is None:
+            self._run = mt.init()
+        return self._run
+
+    @property
+    def resume_from(self) -> str | None:
+        """The newest checkpoint folder an earlier attempt saved, for `trainer.train(resume_from_checkpoint=...)`."""
+        path = self.run.resume_from
+        return str(path) if path is not None else None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        run = self.run
+        run.config = {k: v for k, v in args.to_dict().items() if isinstance(v, (str, int, float, bool)) or v is None}
+        run.max_steps = state.max_steps or None
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # every rank, every optimizer step: heartbeat and agreement; the numbers come with on_log
+        ctl, _ = self.run._sync(state.global_step, None, time.perf_counter())
+        if ctl.checkpoint or ctl.stop:
+            control.should_save = True
+        if ctl.stop:
+            control.should_training_stop = True
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        logs = logs or {}
+        if "eval_loss" in logs:
+            values = {("val_loss" if k == "eval_loss" else k): v for k, v in logs.items()
+                      if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "epoch"}
+            self.run.log(values, step=state.global_step)
+            return
+        if "loss" not in logs:
+            return  # the end-of-training summary
+        extra = {k: v for k, v in logs.items()
+                 if k not in (*_SKIP, "loss", "learning_rate", "grad_norm") and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        self.run._emit_step(state.global_step, time.perf_counter(), logs.get("loss"), logs.get("learning_rate"),
+                            logs.get("grad_norm"), None, extra)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.run.checkpoint_saved(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"), state.global_step)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.run.finish()
