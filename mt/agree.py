@@ -12,8 +12,9 @@ from typing import Any
 class Agreement:
     """Folds each rank's wishes (checkpoint, stop) and token count into one all_reduce per step."""
 
-    def __init__(self) -> None:
+    def __init__(self, world_size: int) -> None:
         self._device: Any = None
+        self._alone = world_size < 2  # WORLD_SIZE says so: no group to ask, every step
 
     @staticmethod
     def _group() -> Any:
@@ -26,6 +27,8 @@ class Agreement:
 
     def decide(self, checkpoint: bool, stop: bool, tokens: float | None) -> tuple[bool, bool, float | None]:
         """(checkpoint, stop, tokens summed over ranks): True on every rank if any rank asked."""
+        if self._alone:
+            return checkpoint, stop, tokens
         dist = self._group()
         if dist is None:
             return checkpoint, stop, tokens

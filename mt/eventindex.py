@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mt.events import SCHEMA_VERSION, T_MAX, T_MIN
 from mt.records import Checkpoint, Eval, Incident, Record, Rejected, RunEnd, Step, parse_event
 
 MAGIC = b"MTEVIDX1"
@@ -52,6 +53,36 @@ def encode(rec: Record | Rejected, end: int) -> bytes:
     return RECORD.pack(end, kind, *(_num(v) for v in (step, rec.t, loss, lr, gn, tps)))
 
 
+_NONNEG = ("lr", "grad_norm", "tokens_per_s", "step_time_s", "data_wait_s", "mfu", "samples_per_s")
+_WHOLE = ("epoch", "samples_seen", "tokens_seen", "mem_alloc_bytes", "mem_peak_bytes")
+_NAN = float("nan")
+
+
+def step_record(ev: dict[str, Any], end: int) -> bytes | None:
+    """encode(parse_event(ev)) for a step event of plain values, without the parser (the index
+    writer's per-step cost); None when a value needs the parser's judgement."""
+    step, t = ev.get("step"), ev.get("t")
+    if ev.get("kind") != "step" or ev.get("v") != SCHEMA_VERSION or type(step) is not int or not 0 <= step < 1 << 53:
+        return None
+    if type(t) is not float or not T_MIN <= t <= T_MAX:
+        return None
+    loss = ev.get("loss")
+    if loss is not None and type(loss) is not float:
+        return None
+    for key in _NONNEG:
+        v = ev.get(key)
+        if v is not None and (type(v) is not float or v < 0):
+            return None
+    for key in _WHOLE:
+        v = ev.get(key)
+        if v is not None and (type(v) is not int or not 0 <= v < 1 << 63):
+            return None
+    extra = ev.get("extra")
+    if extra is not None and (type(extra) is not dict or any(type(v) is not float for v in extra.values())):
+        return None
+    return RECORD.pack(end, 0, step, t, _num(loss), _num(ev.get("lr")), _num(ev.get("grad_norm")), _num(ev.get("tokens_per_s")))
+
+
 def kind_code(rec: Record | Rejected) -> int:
     """The index kind of a parsed line."""
     if isinstance(rec, Rejected):
@@ -60,7 +91,8 @@ def kind_code(rec: Record | Rejected) -> int:
 
 
 def _num(v: float | None) -> float:
-    return float("nan") if v is None else float(v)
+    # one NaN bit pattern: a -nan from the device must not make the record differ from its line's
+    return _NAN if v is None or v != v else float(v)
 
 
 def index_lines(data: bytes, base: int) -> bytes:
@@ -95,6 +127,22 @@ class IndexWriter:
             if kind in NEWEST_KINDS:   # rare (not steps): one more small write
                 self._newest[NEWEST_KINDS.index(kind)] = self._n
                 os.pwrite(self._fd, _header(self._newest), 0)
+        except OSError as e:
+            print(f"events index {self.path}: {e}; the viewer will read events.jsonl instead", file=sys.stderr)
+            self.close()
+
+    def add_many(self, events: list[dict[str, Any]], ends: list[int]) -> None:
+        """Index several events of a kind without a newest-record slot (steps), in one write."""
+        if self._fd < 0:
+            return
+        records = b"".join(step_record(ev, end) or encode(parse_event(ev), end) for ev, end in zip(events, ends))
+        if any(kind in NEWEST_KINDS for kind in (int(RECORD.unpack_from(records, i)[1]) for i in range(0, len(records), RECORD.size))):
+            for ev, end in zip(events, ends):  # the header must name the newest of that kind
+                self.add(ev, end)
+            return
+        try:
+            os.write(self._fd, records)
+            self._n += len(events)
         except OSError as e:
             print(f"events index {self.path}: {e}; the viewer will read events.jsonl instead", file=sys.stderr)
             self.close()

@@ -7,6 +7,7 @@ inbox. Stdlib only; torch is used only once the script has imported it. docs/lib
 """
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import signal
@@ -20,13 +21,14 @@ from typing import Any, Mapping
 
 from mt.agree import Agreement
 from mt.eventlog import EventWriter
-from mt.heartbeat import Heartbeat
+from mt.heartbeat import BackgroundHeartbeat
 from mt.inbox import ControlInbox, Request, StopSignals
 from mt.paths import RunPaths
 
 ENV_RUN_DIR, ENV_ATTEMPT = "MT_RUN_DIR", "MT_ATTEMPT"
 _KNOWN = ("loss", "lr", "grad_norm", "tokens")
 _POLL_S = 0.1  # rank 0 looks into control/ at most this often
+_FLUSH_S = 0.25  # rank 0 writes step events in batches this far apart: one write, not one per step
 
 
 @dataclass(frozen=True)
@@ -48,8 +50,8 @@ class Run:
         self.resume_from: Path | None = None
         self._events = EventWriter(paths.events) if rank == 0 else None
         self._inbox = ControlInbox(paths.control) if rank == 0 else None
-        self._heartbeat = Heartbeat(paths.heartbeat(rank), rank, attempt)
-        self._agree = Agreement()
+        self._heartbeat = BackgroundHeartbeat(paths.heartbeat(rank), rank, attempt)
+        self._agree = Agreement(world_size)
         self._signals = StopSignals((signal.SIGTERM,))  # a handler that only sets a flag: the script saves at its next step
         if threading.current_thread() is threading.main_thread():
             self._signals.install()
@@ -63,6 +65,8 @@ class Run:
         self._finished = False
         self._anomalies: Any = None
         self._nan_open = False
+        self._steps: list[dict[str, Any]] = []  # step events not written yet
+        self._flushed = time.perf_counter()
         self._heartbeat.beat(0, "start")
 
     # ---- every optimizer step -----------------------------------------------------------
@@ -84,6 +88,7 @@ class Run:
         at = _whole(step if step is not None else (self._step or 0), "step")
         values = {str(k): _number(v, str(k)) for k, v in metrics.items()}
         self._ensure_started(at)
+        self._flush()
         self._events.emit("metrics", step=at, values=values)
 
     def checkpoint_saved(self, path: str | os.PathLike[str], step: int | None = None) -> None:
@@ -94,6 +99,7 @@ class Run:
         at = _whole(step if step is not None else (self._step or 0), "step")
         where = Path(path).absolute()
         self._ensure_started(at)
+        self._flush()
         reqs, self._pending = self._pending, []
         reason = "stop" if self._stopping else "request" if reqs else "script"
         self._events.emit("checkpoint", step=at, path=str(where), bytes=_size(where), seconds=None, reason=reason,
@@ -112,6 +118,7 @@ class Run:
         why = reason or self._stopping or ("the script finished" if final == "completed" else final)
         if self._events is not None and self._inbox is not None:
             self._ensure_started(self._step or 0)
+            self._flush()
             for req in self._pending:
                 done = req.action == "stop" and final == "stopped"
                 self._events.emit("control", request_id=req.id, action=req.action, status="done" if done else "rejected",
@@ -127,7 +134,7 @@ class Run:
     def _sync(self, step: int, tokens: float | None, now: float) -> tuple[Control, float | None]:
         """The part of a step every rank does: heartbeat, control (rank 0), the agreement."""
         step = _whole(step, "step")
-        self._heartbeat.beat(step)
+        self._heartbeat.note(step)
         ckpt, stop = self._poll(now)
         ckpt, stop, tokens_all = self._agree.decide(ckpt, stop or self._signals.received is not None, tokens)
         if stop and self._stopping is None:
@@ -136,7 +143,7 @@ class Run:
             self._emit_run_start(step - 1)
         self._step = step
         if ckpt or stop:
-            self._heartbeat.beat(step, "checkpoint")  # a long save is explained, not taken for a hang
+            self._heartbeat.note(step, "checkpoint")  # a long save is explained, not taken for a hang
         return Control(checkpoint=ckpt, stop=stop), tokens_all
 
     def _poll(self, now: float) -> tuple[bool, bool]:
@@ -145,6 +152,8 @@ class Run:
             return False, False
         self._last_poll = now
         polled = self._inbox.poll()
+        if polled.requests or polled.rejected:
+            self._flush()  # the answers follow the steps before them
         for rid, action, why in polled.rejected:
             self._events.emit("control", request_id=rid, action=action, status="rejected", detail=why)
         at = (self._step or 0) + 1
@@ -156,24 +165,41 @@ class Run:
 
     def _emit_step(self, step: int, now: float, loss: float | None, lr: float | None, grad_norm: float | None,
                    tokens: float | None, metrics: Mapping[str, float]) -> None:
-        """Rank 0: the `step` event (and the rank-0 rules on it); other ranks write nothing."""
+        """Rank 0: note the step for the next batched write; other ranks write nothing."""
         if self._events is None:
             return
         self._ensure_started(step - 1)
         dt = now - self._last_t if self._last_t is not None else None
-        if tokens is not None:
-            self._tokens_seen += tokens
-        loss_v = _number(loss, "loss")
-        fields: dict[str, Any] = {
-            "step": step, "epoch": None, "loss": loss_v, "lr": _number(lr, "lr"), "grad_norm": _number(grad_norm, "grad_norm"),
-            "clipped": None, "tokens_per_s": tokens / dt if tokens and dt else None, "step_time_s": dt, "data_wait_s": None,
-            "samples_seen": None, "tokens_seen": int(self._tokens_seen) if tokens is not None else None, "skipped": False,
-            "mem_alloc_bytes": None, "mem_peak_bytes": None,
-        }
-        if metrics:
-            fields["extra"] = {k: _number(v, k) for k, v in metrics.items()}
-        self._events.emit("step", **fields)
-        self._watch(step, fields)
+        extra = {k: _number(v, k) for k, v in metrics.items()} if metrics else None
+        self._steps.append((step, dt, _number(loss, "loss"), _number(lr, "lr"), _number(grad_norm, "grad_norm"), tokens, extra))
+        if now - self._flushed >= _FLUSH_S:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Write the waiting step events in one go, then run the rank-0 rules over them.
+
+        Batched because a step's own cost is what the script pays: one write every _FLUSH_S
+        instead of two system calls and a JSON encoding per step, and the rules run hot."""
+        self._flushed = time.perf_counter()
+        if not self._steps or self._events is None:
+            return
+        steps, self._steps = self._steps, []
+        batch = []
+        for step, dt, loss, lr, grad_norm, tokens, extra in steps:
+            if tokens is not None:
+                self._tokens_seen += tokens
+            fields: dict[str, Any] = {
+                "step": step, "epoch": None, "loss": loss, "lr": lr, "grad_norm": grad_norm, "clipped": None,
+                "tokens_per_s": tokens / dt if tokens and dt else None, "step_time_s": dt, "data_wait_s": None,
+                "samples_seen": None, "tokens_seen": int(self._tokens_seen) if tokens is not None else None,
+                "skipped": False, "mem_alloc_bytes": None, "mem_peak_bytes": None,
+            }
+            if extra:
+                fields["extra"] = extra
+            batch.append(fields)
+        self._events.emit_many("step", batch)
+        for fields in batch:
+            self._watch(fields["step"], fields)
 
     def _watch(self, step: int, fields: dict[str, Any]) -> None:
         """The engine's own rank-0 rules (NaN, loss spike, grad explosion) on the script's numbers."""
@@ -244,6 +270,7 @@ def init(config: Mapping[str, Any] | None = None, *, name: str | None = None, ru
     run.resume_from = reported_checkpoint(paths.events)
     run._previous_hook = sys.excepthook
     sys.excepthook = run._excepthook
+    atexit.register(run._flush)  # a script that ends without run.finish() keeps its last steps
     return run
 
 

@@ -141,3 +141,29 @@ def test_lines_from_elsewhere_are_indexed_without_failing_the_writer(tmp_path):
     # what mt.records rejects is marked bad; a valid eval and an event of a kind unknown here are not
     assert [r[1] for r in recs] == [KIND_BAD, KIND_BAD, KIND_BAD, KIND_BAD, 2, KIND_OTHER, 0, 0]
     assert recs[4][2] == 3 and recs[4][4] == float("inf")
+
+
+def test_the_fast_step_record_equals_the_parsers_or_declines():
+    """The writer's per-step shortcut must give exactly the record the parser-based encode gives."""
+    import json
+    import math
+
+    from mt.eventindex import encode, step_record
+    from mt.events import dumps
+    from mt.records import parse_event
+
+    base = {"v": 1, "t": 1.8e9, "kind": "step", "step": 7, "loss": 2.5, "lr": 1e-3, "grad_norm": 0.5,
+            "tokens_per_s": None, "epoch": None, "tokens_seen": 4096, "extra": {"acc": 0.5}}
+    variants = [{}, {"loss": float("nan")}, {"loss": -math.nan}, {"loss": float("inf")}, {"lr": None}, {"loss": 3},
+                {"lr": -1.0}, {"step": -1}, {"step": 2.0}, {"tokens_seen": 1.5}, {"extra": {"acc": "x"}},
+                {"extra": {"acc": 1}}, {"t": 5.0}, {"v": 2}, {"mfu": float("nan")}, {"step": True}]
+    took = 0
+    for over in variants:
+        ev = {**base, **over}
+        fast = step_record(ev, 100)
+        from_line = encode(parse_event(dumps(ev)), 100)
+        if fast is not None:
+            took += 1
+            assert fast == from_line == encode(parse_event(ev), 100), over
+    assert took >= 6  # the shortcut is the common case, not a branch never taken
+    assert json.loads(dumps({**base, "loss": float("nan")}))["loss"] == "nan"
