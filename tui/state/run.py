@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from mt.events import EXIT_CODES, FAILURE_CODES, FINAL_STATES, RUN_STATES, as_float
 from mt.jsonl import read_json
 from mt.paths import RunPaths, checkpoint_dirs
-from mt.records import Checkpoint, Control, Eval, Record, RunEnd, RunStart, Step
+from mt.records import Checkpoint, Control, Eval, Metrics, Record, RunEnd, RunStart, Step
 from mt.records import Incident as IncidentRecord
 
 if TYPE_CHECKING:
@@ -103,6 +103,8 @@ class RunSeries:
             self.truncate_after(ev.start_step)
         elif isinstance(ev, Eval):
             self.val_loss.append(ev.step, _f(ev.val_loss))
+        elif isinstance(ev, Metrics) and "val_loss" in ev.values:
+            self.val_loss.append(ev.step, ev.values["val_loss"])
 
 
 def _f(v: float | None) -> float:
@@ -310,6 +312,8 @@ def reduce_event(st: RunState, ev: Record) -> None:
             st.state = "running"
     elif isinstance(ev, Eval):
         st.val_loss, st.val_loss_step = ev.val_loss, ev.step
+    elif isinstance(ev, Metrics) and "val_loss" in ev.values:
+        st.val_loss, st.val_loss_step = ev.values["val_loss"], ev.step
     elif isinstance(ev, Checkpoint):
         st.last_checkpoint = CheckpointInfo(step=ev.step, path=ev.path, t=ev.t or 0.0, reason=ev.reason,
                                             request_id=ev.request_id)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 from mt.events import FINAL_STATES
-from mt.records import Checkpoint, Control, Eval, Record, RunEnd, RunStart, Step
+from mt.records import Checkpoint, Control, Eval, Metrics, Record, RunEnd, RunStart, Step
 from mt.records import Incident as IncidentRecord
 from tui.format import fmt_duration, fmt_num, fmt_rate
 from tui.read.follower import PollResult, RunFollower
@@ -37,6 +37,8 @@ def event_line(ev: Record) -> str | None:
         return f"attempt {ev.attempt} started: world {ev.world_size} x {ev.device}, {ev.params_total:,} params{frm}"
     if isinstance(ev, Eval):
         return f"eval  step {ev.step}  val_loss {fmt_num(ev.val_loss, '.4f')}"
+    if isinstance(ev, Metrics):
+        return f"metrics  step {ev.step}  " + "  ".join(f"{k} {fmt_num(v, '.4g')}" for k, v in list(ev.values.items())[:8])
     if isinstance(ev, Checkpoint):
         return f"checkpoint saved at step {ev.step} ({ev.reason}): {ev.path}"
     if isinstance(ev, IncidentRecord):
