@@ -77,9 +77,8 @@ def step_record(ev: dict[str, Any], end: int) -> bytes | None:
         v = ev.get(key)
         if v is not None and (type(v) is not int or not 0 <= v < 1 << 63):
             return None
-    extra = ev.get("extra")
-    if extra is not None and (type(extra) is not dict or any(type(v) is not float for v in extra.values())):
-        return None
+    if ev.get("extra"):
+        return None  # indexed as KIND_OTHER, by the parser
     return RECORD.pack(end, 0, step, t, _num(loss), _num(ev.get("lr")), _num(ev.get("grad_norm")), _num(ev.get("tokens_per_s")))
 
 
@@ -87,6 +86,8 @@ def kind_code(rec: Record | Rejected) -> int:
     """The index kind of a parsed line."""
     if isinstance(rec, Rejected):
         return KIND_BAD
+    if isinstance(rec, Step) and rec.extra:
+        return KIND_OTHER  # a script's own metrics live only in the line: readers parse it
     return KIND_CODES.get(rec.kind, KIND_OTHER)  # metrics, and kinds this version does not know
 
 

@@ -50,6 +50,8 @@ class MtApp(App[int]):
         Binding("l", "toggle_logy", "Log-y", id="logy", tooltip="Logarithmic y axis"),
         Binding("t", "toggle_throughput", "Tok/s", id="throughput",
                 tooltip="Plot tokens/s in place of the learning rate (and back)"),
+        Binding("x", "next_metric", "Metrics", id="next-metric",
+                tooltip="Plot the script's own metrics, one after another, in place of the learning rate"),
         Binding("g", "next_rank", "Next log", id="next-rank", tooltip="Show the next rank's log"),
         Binding("1", "focus_panel(1)", "Plots", show=False, id="focus-1", tooltip="Focus the plots"),
         Binding("2", "focus_panel(2)", "System", show=False, id="focus-2", tooltip="Focus the system panel"),
@@ -93,6 +95,7 @@ class MtApp(App[int]):
                                      id="plot-lr")
                     yield MetricPlot("tokens/s", "tokens/s", [Curve("tokens/s", series.tokens_per_s, "yellow")],
                                      id="plot-tps")
+                    yield MetricPlot("metric", "value", [], id="plot-extra")
                     yield MetricPlot("grad norm (red line: clip)", "grad norm",
                                      [Curve("grad_norm", series.grad_norm, "magenta")], hline=st.grad_clip,
                                      id="plot-grad")
@@ -110,7 +113,10 @@ class MtApp(App[int]):
         self._plots = list(self.query(MetricPlot))
         self._grad = self.query_one("#plot-grad", MetricPlot)
         self.query_one("#plot-tps").display = False   # until `t` swaps it for the learning rate
-        for small in ("#plot-lr", "#plot-grad", "#plot-tps"):   # secondary plots refresh half as often
+        self.query_one("#plot-extra").display = False  # until `x` shows a script's own metric
+        self._extra_at: str | None = None              # the metric it shows
+        self._extra_hid: list[MetricPlot] = []         # what it stands in for
+        for small in ("#plot-lr", "#plot-grad", "#plot-tps", "#plot-extra"):   # secondary plots refresh half as often
             self.query_one(small, MetricPlot).min_interval_s = 4.0
         self._system = self.query_one(SystemPanel)
         self._incidents = self.query_one(IncidentsPanel)
@@ -343,6 +349,33 @@ class MtApp(App[int]):
     def action_toggle_throughput(self) -> None:
         lr, tps = self.query_one("#plot-lr", MetricPlot), self.query_one("#plot-tps", MetricPlot)
         lr.display, tps.display = tps.display, lr.display
+        self.render_frame()
+
+    def action_next_metric(self) -> None:
+        """The next of the script's own metrics (by name) in the small plot on the left; after the last, back."""
+        extra = self.query_one("#plot-extra", MetricPlot)
+        series = self.watcher.follower.series.extra
+        names = sorted(series)
+        if not names:
+            self.say("no metrics of the script's own in this run: run.step(..., name=value) or run.log({...}) adds them")
+            return
+        later = [n for n in names if self._extra_at is None or n > self._extra_at]
+        if not later:  # after the last one: what was there before
+            self._extra_at, extra.display = None, False
+            for plot in self._extra_hid:
+                plot.display = True
+            self._extra_hid = []
+        else:
+            if self._extra_at is None:
+                self._extra_hid = [p for p in (self.query_one("#plot-lr", MetricPlot), self.query_one("#plot-tps", MetricPlot))
+                                   if p.display]
+                for plot in self._extra_hid:
+                    plot.display = False
+            self._extra_at = later[0]
+            extra.title, extra.ylabel = f"{later[0]}  (x: next)", later[0]
+            extra.curves = [Curve(later[0], series[later[0]], "blue")]
+            extra.display = True
+            extra.redraw(self.smoothing, self.logy, force=True)
         self.render_frame()
 
     def _shown_plots(self) -> list[MetricPlot]:

@@ -153,10 +153,10 @@ def test_the_fast_step_record_equals_the_parsers_or_declines():
     from mt.records import parse_event
 
     base = {"v": 1, "t": 1.8e9, "kind": "step", "step": 7, "loss": 2.5, "lr": 1e-3, "grad_norm": 0.5,
-            "tokens_per_s": None, "epoch": None, "tokens_seen": 4096, "extra": {"acc": 0.5}}
+            "tokens_per_s": None, "epoch": None, "tokens_seen": 4096}
     variants = [{}, {"loss": float("nan")}, {"loss": -math.nan}, {"loss": float("inf")}, {"lr": None}, {"loss": 3},
                 {"lr": -1.0}, {"step": -1}, {"step": 2.0}, {"tokens_seen": 1.5}, {"extra": {"acc": "x"}},
-                {"extra": {"acc": 1}}, {"t": 5.0}, {"v": 2}, {"mfu": float("nan")}, {"step": True}]
+                {"extra": {"acc": 1.0}}, {"t": 5.0}, {"v": 2}, {"mfu": float("nan")}, {"step": True}]
     took = 0
     for over in variants:
         ev = {**base, **over}

@@ -35,11 +35,14 @@ def replay(run_dir: Path, cols: Columns, keep_series: bool = True) -> tuple[RunS
     m = cols.matrix()
     prev = 0
     for _, k, ev in cols.events:
-        if isinstance(ev, RunStart):
-            # only a new attempt interacts with the step rows: apply those before it in one go
+        if isinstance(ev, (RunStart, Step)):
+            # a new attempt (or a script's step with extra metrics, kept as an event) follows
+            # the step rows before it: apply those in one go
             _apply_rows(st, series, m[prev:k])
             prev = k
-        if series is not None:
+        if series is not None and isinstance(ev, Step):
+            series.add_step(ev)
+        elif series is not None:
             series.add_event(ev)
         reduce_event(st, ev)
     _apply_rows(st, series, m[prev:])

@@ -94,7 +94,7 @@ class RunFollower:
         tail = self.events
         self.state = new_state(self.paths.root)
         if self.series is not None:
-            for s in self.series.all().values():
+            for s in (*self.series.all().values(), *self.series.extra.values()):
                 s.clear()
         self.incidents = incident_tail(self.paths.incidents)
         self._status_mtime = None

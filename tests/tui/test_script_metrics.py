@@ -1,0 +1,64 @@
+"""A script's own metrics reach every reader (index, scan, cache, live) and the dashboard's `x` key."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.tui.test_app import loaded, make_app, wait_for
+from tui.read.bulk import bulk_read
+
+SCRIPTS = Path(__file__).parents[1] / "library" / "scripts"
+
+
+def _script_run(tmp_path: Path, steps: int = 60) -> Path:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MT_") and k not in ("RANK", "WORLD_SIZE")}
+    subprocess.run([sys.executable, str(SCRIPTS / "plain_loop.py"), "--steps", str(steps), "--sleep", "0",
+                    "--runs-dir", str(tmp_path / "runs")], cwd=tmp_path, env=env, check=True, timeout=60, capture_output=True)
+    return next((tmp_path / "runs").iterdir())
+
+
+def _expected(run: Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    lines = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    acc = [(e["step"], e["extra"]["accuracy"]) for e in lines if e["kind"] == "step"]
+    val = [(e["step"], e["values"]["val_loss"]) for e in lines if e["kind"] == "metrics"]
+    return acc, val
+
+
+def _points(series) -> list[tuple[int, float]]:
+    x, y = series.arrays()
+    return list(zip(map(int, x.tolist()), y.tolist()))
+
+
+def test_extra_metrics_are_read_alike_from_the_index_a_scan_and_the_cache(tmp_path: Path) -> None:
+    run = _script_run(tmp_path)
+    acc, val = _expected(run)
+    assert len(acc) == 60 and len(val) == 6
+    for how in ("index", "scan", "cache"):
+        if how == "scan":
+            (run / "events.idx").unlink()
+        res = bulk_read(run, write_cache=how == "scan", min_cache_bytes=0, bulk_min_bytes=0)
+        assert how == "scan" or res.from_cache > 0, f"{how}: read without it"
+        assert _points(res.series.extra["accuracy"]) == acc, how
+        assert _points(res.series.val_loss) == val and res.state.val_loss == val[-1][1], how
+        assert res.state.step == 60 and res.state.n_steps == 60 and res.state.max_steps is None, how
+
+
+async def test_x_cycles_the_scripts_own_metrics_in_place_of_the_learning_rate(tmp_path: Path) -> None:
+    run = _script_run(tmp_path)
+    acc, _ = _expected(run)
+    app = make_app(run)
+    async with app.run_test(size=(140, 44)) as pilot:
+        await loaded(pilot)
+        lr, extra = app.query_one("#plot-lr"), app.query_one("#plot-extra")
+        assert lr.display and not extra.display
+        await pilot.press("x")
+        await wait_for(pilot, lambda: extra.display and extra.drawn_current())
+        assert not lr.display and extra.title.startswith("accuracy")
+        assert _points(extra.curves[0].series) == acc
+        from tests.tui.test_plots import figure
+        assert "accuracy" in figure(app, "#plot-extra")[0]
+        await pilot.press("x")  # the only one: back to the learning rate
+        assert lr.display and not extra.display
