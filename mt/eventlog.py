@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +19,16 @@ class EventWriter:
         self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)  # RDWR: to look at the last byte
         _end_torn_line(self._fd)
         self._index = open_index(self.path) if index else None
+        self._lock = threading.Lock()  # a script's heartbeat thread may write too: line and index stay paired
 
     def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
         event = make_event(kind, **fields)
-        os.write(self._fd, (dumps(event) + "\n").encode())
-        if self._index is not None:
-            # with O_APPEND the offset now sits just past our line
-            self._index.add(event, os.lseek(self._fd, 0, os.SEEK_CUR))
+        line = (dumps(event) + "\n").encode()
+        with self._lock:
+            os.write(self._fd, line)
+            if self._index is not None:
+                # with O_APPEND the offset now sits just past our line
+                self._index.add(event, os.lseek(self._fd, 0, os.SEEK_CUR))
         return event
 
     def emit_many(self, kind: str, many: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -33,14 +37,15 @@ class EventWriter:
         lines = [(dumps(event) + "\n").encode() for event in events]
         if not lines:
             return events
-        os.write(self._fd, b"".join(lines))
-        if self._index is not None:
-            end = os.lseek(self._fd, 0, os.SEEK_CUR)
-            ends = []
-            for line in reversed(lines):
-                ends.append(end)
-                end -= len(line)
-            self._index.add_many(events, ends[::-1])
+        with self._lock:
+            os.write(self._fd, b"".join(lines))
+            if self._index is not None:
+                end = os.lseek(self._fd, 0, os.SEEK_CUR)
+                ends = []
+                for line in reversed(lines):
+                    ends.append(end)
+                    end -= len(line)
+                self._index.add_many(events, ends[::-1])
         return events
 
     def close(self) -> None:

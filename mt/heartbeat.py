@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import mmap
 import os
+import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 
 class Heartbeat:
@@ -44,11 +46,13 @@ class BackgroundHeartbeat(Heartbeat):
     heartbeat still shows the step it is stuck after.
     """
 
-    def __init__(self, path: Path, rank: int, attempt: int, every_s: float = 0.02) -> None:
+    def __init__(self, path: Path, rank: int, attempt: int, every_s: float = 0.02,
+                 on_idle: Callable[[], None] | None = None, idle_s: float = 0.5) -> None:
         super().__init__(path, rank, attempt)
         self._noted: tuple[int, str] = (0, "start")
         self._every_s = every_s
         self._thread: threading.Thread | None = None
+        self._on_idle, self._idle_s = on_idle, idle_s
 
     def note(self, step: int, phase: str = "train") -> None:
         self._noted = (step, phase)
@@ -57,10 +61,18 @@ class BackgroundHeartbeat(Heartbeat):
             self._thread.start()
 
     def _pump(self) -> None:
-        written = None
+        """Beat on every change; once a step has stood for idle_s (the training thread is blocked
+        or between steps), call on_idle once, so what waits to be written is not held back by it."""
+        written, changed, idle_done = None, time.monotonic(), False
         while True:
             noted = self._noted
             if noted != written:
                 self.beat(*noted)
-                written = noted
+                written, changed, idle_done = noted, time.monotonic(), False
+            elif not idle_done and self._on_idle is not None and time.monotonic() - changed >= self._idle_s:
+                idle_done = True
+                try:
+                    self._on_idle()
+                except Exception as e:  # noqa: BLE001 - the training thread's own writes will say more
+                    print(f"mt: background flush failed: {type(e).__name__}: {e}", file=sys.stderr)
             time.sleep(self._every_s)

@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -50,7 +51,8 @@ class Run:
         self.resume_from: Path | None = None
         self._events = EventWriter(paths.events) if rank == 0 else None
         self._inbox = ControlInbox(paths.control) if rank == 0 else None
-        self._heartbeat = BackgroundHeartbeat(paths.heartbeat(rank), rank, attempt)
+        # rank 0's thread also writes the steps waiting in a batch when the loop stands still (a hang)
+        self._heartbeat = BackgroundHeartbeat(paths.heartbeat(rank), rank, attempt, on_idle=self._flush if rank == 0 else None)
         self._agree = Agreement(world_size)
         self._signals = StopSignals((signal.SIGTERM,))  # a handler that only sets a flag: the script saves at its next step
         if threading.current_thread() is threading.main_thread():
@@ -65,7 +67,8 @@ class Run:
         self._finished = False
         self._anomalies: Any = None
         self._nan_open = False
-        self._steps: list[dict[str, Any]] = []  # step events not written yet
+        self._steps: deque[tuple[Any, ...]] = deque()  # step events not written yet (appends are thread-safe)
+        self._flush_lock = threading.Lock()
         self._flushed = time.perf_counter()
         self._heartbeat.beat(0, "start")
 
@@ -171,7 +174,8 @@ class Run:
         self._ensure_started(step - 1)
         dt = now - self._last_t if self._last_t is not None else None
         extra = {k: _number(v, k) for k, v in metrics.items()} if metrics else None
-        self._steps.append((step, dt, _number(loss, "loss"), _number(lr, "lr"), _number(grad_norm, "grad_norm"), tokens, extra))
+        self._steps.append((step, time.time(), dt, _number(loss, "loss"), _number(lr, "lr"), _number(grad_norm, "grad_norm"),
+                            tokens, extra))
         if now - self._flushed >= _FLUSH_S:
             self._flush()
 
@@ -183,13 +187,18 @@ class Run:
         self._flushed = time.perf_counter()
         if not self._steps or self._events is None:
             return
-        steps, self._steps = self._steps, []
+        with self._flush_lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        assert self._events is not None
         batch = []
-        for step, dt, loss, lr, grad_norm, tokens, extra in steps:
+        while self._steps:
+            step, t, dt, loss, lr, grad_norm, tokens, extra = self._steps.popleft()
             if tokens is not None:
                 self._tokens_seen += tokens
             fields: dict[str, Any] = {
-                "step": step, "epoch": None, "loss": loss, "lr": lr, "grad_norm": grad_norm, "clipped": None,
+                "t": t, "step": step, "epoch": None, "loss": loss, "lr": lr, "grad_norm": grad_norm, "clipped": None,
                 "tokens_per_s": tokens / dt if tokens and dt else None, "step_time_s": dt, "data_wait_s": None,
                 "samples_seen": None, "tokens_seen": int(self._tokens_seen) if tokens is not None else None,
                 "skipped": False, "mem_alloc_bytes": None, "mem_peak_bytes": None,

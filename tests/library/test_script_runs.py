@@ -81,9 +81,10 @@ def test_a_ddp_script_is_watched_checkpointed_stopped_and_resumed_exactly(tmp_pa
     assert status(plain_run)["state"] == "completed"
 
 
-def _script_preset(tmp_path: Path, name: str, args: list[str], **monitor: float) -> Path:
+def _script_preset(tmp_path: Path, name: str, args: list[str], restarts: int = 0, **monitor: float) -> Path:
     tables = {"run": {"name": name, "runs_dir": str(tmp_path / "runs")},
-              "launch": {"script": str(SCRIPTS / "faulty.py"), "script_args": args, "nproc_per_node": 2}}
+              "launch": {"script": str(SCRIPTS / "faulty.py"), "script_args": args, "nproc_per_node": 2,
+                         "max_restarts": restarts}}
     if monitor:
         tables["monitor"] = dict(monitor)
     path = tmp_path / f"{name}.toml"
@@ -118,14 +119,21 @@ def test_script_faults_are_diagnosed_with_the_rank(tmp_path: Path) -> None:
     found = wait_for(lambda: _incidents(hang_dir, "hang"), 90, "a hang incident")
     assert found[0]["evidence"]["suspect_ranks"] == [1] and found[0]["step"] == 6, found[0]
     assert mt("kill", hang_dir).returncode == 0
+    from tui.run.procs import run_processes
+    assert run_processes(hang_dir) == []  # no orphan of the script's ranks
 
-    # with mt: a crash on rank 1 is diagnosed with rank 1, and the end line names it
-    crash = mt("launch", _script_preset(tmp_path, "crash", ["--fault", "crash", "--at", "4"]), "--headless")
-    assert crash.returncode == 1
+    # with mt: a crash on rank 1 is diagnosed with rank 1; the automatic restart resumes from
+    # the checkpoint the script reported and completes
+    crash = mt("launch", _script_preset(tmp_path, "crash", ["--fault", "crash", "--at", "4", "--save-at", "3", "--steps", "8"],
+                                        restarts=1), "--headless")
     crash_dir = _launched(tmp_path / "runs", "crash")
     found = _incidents(crash_dir, "crash")
     assert found and found[0]["evidence"]["rank"] == 1, (crash_dir / "incidents.jsonl").read_text()
     assert "rank 1: RuntimeError: injected crash on rank 1 at step 4" in crash.stdout, crash.stdout
+    assert crash.returncode == 0 and status(crash_dir)["state"] == "completed", crash.stdout
+    start2 = [e for e in events(crash_dir, "run_start") if e["attempt"] == 2][0]
+    assert start2["start_step"] == 3 and start2["resumed_from"] == {"path": str(crash_dir / "ckpt-3.json")}
+    assert [e["step"] for e in events(crash_dir, "step") if e["t"] > start2["t"]] == [4, 5, 6, 7, 8]
 
 
 def test_the_hf_trainer_adapter_saves_on_c_and_stops_on_s(tmp_path: Path) -> None:
