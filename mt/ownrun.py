@@ -49,6 +49,7 @@ def _create(world: int, name: str | None, runs_dir: Path) -> RunPaths:
         "reason": "started without mt launch: rank 0 stands in for the supervisor",
         "nproc": local, "nnodes": cfg.launch.nnodes, "node_rank": 0, "preset": str(script or ""),
         "attempts": [{"attempt": 1, "started": now, "torchrun_pid": None, "ended": None, "exit_code": None}],
+        "owner_cmdline": _cmdline(),  # how `mt kill` knows the pid is still this run's rank 0
     })
     return paths
 
@@ -75,3 +76,12 @@ def record_end(paths: RunPaths, state: str, reason: str) -> None:
         if isinstance(attempt, dict) and attempt.get("ended") is None:
             attempt.update(ended=now, exit_code=status["exit_code"])
     write_json_atomic(paths.status, status)
+
+
+def _cmdline() -> list[str]:
+    """This process's command line as the kernel has it (what psutil reports), else sys.argv."""
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return [sys.executable, *sys.argv]

@@ -117,3 +117,18 @@ def test_the_newest_reported_checkpoint_that_still_exists_is_found_reading_backw
     (tmp_path / "events.jsonl").write_text("\n".join(lines))
     assert reported_checkpoint(tmp_path / "events.jsonl", chunk) == tmp_path / "ck20.pt"
     assert reported_checkpoint(tmp_path / "missing.jsonl") is None
+
+
+def test_mt_kill_ends_a_run_that_mt_init_made_without_a_supervisor(tmp_path: Path) -> None:
+    proc = _start(tmp_path)
+    try:
+        run_dir = _run_dir(tmp_path)
+        wait_for(lambda: len(events(run_dir, "step")) >= 2, 30, "steps")
+        kill = mt("kill", run_dir, "--grace", "5")
+        assert kill.returncode == 0, kill.stdout + kill.stderr
+        assert proc.wait(10) is not None
+    finally:
+        proc.kill()
+    assert status(run_dir)["state"] == "killed"
+    again = mt("kill", run_dir)
+    assert again.returncode != 0 and "already ended" in again.stderr

@@ -130,6 +130,9 @@ def kill_run(run_dir: Path, grace_s: float = 10.0) -> KillResult:
     recorded = [status.get("torchrun_pid"), *(status.get("worker_pids") or {}).values()]
     recorded += [a.get("torchrun_pid") for a in status.get("attempts") or [] if isinstance(a, dict)]
     procs = run_processes(run_dir, [p for p in recorded if isinstance(p, int)])
+    if status.get("owner") == "script":  # made by mt.init under plain python/torchrun: no supervisor
+        procs += [p for p in _own_rank0(status) if p.pid not in {q.pid for q in procs}]
+        sup_pid = None
     was_final = status.get("state") in FINAL_STATES
     if was_final and not procs:
         raise ControlError(f"{run_dir}: the run has already ended ({status.get('state')}); nothing to kill")
@@ -165,6 +168,20 @@ def kill_run(run_dir: Path, grace_s: float = 10.0) -> KillResult:
         status.update(state="killed", ended=time.time(), reason="killed by mt kill")
         write_json_atomic(paths.status, status)
     return result
+
+
+def _own_rank0(status: dict[str, Any]) -> list[Any]:
+    """Rank 0 of a run mt.init made, if its pid still runs the command line it recorded."""
+    import psutil
+
+    pid, cmdline = status.get("supervisor_pid"), status.get("owner_cmdline")
+    if not isinstance(pid, int) or isinstance(pid, bool) or not isinstance(cmdline, list):
+        return []
+    try:
+        proc = psutil.Process(pid)
+        return [proc] if proc.cmdline() == cmdline else []
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return []
 
 
 def _merge(result: KillResult, report: Any) -> None:
