@@ -132,3 +132,44 @@ def test_mt_kill_ends_a_run_that_mt_init_made_without_a_supervisor(tmp_path: Pat
     assert status(run_dir)["state"] == "killed"
     again = mt("kill", run_dir)
     assert again.returncode != 0 and "already ended" in again.stderr
+
+
+def test_sigterm_to_a_script_becomes_a_stop_with_a_final_save(tmp_path: Path) -> None:
+    import signal
+
+    proc = _start(tmp_path)
+    try:
+        run_dir = _run_dir(tmp_path)
+        wait_for(lambda: len(events(run_dir, "step")) >= 2, 30, "steps")
+        proc.send_signal(signal.SIGTERM)  # the handler only sets a flag: the save happens at the next step
+        assert proc.wait(20) == 0
+    finally:
+        proc.kill()
+    end, last = events(run_dir, "run_end")[-1], events(run_dir, "checkpoint")[-1]
+    assert end["status"] == "stopped" and end["reason"] == "SIGTERM received"
+    assert last["reason"] == "stop" and last["step"] == end["step"] and Path(last["path"]).is_file()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["missing.py"], ["missing.py", "no such script"]),
+    (["{preset}", "--", "--lr", "3"], ["are for a script", "mt's engine"]),
+    (["{script_preset}"], ["launch.script", "no such file"]),
+])
+def test_bad_script_launches_are_one_line_exit_2(tmp_path: Path, args: list[str], words: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from tests.cli.conftest import toml_text
+    from tui.cli import app
+
+    preset = tmp_path / "p.toml"
+    preset.write_text(toml_text({"run": {"name": "x", "runs_dir": str(tmp_path / "runs")}}))
+    script_preset = tmp_path / "s.toml"
+    script_preset.write_text(toml_text({"run": {"name": "x", "runs_dir": str(tmp_path / "runs")},
+                                        "launch": {"script": str(tmp_path / "gone.py")}}))
+    argv = [a.format(preset=preset, script_preset=script_preset) for a in args]
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, ["launch", *argv, "--detach"])
+    assert res.exit_code == 2, res.output
+    line = res.output.strip()
+    assert len(line.splitlines()) == 1 and all(w in line for w in words), line
+    assert not (tmp_path / "runs").exists()  # nothing was created
