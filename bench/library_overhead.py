@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/library_overhead.py [--steps 300] [--repeat 5]
 
-1. `import mt` in a fresh interpreter (`-X importtime`, cumulative µs of the mt package), median.
+1. `import mt` in a fresh interpreter (`-X importtime`, cumulative µs of the mt package), median;
+   alone, and after `import torch` (what a training script pays: torch loads pathlib & co. first).
 2. `run.step(...)` on rank 0 of a one-process run (events, heartbeat, control poll; no collective).
 3. The tiny CPU loop of examples/script/train.py (one process), blocks of steps with and without
    `run.step` alternating in one process (ABAB...), tokens/s ratio with/without.
@@ -22,11 +23,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-def import_cost_us(repeat: int) -> float:
-    """Median cumulative import time of the `mt` package in a fresh interpreter."""
+def import_cost_us(repeat: int, before: str = "") -> float:
+    """Median cumulative import time of the `mt` package in a fresh interpreter (after `before`)."""
     out = []
     for _ in range(repeat):
-        err = subprocess.run([sys.executable, "-X", "importtime", "-c", "import mt"], capture_output=True, text=True,
+        err = subprocess.run([sys.executable, "-X", "importtime", "-c", f"{before}import mt"], capture_output=True, text=True,
                              check=True, cwd=REPO).stderr
         for line in err.splitlines():
             parts = [p.strip() for p in line.split("|")]
@@ -98,7 +99,9 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=5)
     args = p.parse_args()
     os.environ.pop("MT_RUN_DIR", None)
-    print(f"import mt: {import_cost_us(args.repeat) / 1000:.1f} ms (median of {args.repeat}, -X importtime)")
+    print(f"import mt: {import_cost_us(args.repeat) / 1000:.1f} ms alone, "
+          f"{import_cost_us(args.repeat, 'import torch; ') / 1000:.1f} ms after import torch "
+          f"(median of {args.repeat}, -X importtime)")
     print(f"run.step, one rank: {step_cost_us(20000):.1f} µs per call (20000 calls)")
     ratio, w, wo = loop_ratio(args.steps, args.repeat)
     print(f"CPU tiny loop: with run.step {w:,.0f} tok/s, without {wo:,.0f} tok/s, ratio {ratio:.3f}")
