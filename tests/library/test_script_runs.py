@@ -81,9 +81,10 @@ def test_a_ddp_script_is_watched_checkpointed_stopped_and_resumed_exactly(tmp_pa
     assert status(plain_run)["state"] == "completed"
 
 
-def _script_preset(tmp_path: Path, name: str, args: list[str], restarts: int = 0, **monitor: float) -> Path:
+def _script_preset(tmp_path: Path, name: str, args: list[str], restarts: int = 0, script: str = "faulty.py",
+                   nproc: int = 2, **monitor: float) -> Path:
     tables = {"run": {"name": name, "runs_dir": str(tmp_path / "runs")},
-              "launch": {"script": str(SCRIPTS / "faulty.py"), "script_args": args, "nproc_per_node": 2,
+              "launch": {"script": str(SCRIPTS / script), "script_args": args, "nproc_per_node": nproc,
                          "max_restarts": restarts}}
     if monitor:
         tables["monitor"] = dict(monitor)
@@ -158,3 +159,17 @@ def test_the_hf_trainer_adapter_saves_on_c_and_stops_on_s(tmp_path: Path) -> Non
     assert status(run_dir)["state"] == "stopped"
     final = events(run_dir, "checkpoint")[-1]
     assert final["reason"] == "stop" and Path(final["path"]).is_dir() and final["step"] > saved["step"]
+
+
+def test_a_script_without_mt_calls_gets_the_stall_rule_from_proc(tmp_path: Path) -> None:
+    launch = mt("launch", _script_preset(tmp_path, "stall", [], script="slow_loader.py", nproc=1, stall_window_s=4.0),
+                "--detach")
+    assert launch.returncode == 0, launch.stderr
+    run_dir = Path(launch.stdout.strip().splitlines()[-1])
+    try:
+        found = wait_for(lambda: _incidents(run_dir, "dataloader_stall"), 90, "a dataloader_stall incident")
+    finally:
+        mt("kill", run_dir)
+    ev = found[0]["evidence"]
+    assert ev["in_progress"] and ev["blocked_s"] >= 2.0 and ev["ranks"]["0"]["workers"], found[0]
+    assert not _incidents(run_dir, "hang")  # no steps is not a hang for a script that reports none

@@ -51,7 +51,8 @@ def facts_of(cfg: Config) -> RunFacts:
     """The config values the rules use."""
     return RunFacts(eval_every=cfg.train.eval_every, checkpoint_every=cfg.checkpoint.every_steps,
                     num_workers=cfg.data.num_workers, eval_batches=cfg.train.eval_batches,
-                    world_size=cfg.world_size, device=cfg.launch.device, host_cores=usable_cores())
+                    world_size=cfg.world_size, device=cfg.launch.device, host_cores=usable_cores(),
+                    script=bool(cfg.launch.script))
 
 
 def run_facts(paths: RunPaths) -> RunFacts:
@@ -152,8 +153,10 @@ class IncidentMonitor:
         self.sig.note_heartbeats(hbs, now, self.m.straggler_steps)
         pids = tick.worker_pids or self._heartbeat_pids(hbs)
         progress = self.sig.last_progress_t()
-        # the syscall probe is only worth it once the run has been quiet for a couple of seconds
-        quiet = progress is not None and now - progress > 2.0
+        # the syscall probe is only worth it once the run has been quiet for a couple of seconds,
+        # or always for a script that reports nothing (its processes are all there is to read)
+        silent = progress is None and self.sig.facts.script
+        quiet = silent or progress is not None and now - progress > 2.0
         sample = self.sig.system[-1] if self.sig.system else None
         procs = self.procs.read(pids, sample, detailed=quiet)
         obs = Observation(now, status, hbs, procs, open_codes=frozenset(self.open),

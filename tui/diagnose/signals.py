@@ -41,6 +41,7 @@ class RunFacts:
     world_size: int | None = None
     device: str | None = None
     host_cores: int | None = None
+    script: bool = False  # a user's script ([launch] script): it may report nothing through mt
 
 
 def _f(v: float | None) -> float:
@@ -67,6 +68,7 @@ class RunSignals:
         self.system: deque[dict[str, Any]] = deque()
         self.step_times: dict[int, float] = {}  # step -> event time, for pause lengths
         self.heartbeat_lag: dict[int, tuple[int, float]] = {}  # rank -> (steps behind, since when)
+        self.blocked_on_input_since: float | None = None  # a silent script's ranks all waiting on their loaders
 
     # -- feeding ---------------------------------------------------------------------------
     def feed_event(self, ev: Record) -> None:

@@ -66,13 +66,10 @@ def stall_in_progress(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Fi
     idle = obs.now - progress if progress is not None else 0.0
     if idle < max(3.0, m.stall_min_wait_s, 3 * interval):
         return None
-    alive = {r: p for r, p in obs.procs.items() if p.alive}
-    if not alive or not all(_waiting(p) for p in alive.values()):
-        return None  # some rank is computing, sleeping or unreadable: not (only) the input
-    feeding = {r: [c for c in p.children if _busy(c)] for r, p in alive.items()}
-    feeding = {r: cs for r, cs in feeding.items() if cs}
-    if not feeding:
+    blocked = _blocked_on_input(obs)
+    if blocked is None:
         return None
+    alive, feeding = blocked
     step = last.step + 1
     workers = "; ".join(f"rank {r}: waits in {alive[r].syscall}, worker "
                         + ", ".join(f"{c.pid} {'in ' + c.syscall if c.syscall else c.state}" for c in cs)
@@ -88,8 +85,49 @@ def stall_in_progress(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Fi
     return Finding("dataloader_stall", "warn", step, f"Dataloader stall at step {step}", detail, ADVICE_STALL, evidence)
 
 
+def _blocked_on_input(obs: Observation) -> tuple[dict[int, RankProc], dict[int, list[ChildProc]]] | None:
+    """(live ranks, their busy DataLoader workers) when every live rank waits on its input queue
+    while some of its workers work; None otherwise (a rank computes, sleeps, or cannot be read)."""
+    alive = {r: p for r, p in obs.procs.items() if p.alive}
+    if not alive or not all(_waiting(p) for p in alive.values()):
+        return None
+    feeding = {r: [c for c in p.children if _busy(c)] for r, p in alive.items()}
+    feeding = {r: cs for r, cs in feeding.items() if cs}
+    return (alive, feeding) if feeding else None
+
+
+def silent_stall(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
+    """A script that reports nothing through mt has no steps to judge: its ranks all blocked on
+    their input queues while their DataLoader workers work, for stall_window_s (with NVML, the
+    GPUs idle too: a rank waiting on its GPU looks alike), seen from /proc alone."""
+    blocked = _blocked_on_input(obs) if sig.facts.script and sig.attempt is None and \
+        obs.status.get("state") == "running" else None
+    gpu = gpu_util(sig, obs, m.stall_window_s) if blocked else None
+    if blocked is None or (gpu is not None and gpu > m.stall_gpu_util_pct):
+        sig.blocked_on_input_since = None
+        return None
+    since = sig.blocked_on_input_since = sig.blocked_on_input_since or obs.now
+    if obs.now - since < m.stall_window_s / 2:
+        return None
+    alive, feeding = blocked
+    workers = "; ".join(f"rank {r}: waits in {alive[r].syscall}, worker "
+                        + ", ".join(f"{c.pid} {'in ' + c.syscall if c.syscall else c.state}" for c in cs)
+                        for r, cs in sorted(feeding.items()))
+    detail = (f"for {fmt_s(obs.now - since)} every rank has been blocked waiting for its next batch while its "
+              f"DataLoader workers are busy ({workers}); the script reports no steps (run.step), so this is "
+              f"seen from the processes alone")
+    evidence = {"blocked_s": round(obs.now - since, 1), "in_progress": True, "gpu_util_pct": gpu,
+                "ranks": {str(r): {"syscall": p.syscall, "workers": [{"pid": c.pid, "state": c.state, "syscall": c.syscall}
+                                                                      for c in p.children]} for r, p in alive.items()}}
+    return Finding("dataloader_stall", "warn", None, "Dataloader stall (seen from the processes)", detail,
+                   ADVICE_STALL, evidence)
+
+
 def dataloader_stall(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
     """Data wait a large share of recent step time (and, with NVML, GPUs idle meanwhile)."""
+    silent = silent_stall(sig, obs, m)
+    if silent is not None or sig.facts.script and sig.attempt is None:
+        return silent
     if not is_live(sig, obs) or not sig.steps:
         return None
     ongoing = stall_in_progress(sig, obs, m)
