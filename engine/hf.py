@@ -59,12 +59,16 @@ def build_hf_model(cfg: Config) -> nn.Module:
         raise UserCodeError("model.hf", f"transformers cannot build a causal LM from it: {str(e).splitlines()[0][:300]}") from None
 
 
-def check_hf(cfg: Config) -> None:
-    """What `mt launch` checks before it starts: the config builds, and the windows fit the model."""
+def check_hf(cfg: Config) -> tuple[int | None, list[str]]:
+    """What `mt launch` checks before it starts: the config builds, and the windows fit the model.
+
+    Returns the config's vocab_size (the launch checks a tokenizer against it) and the file it was read from."""
     config = hf_config(cfg)
     limit = max_positions(config)
     if limit is not None and cfg.model.seq_len > limit:
         raise UserCodeError("model.seq_len", f"{cfg.model.seq_len} is longer than the model's {limit} positions")
     vocab = getattr(config, "vocab_size", None)
-    if cfg.data.source == "text" and isinstance(vocab, int) and vocab < 256:
+    if cfg.data.source == "text" and not cfg.data.tokenizer and isinstance(vocab, int) and vocab < 256:
         raise UserCodeError("model.hf.vocab_size", f"text is read as bytes, so the vocabulary must be >= 256, got {vocab}")
+    path = cfg.model.hf.get("path")
+    return (vocab if isinstance(vocab, int) else None), [os.path.join(os.path.abspath(path), "config.json")] if path else []

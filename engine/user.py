@@ -2,14 +2,16 @@
 
 `python -P -m engine.user --check` (config.json on stdin) is what `mt launch` runs to refuse a
 factory that cannot be imported or called before anything starts: it prints `key<TAB>message`
-and exits 2.
+and exits 2, or one JSON line (the files the answer depends on, an HF config's vocab_size).
 """
 from __future__ import annotations
 
 import importlib
 import inspect
 import json
+import os
 import sys
+import sysconfig
 from typing import Any, Callable
 
 import torch
@@ -121,40 +123,42 @@ def loss_of(out: Any, what: str) -> torch.Tensor:
                            "tensor, an object with .loss, or a dict with \"loss\"")
 
 
+def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """`fn` applied to every tensor in nested tuples, lists and dicts; other leaves kept as they are."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, dict):
+        return {k: map_tensors(v, fn) for k, v in obj.items()}
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(map_tensors(v, fn) for v in obj)
+    return obj
+
+
 def to_device(batch: Any, device: torch.device) -> Any:
-    """Every tensor in a batch (nested tuples, lists, dicts) moved to `device`."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(to_device(v, device) for v in batch)
-    return batch
+    """Every tensor in a batch moved to `device`."""
+    return map_tensors(batch, lambda t: t.to(device, non_blocking=True))
 
 
 def tokens_per_sample(sample: Any) -> int | None:
     """A sample's token count: its `input_ids`, else its first integer tensor (None: no tokens)."""
     if isinstance(sample, dict) and isinstance(sample.get("input_ids"), torch.Tensor):
         return int(sample["input_ids"].numel())
-    for t in _tensors(sample):
+    found: list[torch.Tensor] = []
+    map_tensors(sample, found.append)
+    for t in found:
         if not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool and t.dim() >= 1:
             return int(t.numel())
     return None
 
 
-def _tensors(obj: Any) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        return [t for v in obj.values() for t in _tensors(v)]
-    if isinstance(obj, (tuple, list)):
-        return [t for v in obj for t in _tensors(v)]
-    return []
+def check(cfg: Config) -> dict[str, Any]:
+    """What `mt launch` wants known before it starts: every factory imports and takes its args.
 
-
-def check(cfg: Config) -> None:
-    """What `mt launch` wants known before it starts: every factory imports and takes its args."""
+    Returns the files the answer depends on (for the CLI's cache) and an HF config's vocab_size."""
+    before = set(sys.modules)
     add_workdir(cfg)
+    vocab = None
+    read: list[str] = []
     if cfg.model.kind == "python":
         fn = import_callable(cfg.model.factory, "model.factory")
         check_args(fn, cfg.model.factory, "model.args", **cfg.model.args)
@@ -166,7 +170,26 @@ def check(cfg: Config) -> None:
         check_args(fn, cfg.data.collate, "data.collate", [])
     if cfg.model.kind == "hf":
         from engine.hf import check_hf
-        check_hf(cfg)
+        vocab, read = check_hf(cfg)
+    return {"files": depends_on([sys.modules[m] for m in set(sys.modules) - before]) + read, "model_vocab": vocab}
+
+
+def depends_on(modules: list[Any]) -> list[str]:
+    """The source files a passed check rests on: the user's own modules, one file per installed
+    package (an upgrade rewrites its __init__), torch's, and this checker's own."""
+    installed = tuple(p + os.sep for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages"))
+    stdlib = tuple({sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "platstdlib")})
+    files = {__file__, torch.__file__}
+    for mod in modules:
+        path = getattr(mod, "__file__", None)
+        if not isinstance(path, str):
+            continue
+        if path.startswith(installed):
+            path = getattr(sys.modules.get(mod.__name__.partition(".")[0]), "__file__", None) or path
+        elif path.startswith(stdlib):
+            continue
+        files.add(path)
+    return sorted(files)
 
 
 def main() -> int:
@@ -174,13 +197,14 @@ def main() -> int:
         print("usage: python -m engine.user --check < config.json", file=sys.stderr)
         return 2
     try:
-        check(config_from_dict(json.loads(sys.stdin.read()), "config.json"))
+        passed = check(config_from_dict(json.loads(sys.stdin.read()), "config.json"))
     except UserCodeError as e:
         print(f"{e.key}\t{e.message}")
         return 2
     except ConfigError as e:
         print(f"{e.key}\t{e.message}")
         return 2
+    print(json.dumps(passed))
     return 0
 
 

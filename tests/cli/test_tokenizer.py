@@ -42,7 +42,11 @@ def _text_preset(tmp_path: Path, runs: Path, text: Path, tok: Path, data: dict |
                  **sections: dict) -> Path:
     """SMALL on TEXT with the tokenizer TOK (and overrides)."""
     data = {"source": "text", "path": str(text), "tokenizer": str(tok), "val_fraction": 0.0, **(data or {})}
-    return write_preset(tmp_path / "p.toml", runs, model={**TEXT_MODEL, **(model or {})}, data=data, **sections)
+    model = dict(model or {})
+    if "hf" in model:  # a Hugging Face model: its own table, none of the GPT's keys
+        sections["model.hf"] = model.pop("hf")
+        model.update({k: None for k in TEXT_MODEL if k != "seq_len"})
+    return write_preset(tmp_path / "p.toml", runs, model={**TEXT_MODEL, **model}, data=data, **sections)
 
 
 def test_prepare_writes_the_tokenizers_encoding(tmp_path: Path, corpus: tuple[Path, Path]) -> None:
@@ -104,6 +108,9 @@ BAD = [  # (case, data overrides or what to do to the tokenizer, model overrides
     ("missing-tokenizer", {"tokenizer": "/nonexistent/tok.json"}, {}, ["data.tokenizer", "no such file", "/nonexistent/tok.json"]),
     ("tokenizer-not-json", "not-json", {}, ["data.tokenizer", "not a tokenizers JSON file"]),
     ("vocab-too-small", {}, {"vocab_size": 300}, ["model.vocab_size", str(VOCAB), "300"]),
+    ("hf-vocab-too-small", {}, {"kind": "hf", "hf": {"model_type": "gpt2", "n_layer": 1, "n_head": 2, "n_embd": 16,
+                                                      "vocab_size": 300, "n_positions": 64}},
+     ["model.hf.vocab_size", "(300)", f"({VOCAB})", "tok.json"]),
     ("tokenizer-without-text", {"source": "tokens"}, {}, ["data.tokenizer", '"text"']),
     ("tokenizers-not-installed", "no-library", {}, ["data.tokenizer", 'pip install -e ".[hf]"']),
 ]

@@ -22,6 +22,7 @@ from mt.paths import RunPaths, new_run_dir
 from mt.preset import check_paths, config_from_dict, load_config_json, load_preset, script_preset
 from mt.resume import ResumeRefused, attempt_config, reported_checkpoint
 from tui.run import lock as runlock
+from tui.run import usercheck
 from tui.rundir import liveness, newest_checkpoint, read_status, require_run_dir
 
 
@@ -60,8 +61,9 @@ def _load(preset: Path) -> Config:
     return config_from_dict({"run": {"name": name}, "launch": {"script": str(preset.resolve())}}, str(preset))
 
 
-def resolve_config(preset: Path, over: Overrides) -> Config:
-    """Load and validate the preset with overrides applied; ConfigError names file and key."""
+def resolve_config(preset: Path, over: Overrides) -> tuple[Config, usercheck.UserCheck | None]:
+    """Load and validate the preset with overrides applied, and check its own code (None: it has
+    none); ConfigError names file and key."""
     cfg = _load(Path(preset))
     raw = cfg.to_dict()
     source = str(preset)
@@ -83,10 +85,9 @@ def resolve_config(preset: Path, over: Overrides) -> Config:
     cfg = config_from_dict(raw, source)  # the overrides pass the same checks as the file
     check_paths(cfg, source)
     if cfg.launch.script:
-        return cfg  # devices, models and data are the script's own business
+        return cfg, None  # devices, models and data are the script's own business
     check_devices(cfg, source)
-    check_user_code(cfg, source)
-    return cfg
+    return cfg, usercheck.check_user_code(cfg, source)
 
 
 def check_devices(cfg: Config, source: str) -> None:
@@ -128,34 +129,14 @@ def device_warnings(cfg: Config) -> list[str]:
     return []
 
 
-def check_user_code(cfg: Config, source: str) -> None:
-    """Import the preset's factories and bind their args in a short subprocess (it may import
-    torch, which this process never does); a problem is a ConfigError naming the key."""
-    if cfg.model.kind == "gpt" and cfg.data.source != "python" and not cfg.data.collate:
-        return
-    import json
-
-    try:
-        proc = subprocess.run([sys.executable, "-P", "-m", "engine.user", "--check"], input=json.dumps(cfg.to_dict()),
-                              capture_output=True, text=True, cwd=cfg.run.workdir or None, timeout=300, check=False)
-    except subprocess.TimeoutExpired:
-        raise ConfigError(source, "model.factory", "importing the factories took over 300 s") from None
-    if proc.returncode == 0:
-        return
-    key, _, message = (proc.stdout.strip().splitlines() or ["\t"])[-1].partition("\t")
-    if not message:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ConfigError(source, "model.factory", f"checking the factories failed: {tail}")
-    raise ConfigError(source, key, message)
-
-
 # what a PrepareError is about -> the preset key to name
 _PREPARE_KEYS = {"tokenizer": "data.tokenizer", "text": "data.path", "out": "run.runs_dir"}
 
 
-def with_token_cache(cfg: Config, source: str) -> Config:
+def with_token_cache(cfg: Config, source: str, model_vocab: int | None = None) -> Config:
     """Text with a tokenizer: tokenize it once into `<runs_dir>/.tokens/` (or reuse what is there) and
-    record the file in data.token_cache; ConfigError naming the key on a bad tokenizer or vocab."""
+    record the file in data.token_cache; ConfigError naming the key on a bad tokenizer or vocab.
+    `model_vocab`: an hf model's vocab_size, from its config (the factory check builds it)."""
     d = cfg.data
     if d.source != "text" or not d.tokenizer:
         return cfg
@@ -164,9 +145,12 @@ def with_token_cache(cfg: Config, source: str) -> Config:
     try:
         tok = prepare.load_tokenizer(d.tokenizer)
         vocab = prepare.vocab_size(tok)
-        # an hf model's vocabulary is its config's: the engine checks the ids against it
         if cfg.model.kind != "hf" and cfg.model.vocab_size < vocab:
             raise ConfigError(source, "model.vocab_size", f"must be >= the vocab size of data.tokenizer ({vocab}), got {cfg.model.vocab_size}")
+        if cfg.model.kind == "hf" and model_vocab is not None and model_vocab < vocab:
+            key = "model.hf.path" if cfg.model.hf.get("path") else "model.hf.vocab_size"
+            raise ConfigError(source, key, f"the model's vocab_size ({model_vocab}) is smaller than the vocab size of "
+                                           f"data.tokenizer {d.tokenizer} ({vocab}); make vocab_size >= {vocab}")
         made = prepare.cached_tokens(d.path, tok, d.tokenizer, prepare.cache_dir(cfg.run.runs_dir))
     except prepare.PrepareError as e:
         raise ConfigError(source, _PREPARE_KEYS[e.what], e.message) from None
@@ -211,12 +195,12 @@ def _check_runs_dir(runs_dir: Path, source: str) -> None:
 def create_run(preset: Path, over: Overrides) -> Path:
     """Validate, then make the run directory with preset.toml, config.json and status.json."""
     preset = Path(preset)
-    cfg = resolve_config(preset, over)
+    cfg, checked = resolve_config(preset, over)
     for warning in device_warnings(cfg):
         print(f"mt: warning: {warning}", file=sys.stderr)
     runs_dir = Path(cfg.run.runs_dir).expanduser()
     _check_runs_dir(runs_dir, str(preset))
-    cfg = with_token_cache(cfg, str(preset))
+    cfg = with_token_cache(cfg, str(preset), checked.model_vocab if checked else None)
     try:
         run_dir = new_run_dir(runs_dir, cfg.run.name, cfg.launch.node_rank).resolve()
     except OSError as e:
@@ -238,6 +222,7 @@ def create_run(preset: Path, over: Overrides) -> Path:
         "nproc": cfg.launch.nproc_per_node, "nnodes": cfg.launch.nnodes,
         "node_rank": cfg.launch.node_rank, "preset": str(preset.resolve()),
     })
+    usercheck.remember(cfg, checked)
     return run_dir
 
 
