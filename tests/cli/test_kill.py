@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 from typing import Iterator
 
+import psutil
 import pytest
 
 from tests.cli.conftest import MT, REPO, PidTracker, events, mt, run_dir_from, status, wait_for, write_preset
@@ -121,9 +122,24 @@ def _launch_in_dashboard(tmp_path: Path, runs: Path) -> tuple[DashboardTerminal,
     return term, found[0]
 
 
+def _listening(pids: list[int]) -> list[tuple[int, str, int]]:
+    """(pid, address, port) of every TCP socket these processes listen on (read from /proc/net/tcp*)."""
+    found = []
+    for pid in pids:
+        try:
+            conns = psutil.Process(pid).net_connections(kind="tcp")
+        except psutil.NoSuchProcess:
+            continue
+        found += [(pid, c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN]
+    return found
+
+
 def test_kill_during_run_leaves_nothing(started: dict) -> None:
     viewer, run_dir = started["killed"]
     tracker = _track_until_training(run_dir)
+    # one node exposes nothing: torchrun's rendezvous and agent stores and gloo listen on loopback
+    listening = _listening(tracker.alive())
+    assert len(listening) >= 2 and all(ip == "127.0.0.1" for _, ip, _ in listening), listening
     # Ctrl-C in the headless viewer only detaches it: the run keeps going
     os.killpg(viewer.pid, signal.SIGINT)
     out, _ = viewer.communicate(timeout=30)

@@ -14,9 +14,11 @@ import argparse
 import ctypes
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterable
@@ -224,7 +226,17 @@ class Supervisor:
         self.current_attempt = None
         log_path = self.paths.logs / "torchrun.log"
         log_offset = log_path.stat().st_size if log_path.exists() else 0
-        cmd = attempt_command(self.cfg, self.run_dir, attempt)
+        # torchrun's scratch, removed when the attempt ends (torchrun itself never removes it)
+        scratch = None if is_direct(self.cfg) else Path(tempfile.mkdtemp(prefix="mt-torchrun-"))
+        try:
+            return self._attempt(attempt, started, log_path, log_offset, scratch)
+        finally:
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
+
+    def _attempt(self, attempt: int, started: float, log_path: Path, log_offset: int,
+                 scratch: Path | None) -> tuple[int, int | None, RunEnd | None]:
+        cmd = attempt_command(self.cfg, self.run_dir, attempt, log_dir=scratch)
         self.log.info("attempt %d: %s", attempt, " ".join(cmd))
         with open(log_path, "ab") as out:
             self.torchrun = subprocess.Popen(
