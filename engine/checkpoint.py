@@ -83,7 +83,7 @@ def save(root: Path, step: int, parts: dict[str, Any], meta: dict[str, Any], aft
     `after_file(name)` runs after each file is on disk (the fault injector dies there). On any
     error the temporary folder is removed; a full disk raises DiskFullError (`needed`: a hint)."""
     t0 = time.perf_counter()
-    root.mkdir(parents=True, exist_ok=True)
+    root.mkdir(exist_ok=True)  # never parents: a deleted run directory must stay deleted
     final = root / f"step-{step}"
     tmp = root / f".tmp-step-{step}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import fcntl
 import os
 import pty
+import shutil
 import signal
 import struct
 import subprocess
@@ -213,3 +214,26 @@ def test_sigterm_to_headless_stops_the_run_gracefully(started: dict) -> None:
     ck = events(run_dir, "checkpoint")[-1]
     assert ck["reason"] == "stop" and Path(ck["path"]).is_dir()
     wait_for(lambda: not tracker.alive(), 30, "the run's processes to exit")
+
+
+def test_a_replaced_or_deleted_run_dir_ends_the_run(tmp_path: Path) -> None:
+    dirs = {}
+    for name in ("replaced", "deleted"):
+        (tmp_path / name).mkdir()
+        dirs[name] = _launch(tmp_path / name, tmp_path / name / "runs")
+    trackers = {name: _track_until_training(d) for name, d in dirs.items()}
+    # moved away and an empty folder put in its place: the supervisor ends the run, writes nothing
+    run_dir = dirs["replaced"]
+    moved = run_dir.with_name(run_dir.name + "-moved")
+    run_dir.rename(moved)
+    run_dir.mkdir()
+    wait_for(lambda: not trackers["replaced"].alive(), 30, "the run in a replaced folder to end")
+    assert list(run_dir.iterdir()) == []
+    assert "replaced by another folder" in (moved / "logs" / "supervisor.log").read_text()
+    # deleted while its supervisor cannot act: mt kill still finds every process of the path
+    run_dir = dirs["deleted"]
+    os.kill(status(run_dir)["supervisor_pid"], signal.SIGSTOP)
+    shutil.rmtree(run_dir)
+    res = mt("kill", run_dir, "--grace", "3")
+    assert res.returncode == 0 and "state gone" in res.stdout, res.stdout + res.stderr
+    assert trackers["deleted"].alive() == [] and not run_dir.exists()

@@ -10,6 +10,7 @@ import psutil
 
 from mt.preset import config_from_dict
 from tests.cli.conftest import SMALL, wait_for
+from tui.run.lock import DirWatch
 from tui.run.procs import rank_processes, run_processes, terminate_all
 from tui.run.sampler import SystemSampler
 from tui.run.torchrun import torchrun_command, usable_cores, worker_env, worker_exit_code
@@ -143,3 +144,15 @@ def test_only_checkpoints_with_a_manifest_count(tmp_path: Path) -> None:
             (root / name / "manifest.json").write_text("{}")
     assert [s for s, _ in checkpoints(tmp_path)] == [10, 20]
     assert newest_checkpoint(tmp_path) == root / "step-20"
+
+
+def test_dir_watch_notices_a_deleted_or_replaced_run_dir(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    watch = DirWatch(run)
+    assert watch.lost() is None
+    run.rename(tmp_path / "elsewhere")
+    run.mkdir()  # same path, another folder
+    assert "replaced" in (watch.lost() or "")
+    run.rmdir()
+    assert "deleted" in (watch.lost() or "")

@@ -106,6 +106,8 @@ class Supervisor:
         self.ranks: dict[int, int] = {}               # this node's workers: rank -> pid
         self.torchrun: subprocess.Popen[bytes] | None = None
         self.current_attempt: int | None = None  # from the newest run_start event
+        self.dir_watch = runlock.DirWatch(self.run_dir)
+        self.lost: str | None = None  # the run dir is gone or replaced: write nothing more there
 
     # -- status ----------------------------------------------------------------------------
     def finish(self, state: str, code: int, **fields: Any) -> int:
@@ -123,7 +125,7 @@ class Supervisor:
 
     def save_status(self) -> None:
         """Write status.json; on a full disk delete the reserve to make room, never half a file."""
-        while True:
+        while not self.lost:
             try:
                 write_json_atomic(self.paths.status, self.status)
                 return
@@ -171,6 +173,8 @@ class Supervisor:
         try:
             while True:
                 rc, worker_rc, run_end = self.run_attempt(attempt)
+                if self.lost:  # nothing to record: the folder is not this run's any more
+                    return 1
                 if self.kill_requested:
                     return self.finish("killed", 1, exit_code=None, reason="killed by mt kill")
                 ended = run_end.status if run_end else None
@@ -257,7 +261,7 @@ class Supervisor:
         if not self.kill_requested and not clean:
             self.status["exit_code"] = rc
         # a kill, or a stop that torchrun reports as exit 1, is not a crash for the rules
-        if rc and not self.kill_requested and not clean:
+        if rc and not self.kill_requested and not clean and not self.lost:
             self.status["reason"] = self.failure_reason(rc, worker_rc, run_end)
             self.save_status()
             self.tick()  # let the rules classify the crash (crash, oom, ...) now
@@ -275,6 +279,8 @@ class Supervisor:
             run_end = self.follow_events(attempt) or run_end
             if now >= next_tick:
                 next_tick = now + self.poll_s
+                if self.check_dir(tr):
+                    break
                 if len(self.ranks) < self.cfg.launch.nproc_per_node:
                     found = {0: tr.pid} if is_direct(self.cfg) else {r: p.pid for r, p in rank_processes(tr.pid).items()}
                     if found != self.ranks:
@@ -298,6 +304,18 @@ class Supervisor:
                 pass
         return self.follow_events(attempt) or run_end
 
+    def check_dir(self, tr: subprocess.Popen[bytes]) -> bool:
+        """If the run directory was deleted or replaced, end every process of the run; True then.
+
+        Training on would write into a deleted folder, or into someone else's; readers and
+        `mt kill` would see no run there, so the run cannot be stopped any other way."""
+        self.lost = self.dir_watch.lost()
+        if self.lost:
+            self.log.error("%s; ending the run (nothing more is written there)", self.lost)
+            terminate_all([p for p in run_processes(self.run_dir, [tr.pid]) if p.pid != os.getpid()], grace_s=2.0)
+            tr.wait()
+        return self.lost is not None
+
     def follow_events(self, attempt: int) -> RunEnd | None:
         """Read new events: note an accepted stop (state `stopping`) and this attempt's run_end."""
         run_end = None
@@ -317,6 +335,8 @@ class Supervisor:
     def tick(self, sample: dict[str, Any] | None = None) -> None:
         """Hand the incident rules what this supervisor knows now: status, news, the sample."""
         news, self.news = self.news, []
+        if self.lost:
+            return
         self.incidents.poll(self.status, news, [] if sample is None else [sample], self.ranks)
 
     def append_sample(self, ranks: dict[int, int]) -> dict[str, Any] | None:
