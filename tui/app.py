@@ -19,6 +19,7 @@ from mt.records import Checkpoint, Control, Record
 from tui.messages import ControlDone, RunUpdated
 from tui.read.follower import PollResult
 from tui.read.watcher import Watcher, WatchUpdate
+from tui.rundir import liveness, read_status
 from tui.widgets.dialogs import ConfirmScreen, HelpScreen, help_rows
 from tui.widgets.header import RunHeader
 from tui.widgets.incidents import IncidentsPanel
@@ -377,4 +378,6 @@ def run_app(run_dir: Path) -> int:
         return 2
     app = MtApp(run_dir)
     app.run()
+    if liveness(read_status(run_dir)) in ("starting", "live"):  # the viewer quit, the run did not
+        print(f"run dir: {run_dir}\nthe run goes on; re-attach with: mt watch {run_dir}")
     return app.return_code or 0  # 1 when the app died of an error (Textual printed it)

@@ -182,6 +182,7 @@ def test_quitting_the_dashboard_leaves_the_run_running(started: dict) -> None:
     term.press(b"q")
     wait_for(lambda: term.poll() is not None, 30, "the dashboard to quit")
     assert term.poll() == 0
+    wait_for(lambda: f"re-attach with: mt watch {run_dir}".encode() in term.screen, 10, "how to re-attach")
     assert status(run_dir)["state"] == "running" and sorted(tracker.alive()) == sorted(tracker.pids)
     steps = len(events(run_dir, "step"))
     wait_for(lambda: len(events(run_dir, "step")) > steps, 60, "training to go on without a viewer")

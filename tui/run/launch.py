@@ -41,6 +41,12 @@ class Overrides:
     nproc: int | None = None
     node_rank: int | None = None
 
+    def flags(self) -> dict[str, str]:
+        """The config key each given flag set -> the flag as typed (for errors: blame the flag)."""
+        given = {"run.name": ("--name", self.name), "run.runs_dir": ("--runs-dir", self.runs_dir),
+                 "launch.nproc_per_node": ("--nproc", self.nproc), "launch.node_rank": ("--node-rank", self.node_rank)}
+        return {key: f"{flag} {value}" for key, (flag, value) in given.items() if value is not None}
+
 
 def resolve_config(preset: Path, over: Overrides) -> Config:
     """Load and validate the preset with overrides applied; ConfigError names file and key."""
@@ -57,9 +63,15 @@ def resolve_config(preset: Path, over: Overrides) -> Config:
         raw["launch"]["node_rank"] = over.node_rank
     if not raw["run"]["workdir"]:
         raw["run"]["workdir"] = os.getcwd()   # user factories are found where mt launch runs
-    cfg = config_from_dict(raw, source)  # the overrides pass the same checks as the file
-    check_paths(cfg, source)
-    check_devices(cfg, source)
+    try:
+        cfg = config_from_dict(raw, source)  # the overrides pass the same checks as the file
+        check_paths(cfg, source)
+        check_devices(cfg, source)
+    except ConfigError as e:
+        flag = over.flags().get(e.key)
+        if flag is None:
+            raise
+        raise ConfigError(flag, e.key, e.message) from None  # the value came from the command line
     check_user_code(cfg, source)
     return cfg
 
