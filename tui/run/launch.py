@@ -21,7 +21,7 @@ from mt.paths import RunPaths
 from mt.preset import check_paths, config_from_dict, load_config_json, load_preset
 from mt.resume import ResumeRefused, attempt_config
 from tui.run import lock as runlock
-from tui.rundir import liveness, newest_checkpoint, read_status, require_run_dir
+from tui.rundir import intact_checkpoint, liveness, read_status, require_run_dir
 
 
 class LaunchError(RuntimeError):
@@ -290,8 +290,9 @@ def _mark_failed(run_dir: Path, reason: str) -> None:
     write_json_atomic(RunPaths(run_dir).status, status)
 
 
-def resume_run(run_dir: Path, nproc: int | None = None) -> None:
-    """Start a new detached attempt from the newest checkpoint (optionally on nproc workers)."""
+def resume_run(run_dir: Path, nproc: int | None = None, from_scratch: bool = False) -> None:
+    """Start a new detached attempt from the newest intact checkpoint (optionally on nproc workers);
+    `from_scratch`: from step 0 when no checkpoint is intact (else that is a ResumeError)."""
     run_dir = require_run_dir(Path(run_dir)).resolve()
     try:
         lock = runlock.acquire(run_dir, f"mt resume (pid {os.getpid()})")
@@ -300,12 +301,22 @@ def resume_run(run_dir: Path, nproc: int | None = None) -> None:
     except OSError as e:
         raise ResumeError(f"{run_dir}: cannot lock the run: {e.strerror}") from None
     try:
-        _resume_locked(run_dir, nproc, lock)
+        _resume_locked(run_dir, nproc, lock, from_scratch)
     finally:
         os.close(lock)
 
 
-def _resume_locked(run_dir: Path, nproc: int | None, lock: int) -> None:
+def _no_checkpoint(run_dir: Path, damaged: list[tuple[Path, str]]) -> str:
+    """The one line for a resume with nothing intact to resume from."""
+    if not damaged:
+        why = "no checkpoint to resume from (checkpoints/ is empty)"
+    else:
+        shown = "; ".join(f"{p.name}: {why}" for p, why in damaged[:3]) + ("; ..." if len(damaged) > 3 else "")
+        why = f"no checkpoint is intact ({len(damaged)} checked: {shown}); nothing was started or deleted"
+    return f"{run_dir}: {why}; `mt resume --from-scratch` starts again from step 0"
+
+
+def _resume_locked(run_dir: Path, nproc: int | None, lock: int, from_scratch: bool) -> None:
     paths = RunPaths(run_dir)
     status = read_status(run_dir)
     if liveness(status) == "live":
@@ -318,15 +329,15 @@ def _resume_locked(run_dir: Path, nproc: int | None, lock: int) -> None:
                           f"({', '.join(str(p.pid) for p in left)}); wait for them or `mt kill` the run")
     if status.get("state") == "completed":
         raise ResumeError(f"{run_dir}: the run already completed; nothing to resume")
-    ckpt = newest_checkpoint(run_dir)
-    if ckpt is None:
-        raise ResumeError(f"{run_dir}: no checkpoint to resume from (checkpoints/ is empty)")
+    ckpt, damaged = intact_checkpoint(run_dir)  # sha256 of the files: the engine rereads them from the page cache
+    if ckpt is None and not from_scratch:
+        raise ResumeError(_no_checkpoint(run_dir, damaged))
     try:
         cfg = load_config_json(paths.config)
     except ConfigError as e:
         raise ResumeError(str(e)) from None
     _check_room(paths, cfg.checkpoint.keep_last)
-    manifest = read_json(ckpt / "manifest.json")
+    manifest = read_json(ckpt / "manifest.json") if ckpt else {}
     try:
         new = attempt_config(cfg, manifest if isinstance(manifest, dict) else {}, nproc)
     except (ConfigError, ResumeRefused) as e:
@@ -336,7 +347,8 @@ def _resume_locked(run_dir: Path, nproc: int | None, lock: int) -> None:
         cfg = new
         _write_or_refuse(paths, paths.config, cfg.to_dict())
     status.update(state="starting", supervisor_pid=None, ended=None, exit_code=None,
-                  reason=f"resuming from {ckpt.name}", nproc=cfg.launch.nproc_per_node)
+                  reason=f"resuming from {ckpt.name}" if ckpt else "starting again from step 0 (--from-scratch)",
+                  nproc=cfg.launch.nproc_per_node)
     _write_or_refuse(paths, paths.status, status)
     try:
         start_supervisor(run_dir, lock)
