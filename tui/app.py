@@ -15,6 +15,7 @@ from textual.reactive import reactive
 from textual.widgets import Footer, OptionList, Static
 from textual.worker import get_current_worker
 
+from mt.events import FINAL_STATES
 from mt.records import Checkpoint, Control, Record
 from tui.messages import ControlDone, RunUpdated
 from tui.read.follower import PollResult
@@ -227,7 +228,8 @@ class MtApp(App[int]):
             # plots after this refresh: a first frame of a huge run shows the header at once
             self.call_after_refresh(self._redraw_plots)
             if self._dirty:
-                self._system.show(self.watcher.system)
+                ended = st.state if st.state in FINAL_STATES else "lost" if st.supervisor_lost else None
+                self._system.show(self.watcher.system, ended, now)
                 self._incidents.show(st.incidents, now)
                 self._dirty = False
         finally:
