@@ -121,7 +121,7 @@ def kill_run(run_dir: Path, grace_s: float = 10.0) -> KillResult:
     Workers live in their own process groups, so they are found one by one: recorded pids,
     processes naming the run directory, and all their descendants. Ends with state `killed`.
     """
-    from tui.run.procs import run_processes, terminate_all  # psutil only when killing
+    from tui.run.procs import kill_all, run_processes, terminate_all  # psutil only when killing
 
     try:
         run_dir = require_run_dir(Path(run_dir)).resolve()
@@ -132,7 +132,8 @@ def kill_run(run_dir: Path, grace_s: float = 10.0) -> KillResult:
         if not orphans:
             raise
         result = KillResult(state="gone (the run directory no longer holds this run)")
-        _merge(result, terminate_all(orphans, grace_s))
+        # SIGKILL at once: a graceful stop would write a final checkpoint into whatever is at that path
+        _merge(result, kill_all(orphans))
         result.survivors = [p.pid for p in run_processes(Path(run_dir).resolve())]
         return result
     paths = RunPaths(run_dir)

@@ -119,6 +119,20 @@ def terminate_all(procs: list[psutil.Process], grace_s: float) -> SignalReport:
     return report
 
 
+def kill_all(procs: list[psutil.Process]) -> SignalReport:
+    """SIGKILL each process at once (no graceful stop: it would write where it must not), and wait."""
+    report = SignalReport()
+    for p in procs:
+        try:
+            p.kill()
+            report.killed.append(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    _, still = psutil.wait_procs(procs, timeout=5.0)
+    report.survivors = [p.pid for p in still]
+    return report
+
+
 def daemonize(log_path: Path) -> None:
     """Fork once more so the supervisor is nobody's child (init reaps it); the parent prints its
     pid and exits. stdout/stderr go to the supervisor log (tracebacks included)."""

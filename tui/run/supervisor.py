@@ -32,7 +32,7 @@ from mt.preset import load_config_json
 from mt.records import Control, Record, RecordTail, RunEnd, RunStart
 from mt.system import clean_sample
 from tui.run import lock as runlock
-from tui.run.procs import daemonize, rank_processes, run_processes, terminate_all
+from tui.run.procs import daemonize, kill_all, rank_processes, run_processes, terminate_all
 from tui.run.sampler import SystemSampler
 from tui.run.torchrun import attempt_command, is_direct, worker_env, worker_exit_code
 from tui.rundir import newest_checkpoint, read_status
@@ -312,7 +312,8 @@ class Supervisor:
         self.lost = self.dir_watch.lost()
         if self.lost:
             self.log.error("%s; ending the run (nothing more is written there)", self.lost)
-            terminate_all([p for p in run_processes(self.run_dir, [tr.pid]) if p.pid != os.getpid()], grace_s=2.0)
+            # SIGKILL: a graceful stop would write its final checkpoint into whatever is there now
+            kill_all([p for p in run_processes(self.run_dir, [tr.pid]) if p.pid != os.getpid()])
             tr.wait()
         return self.lost is not None
 
