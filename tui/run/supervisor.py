@@ -11,7 +11,6 @@ record `killed`. Run it with `python -m tui.run.supervisor --run-dir DIR [--daem
 from __future__ import annotations
 
 import argparse
-import ctypes
 import logging
 import os
 import shutil
@@ -32,22 +31,10 @@ from mt.preset import load_config_json
 from mt.records import Control, Record, RecordTail, RunEnd, RunStart
 from mt.system import clean_sample
 from tui.run import lock as runlock
-from tui.run.procs import daemonize, kill_all, rank_processes, run_processes, terminate_all
+from tui.run.procs import daemonize, die_with_parent, kill_all, rank_processes, run_processes, terminate_all
 from tui.run.sampler import SystemSampler
 from tui.run.torchrun import attempt_command, is_direct, worker_env, worker_exit_code
 from tui.rundir import newest_checkpoint, read_status
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """preexec_fn for torchrun: SIGTERM it when the supervisor dies (even by SIGKILL).
-
-    torchrun forwards SIGTERM to the workers, which stop gracefully, so a killed supervisor
-    never leaves training running forever.
-    """
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 class IncidentHook:
@@ -245,7 +232,7 @@ class Supervisor:
         with open(log_path, "ab") as out:
             self.torchrun = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                env=worker_env(self.cfg), preexec_fn=_die_with_parent, close_fds=True,
+                env=worker_env(self.cfg), preexec_fn=die_with_parent, close_fds=True,
             )
         tr = self.torchrun
         record = {"attempt": attempt, "started": started, "torchrun_pid": tr.pid, "ended": None, "exit_code": None}
