@@ -24,16 +24,11 @@ import numpy as np
 import torch
 
 from mt import space
+
+# the format and its check live in mt (stdlib only), so `mt resume` verifies without torch
+from mt.ckptfile import FILES, FORMAT, FORMAT_VERSION, CheckpointError, verify
 from mt.paths import checkpoint_dirs, checkpoint_step
 from mt.space import DiskFullError, clean_temporaries  # noqa: F401 - clean_temporaries: part of this API
-
-FORMAT = "mt-checkpoint"
-FORMAT_VERSION = 1
-FILES = ("model.pt", "optim.pt", "train.pt")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint folder that is not a complete, intact checkpoint of this format."""
 
 
 @dataclass
@@ -83,7 +78,7 @@ def save(root: Path, step: int, parts: dict[str, Any], meta: dict[str, Any], aft
     `after_file(name)` runs after each file is on disk (the fault injector dies there). On any
     error the temporary folder is removed; a full disk raises DiskFullError (`needed`: a hint)."""
     t0 = time.perf_counter()
-    root.mkdir(parents=True, exist_ok=True)
+    root.mkdir(exist_ok=True)  # never parents: a deleted run directory must stay deleted
     final = root / f"step-{step}"
     tmp = root / f".tmp-step-{step}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -159,37 +154,6 @@ def save_and_prune(root: Path, step: int, parts: dict[str, Any], meta: dict[str,
     saved = save(root, step, parts, meta, after_file, room.needed)
     saved.pruned = room.prune_first + prune(root, keep_last, saved.path)
     return saved
-
-
-def verify(path: Path) -> dict[str, Any]:
-    """The manifest of an intact checkpoint; raises CheckpointError saying what is wrong."""
-    try:
-        manifest = json.loads((path / "manifest.json").read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: no manifest.json (incomplete or not an mt checkpoint)") from None
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{path}: unreadable manifest.json: {e}") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: manifest.json is not an {FORMAT} manifest")
-    if manifest.get("version") != FORMAT_VERSION:
-        raise CheckpointError(f"{path}: checkpoint format version {manifest.get('version')!r}, expected {FORMAT_VERSION}")
-    for name in FILES:
-        want = manifest.get("files", {}).get(name)
-        if not isinstance(want, dict):
-            raise CheckpointError(f"{path}: manifest lists no {name}")
-        try:
-            size = (path / name).stat().st_size
-        except FileNotFoundError:
-            raise CheckpointError(f"{path}/{name}: missing") from None
-        if size != want.get("bytes"):
-            raise CheckpointError(f"{path}/{name}: {size} bytes, manifest says {want.get('bytes')} (truncated?)")
-        sha = hashlib.sha256()
-        with open(path / name, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                sha.update(block)
-        if sha.hexdigest() != want.get("sha256"):
-            raise CheckpointError(f"{path}/{name}: sha256 mismatch (corrupted)")
-    return manifest
 
 
 def candidates(root: Path) -> list[Path]:

@@ -23,7 +23,7 @@ from engine.model import build_model, count_params, training_flops_per_token
 from engine.optim import build_optimizer, lr_at, set_lr
 from engine.resume import find_checkpoint
 from engine.user import call_model, loss_of, to_device, tokens_per_sample
-from engine.weights import load_into, read_state
+from engine.weights import fit_problems, load_into, read_state
 from mt import resume
 from mt.anomaly import StepAnomalies, disk_full_incident, nan_incident
 from mt.config import Config
@@ -31,6 +31,7 @@ from mt.eventlog import EventWriter, NullEventWriter
 from mt.heartbeat import Heartbeat
 from mt.inbox import ControlInbox, Request, StopSignals
 from mt.paths import RunPaths
+from mt.resume import ResumeRefused
 from mt.space import DiskFullError
 
 # what every rank contributes to the one collective of each step
@@ -309,6 +310,9 @@ class Trainer:
         state = parts["train.pt"]
         t = self.cfg.train
         how = resume.plan(state, self.env.world_size, t.micro_batch_size, t.grad_accum_steps, t.allow_batch_change)
+        misfit = fit_problems(self.model, parts["model.pt"], "the checkpoint")
+        if misfit:  # the [model] section changed since the checkpoint was written
+            raise ResumeRefused(f"{path} does not fit the model: {'; '.join(misfit)}")
         self.model.load_state_dict(parts["model.pt"])
         self.optimizer.load_state_dict(parts["optim.pt"]["optimizer"])
         self.scaler.load_state_dict(parts["optim.pt"]["scaler"])

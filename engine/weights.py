@@ -72,6 +72,15 @@ def _torch_load(path: Path) -> dict[str, torch.Tensor]:
 
 def load_into(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
     """Copy `state` into `model`; refuses naming the first missing key, unexpected key and shape mismatch."""
+    problems = fit_problems(model, state, "the file")
+    if problems:
+        raise InitFromError(f"model.init_from: {source} does not fit the model: {'; '.join(problems)}")
+    model.load_state_dict(state)
+
+
+def fit_problems(model: nn.Module, state: dict[str, torch.Tensor], where: str) -> list[str]:
+    """Why `state` cannot be loaded into `model`: the first missing key, unexpected key and shape
+    mismatch, each with a count of the others (torch's own message is cut to its first line)."""
     own = model.state_dict()
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
@@ -83,7 +92,6 @@ def load_into(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> 
         problems.append(f"unexpected key {unexpected[0]!r}" + (f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""))
     if shapes:
         k, theirs, ours = shapes[0]
-        problems.append(f"shape mismatch for {k!r}: {list(theirs)} in the file, {list(ours)} in the model")
-    if problems:
-        raise InitFromError(f"model.init_from: {source} does not fit the model: {'; '.join(problems)}")
-    model.load_state_dict(state)
+        more = f" (and {len(shapes) - 1} more)" if len(shapes) > 1 else ""
+        problems.append(f"shape mismatch for {k!r}: {list(theirs)} in {where}, {list(ours)} in the model{more}")
+    return problems

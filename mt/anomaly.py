@@ -83,8 +83,12 @@ ADVICE = {
     "grad_explosion": (
         "Watch grad norm against lr and loss: exploding norms usually come before a loss spike or "
         "NaN. First lower lr (or lengthen warmup) and keep clipping at ~1.0; check for bad inputs, "
-        "a missing normalisation, or fp16 overflow. Clipping on nearly every step means the "
-        "effective lr is much lower than configured."
+        "a missing normalisation, or fp16 overflow."
+    ),
+    "clipping_active": (
+        "Clipping on nearly every step means the effective lr is much lower than configured: "
+        "compare the median grad norm with train.grad_clip. Raise grad_clip toward the typical "
+        "norm, or lower lr if the norms are large because training is unstable."
     ),
     "fp16_overflow": (
         "Check skipped steps and the loss scale: a few skips early are the GradScaler calibrating, "
@@ -110,9 +114,11 @@ def is_clear(code: str, evidence: dict[str, Any], step: dict[str, Any]) -> bool:
     if code == "grad_explosion":
         gn = _finite(as_float(step.get("grad_norm")))
         limit = _finite(evidence.get("threshold"))
-        if evidence.get("reason") == "clipping":
+        if evidence.get("reason") == "clipping":  # runs recorded before clipping_active had its own code
             return not step.get("clipped")
         return gn is not None and (limit is None or gn <= limit)
+    if code == "clipping_active":
+        return not step.get("clipped")
     if code == "fp16_overflow":
         scale = _finite(as_float(step.get("loss_scale")))
         floor = _finite(evidence.get("min_scale")) or 0.0
@@ -146,7 +152,7 @@ class StepAnomalies:
         skipped = bool(step.get("skipped"))
         if not skipped:
             self.calibrating = False
-        for check in (self._overflow, self._spike, self._grad):
+        for check in (self._overflow, self._spike, self._grad, self._clipping):
             inc = check(s, step, skipped)
             if inc is not None and inc["code"] not in self.open:
                 self.open[inc["code"]] = inc["evidence"]
@@ -215,20 +221,28 @@ class StepAnomalies:
                       f"(threshold {self.m.grad_explosion_factor:g}x); lr {_fmt(lr)}")
             return _incident(s, "grad_explosion", "warn", f"Gradient explosion at step {s}", detail,
                              ADVICE["grad_explosion"], evidence)
+        return None
+
+    def _clipping(self, s: int, step: dict[str, Any], skipped: bool) -> dict[str, Any] | None:
+        gn = _finite(step.get("grad_norm"))
+        if gn is None or skipped or len(self.grads) < self.m.spike_min_history:
+            return None
+        med = self.grads.median()
+        lr = _finite(step.get("lr"))
         # Clipping on almost every step is normal at the very start; only judge it once the
         # run is past its first spike_window steps and the window is full.
         if (self.grad_clip > 0 and self.steps_seen > self.m.spike_window
                 and len(self.clipped) == self.clipped.maxlen and step.get("clipped")):
             share = sum(self.clipped) / len(self.clipped)
             if share >= self.m.clip_active_share:
-                evidence = {"reason": "clipping", "clipped_share": _r(share, 3),
+                evidence = {"clipped_share": _r(share, 3),
                             "window_steps": len(self.clipped), "grad_clip": self.grad_clip,
                             "grad_norm": _r(gn), "median": _r(med), "lr": _r(lr)}
                 detail = (f"gradients clipped on {share:.0%} of the last {len(self.clipped)} steps "
                           f"(clip {self.grad_clip:g}, median grad norm {med:.3g}): the effective lr "
                           f"is far below the configured one")
-                return _incident(s, "grad_explosion", "info", "Clipping active on most steps", detail,
-                                 ADVICE["grad_explosion"], evidence)
+                return _incident(s, "clipping_active", "info", "Clipping active on most steps", detail,
+                                 ADVICE["clipping_active"], evidence)
         return None
 
     def _overflow(self, s: int, step: dict[str, Any], skipped: bool) -> dict[str, Any] | None:

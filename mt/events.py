@@ -38,6 +38,7 @@ FINAL_STATES = ("completed", "stopped", "failed", "killed")
 SEVERITIES = ("info", "warn", "error")
 INCIDENT_CODES = (
     "dataloader_stall", "nan_loss", "loss_spike", "grad_explosion", "fp16_overflow",
+    "clipping_active",  # info: gradients clipped on most steps (the effective lr is lower)
     "throughput_drop", "hang", "straggler", "memory_pressure", "oom", "nccl_timeout", "crash",
     "checkpoint_skipped",  # a damaged checkpoint passed over on resume
     "disk_full",  # a checkpoint that did not fit was skipped (or ended the run)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import stat
 import tomllib
 import typing
 from pathlib import Path
@@ -114,6 +115,7 @@ def _build(cls: type, source: str, section: str, table: Any) -> Any:
     return cls(**kwargs)
 
 
+MAX_NAME = 200
 _ENDPOINT = re.compile(r"^[A-Za-z0-9_.\-]+:\d{1,5}$|^\[[0-9a-fA-F:]+\]:\d{1,5}$")
 
 
@@ -122,6 +124,10 @@ def _check(cfg: Config, source: str) -> None:
     m, t, launch = cfg.model, cfg.train, cfg.launch
     if not cfg.run.name or not re.fullmatch(r"[A-Za-z0-9_.\-]+", cfg.run.name):
         raise ConfigError(source, "run.name", f"expected letters, digits, '.', '_' or '-', got {_show(cfg.run.name)}")
+    if cfg.run.name.startswith("."):  # `..` escapes runs_dir; a dot folder is hidden from `mt ls`
+        raise ConfigError(source, "run.name", f"must not start with '.', got {_show(cfg.run.name)}")
+    if len(cfg.run.name) > MAX_NAME:  # the folder adds -YYYYmmdd-HHMMSS[-nodeK][.N]; a file name is <= 255 bytes
+        raise ConfigError(source, "run.name", f"at most {MAX_NAME} characters, got {len(cfg.run.name)}")
     if m.kind == "hf":
         _check_hf(m.hf, source)
     if m.kind == "gpt" and m.d_model % m.n_head:
@@ -211,12 +217,27 @@ def load_preset(path: str | Path) -> Config:
     return cfg
 
 
+def _not_a_file(p: Path) -> str:
+    """What a path that is not a regular file is instead (for the one-line error)."""
+    try:
+        mode = p.stat().st_mode
+    except FileNotFoundError:
+        return "no such file"
+    except OSError as e:
+        return f"cannot read ({e.strerror})"
+    for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return f"{what}, not a regular file"
+    return "not a regular file"
+
+
 def check_paths(cfg: Config, source: str) -> None:
     """The files a preset names must exist before a run is created for them."""
     if cfg.data.source in ("text", "tokens"):
         p = Path(cfg.data.path)
         if not p.is_file():
-            raise ConfigError(source, "data.path", f"no such file: {p}")
+            raise ConfigError(source, "data.path", f"{_not_a_file(p)}: {p}")
     hf_path = cfg.model.hf.get("path") if cfg.model.kind == "hf" else None
     if hf_path and not Path(hf_path).expanduser().is_dir():
         raise ConfigError(source, "model.hf.path", f"not a local folder: {hf_path} (mt never downloads models)")

@@ -50,6 +50,7 @@ class RunStart(Event):
     effective_batch: int | None
     start_step: int
     max_steps: int | None
+    data_loss_floor: float | None      # the synthetic source's entropy: the best loss possible
     kind: ClassVar[str] = "run_start"
 
 
@@ -207,7 +208,16 @@ def _run_start(raw: dict[str, Any], t: float | None) -> RunStart:
         t, raw, _int(raw, "attempt", 1), _int(raw, "world_size", 1), _int(raw, "nnodes", 1),
         _str(raw, "device"), _str(raw, "backend"), _str(raw, "precision"), _int(raw, "params_total"),
         _int(raw, "params_active"), _int(raw, "tokens_per_step"), _int(raw, "effective_batch"), _int(raw, "start_step") or 0,
-        _int(raw, "max_steps"))
+        _int(raw, "max_steps"), _floor(raw))
+
+
+def _floor(raw: dict[str, Any]) -> float | None:
+    """data_loss_floor, an optional extra: one that cannot be true is dropped, not the run_start."""
+    try:
+        x = _num(raw, "data_loss_floor", nonneg=True)
+    except _Bad:
+        return None
+    return x if x is not None and math.isfinite(x) else None
 
 
 def _step(raw: dict[str, Any], t: float | None) -> Step:

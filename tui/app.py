@@ -15,10 +15,12 @@ from textual.reactive import reactive
 from textual.widgets import Footer, OptionList, Static
 from textual.worker import get_current_worker
 
+from mt.events import FINAL_STATES
 from mt.records import Checkpoint, Control, Record
 from tui.messages import ControlDone, RunUpdated
 from tui.read.follower import PollResult
 from tui.read.watcher import Watcher, WatchUpdate
+from tui.rundir import liveness, read_status
 from tui.widgets.dialogs import ConfirmScreen, HelpScreen, help_rows
 from tui.widgets.header import RunHeader
 from tui.widgets.incidents import IncidentsPanel
@@ -232,7 +234,8 @@ class MtApp(App[int]):
             # plots after this refresh: a first frame of a huge run shows the header at once
             self.call_after_refresh(self._redraw_plots)
             if self._dirty:
-                self._system.show(self.watcher.system)
+                ended = st.state if st.state in FINAL_STATES else "lost" if st.supervisor_lost else None
+                self._system.show(self.watcher.system, ended, now)
                 self._incidents.show(st.incidents, now)
                 self._dirty = False
         finally:
@@ -410,4 +413,6 @@ def run_app(run_dir: Path) -> int:
         return 2
     app = MtApp(run_dir)
     app.run()
+    if liveness(read_status(run_dir)) in ("starting", "live"):  # the viewer quit, the run did not
+        print(f"run dir: {run_dir}\nthe run goes on; re-attach with: mt watch {run_dir}")
     return app.return_code or 0  # 1 when the app died of an error (Textual printed it)

@@ -140,8 +140,9 @@ def resume(
     detach: DetachOpt = False,
     headless: HeadlessOpt = False,
     every: EveryOpt = 1.0,
+    from_scratch: Annotated[bool, typer.Option("--from-scratch", help="When no checkpoint is intact (or there is none), start again from step 0 instead of refusing; the damaged checkpoints are not deleted first.")] = False,
 ) -> None:
-    """Start a new attempt of a stopped or failed run from its newest checkpoint.
+    """Start a new attempt of a stopped or failed run from its newest intact checkpoint.
 
     --nproc resumes on another number of workers (the global batch is kept). Example:
 
@@ -160,7 +161,7 @@ def resume(
     _check_every(every)
     since = _events_end(run_dir)   # --headless prints only the new attempt's lines
     try:
-        resume_run(run_dir, nproc)
+        resume_run(run_dir, nproc, from_scratch)
     except (NotARunError, ResumeError) as e:
         fail(str(e))
     _attach(run_dir.resolve(), detach, headless, every, since)

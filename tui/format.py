@@ -12,6 +12,11 @@ def fmt_num(v: float | None, spec: str = ".4g") -> str:
     return format(v, spec)
 
 
+def fmt_loss(loss: float | None, floor: float | None) -> str:
+    """The loss, with the data's floor (the best loss possible) beside it when the source has one."""
+    return fmt_num(loss) + ("" if floor is None else f" (floor {fmt_num(floor)})")
+
+
 def fmt_duration(s: float | None) -> str:
     if s is None or not math.isfinite(s):
         return "N/A"

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
+from mt.ckptfile import CheckpointError, verify
 from mt.events import FINAL_STATES
 from mt.jsonl import read_json
 from mt.paths import RunPaths, checkpoint_dirs
@@ -81,6 +82,19 @@ def newest_checkpoint(run_dir: Path) -> Path | None:
     """The newest checkpoint folder, or None."""
     found = checkpoints(run_dir)
     return found[-1][1] if found else None
+
+
+def intact_checkpoint(run_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest checkpoint that verifies (as the engine will pick it), and (folder, why) for
+    each newer one that does not."""
+    damaged = []
+    for path in [p for _, p in checkpoint_dirs(RunPaths(run_dir).checkpoints)]:
+        try:
+            verify(path)
+            return path, damaged
+        except CheckpointError as e:
+            damaged.append((path, str(e).replace(f"{path}/", "").replace(f"{path}: ", "")))
+    return None, damaged
 
 
 def run_dirs(runs_dir: Path) -> list[Path]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import fcntl
 import os
 import pty
+import shutil
 import signal
 import struct
 import subprocess
@@ -12,6 +13,7 @@ import threading
 from pathlib import Path
 from typing import Iterator
 
+import psutil
 import pytest
 
 from tests.cli.conftest import MT, REPO, PidTracker, events, mt, run_dir_from, status, wait_for, write_preset
@@ -24,20 +26,20 @@ pytestmark = pytest.mark.slow
 SLOW = {"train": {"max_steps": 3000}, "checkpoint": {"every_steps": 0}, "faults": {"step_sleep_s": 0.1}}
 
 
-def _launch(tmp_path: Path, runs: Path) -> Path:
-    preset = write_preset(tmp_path / "p.toml", runs, **SLOW)
+def _launch(tmp_path: Path, runs: Path, nproc: int = 2) -> Path:
+    preset = write_preset(tmp_path / "p.toml", runs, **SLOW, launch={"nproc_per_node": nproc})
     res = mt("launch", preset, "--detach")
     assert res.returncode == 0, res.stderr
     return Path(res.stdout.strip())
 
 
-def _track_until_training(run_dir: Path) -> PidTracker:
-    """Gather pids until both ranks have stepped (so workers and their children are known)."""
+def _track_until_training(run_dir: Path, nproc: int = 2) -> PidTracker:
+    """Gather pids until every rank has stepped (so workers and their children are known)."""
     tracker = PidTracker(run_dir)
 
     def ready() -> bool:
         tracker.collect()
-        hb = [run_dir / "heartbeat" / f"rank{r}" for r in (0, 1)]
+        hb = [run_dir / "heartbeat" / f"rank{r}" for r in range(nproc)]
         return bool(events(run_dir, "step")) and all(h.exists() for h in hb)
 
     wait_for(ready, 180, "both ranks to train")
@@ -121,9 +123,24 @@ def _launch_in_dashboard(tmp_path: Path, runs: Path) -> tuple[DashboardTerminal,
     return term, found[0]
 
 
+def _listening(pids: list[int]) -> list[tuple[int, str, int]]:
+    """(pid, address, port) of every TCP socket these processes listen on (read from /proc/net/tcp*)."""
+    found = []
+    for pid in pids:
+        try:
+            conns = psutil.Process(pid).net_connections(kind="tcp")
+        except psutil.NoSuchProcess:
+            continue
+        found += [(pid, c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN]
+    return found
+
+
 def test_kill_during_run_leaves_nothing(started: dict) -> None:
     viewer, run_dir = started["killed"]
     tracker = _track_until_training(run_dir)
+    # one node exposes nothing: torchrun's rendezvous and agent stores and gloo listen on loopback
+    listening = _listening(tracker.alive())
+    assert len(listening) >= 2 and all(ip == "127.0.0.1" for _, ip, _ in listening), listening
     # Ctrl-C in the headless viewer only detaches it: the run keeps going
     os.killpg(viewer.pid, signal.SIGINT)
     out, _ = viewer.communicate(timeout=30)
@@ -165,6 +182,7 @@ def test_quitting_the_dashboard_leaves_the_run_running(started: dict) -> None:
     term.press(b"q")
     wait_for(lambda: term.poll() is not None, 30, "the dashboard to quit")
     assert term.poll() == 0
+    wait_for(lambda: f"re-attach with: mt watch {run_dir}".encode() in term.screen, 10, "how to re-attach")
     assert status(run_dir)["state"] == "running" and sorted(tracker.alive()) == sorted(tracker.pids)
     steps = len(events(run_dir, "step"))
     wait_for(lambda: len(events(run_dir, "step")) > steps, 60, "training to go on without a viewer")
@@ -197,3 +215,26 @@ def test_sigterm_to_headless_stops_the_run_gracefully(started: dict) -> None:
     ck = events(run_dir, "checkpoint")[-1]
     assert ck["reason"] == "stop" and Path(ck["path"]).is_dir()
     wait_for(lambda: not tracker.alive(), 30, "the run's processes to exit")
+
+
+def test_a_replaced_or_deleted_run_dir_ends_the_run(tmp_path: Path) -> None:
+    dirs = {}
+    for name in ("replaced", "deleted"):
+        (tmp_path / name).mkdir()
+        dirs[name] = _launch(tmp_path / name, tmp_path / name / "runs", nproc=1)  # no torchrun: quick
+    trackers = {name: _track_until_training(d, nproc=1) for name, d in dirs.items()}
+    # moved away and an empty folder put in its place: the supervisor ends the run, writes nothing
+    run_dir = dirs["replaced"]
+    moved = run_dir.with_name(run_dir.name + "-moved")
+    run_dir.rename(moved)
+    run_dir.mkdir()
+    wait_for(lambda: not trackers["replaced"].alive(), 30, "the run in a replaced folder to end")
+    assert list(run_dir.iterdir()) == []
+    assert "replaced by another folder" in (moved / "logs" / "supervisor.log").read_text()
+    # deleted while its supervisor cannot act: mt kill still finds every process of the path
+    run_dir = dirs["deleted"]
+    os.kill(status(run_dir)["supervisor_pid"], signal.SIGSTOP)
+    shutil.rmtree(run_dir)
+    res = mt("kill", run_dir, "--grace", "3")
+    assert res.returncode == 0 and "state gone" in res.stdout, res.stdout + res.stderr
+    assert trackers["deleted"].alive() == [] and not run_dir.exists()

@@ -21,8 +21,10 @@ def headless_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[sub
     """`mt launch --headless` started early, so it trains while the detach test talks to its run."""
     tmp = tmp_path_factory.mktemp("headless")
     preset = write_preset(tmp / "p.toml", tmp / "runs", train={"log_every": 1})
+    (tmp / "tmp").mkdir()  # its own temp dir, to prove torchrun leaves nothing there
     proc = subprocess.Popen([*MT, "launch", str(preset), "--headless"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=REPO)
+                            stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            env={**os.environ, "TMPDIR": str(tmp / "tmp")})
     yield proc, preset, tmp / "runs"
     if proc.poll() is None:
         proc.kill()
@@ -129,6 +131,8 @@ def test_headless_run_completes(headless_run: tuple[subprocess.Popen[str], Path,
     for rank in (0, 1):
         assert (run_dir / "logs" / f"rank{rank}.log").is_file()
     assert "state completed" in (run_dir / "logs" / "supervisor.log").read_text()
+    left = [p.name for p in (runs.parent / "tmp").iterdir() if p.name.startswith(("torchelastic_", "mt-torchrun-"))]
+    assert left == []  # torchrun's scratch is removed (torchinductor_* is torch's cache: it stays)
     samples = [json.loads(l) for l in (run_dir / "system.jsonl").read_text().splitlines()]
     assert samples, "no system samples"
     for s in samples:

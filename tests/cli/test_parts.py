@@ -10,6 +10,7 @@ import psutil
 
 from mt.preset import config_from_dict
 from tests.cli.conftest import SMALL, wait_for
+from tui.run.lock import DirWatch
 from tui.run.procs import rank_processes, run_processes, terminate_all
 from tui.run.sampler import SystemSampler
 from tui.run.torchrun import torchrun_command, usable_cores, worker_env, worker_exit_code
@@ -22,10 +23,11 @@ def _cfg(**launch: object):
     return config_from_dict(raw, "test")
 
 
-def test_one_node_uses_standalone(tmp_path: Path) -> None:
+def test_one_node_uses_the_loopback_rendezvous(tmp_path: Path) -> None:
     cmd = torchrun_command(_cfg(nproc_per_node=3), tmp_path, attempt=2, python="py")
-    assert cmd[:4] == ["py", "-P", "-m", "torch.distributed.run"]
-    assert "--standalone" in cmd and "--rdzv-endpoint" not in cmd
+    assert cmd[:4] == ["py", "-P", "-m", "engine.launch"]  # torchrun with its stores on 127.0.0.1
+    assert "--standalone" not in cmd and cmd[cmd.index("--rdzv-backend") + 1] == "mt-loopback"
+    assert cmd[cmd.index("--local-addr") + 1] == "127.0.0.1"  # the workers' MASTER_ADDR
     assert cmd[cmd.index("--nproc-per-node") + 1] == "3"
     assert cmd[-9:] == ["--no-python", "py", "-P", "-m", "engine", "--run-dir", str(tmp_path), "--attempt", "2"]
     assert cmd[cmd.index("--max-restarts") + 1] == "0"
@@ -34,7 +36,7 @@ def test_one_node_uses_standalone(tmp_path: Path) -> None:
 def test_several_nodes_use_c10d(tmp_path: Path) -> None:
     cfg = _cfg(nnodes=2, rdzv_endpoint="10.0.0.1:29500", node_rank=1)
     cmd = torchrun_command(cfg, tmp_path, attempt=1)
-    assert "--standalone" not in cmd
+    assert cmd[:4] == [sys.executable, "-P", "-m", "torch.distributed.run"]
     assert cmd[cmd.index("--rdzv-backend") + 1] == "c10d"
     assert cmd[cmd.index("--rdzv-endpoint") + 1] == "10.0.0.1:29500"
     assert cmd[cmd.index("--nnodes") + 1] == "2"
@@ -50,6 +52,8 @@ def test_omp_threads_split_between_local_workers() -> None:
     assert env["OMP_NUM_THREADS"] == "1"
     env = worker_env(_cfg(nproc_per_node=1), base={"OMP_NUM_THREADS": "7"})
     assert env["OMP_NUM_THREADS"] == "7"  # the user's choice wins
+    assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "lo"  # one node: loopback only
+    assert "GLOO_SOCKET_IFNAME" not in worker_env(_cfg(nnodes=2, rdzv_endpoint="10.0.0.1:29500"), base={})
 
 
 BUSY = "import time\nt = time.time()\nwhile time.time() - t < 60: pass\n"
@@ -140,3 +144,15 @@ def test_only_checkpoints_with_a_manifest_count(tmp_path: Path) -> None:
             (root / name / "manifest.json").write_text("{}")
     assert [s for s, _ in checkpoints(tmp_path)] == [10, 20]
     assert newest_checkpoint(tmp_path) == root / "step-20"
+
+
+def test_dir_watch_notices_a_deleted_or_replaced_run_dir(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    watch = DirWatch(run)
+    assert watch.lost() is None
+    run.rename(tmp_path / "elsewhere")
+    run.mkdir()  # same path, another folder
+    assert "replaced" in (watch.lost() or "")
+    run.rmdir()
+    assert "deleted" in (watch.lost() or "")

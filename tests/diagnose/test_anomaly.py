@@ -9,7 +9,7 @@ import pytest
 
 from mt.anomaly import RollingMedian, StepAnomalies, is_clear, nan_incident
 from mt.config import MonitorConfig
-from mt.events import INCIDENT_CODES, dumps
+from mt.events import INCIDENT_CODES, dumps, make_event, schema_errors
 
 from .streams import steps
 
@@ -115,8 +115,10 @@ def test_clipping_on_most_steps_is_reported_only_after_the_start() -> None:
     for s in stream:  # clip threshold far below every norm: clipping on every step
         s["clipped"] = True
     got = run(stream, m, grad_clip=0.01)
-    assert [(i["code"], i["evidence"]["reason"]) for i in got] == [("grad_explosion", "clipping")]
+    assert [i["code"] for i in got] == ["clipping_active"]  # its own code: not an explosion
     assert got[0]["step"] == m.spike_window + 1 and got[0]["severity"] == "info"
+    assert got[0]["evidence"]["clipped_share"] == 1.0 and "grad_clip" in got[0]["advice"]
+    assert schema_errors(make_event("incident", **got[0])) == []
 
 
 def fp16(stream: list[dict], scale: float = 65536.0) -> list[dict]:

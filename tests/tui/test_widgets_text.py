@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from tui.read.watcher import SystemView
-from tui.widgets.system import render_system, sparkline
+from tui.widgets.system import not_live_note, render_system, sparkline
 
 
 def sample(n_gpus: int, unreadable: bool = False) -> dict:
@@ -31,6 +31,20 @@ def test_unreadable_fields_show_na_never_raise():
     view.add(sample(1, unreadable=True))
     text = render_system(view).plain
     assert "util N/A" in text and "N/A/80.0 GiB" in text and "cpu N/A" in text and "host cpu N/A" in text
+
+
+def test_a_finished_run_shows_its_last_readings_as_not_live():
+    view = SystemView()
+    rec = sample(0)
+    rec["t"] = 1000.0
+    rec["ranks"][0].update(cpu_pct=97.0, rss_bytes=2**30)
+    view.add(rec)
+    live = render_system(view).plain
+    assert "last seen" not in live and not_live_note(view, None, 1090.0) == ""
+    assert not_live_note(view, "completed", 1090.0) == "not live (run completed): last sample 1m30s ago"
+    text = render_system(view, ended="completed").plain
+    rank = next(l for l in text.splitlines() if l.startswith("rank0"))
+    assert "97%" in rank and rank.endswith("last seen")
 
 
 def test_no_gpus_says_why_and_sparkline_blanks_unknowns():
@@ -78,3 +92,20 @@ def test_incident_detail_lists_evidence_as_key_value_lines():
     assert lines[4:] == ["  loss: nan", "  lr: 0.002786", "  rank: 1", "  signal: N/A",
                          "  sample_indices: 948, 1188", "  ok: False", "  mem: a=1"]
     assert evidence_value("x" * 1000).endswith("…") and len(evidence_value("x" * 1000)) == 300
+
+
+def test_the_synthetic_data_loss_floor_is_shown_beside_the_loss(fixture_run):
+    from tui.read.follower import load_run_state
+    from tui.text.summary import format_summary
+    from tui.widgets.header import render_header
+
+    run = fixture_run("finished")  # a recorded synthetic run: run_start data_loss_floor 0.92729...
+    st = load_run_state(run)
+    assert "loss " in format_summary(st, now=0.0) and "(floor 0.9273)" in format_summary(st, now=0.0)
+    header = render_header(st, 0.0, 160, 0.0, False).plain.splitlines()[2]
+    assert header.startswith(f"loss {st.loss:.4g} (floor 0.9273)  best ")
+    # a floor that cannot be true is left out; the run_start line itself is kept
+    events = run / "events.jsonl"
+    events.write_text(events.read_text().replace('"data_loss_floor":0.9272906615636746', '"data_loss_floor":"low"'))
+    st = load_run_state(run)
+    assert st.world_size == 2 and "floor" not in format_summary(st, now=0.0)

@@ -15,7 +15,7 @@ from mt.events import CONTROL_ACTIONS, FINAL_STATES
 from mt.jsonl import write_json_atomic
 from mt.paths import RunPaths
 from mt.records import Checkpoint, Control, RecordTail
-from tui.rundir import liveness, read_status, require_run_dir
+from tui.rundir import NotARunError, liveness, read_status, require_run_dir
 
 
 class ControlError(RuntimeError):
@@ -121,9 +121,21 @@ def kill_run(run_dir: Path, grace_s: float = 10.0) -> KillResult:
     Workers live in their own process groups, so they are found one by one: recorded pids,
     processes naming the run directory, and all their descendants. Ends with state `killed`.
     """
-    from tui.run.procs import run_processes, terminate_all  # psutil only when killing
+    from tui.run.procs import kill_all, run_processes, terminate_all  # psutil only when killing
 
-    run_dir = require_run_dir(Path(run_dir)).resolve()
+    try:
+        run_dir = require_run_dir(Path(run_dir)).resolve()
+    except NotARunError:
+        # deleted or replaced under a live run: its processes still name it in their command
+        # lines (which outlive the folder, unlike any record kept in it)
+        orphans = run_processes(Path(run_dir).resolve())
+        if not orphans:
+            raise
+        result = KillResult(state="gone (the run directory no longer holds this run)")
+        # SIGKILL at once: a graceful stop would write a final checkpoint into whatever is at that path
+        _merge(result, kill_all(orphans))
+        result.survivors = [p.pid for p in run_processes(Path(run_dir).resolve())]
+        return result
     paths = RunPaths(run_dir)
     status = read_status(run_dir)
     sup_pid = status.get("supervisor_pid") if isinstance(status.get("supervisor_pid"), int) else None

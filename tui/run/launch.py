@@ -23,7 +23,7 @@ from mt.preset import check_paths, config_from_dict, load_config_json, load_pres
 from mt.resume import ResumeRefused, attempt_config, reported_checkpoint
 from tui.run import lock as runlock
 from tui.run import usercheck
-from tui.rundir import liveness, newest_checkpoint, read_status, require_run_dir
+from tui.rundir import intact_checkpoint, liveness, read_status, require_run_dir
 
 
 class LaunchError(RuntimeError):
@@ -44,6 +44,12 @@ class Overrides:
     node_rank: int | None = None
     script_args: list[str] | None = None
     """ARGS after `--`: for a script (they replace `[launch] script_args`)."""
+
+    def flags(self) -> dict[str, str]:
+        """The config key each given flag set -> the flag as typed (for errors: blame the flag)."""
+        given = {"run.name": ("--name", self.name), "run.runs_dir": ("--runs-dir", self.runs_dir),
+                 "launch.nproc_per_node": ("--nproc", self.nproc), "launch.node_rank": ("--node-rank", self.node_rank)}
+        return {key: f"{flag} {value}" for key, (flag, value) in given.items() if value is not None}
 
 
 def is_script(path: Path) -> bool:
@@ -82,11 +88,18 @@ def resolve_config(preset: Path, over: Overrides) -> tuple[Config, usercheck.Use
         raw["launch"]["node_rank"] = over.node_rank
     if not raw["run"]["workdir"]:
         raw["run"]["workdir"] = os.getcwd()   # user factories are found where mt launch runs
-    cfg = config_from_dict(raw, source)  # the overrides pass the same checks as the file
-    check_paths(cfg, source)
+    try:
+        cfg = config_from_dict(raw, source)  # the overrides pass the same checks as the file
+        check_paths(cfg, source)
+        if not cfg.launch.script:
+            check_devices(cfg, source)
+    except ConfigError as e:
+        flag = over.flags().get(e.key)
+        if flag is None:
+            raise
+        raise ConfigError(flag, e.key, e.message) from None  # the value came from the command line
     if cfg.launch.script:
         return cfg, None  # devices, models and data are the script's own business
-    check_devices(cfg, source)
     return cfg, usercheck.check_user_code(cfg, source)
 
 
@@ -275,8 +288,9 @@ def _mark_failed(run_dir: Path, reason: str) -> None:
     write_json_atomic(RunPaths(run_dir).status, status)
 
 
-def resume_run(run_dir: Path, nproc: int | None = None) -> None:
-    """Start a new detached attempt from the newest checkpoint (optionally on nproc workers)."""
+def resume_run(run_dir: Path, nproc: int | None = None, from_scratch: bool = False) -> None:
+    """Start a new detached attempt from the newest intact checkpoint (optionally on nproc workers);
+    `from_scratch`: from step 0 when no checkpoint is intact (else that is a ResumeError)."""
     run_dir = require_run_dir(Path(run_dir)).resolve()
     try:
         lock = runlock.acquire(run_dir, f"mt resume (pid {os.getpid()})")
@@ -285,12 +299,22 @@ def resume_run(run_dir: Path, nproc: int | None = None) -> None:
     except OSError as e:
         raise ResumeError(f"{run_dir}: cannot lock the run: {e.strerror}") from None
     try:
-        _resume_locked(run_dir, nproc, lock)
+        _resume_locked(run_dir, nproc, lock, from_scratch)
     finally:
         os.close(lock)
 
 
-def _resume_locked(run_dir: Path, nproc: int | None, lock: int) -> None:
+def _no_checkpoint(run_dir: Path, damaged: list[tuple[Path, str]]) -> str:
+    """The one line for a resume with nothing intact to resume from."""
+    if not damaged:
+        why = "no checkpoint to resume from (checkpoints/ is empty)"
+    else:
+        shown = "; ".join(f"{p.name}: {why}" for p, why in damaged[:3]) + ("; ..." if len(damaged) > 3 else "")
+        why = f"no checkpoint is intact ({len(damaged)} checked: {shown}); nothing was started or deleted"
+    return f"{run_dir}: {why}; `mt resume --from-scratch` starts again from step 0"
+
+
+def _resume_locked(run_dir: Path, nproc: int | None, lock: int, from_scratch: bool) -> None:
     paths = RunPaths(run_dir)
     status = read_status(run_dir)
     if liveness(status) == "live":
@@ -308,13 +332,13 @@ def _resume_locked(run_dir: Path, nproc: int | None, lock: int) -> None:
     except ConfigError as e:
         raise ResumeError(str(e)) from None
     if cfg.launch.script:
-        _resume_script(run_dir, cfg, status, nproc, lock)
+        _resume_script(run_dir, cfg, status, nproc, lock, from_scratch)
         return
-    ckpt = newest_checkpoint(run_dir)
-    if ckpt is None:
-        raise ResumeError(f"{run_dir}: no checkpoint to resume from (checkpoints/ is empty)")
+    ckpt, damaged = intact_checkpoint(run_dir)  # sha256 of the files: the engine rereads them from the page cache
+    if ckpt is None and not from_scratch:
+        raise ResumeError(_no_checkpoint(run_dir, damaged))
     _check_room(paths, cfg.checkpoint.keep_last)
-    manifest = read_json(ckpt / "manifest.json")
+    manifest = read_json(ckpt / "manifest.json") if ckpt else {}
     try:
         new = attempt_config(cfg, manifest if isinstance(manifest, dict) else {}, nproc)
     except (ConfigError, ResumeRefused) as e:
@@ -323,21 +347,23 @@ def _resume_locked(run_dir: Path, nproc: int | None, lock: int) -> None:
     if new != cfg:
         cfg = new
         _write_or_refuse(paths, paths.config, cfg.to_dict())
-    _start_attempt(paths, status, f"resuming from {ckpt.name}", cfg.launch.nproc_per_node, lock)
+    _start_attempt(paths, status, f"resuming from {ckpt.name}" if ckpt else "starting again from step 0 (--from-scratch)",
+                   cfg.launch.nproc_per_node, lock)
 
 
-def _resume_script(run_dir: Path, cfg: Config, status: dict, nproc: int | None, lock: int) -> None:
+def _resume_script(run_dir: Path, cfg: Config, status: dict, nproc: int | None, lock: int, from_scratch: bool) -> None:
     """A script's run goes on from the newest checkpoint it reported (`run.checkpoint_saved`)."""
     paths = RunPaths(run_dir)
     ckpt = reported_checkpoint(paths.events)
-    if ckpt is None:
+    if ckpt is None and not from_scratch:
         raise ResumeError(f"{run_dir}: no checkpoint to resume from (the script never reported one with "
                           f"run.checkpoint_saved, or the files it named are gone)")
     if nproc is not None and nproc != cfg.launch.nproc_per_node:
         cfg = dataclasses.replace(cfg, launch=dataclasses.replace(cfg.launch, nproc_per_node=nproc))
         _write_or_refuse(paths, paths.config, cfg.to_dict())
     status.pop("owner", None)  # from here on a supervisor owns it, even if mt.init made it
-    _start_attempt(paths, status, f"resuming from {ckpt}", cfg.launch.nproc_per_node, lock)
+    _start_attempt(paths, status, f"resuming from {ckpt}" if ckpt else "starting the script again (--from-scratch)",
+                   cfg.launch.nproc_per_node, lock)
 
 
 def _start_attempt(paths: RunPaths, status: dict, reason: str, nproc: int, lock: int) -> None:

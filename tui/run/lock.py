@@ -57,3 +57,24 @@ def _read(fd: int) -> str:
         return os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
     except OSError:
         return ""
+
+
+class DirWatch:
+    """Notices that a run directory was deleted, or that another folder took its place (new inode)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = Path(run_dir)
+        st = os.stat(self.run_dir)
+        self.identity = (st.st_dev, st.st_ino)
+
+    def lost(self) -> str | None:
+        """Why the path is no longer this run's folder, or None while it still is."""
+        try:
+            st = os.stat(self.run_dir)
+        except FileNotFoundError:
+            return f"{self.run_dir}: the run directory was deleted"
+        except OSError:
+            return None  # unreadable for a moment (NFS hiccup): not proof that it is gone
+        if (st.st_dev, st.st_ino) != self.identity:
+            return f"{self.run_dir}: the run directory was replaced by another folder"
+        return None

@@ -1,6 +1,7 @@
 """Find and signal the processes that belong to one run (supervisor, torchrun, workers)."""
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import sys
@@ -9,6 +10,18 @@ from pathlib import Path
 from typing import Iterable
 
 import psutil
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """preexec_fn for torchrun: SIGTERM it when the supervisor dies (even by SIGKILL).
+
+    torchrun forwards SIGTERM to the workers, which stop gracefully, so a killed supervisor
+    never leaves training running forever.
+    """
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 def pid_alive(pid: int | None) -> bool:
@@ -115,6 +128,20 @@ def terminate_all(procs: list[psutil.Process], grace_s: float) -> SignalReport:
         except psutil.NoSuchProcess:
             pass
     _, still = psutil.wait_procs(alive, timeout=5.0)
+    report.survivors = [p.pid for p in still]
+    return report
+
+
+def kill_all(procs: list[psutil.Process]) -> SignalReport:
+    """SIGKILL each process at once (no graceful stop: it would write where it must not), and wait."""
+    report = SignalReport()
+    for p in procs:
+        try:
+            p.kill()
+            report.killed.append(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    _, still = psutil.wait_procs(procs, timeout=5.0)
     report.survivors = [p.pid for p in still]
     return report
 

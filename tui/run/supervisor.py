@@ -11,12 +11,13 @@ record `killed`. Run it with `python -m tui.run.supervisor --run-dir DIR [--daem
 from __future__ import annotations
 
 import argparse
-import ctypes
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterable
@@ -30,22 +31,10 @@ from mt.preset import load_config_json
 from mt.records import Control, Record, RecordTail, RunEnd, RunStart
 from mt.system import clean_sample
 from tui.run import lock as runlock
-from tui.run.procs import daemonize, rank_processes, run_processes, terminate_all
+from tui.run.procs import daemonize, die_with_parent, kill_all, rank_processes, run_processes, terminate_all
 from tui.run.sampler import SystemSampler
 from tui.run.torchrun import attempt_command, is_direct, worker_env, worker_exit_code
 from tui.rundir import newest_checkpoint, read_status
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """preexec_fn for torchrun: SIGTERM it when the supervisor dies (even by SIGKILL).
-
-    torchrun forwards SIGTERM to the workers, which stop gracefully, so a killed supervisor
-    never leaves training running forever.
-    """
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 class IncidentHook:
@@ -104,6 +93,8 @@ class Supervisor:
         self.ranks: dict[int, int] = {}               # this node's workers: rank -> pid
         self.torchrun: subprocess.Popen[bytes] | None = None
         self.current_attempt: int | None = None  # from the newest run_start event
+        self.dir_watch = runlock.DirWatch(self.run_dir)
+        self.lost: str | None = None  # the run dir is gone or replaced: write nothing more there
 
     # -- status ----------------------------------------------------------------------------
     def finish(self, state: str, code: int, **fields: Any) -> int:
@@ -121,7 +112,7 @@ class Supervisor:
 
     def save_status(self) -> None:
         """Write status.json; on a full disk delete the reserve to make room, never half a file."""
-        while True:
+        while not self.lost:
             try:
                 write_json_atomic(self.paths.status, self.status)
                 return
@@ -169,6 +160,8 @@ class Supervisor:
         try:
             while True:
                 rc, worker_rc, run_end = self.run_attempt(attempt)
+                if self.lost:  # nothing to record: the folder is not this run's any more
+                    return 1
                 if self.kill_requested:
                     return self.finish("killed", 1, exit_code=None, reason="killed by mt kill")
                 ended = run_end.status if run_end else None
@@ -228,12 +221,22 @@ class Supervisor:
         self.current_attempt = None
         log_path = self.paths.logs / "torchrun.log"
         log_offset = log_path.stat().st_size if log_path.exists() else 0
-        cmd = attempt_command(self.cfg, self.run_dir, attempt)
+        # torchrun's scratch, removed when the attempt ends (torchrun itself never removes it)
+        scratch = None if is_direct(self.cfg) else Path(tempfile.mkdtemp(prefix="mt-torchrun-"))
+        try:
+            return self._attempt(attempt, started, log_path, log_offset, scratch)
+        finally:
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
+
+    def _attempt(self, attempt: int, started: float, log_path: Path, log_offset: int,
+                 scratch: Path | None) -> tuple[int, int | None, RunEnd | None]:
+        cmd = attempt_command(self.cfg, self.run_dir, attempt, log_dir=scratch)
         self.log.info("attempt %d: %s", attempt, " ".join(cmd))
         with open(log_path, "ab") as out:
             self.torchrun = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                env=worker_env(self.cfg), preexec_fn=_die_with_parent, close_fds=True,
+                env=worker_env(self.cfg), preexec_fn=die_with_parent, close_fds=True,
                 cwd=self.script_cwd(),
             )
         tr = self.torchrun
@@ -250,7 +253,7 @@ class Supervisor:
         if not self.kill_requested and not clean:
             self.status["exit_code"] = rc
         # a kill, or a stop that torchrun reports as exit 1, is not a crash for the rules
-        if rc and not self.kill_requested and not clean:
+        if rc and not self.kill_requested and not clean and not self.lost:
             self.status["reason"] = self.failure_reason(rc, worker_rc, run_end)
             self.save_status()
             self.tick()  # let the rules classify the crash (crash, oom, ...) now
@@ -273,6 +276,8 @@ class Supervisor:
             run_end = self.follow_events(attempt) or run_end
             if now >= next_tick:
                 next_tick = now + self.poll_s
+                if self.check_dir(tr):
+                    break
                 if len(self.ranks) < self.cfg.launch.nproc_per_node:
                     found = {0: tr.pid} if is_direct(self.cfg) else {r: p.pid for r, p in rank_processes(tr.pid).items()}
                     if found != self.ranks:
@@ -296,6 +301,19 @@ class Supervisor:
                 pass
         return self.follow_events(attempt) or run_end
 
+    def check_dir(self, tr: subprocess.Popen[bytes]) -> bool:
+        """If the run directory was deleted or replaced, end every process of the run; True then.
+
+        Training on would write into a deleted folder, or into someone else's; readers and
+        `mt kill` would see no run there, so the run cannot be stopped any other way."""
+        self.lost = self.dir_watch.lost()
+        if self.lost:
+            self.log.error("%s; ending the run (nothing more is written there)", self.lost)
+            # SIGKILL: a graceful stop would write its final checkpoint into whatever is there now
+            kill_all([p for p in run_processes(self.run_dir, [tr.pid]) if p.pid != os.getpid()])
+            tr.wait()
+        return self.lost is not None
+
     def follow_events(self, attempt: int) -> RunEnd | None:
         """Read new events: note an accepted stop (state `stopping`) and this attempt's run_end."""
         run_end = None
@@ -315,6 +333,8 @@ class Supervisor:
     def tick(self, sample: dict[str, Any] | None = None) -> None:
         """Hand the incident rules what this supervisor knows now: status, news, the sample."""
         news, self.news = self.news, []
+        if self.lost:
+            return
         self.incidents.poll(self.status, news, [] if sample is None else [sample], self.ranks)
 
     def append_sample(self, ranks: dict[int, int]) -> dict[str, Any] | None:

@@ -17,27 +17,35 @@ from pathlib import Path
 from mt.config import HF_OFFLINE, Config
 
 
-def torchrun_command(cfg: Config, run_dir: Path, attempt: int, python: str = sys.executable) -> list[str]:
-    """`python -P -m torch.distributed.run ... --no-python <worker_command>`.
+def torchrun_command(cfg: Config, run_dir: Path, attempt: int, python: str = sys.executable,
+                     log_dir: Path | None = None) -> list[str]:
+    """`python -P -m engine.launch ... --no-python <worker_command>`.
 
     `-P`: the working directory is not put on sys.path, so a user's own `engine.py` (or
     `torch/`) there cannot shadow ours; `--no-python` is what lets us pass it to the workers.
 
-    One node: `--standalone` (a private rendezvous on a free port). Several: c10d rendezvous at
-    `rdzv_endpoint`; every node passes the same `--rdzv-id`, derived from the run name.
+    One node: `engine.launch` (torchrun whose rendezvous and agent stores listen on 127.0.0.1
+    only; `--standalone` would listen on every interface). Several: torchrun's c10d rendezvous
+    at `rdzv_endpoint`; every node passes the same `--rdzv-id`, derived from the run name.
     `--max-restarts 0`: restarts are fresh attempts started by the supervisor (docs/control.md).
+    `log_dir`: torchrun's scratch (per-rank error files); without it torchrun leaves a
+    `torchelastic_*` folder in the temp dir for good.
     """
     launch = cfg.launch
-    cmd = [python, "-P", "-m", "torch.distributed.run", "--nproc-per-node", str(launch.nproc_per_node)]
     if launch.nnodes == 1:
-        cmd += ["--standalone", "--nnodes", "1"]
+        cmd = [python, "-P", "-m", "engine.launch", "--nproc-per-node", str(launch.nproc_per_node),
+               "--nnodes", "1", "--rdzv-backend", "mt-loopback", "--rdzv-endpoint", "127.0.0.1:0",
+               "--rdzv-id", f"mt-{cfg.run.name}-a{attempt}", "--local-addr", "127.0.0.1"]
     else:
+        cmd = [python, "-P", "-m", "torch.distributed.run", "--nproc-per-node", str(launch.nproc_per_node)]
         cmd += [
             "--nnodes", str(launch.nnodes),
             "--rdzv-backend", "c10d",
             "--rdzv-endpoint", launch.rdzv_endpoint,
             "--rdzv-id", f"mt-{cfg.run.name}-a{attempt}",
         ]
+    if log_dir is not None:
+        cmd += ["--log-dir", str(log_dir)]
     return cmd + ["--max-restarts", "0", "--no-python", *worker_command(cfg, run_dir, attempt, python)]
 
 
@@ -62,11 +70,12 @@ def is_direct(cfg: Config) -> bool:
     return cfg.world_size == 1
 
 
-def attempt_command(cfg: Config, run_dir: Path, attempt: int, python: str = sys.executable) -> list[str]:
+def attempt_command(cfg: Config, run_dir: Path, attempt: int, python: str = sys.executable,
+                    log_dir: Path | None = None) -> list[str]:
     """What the supervisor starts for an attempt: torchrun, or the one worker itself."""
     if is_direct(cfg):
         return worker_command(cfg, run_dir, attempt, python)
-    return torchrun_command(cfg, run_dir, attempt, python)
+    return torchrun_command(cfg, run_dir, attempt, python, log_dir)
 
 
 def worker_env(cfg: Config, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -79,6 +88,10 @@ def worker_env(cfg: Config, base: dict[str, str] | None = None) -> dict[str, str
     env.setdefault("OMP_NUM_THREADS", str(max(1, usable_cores() // cfg.launch.nproc_per_node)))
     env["PYTHONUNBUFFERED"] = "1"  # worker logs arrive as they are written
     env.update(HF_OFFLINE)  # a worker never reaches for the network (Hugging Face hub)
+    if cfg.launch.nnodes == 1:
+        # one node: gloo's and NCCL's bootstrap sockets listen on loopback, not the host's address
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        env.setdefault("NCCL_SOCKET_IFNAME", "lo")
     if is_direct(cfg):
         # what torchrun would set; without MASTER_ADDR the engine's group of one needs no store server
         env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")

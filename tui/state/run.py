@@ -159,6 +159,7 @@ class RunState:
     tokens_per_step: int | None = None
     params_total: int | None = None
     params_active: int | None = None
+    loss_floor: float | None = None    # run_start data_loss_floor (synthetic data): the best loss possible
     started: float | None = None
     ended: float | None = None
     exit_code: int | None = None
@@ -316,6 +317,7 @@ def reduce_event(st: RunState, ev: Record) -> None:
         st.world_size, st.nnodes, st.effective_batch = ev.world_size, ev.nnodes, ev.effective_batch
         st.tokens_per_step, st.params_total, st.params_active = ev.tokens_per_step, ev.params_total, ev.params_active
         st.device, st.backend, st.precision = ev.device, ev.backend, ev.precision
+        st.loss_floor = ev.data_loss_floor
         st.max_steps = ev.max_steps or st.max_steps
         st.start_step = ev.start_step
         st.step = st.start_step if st.start_step else st.step

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from tui.format import fmt_duration, fmt_num, fmt_rate
+from tui.format import fmt_duration, fmt_loss, fmt_num, fmt_rate
 
 if TYPE_CHECKING:
     from tui.state.run import RunState
@@ -18,7 +18,7 @@ def format_summary(st: "RunState", now: float | None = None) -> str:
     lines = [
         f"{st.name}  [{st.state}]  attempt {st.attempt}  step {step}/{total}"
         f"  elapsed {fmt_duration(st.elapsed_s(now))}  ETA {fmt_duration(st.eta_s())}",
-        f"loss {fmt_num(st.loss)}  best {fmt_num(st.best_loss)}"
+        f"loss {fmt_loss(st.loss, st.loss_floor)}  best {fmt_num(st.best_loss)}"
         f"{'' if st.best_loss_step is None else f' @{st.best_loss_step}'}"
         f"{' (recent steps only)' if st.best_loss_partial else ''}"
         f"  val {fmt_num(st.val_loss)}  lr {fmt_num(st.lr, '.3g')}  grad_norm {fmt_num(st.grad_norm)}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from tui.format import fmt_compact, fmt_duration, fmt_num, fmt_rate
+from tui.format import fmt_compact, fmt_duration, fmt_loss, fmt_num, fmt_rate
 from tui.state.run import RunState
 
 STATE_STYLE = {
@@ -47,7 +47,7 @@ def render_header(st: RunState, now: float, width: int, smoothing: float, logy: 
     parts.append("ckpt none" if ck is None else f"ckpt @{ck.step} ({fmt_duration(ck.age_s(now))} ago)")
     line2 = Text("  ".join(parts))
     line3 = Text.assemble(
-        f"loss {fmt_num(st.loss)}  best {fmt_num(st.best_loss)}  val {fmt_num(st.val_loss)}"
+        f"loss {fmt_loss(st.loss, st.loss_floor)}  best {fmt_num(st.best_loss)}  val {fmt_num(st.val_loss)}"
         f"  lr {fmt_num(st.lr, '.3g')}  grad_norm {fmt_num(st.grad_norm)}",
         ("  smoothing ", "dim"), (f"{smoothing:.2f}", "dim"), ("  log-y " + ("on" if logy else "off"), "dim"))
     if st.bad_lines:

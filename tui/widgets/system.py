@@ -7,6 +7,7 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import Static
 
+from tui.format import fmt_duration
 from tui.read.watcher import SystemView
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -43,8 +44,18 @@ def bar(used: Any, total: Any, width: int = 12) -> Text:
     return Text("█" * full, style=style) + Text("░" * (width - full), style="grey37")
 
 
-def render_system(view: SystemView) -> Text:
-    """The panel text for the newest sample (or a note that none arrived yet)."""
+def not_live_note(view: SystemView, ended: str | None, now: float) -> str:
+    """For the panel's bottom border: the readings of an ended run are its last ones, not live."""
+    if not ended or view.sample is None:
+        return ""
+    t = view.sample.get("t")
+    age = f" {fmt_duration(now - t)} ago" if isinstance(t, (int, float)) and not isinstance(t, bool) else ""
+    return f"not live (run {ended}): last sample{age}"
+
+
+def render_system(view: SystemView, ended: str | None = None) -> Text:
+    """The panel text for the newest sample (or a note that none arrived yet). `ended` (the
+    run's final state, or `lost`): rank readings are marked as the last ones seen."""
     s = view.sample
     if s is None:
         return Text("no system samples yet (system.jsonl is written by the supervisor)", style="dim")
@@ -78,9 +89,12 @@ def render_system(view: SystemView) -> Text:
     for r in ranks:
         alive = r.get("alive")
         t.append(f"rank{r.get('rank')} ", style="bold" if alive is not False else "bold red")
-        t.append(f"cpu {_na(r.get('cpu_pct'), '>5.0f', '%')}  rss {_gib(r.get('rss_bytes'))} GiB")
+        t.append(f"cpu {_na(r.get('cpu_pct'), '>5.0f', '%')}  rss {_gib(r.get('rss_bytes'))} GiB",
+                 style="dim" if ended else "")
         if alive is False:
             t.append("  exited", style="red")
+        elif ended:
+            t.append("  last seen", style="dim")
         t.append("\n")
     h = s.get("host") or {}
     t.append(f"host cpu {_na(h.get('cpu_pct'), '.0f', '%')}  load {_na(h.get('load1'), '.2f')}\n")
@@ -95,8 +109,9 @@ class SystemPanel(Static, can_focus=True):
 
     _last: Text | None = None
 
-    def show(self, view: SystemView) -> None:
-        text = render_system(view)
+    def show(self, view: SystemView, ended: str | None = None, now: float = 0.0) -> None:
+        self.border_subtitle = not_live_note(view, ended, now)
+        text = render_system(view, ended)
         if text != self._last:
             # a relayout only when the number of lines changes (the panel is height: auto)
             relayout = self._last is None or len(text.split()) != len(self._last.split())

@@ -1,0 +1,49 @@
+"""What makes a checkpoint folder intact: its manifest's format, and each file's size and sha256.
+
+Stdlib only: the engine checks before it loads, `mt resume` before it starts anything.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+FORMAT = "mt-checkpoint"
+FORMAT_VERSION = 1
+FILES = ("model.pt", "optim.pt", "train.pt")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder that is not a complete, intact checkpoint of this format."""
+
+
+def verify(path: Path) -> dict[str, Any]:
+    """The manifest of an intact checkpoint; raises CheckpointError saying what is wrong."""
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no manifest.json (incomplete or not an mt checkpoint)") from None
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: unreadable manifest.json: {e}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: manifest.json is not an {FORMAT} manifest")
+    if manifest.get("version") != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: checkpoint format version {manifest.get('version')!r}, expected {FORMAT_VERSION}")
+    for name in FILES:
+        want = manifest.get("files", {}).get(name)
+        if not isinstance(want, dict):
+            raise CheckpointError(f"{path}: manifest lists no {name}")
+        try:
+            size = (path / name).stat().st_size
+        except FileNotFoundError:
+            raise CheckpointError(f"{path}/{name}: missing") from None
+        if size != want.get("bytes"):
+            raise CheckpointError(f"{path}/{name}: {size} bytes, manifest says {want.get('bytes')} (truncated?)")
+        sha = hashlib.sha256()
+        with open(path / name, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                sha.update(block)
+        if sha.hexdigest() != want.get("sha256"):
+            raise CheckpointError(f"{path}/{name}: sha256 mismatch (corrupted)")
+    return manifest
