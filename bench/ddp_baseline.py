@@ -15,13 +15,26 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from engine.data import build_splits
 from engine.model import build_model
 from engine.optim import build_optimizer, lr_at, set_lr
 from engine.user import add_workdir, call_model, loss_of
 from mt.preset import load_config_json
+
+
+class Samples(Dataset):
+    """The samples alone, as a plain loop has them: no dataset index travels with a batch."""
+
+    def __init__(self, ds: Dataset) -> None:
+        self.ds = ds
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i: int) -> object:
+        return self.ds[i][0]
 
 
 def main(config_path: str, warmup: int) -> None:
@@ -36,8 +49,9 @@ def main(config_path: str, warmup: int) -> None:
     ddp = DDP(model) if distributed else model
     opt = build_optimizer(model, cfg.train, torch.device("cpu"))
     splits = build_splits(cfg)
-    sampler = DistributedSampler(splits.train, num_replicas=world, rank=rank, seed=cfg.run.seed, drop_last=True)
-    loader = DataLoader(splits.train, batch_size=cfg.train.micro_batch_size, sampler=sampler, collate_fn=splits.collate,
+    train = Samples(splits.train)
+    sampler = DistributedSampler(train, num_replicas=world, rank=rank, seed=cfg.run.seed, drop_last=True)
+    loader = DataLoader(train, batch_size=cfg.train.micro_batch_size, sampler=sampler, collate_fn=getattr(splits.collate, "fn", None),
                         num_workers=cfg.data.num_workers, drop_last=True)
     t = cfg.train
 
@@ -49,12 +63,15 @@ def main(config_path: str, warmup: int) -> None:
             epoch += 1
 
     it = batches()
-    times = []
+    times, waits = [], []
     for step in range(1, t.max_steps + 1):
         t0 = time.perf_counter()
         set_lr(opt, lr_at(step, t))
+        wait = 0.0
         for micro in range(t.grad_accum_steps):
-            batch, _ = next(it)
+            w0 = time.perf_counter()
+            batch = next(it)
+            wait += time.perf_counter() - w0
             with (ddp.no_sync() if distributed and micro < t.grad_accum_steps - 1 else nullcontext()):
                 loss = loss_of(call_model(ddp, batch), "model")
                 (loss / t.grad_accum_steps).backward()
@@ -66,10 +83,13 @@ def main(config_path: str, warmup: int) -> None:
             dist.all_reduce(loss_t)  # the one sync a minimal loop also needs to log a global loss
         float(loss_t)                # and reading it back, as any loop that logs its loss does
         times.append(time.perf_counter() - t0)
+        waits.append(wait)
     if rank == 0:
         tokens = world * t.micro_batch_size * t.grad_accum_steps * cfg.model.seq_len
         steady = sorted(times[warmup:])
-        print(json.dumps({"tokens_per_s": tokens / steady[len(steady) // 2], "median_step_s": steady[len(steady) // 2]}))
+        wait = sorted(waits[warmup:])[len(steady) // 2]
+        print(json.dumps({"tokens_per_s": tokens / steady[len(steady) // 2], "median_step_s": steady[len(steady) // 2],
+                          "median_data_wait_s": wait}))
     if distributed:
         dist.destroy_process_group()
 

@@ -80,14 +80,17 @@ def main() -> None:
             run.mkdir()
             (run / "config.json").write_text(json.dumps(cfg.to_dict()))
             out = torchrun(a.nproc, ["bench/ddp_baseline.py", str(run / "config.json"), str(warmup)], env)
-            base.append(json.loads(out.stdout.strip().splitlines()[-1])["tokens_per_s"])
+            got = json.loads(out.stdout.strip().splitlines()[-1])
+            base.append(got["tokens_per_s"])
             torchrun(a.nproc, ["-m", "engine", "--run-dir", str(run)], env)
             steps = [e for e in read_events(run / "events.jsonl") if e["kind"] == "step"][warmup:]
             times = sorted(s["step_time_s"] for s in steps)
             tokens = cfg.world_size * cfg.train.micro_batch_size * cfg.train.grad_accum_steps * cfg.model.seq_len
             eng.append(tokens / times[len(times) // 2])
             eng_step.append(times[len(times) // 2])
-            print(f"round {r + 1}: baseline {base[-1]:.0f} tok/s, engine {eng[-1]:.0f} tok/s, ratio {eng[-1] / base[-1]:.3f}", flush=True)
+            wait = statistics.median(s["data_wait_s"] for s in steps)
+            print(f"round {r + 1}: baseline {base[-1]:.0f} tok/s, engine {eng[-1]:.0f} tok/s, ratio {eng[-1] / base[-1]:.3f} "
+                  f"(data wait per step: baseline {got['median_data_wait_s'] * 1e3:.1f} ms, engine {wait * 1e3:.1f} ms)", flush=True)
 
         # bookkeeping per step: one step event, one heartbeat, one control poll (rank 0's extra work)
         d = Path(tmp) / "io"

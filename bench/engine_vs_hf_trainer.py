@@ -1,6 +1,6 @@
 """The engine vs the Hugging Face `Trainer` on one tiny GPT-2, side by side in one script.
 
-    .venv/bin/python bench/engine_vs_hf_trainer.py [--rounds 2] [--steps 150] [--nproc 1 2] [--last 50]
+    .venv/bin/python bench/engine_vs_hf_trainer.py [--rounds 2] [--steps 150] [--nproc 1 2] [--last 50] [--threads N]
 
 Both train the same model (built from a gpt2 config with the same seed: the same initial
 weights, nothing downloaded), on the same byte windows of a generated text (`engine/data.py`
@@ -126,6 +126,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--nproc", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--last", type=int, default=50, help="steps at the end whose losses are compared")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads per rank (default: the cores / ranks)")
     ap.add_argument("--trainer-worker", nargs=2, metavar=("CONFIG", "OUT"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.trainer_worker:
@@ -137,7 +138,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         text = write_corpus(Path(tmp) / "corpus.txt", 2_000_000)
         for nproc in a.nproc:
-            env = dict(os.environ, **HF_OFFLINE, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 2) // nproc)),
+            env = dict(os.environ, **HF_OFFLINE, OMP_NUM_THREADS=str(a.threads or max(1, (os.cpu_count() or 2) // nproc)),
                        PYTHONPATH=str(REPO), TOKENIZERS_PARALLELISM="false")
             eng, hf, eng_loss, hf_loss = [], [], [], []
             for r in range(a.rounds):

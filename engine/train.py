@@ -159,7 +159,7 @@ class Trainer:
         return self._end("completed", f"reached max_steps = {t.max_steps}")
 
     # ------------------------------------------------------------------------------------
-    def _forward_backward(self, step: int) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]], float]:
+    def _forward_backward(self, step: int) -> tuple[torch.Tensor, list[tuple[torch.Tensor, list[int]]], float]:
         """All micro-steps of one optimizer step; gradients sync only on the last (no_sync before).
 
         Returns the mean loss, (loss, sample indices) of each micro-batch, and the data wait.
@@ -184,7 +184,7 @@ class Trainer:
                 self.scaler.scale(scaled).backward()
             micro_losses.append((loss.detach(), idx))
             if self.trace is not None:
-                self.trace.append(idx.tolist())
+                self.trace.append(idx)
             loss_sum += loss.detach()
         return loss_sum / self.accum, micro_losses, data_wait
 
@@ -218,7 +218,7 @@ class Trainer:
             "peak": int(table[:, _PEAK].max()),
         }
 
-    def _report_nan(self, step: int, lr: float, grad_norm: float, loss: float, micro_losses: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def _report_nan(self, step: int, lr: float, grad_norm: float, loss: float, micro_losses: list[tuple[torch.Tensor, list[int]]]) -> None:
         bad_local = [int(i) for micro_loss, idx in micro_losses if not torch.isfinite(micro_loss) for i in idx]
         gathered: list[list[int]] = [[] for _ in range(self.env.world_size)]
         dist.all_gather_object(gathered, bad_local)

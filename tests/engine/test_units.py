@@ -35,6 +35,30 @@ def test_sampler_resumes_mid_epoch_on_another_world_size():
     assert merged == whole[pos:]
 
 
+def test_a_loader_workers_batch_carries_its_indices_as_a_list_in_sampler_order():
+    """Only the samples' own tensors travel through shared memory; the indices ride in the pickle."""
+    import torch
+
+    from engine.data import Indexed, Splits, build_loader
+    from mt.preset import config_from_dict
+
+    class Squares(torch.utils.data.Dataset):
+        def __len__(self):
+            return 40
+
+        def __getitem__(self, i):
+            return torch.tensor([i, i * i]), torch.tensor(float(i))
+
+    cfg = config_from_dict({"run": {"name": "u"}, "data": {"num_workers": 1}}, "test")
+    sampler = GlobalOrderSampler(40, 7, 0, 1, 0)
+    loader = iter(build_loader(Splits(Indexed(Squares()), None, None), sampler, 4, cfg, 0, pin=False))
+    order = list(itertools.islice(iter(sampler), 8))
+    for k in range(2):
+        (x, y), idx = next(loader)
+        assert type(idx) is list and idx == order[4 * k: 4 * k + 4]
+        assert x[:, 0].tolist() == idx and y.tolist() == [float(i) for i in idx]
+
+
 def test_schedule_warmup_cosine_linear_constant():
     t = TrainConfig(lr=1.0, min_lr=0.1, warmup_steps=10, max_steps=110)
     assert lr_at(1, t) == pytest.approx(0.1) and lr_at(10, t) == pytest.approx(1.0)
