@@ -59,8 +59,8 @@ def _attach(run_dir: Path, detach: bool, headless: bool, every: float = 1.0,
 
 @app.command()
 def launch(
-    preset: Annotated[Path, typer.Argument(help="A TOML preset (presets/tiny-cpu.toml), or a training script of your own (train.py).", show_default=False)],
-    script_args: Annotated[Optional[list[str]], typer.Argument(metavar="[-- ARGS...]", help="Arguments for a script, after --.", show_default=False)] = None,
+    preset: Annotated[Path, typer.Argument(metavar="PRESET", help="A TOML preset (presets/tiny-cpu.toml), or a training script of your own (train.py).", show_default=False)],
+    script_args: Annotated[Optional[list[str]], typer.Argument(metavar="-- ARGS", help="Arguments for a script, after --.", show_default=False)] = None,
     detach: DetachOpt = False,
     headless: HeadlessOpt = False,
     every: EveryOpt = 1.0,
@@ -73,7 +73,7 @@ def launch(
 
     PRESET may be your own script (train.py): it runs on every rank under torchrun, and the
     mt library (mt.init, run.step) gives it plots, diagnosis and control. The run survives the
-    viewer quitting and the terminal closing. Examples:
+    viewer quitting and the terminal closing. Example:
 
     \b
         mt launch presets/tiny-cpu.toml --headless --nproc 2
