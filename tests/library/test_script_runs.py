@@ -60,6 +60,8 @@ def test_a_ddp_script_is_watched_checkpointed_stopped_and_resumed_exactly(tmp_pa
         # plain torchrun: mt.init made ./runs/train-<stamp>; mt watch and mt ckpt work on it
         plain_run = _launched(plain_dir / "runs", "train")
         wait_for(lambda: len(events(plain_run, "step")) >= 3, 90, "steps of the plain torchrun run")
+        ponce = mt("watch", plain_run, "--once")
+        assert ponce.returncode == 0 and "[running]" in ponce.stdout and "/50" in ponce.stdout, ponce.stdout
         pckpt = mt("ckpt", plain_run, "--timeout", "60")
         assert pckpt.returncode == 0, pckpt.stdout + pckpt.stderr
         assert status(plain_run)["owner"] == "script"
