@@ -5,6 +5,4 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # lint first: import bans (no torch in tui/ or mt/, no engine/tui in mt/) are rules here
 .venv/bin/ruff check .
-# the real tiny preset end to end through mt launch --headless (about a minute)
-export MT_TEST_TINY="${MT_TEST_TINY:-1}"
 exec .venv/bin/python -m pytest -q --durations=15 "$@"

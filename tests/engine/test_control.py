@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from .runner import events, logs, make_run, run_engine, start, wait_for
+from .runner import events, kill_tree, logs, make_run, run_engine, start, wait_for
 
 SLOW_STEPS = {"train": {"max_steps": 400}, "faults": {"step_sleep_s": 0.02}}
 
@@ -25,8 +25,18 @@ def answer(run, rid: str, status: str = "done") -> dict:
     return wait_for(lambda: next((e for e in events(run, "control") if e["request_id"] == rid and e["status"] == status), None), timeout=60, what=f"{status} for {rid}")
 
 
+@pytest.fixture(scope="module")
+def sigterm_run(tmp_path_factory):
+    """The SIGTERM test's run, started with the checkpoint test's so their start-ups overlap
+    (long enough to be still training when its turn comes)."""
+    run = make_run(tmp_path_factory.mktemp("sigterm"), **{**SLOW_STEPS, "train": {"max_steps": 4000}})
+    proc = start(run, nproc=2)
+    yield run, proc
+    kill_tree(proc.pid)
+
+
 @pytest.mark.slow
-def test_checkpoint_request_then_stop_on_two_ranks(tmp_path):
+def test_checkpoint_request_then_stop_on_two_ranks(tmp_path, sigterm_run):
     run = make_run(tmp_path, **SLOW_STEPS)
     proc = start(run, nproc=2)
     wait_for(lambda: len(events(run, "step")) >= 3, what="3 steps")
@@ -50,9 +60,8 @@ def test_checkpoint_request_then_stop_on_two_ranks(tmp_path):
 
 
 @pytest.mark.slow
-def test_sigterm_to_torchrun_is_a_graceful_stop(tmp_path):
-    run = make_run(tmp_path, **SLOW_STEPS)
-    proc = start(run, nproc=2)
+def test_sigterm_to_torchrun_is_a_graceful_stop(sigterm_run):
+    run, proc = sigterm_run
     wait_for(lambda: len(events(run, "step")) >= 3, what="3 steps")
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=120)

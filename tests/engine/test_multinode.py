@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from .runner import REPO, _env, events, logs, make_run, run_engine, steps_by_attempt
+from .runner import REPO, _env, events, logs, make_run, steps_by_attempt
+from .runner import start as start_engine
 
 OVER = {"train": {"max_steps": 6, "schedule": "constant"}, "checkpoint": {"every_steps": 3}, "model": {"dropout": 0.1}}
 
@@ -43,13 +44,14 @@ def set_max_steps(run, n: int) -> None:
 def test_multinode_resume_without_a_shared_filesystem(tmp_path):
     reference = make_run(tmp_path, "reference", **OVER)
     set_max_steps(reference, 10)  # the constant schedule makes max_steps irrelevant to the lr
-    assert run_engine(reference, nproc=2) == 0, logs(reference)
+    uninterrupted = start_engine(reference, nproc=2)  # at once: its start-up overlaps the first job's
 
     node0 = make_run(tmp_path, "node0", **OVER)
     node1 = tmp_path / "node1"
     node1.mkdir()
     shutil.copy(node0 / "config.json", node1 / "config.json")
     two_node_job([node0, node1], attempt=1)
+    assert uninterrupted.wait(timeout=240) == 0, logs(reference)
     assert [c["step"] for c in events(node0, "checkpoint")] == [3, 6]
     assert not (node1 / "checkpoints").exists() and not (node1 / "events.jsonl").exists()
 

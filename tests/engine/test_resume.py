@@ -34,7 +34,7 @@ def base_for(model: str, tmp_path) -> dict:
 def test_sigkill_then_resume_reproduces_the_uninterrupted_run_bitwise(tmp_path, model):
     base = base_for(model, tmp_path)
     reference = make_run(tmp_path, "reference", base, **HARD)
-    assert run_engine(reference, nproc=2) == 0, logs(reference)
+    uninterrupted = start(reference, nproc=2)  # at once: its start-up overlaps the killed run's
 
     run = make_run(tmp_path, "killed", base, **HARD)
     kill_after = random.Random().randint(6, 19)
@@ -45,6 +45,7 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run_bitwise(tmp_path, 
     ckpts = events(run, "checkpoint")
     assert ckpts, "a checkpoint must exist before the kill"
     assert run_engine(run, nproc=2, attempt=2) == 0, logs(run)
+    assert uninterrupted.wait(timeout=240) == 0, logs(reference)
 
     start2 = [e for e in events(run, "run_start") if e["attempt"] == 2][0]
     resumed_at = start2["start_step"]

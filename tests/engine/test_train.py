@@ -1,50 +1,26 @@
-"""Real training runs: the loss falls, every event matches the schema, precisions work."""
+"""Real training runs: precisions work, fp16 overflows and NaNs are reported and handled.
+
+(The shipped tiny preset's run, every event checked against the schema, is in
+tests/cli/test_doctor_and_preset.py: one run under mt launch proves both.)
+"""
 from __future__ import annotations
 
-import json
 import math
-import tomllib
 
 import pytest
 
-from mt.events import as_float, schema_errors
+from mt.events import as_float
 
-from .runner import REPO, events, index_problem, logs, make_run, run_engine
-
-
-@pytest.mark.slow
-def test_tiny_preset_trains_and_every_event_matches_schema(tmp_path):
-    preset = tomllib.loads((REPO / "presets/tiny-cpu.toml").read_text())
-    preset["train"].update(max_steps=40, eval_every=20)
-    preset["checkpoint"]["every_steps"] = 20
-    run = make_run(tmp_path, base=preset)
-    assert run_engine(run, nproc=2) == 0, logs(run)
-
-    lines = (run / "events.jsonl").read_text().splitlines()
-    for line in lines:
-        assert schema_errors(json.loads(line)) == [], line
-    steps = events(run, "step")
-    assert [s["step"] for s in steps] == list(range(1, 41))
-    first, last = steps[0]["loss"], sum(s["loss"] for s in steps[-5:]) / 5
-    assert first > 5.0 and last < first - 1.5, (first, last)
-    start = events(run, "run_start")[0]
-    assert start["world_size"] == 2 and start["effective_batch"] == 2 * 8 * 2
-    assert start["tokens_per_step"] == 2 * 8 * 2 * 128
-    assert 0 < start["data_loss_floor"] < last
-    assert [e["step"] for e in events(run, "eval")] == [20, 40]
-    assert [c["reason"] for c in events(run, "checkpoint")] == ["interval", "final"]
-    assert events(run, "run_end")[-1]["status"] == "completed"
-    assert all(s["samples_seen"] == s["step"] * 32 for s in steps)
-    assert all(s["data_wait_s"] >= 0 and s["tokens_per_s"] > 0 for s in steps)
-    for rank in (0, 1):
-        beat = json.loads((run / f"heartbeat/rank{rank}").read_text())
-        assert beat["step"] == 40 and beat["rank"] == rank
-    assert index_problem(run / "events.jsonl") is None
+from .runner import events, logs, make_run, run_engine
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_trains(tmp_path, precision):
-    run = make_run(tmp_path, train={"precision": precision, "max_steps": 16, "grad_accum_steps": 1})
+    # fp16's run also overflows once at step 4 (one run for both tests; with accumulation, as the
+    # overflow test had it): it must still train
+    fp16 = precision == "fp16"
+    run = make_run(tmp_path, train={"precision": precision, "max_steps": 16, "grad_accum_steps": 2 if fp16 else 1},
+                   faults={"overflow_at_step": 4} if fp16 else {})
     assert run_engine(run) == 0, logs(run)
     steps = events(run, "step")
     assert len(steps) == 16
@@ -52,12 +28,11 @@ def test_mixed_precision_trains(tmp_path, precision):
     assert sum(s["loss"] for s in steps[-3:]) / 3 < steps[0]["loss"] - 0.3
     assert ("loss_scale" in steps[0]) == (precision == "fp16")
     assert events(run, "run_start")[0]["precision"] == precision
+    if fp16:  # the forced overflow is reported as a skipped step
+        _overflow_is_a_skipped_step({s["step"]: s for s in steps})
 
 
-def test_forced_fp16_overflow_is_reported_as_a_skipped_step(tmp_path):
-    run = make_run(tmp_path, train={"precision": "fp16", "max_steps": 8}, faults={"overflow_at_step": 4})
-    assert run_engine(run) == 0, logs(run)
-    steps = {s["step"]: s for s in events(run, "step")}
+def _overflow_is_a_skipped_step(steps: dict) -> None:
     assert steps[4]["skipped"] is True
     assert steps[4]["loss_scale"] == steps[3]["loss_scale"] / 2
     assert math.isfinite(steps[4]["loss"])
