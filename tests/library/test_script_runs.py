@@ -116,7 +116,7 @@ def test_script_faults_are_diagnosed_with_the_rank(tmp_path: Path) -> None:
 
     # with mt: a hang on rank 1 is named by the hang rule
     hang = mt("launch", _script_preset(tmp_path, "hang", ["--fault", "hang", "--at", "6", "--steps", "400"],
-                                       hang_floor_s=2.0), "--detach")
+                                       hang_floor_s=5.0), "--detach")
     assert hang.returncode == 0, hang.stderr
     hang_dir = Path(hang.stdout.strip().splitlines()[-1])
     found = wait_for(lambda: _incidents(hang_dir, "hang"), 90, "a hang incident")
