@@ -52,6 +52,8 @@ class RollingMedian:
 
 
 def _finite(x: Any) -> float | None:
+    if type(x) is float:  # the common case, once per field per step: keep it short
+        return x if math.isfinite(x) else None
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return None
     x = float(x)
@@ -210,8 +212,8 @@ class StepAnomalies:
         if gn is None or skipped or len(self.grads) < self.m.spike_min_history:
             return None
         med = self.grads.median()
-        lr = _finite(step.get("lr"))
         if med > 0 and gn > self.m.grad_explosion_factor * med:
+            lr = _finite(step.get("lr"))
             threshold = self.m.grad_explosion_factor * med
             evidence = {"reason": "norm", "grad_norm": _r(gn), "median": _r(med),
                         "factor": _r(gn / med, 3), "threshold": _r(threshold, 6),
@@ -224,6 +226,8 @@ class StepAnomalies:
         return None
 
     def _clipping(self, s: int, step: dict[str, Any], skipped: bool) -> dict[str, Any] | None:
+        if self.grad_clip <= 0 or not step.get("clipped"):
+            return None  # no clipping configured (a script's run), or this step was not clipped
         gn = _finite(step.get("grad_norm"))
         if gn is None or skipped or len(self.grads) < self.m.spike_min_history:
             return None

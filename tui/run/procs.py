@@ -121,14 +121,8 @@ def terminate_all(procs: list[psutil.Process], grace_s: float) -> SignalReport:
         except psutil.NoSuchProcess:
             pass
     _, alive = psutil.wait_procs(procs, timeout=grace_s)
-    for p in alive:
-        try:
-            p.kill()
-            report.killed.append(p.pid)
-        except psutil.NoSuchProcess:
-            pass
-    _, still = psutil.wait_procs(alive, timeout=5.0)
-    report.survivors = [p.pid for p in still]
+    rest = kill_all(alive)
+    report.killed, report.survivors = rest.killed, rest.survivors
     return report
 
 
