@@ -9,6 +9,15 @@ import sys
 from typing import Any
 
 
+def process_group() -> Any:
+    """torch.distributed once the script has initialised a process group, else None."""
+    torch = sys.modules.get("torch")
+    dist = getattr(torch, "distributed", None) if torch is not None else None
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    return dist
+
+
 class Agreement:
     """Folds each rank's wishes (checkpoint, stop) and token count into one all_reduce per step."""
 
@@ -19,11 +28,8 @@ class Agreement:
     @staticmethod
     def _group() -> Any:
         """torch.distributed with a process group of more than one rank, or None."""
-        torch = sys.modules.get("torch")
-        dist = getattr(torch, "distributed", None) if torch is not None else None
-        if dist is None or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
-            return None
-        return dist
+        dist = process_group()
+        return dist if dist is not None and dist.get_world_size() > 1 else None
 
     def decide(self, checkpoint: bool, stop: bool, tokens: float | None) -> tuple[bool, bool, float | None]:
         """(checkpoint, stop, tokens summed over ranks): True on every rank if any rank asked."""

@@ -86,7 +86,7 @@ def kind_code(rec: Record | Rejected) -> int:
     """The index kind of a parsed line."""
     if isinstance(rec, Rejected):
         return KIND_BAD
-    if isinstance(rec, Step) and rec.extra:
+    if isinstance(rec, Step) and not rec.is_row:
         return KIND_OTHER  # a script's own metrics live only in the line: readers parse it
     return KIND_CODES.get(rec.kind, KIND_OTHER)  # metrics, and kinds this version does not know
 

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mt.agree import process_group
 from mt.config import Config, LaunchConfig, RunConfig
 from mt.jsonl import read_json, write_json_atomic
 from mt.paths import RunPaths, new_run_dir
@@ -55,9 +56,8 @@ def _create(world: int, name: str | None, runs_dir: Path) -> RunPaths:
 
 
 def _share(made: RunPaths | None) -> RunPaths:
-    torch = sys.modules.get("torch")
-    dist = getattr(torch, "distributed", None) if torch is not None else None
-    if dist is None or not dist.is_available() or not dist.is_initialized():
+    dist = process_group()
+    if dist is None:
         raise RuntimeError("mt.init: with WORLD_SIZE > 1 outside `mt launch`, call it after "
                            "torch.distributed.init_process_group, so that every rank joins the same run directory")
     box: list[Any] = [str(made.root) if made else None]

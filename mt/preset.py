@@ -41,15 +41,10 @@ def _coerce(source: str, key: str, tp: Any, value: Any, rules: dict[str, Any]) -
         return value
     if tp in (int, float):
         ok = isinstance(value, int) if tp is int else isinstance(value, (int, float))
-        if isinstance(value, bool) or not ok:
-            noun = "an integer" if tp is int else "a number"
-            raise ConfigError(source, key, f"expected {noun}{' ' + bounds if bounds else ''}, got {_show(value)}")
-        value = tp(value)
-        for rule, bound in rules.items():
-            if not _RULE_TEST[rule](value, bound):
-                noun = "an integer" if tp is int else "a number"
-                raise ConfigError(source, key, f"expected {noun} {bounds}, got {_show(value)}")
-        return value
+        expected = f"expected {'an integer' if tp is int else 'a number'}{' ' + bounds if bounds else ''}"
+        if isinstance(value, bool) or not ok or not all(_RULE_TEST[r](tp(value), b) for r, b in rules.items()):
+            raise ConfigError(source, key, f"{expected}, got {_show(value)}")
+        return tp(value)
     if tp is str:
         if not isinstance(value, str):
             raise ConfigError(source, key, f"expected a string, got {_show(value)}")

@@ -68,6 +68,12 @@ class Step(Event):
     extra: dict[str, float]        # a script's own metrics passed to run.step (name -> value)
     kind: ClassVar[str] = "step"
 
+    @property
+    def is_row(self) -> bool:
+        """A plain step, a row of the plotted columns; one with extras travels as an event
+        (the index's and the scanner's fixed columns cannot hold them)."""
+        return not self.extra
+
 
 @dataclass(slots=True)
 class Eval(Event):

@@ -142,8 +142,7 @@ class Run:
         ckpt, stop, tokens_all = self._agree.decide(ckpt, stop or self._signals.received is not None, tokens)
         if stop and self._stopping is None:
             self._stopping = f"{self._signals.name} received" if self._signals.received else "stop requested"
-        if self._events is not None and not self._started:
-            self._emit_run_start(step - 1)
+        self._ensure_started(step - 1)
         self._step = step
         if ckpt or stop:
             self._heartbeat.note(step, "checkpoint")  # a long save is explained, not taken for a hang

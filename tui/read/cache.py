@@ -67,7 +67,7 @@ def _read_events_at(path: Path, index: list[list[int]]) -> list[tuple[int, int, 
         for off, k in index:
             f.seek(off)
             ev = parse_event(f.readline(MAX_LINE_BYTES + 1))
-            if isinstance(ev, Rejected) or isinstance(ev, Step) and not ev.extra:
+            if isinstance(ev, Rejected) or isinstance(ev, Step) and ev.is_row:
                 return None       # the cache points at a line that is not an event: stale
             out.append((off, k, ev))
     return out

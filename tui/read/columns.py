@@ -146,7 +146,7 @@ class ColumnScanner:
             if isinstance(ev, Rejected):
                 out.bad_lines += 1
                 other += 1
-            elif not isinstance(ev, Step) or ev.extra:   # a script's step with its own metrics: an event
+            elif not isinstance(ev, Step) or not ev.is_row:
                 out.events.append((base + ls, out.n, ev))
                 other += 1
             seg_start = le + 1
@@ -189,7 +189,7 @@ class ColumnScanner:
             ev = parse_event(line)
             if isinstance(ev, Rejected):
                 out.bad_lines += 1
-            elif isinstance(ev, Step) and not ev.extra:
+            elif isinstance(ev, Step) and ev.is_row:
                 rows.append([ev.step, *(np.nan if v is None else v for v in (ev.loss, ev.lr, ev.grad_norm, ev.tokens_per_s))])
             else:
                 if rows:
