@@ -44,11 +44,32 @@ class RollingMedian:
         bisect.insort(self._sorted, x)
 
     def median(self) -> float:
-        s, n = self._sorted, len(self._sorted)
-        return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+        return _middle(self._sorted)
 
     def recent(self, k: int) -> list[float]:
         return list(self._order)[-k:]
+
+
+class LazyMedian:
+    """The last `size` values; the median sorted on demand, for a window read only on a rare path."""
+
+    def __init__(self, size: int) -> None:
+        self._order: deque[float] = deque(maxlen=size)
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def add(self, x: float) -> None:
+        self._order.append(x)
+
+    def median(self) -> float:
+        return _middle(sorted(self._order))
+
+
+def _middle(s: list[float]) -> float:
+    """The median of a sorted, non-empty list."""
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
 def _finite(x: Any) -> float | None:
@@ -135,7 +156,7 @@ class StepAnomalies:
         self.m = monitor
         self.grad_clip = grad_clip
         self.losses = RollingMedian(_CENTER_STEPS)
-        self.loss_diffs = RollingMedian(monitor.spike_window)  # |loss[i] - loss[i-1]|
+        self.loss_diffs = LazyMedian(monitor.spike_window)  # |loss[i] - loss[i-1]|, read only above the floor
         self._last_loss: float | None = None
         self.grads = RollingMedian(monitor.spike_window)
         self.clipped: deque[bool] = deque(maxlen=monitor.clip_window)
@@ -147,29 +168,35 @@ class StepAnomalies:
 
     def observe(self, step: dict[str, Any]) -> list[dict[str, Any]]:
         """Feed one optimizer step; returns the incidents that open on it."""
-        self._maybe_close(step)
+        if self.open:
+            self._maybe_close(step)
         self.steps_seen += 1
         s = int(step.get("step") or self.steps_seen)
         out = []
         skipped = bool(step.get("skipped"))
         if not skipped:
             self.calibrating = False
-        for check in (self._overflow, self._spike, self._grad, self._clipping):
+        # the overflow and clipping rules need fields a script's steps never carry: skip them cheaply
+        checks = (self._spike, self._grad)
+        if step.get("loss_scale") is not None or (self.grad_clip > 0 and step.get("clipped")):
+            checks = (self._overflow, self._spike, self._grad, self._clipping)
+        for check in checks:
             inc = check(s, step, skipped)
             if inc is not None and inc["code"] not in self.open:
                 self.open[inc["code"]] = inc["evidence"]
                 self._clean[inc["code"]] = 0
                 out.append(inc)
-        loss = _finite(step.get("loss"))
-        gn = _finite(step.get("grad_norm"))
-        if loss is not None and not skipped:
-            self.losses.add(loss)
-            if self._last_loss is not None:
-                self.loss_diffs.add(abs(loss - self._last_loss))
-            self._last_loss = loss
-        if gn is not None and not skipped:
-            self.grads.add(gn)
-            self.clipped.append(bool(step.get("clipped")))
+        if not skipped:
+            loss = _finite(step.get("loss"))
+            if loss is not None:
+                self.losses.add(loss)
+                if self._last_loss is not None:
+                    self.loss_diffs.add(abs(loss - self._last_loss))
+                self._last_loss = loss
+            gn = _finite(step.get("grad_norm"))
+            if gn is not None:
+                self.grads.add(gn)
+                self.clipped.append(bool(step.get("clipped")))
         return out
 
     def _maybe_close(self, step: dict[str, Any]) -> None:

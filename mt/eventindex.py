@@ -50,7 +50,7 @@ def encode(rec: Record | Rejected, end: int) -> bytes:
         step, loss = rec.step, rec.val_loss
     elif isinstance(rec, (Checkpoint, Incident, RunEnd)):
         step = rec.step
-    return RECORD.pack(end, kind, *(_num(v) for v in (step, rec.t, loss, lr, gn, tps)))
+    return RECORD.pack(end, kind, *(record_float(v) for v in (step, rec.t, loss, lr, gn, tps)))
 
 
 _NONNEG = ("lr", "grad_norm", "tokens_per_s", "step_time_s", "data_wait_s", "mfu", "samples_per_s")
@@ -79,7 +79,7 @@ def step_record(ev: dict[str, Any], end: int) -> bytes | None:
             return None
     if ev.get("extra"):
         return None  # indexed as KIND_OTHER, by the parser
-    return RECORD.pack(end, 0, step, t, _num(loss), _num(ev.get("lr")), _num(ev.get("grad_norm")), _num(ev.get("tokens_per_s")))
+    return RECORD.pack(end, 0, step, t, record_float(loss), record_float(ev.get("lr")), record_float(ev.get("grad_norm")), record_float(ev.get("tokens_per_s")))
 
 
 def kind_code(rec: Record | Rejected) -> int:
@@ -91,7 +91,7 @@ def kind_code(rec: Record | Rejected) -> int:
     return KIND_CODES.get(rec.kind, KIND_OTHER)  # metrics, and kinds this version does not know
 
 
-def _num(v: float | None) -> float:
+def record_float(v: float | None) -> float:
     # one NaN bit pattern: a -nan from the device must not make the record differ from its line's
     return _NAN if v is None or v != v else float(v)
 
@@ -132,18 +132,21 @@ class IndexWriter:
             print(f"events index {self.path}: {e}; the viewer will read events.jsonl instead", file=sys.stderr)
             self.close()
 
-    def add_many(self, events: list[dict[str, Any]], ends: list[int]) -> None:
-        """Index several events of a kind without a newest-record slot (steps), in one write."""
+    def add_lines(self, lines: list[bytes], rows: list[tuple[float, ...] | None], ends: list[int]) -> None:
+        """Index several lines just written in one write: `rows` hold each record's values after
+        its end offset, or None where the line needs the parser."""
         if self._fd < 0:
             return
-        records = b"".join(step_record(ev, end) or encode(parse_event(ev), end) for ev, end in zip(events, ends))
-        if any(kind in NEWEST_KINDS for kind in (int(RECORD.unpack_from(records, i)[1]) for i in range(0, len(records), RECORD.size))):
-            for ev, end in zip(events, ends):  # the header must name the newest of that kind
-                self.add(ev, end)
-            return
+        records = b"".join(RECORD.pack(end, *row) if row is not None else encode(parse_event(line), end)
+                           for line, row, end in zip(lines, rows, ends))
+        newest = list(self._newest)
+        n = _note_newest(records, self._n, newest)
         try:
             os.write(self._fd, records)
-            self._n += len(events)
+            self._n = n
+            if newest != self._newest:  # rare (steps have no slot): the header names the newest of a kind
+                self._newest = newest
+                os.pwrite(self._fd, _header(self._newest), 0)
         except OSError as e:
             print(f"events index {self.path}: {e}; the viewer will read events.jsonl instead", file=sys.stderr)
             self.close()

@@ -31,12 +31,11 @@ class EventWriter:
                 self._index.add(event, os.lseek(self._fd, 0, os.SEEK_CUR))
         return event
 
-    def emit_many(self, kind: str, many: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Several events of one kind in one write (whole lines; a reader never sees a torn one)."""
-        events = [make_event(kind, **fields) for fields in many]
-        lines = [(dumps(event) + "\n").encode() for event in events]
+    def emit_lines(self, lines: list[bytes], rows: list[tuple[float, ...] | None]) -> None:
+        """Events already encoded, one whole line each, in one write; `rows` are their index
+        records' values without the end offset (None: the index parses that line)."""
         if not lines:
-            return events
+            return
         with self._lock:
             os.write(self._fd, b"".join(lines))
             if self._index is not None:
@@ -45,8 +44,7 @@ class EventWriter:
                 for line in reversed(lines):
                     ends.append(end)
                     end -= len(line)
-                self._index.add_many(events, ends[::-1])
-        return events
+                self._index.add_lines(lines, rows, ends[::-1])
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -14,7 +14,6 @@ import signal
 import sys
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -25,6 +24,7 @@ from mt.eventlog import EventWriter
 from mt.heartbeat import BackgroundHeartbeat
 from mt.inbox import ControlInbox, Request, StopSignals
 from mt.paths import RunPaths
+from mt.stepbatch import StepBatch
 
 ENV_RUN_DIR, ENV_ATTEMPT = "MT_RUN_DIR", "MT_ATTEMPT"
 _KNOWN = ("loss", "lr", "grad_norm", "tokens")
@@ -61,13 +61,12 @@ class Run:
         self._last_poll = -math.inf
         self._last_t: float | None = None
         self._step: int | None = None
-        self._tokens_seen = 0.0
         self._stopping: str | None = None
         self._started = False
         self._finished = False
         self._anomalies: Any = None
         self._nan_open = False
-        self._steps: deque[tuple[Any, ...]] = deque()  # step events not written yet (appends are thread-safe)
+        self._steps = StepBatch()  # step events not written yet
         self._flush_lock = threading.Lock()
         self._flushed = time.perf_counter()
         self._heartbeat.beat(0, "start")
@@ -173,8 +172,8 @@ class Run:
         self._ensure_started(step - 1)
         dt = now - self._last_t if self._last_t is not None else None
         extra = {k: _number(v, k) for k, v in metrics.items()} if metrics else None
-        self._steps.append((step, time.time(), dt, _number(loss, "loss"), _number(lr, "lr"), _number(grad_norm, "grad_norm"),
-                            tokens, extra))
+        self._steps.note(step, time.time(), dt, _number(loss, "loss"), _number(lr, "lr"), _number(grad_norm, "grad_norm"),
+                         tokens, extra)
         if now - self._flushed >= _FLUSH_S:
             self._flush()
 
@@ -191,42 +190,29 @@ class Run:
 
     def _flush_locked(self) -> None:
         assert self._events is not None
-        batch = []
-        while self._steps:
-            step, t, dt, loss, lr, grad_norm, tokens, extra = self._steps.popleft()
-            if tokens is not None:
-                self._tokens_seen += tokens
-            fields: dict[str, Any] = {
-                "t": t, "step": step, "epoch": None, "loss": loss, "lr": lr, "grad_norm": grad_norm, "clipped": None,
-                "tokens_per_s": tokens / dt if tokens and dt else None, "step_time_s": dt, "data_wait_s": None,
-                "samples_seen": None, "tokens_seen": int(self._tokens_seen) if tokens is not None else None,
-                "skipped": False, "mem_alloc_bytes": None, "mem_peak_bytes": None,
-            }
-            if extra:
-                fields["extra"] = extra
-            batch.append(fields)
-        self._events.emit_many("step", batch)
-        for fields in batch:
-            self._watch(fields["step"], fields)
+        lines, rows, fields = self._steps.drain()
+        self._events.emit_lines(lines, rows)
+        self._watch(fields)
 
-    def _watch(self, step: int, fields: dict[str, Any]) -> None:
+    def _watch(self, steps: list[dict[str, Any]]) -> None:
         """The engine's own rank-0 rules (NaN, loss spike, grad explosion) on the script's numbers."""
         from mt.anomaly import StepAnomalies, nan_incident
 
         assert self._events is not None
-        loss = fields["loss"]
-        if loss is not None and not math.isfinite(loss):
-            if not self._nan_open:
-                self._events.emit("incident", **nan_incident(step, fields["lr"] or math.nan, fields["grad_norm"] or math.nan,
-                                                             loss, [], "reported"))
-            self._nan_open = True
-            return
-        self._nan_open = False
         if self._anomalies is None:
             from mt.config import MonitorConfig
             self._anomalies = StepAnomalies(MonitorConfig(), 0.0)
-        for incident in self._anomalies.observe(fields):
-            self._events.emit("incident", **incident)
+        for fields in steps:
+            loss = fields["loss"]
+            if loss is not None and not math.isfinite(loss):
+                if not self._nan_open:
+                    self._events.emit("incident", **nan_incident(fields["step"], fields["lr"] or math.nan,
+                                                                 fields["grad_norm"] or math.nan, loss, [], "reported"))
+                self._nan_open = True
+                continue
+            self._nan_open = False
+            for incident in self._anomalies.observe(fields):
+                self._events.emit("incident", **incident)
 
     def _ensure_started(self, step: int) -> None:
         if self._events is not None and not self._started:

@@ -173,3 +173,39 @@ def test_bad_script_launches_are_one_line_exit_2(tmp_path: Path, args: list[str]
     line = res.output.strip()
     assert len(line.splitlines()) == 1 and all(w in line for w in words), line
     assert not (tmp_path / "runs").exists()  # nothing was created
+
+
+def test_the_batched_step_lines_and_index_rows_equal_the_generic_writers() -> None:
+    """StepBatch makes a script's lines and index records without the generic encoder: same bytes."""
+    import math
+
+    from mt.eventindex import RECORD, encode
+    from mt.events import dumps, make_event
+    from mt.stepbatch import StepBatch
+
+    t = 1.8e9 + 0.123456789
+    cases = [(7, t, 0.01, 2.5, 1e-3, 0.5, 1024.0, None), (8, t, None, None, None, None, None, None),
+             (9, t, 0.02, math.nan, 3e-4, math.inf, 512.0, None), (10, t, 0.0, -math.inf, -1.0, 0.25, 3.0, None),
+             (11, t, 0.5, 1.0, 1e-3, -math.nan, -5000.0, None), (12, t, 0.1, 1.0, None, 0.5, 10.0, {"acc": 0.5}),
+             (-1, t, 0.1, 1.0, 0.1, 0.5, 10.0, None), (13, 5.0, 0.1, 1.0, 0.1, 0.5, 10.0, {"v": math.nan})]
+    batch, seen, expect = StepBatch(), 0.0, []
+    for step, at, dt, loss, lr, gn, tokens, extra in cases:
+        batch.note(step, at, dt, loss, lr, gn, tokens, extra)
+        if tokens is not None:
+            seen += tokens
+        fields = {"t": at, "step": step, "epoch": None, "loss": loss, "lr": lr, "grad_norm": gn, "clipped": None,
+                  "tokens_per_s": tokens / dt if tokens and dt else None, "step_time_s": dt, "data_wait_s": None,
+                  "samples_seen": None, "tokens_seen": int(seen) if tokens is not None else None, "skipped": False,
+                  "mem_alloc_bytes": None, "mem_peak_bytes": None, **({"extra": extra} if extra else {})}
+        expect.append((dumps(make_event("step", **fields)) + "\n").encode())
+    lines, rows, fields_out = batch.drain()
+    assert lines == expect and not batch
+    fast = 0
+    for i, (line, row) in enumerate(zip(lines, rows)):
+        generic = encode(parse_event(line), 1000 + i)
+        if row is not None:
+            fast += 1
+            assert RECORD.pack(1000 + i, *row) == generic, cases[i]
+        assert json.loads(line)["step"] == cases[i][0]
+    assert fast >= 3 and rows[5] is None and rows[6] is None  # extras and odd values go to the parser
+    assert [f["step"] for f in fields_out] == [c[0] for c in cases]

@@ -1,0 +1,75 @@
+"""A script's step events, batched: `run.step` notes a tuple, a flush writes them all at once.
+
+Every microsecond of a step is the script's, so a flushed step's line and index record are made
+straight from its values, not through `make_event`, `dumps` and the index's parser: the bytes
+are the same as that generic path's (tests/library/test_library.py holds them to it).
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any, Mapping
+
+from mt.eventindex import record_float
+from mt.events import SCHEMA_VERSION, T_MAX, T_MIN, dumps
+
+# the step event of a script: the engine-only fields are always null (docs/events.md, "step")
+_LINE = ('{"v":%d,"t":%%s,"kind":"step","step":%%d,"epoch":null,"loss":%%s,"lr":%%s,"grad_norm":%%s,"clipped":null,'
+         '"tokens_per_s":%%s,"step_time_s":%%s,"data_wait_s":null,"samples_seen":null,"tokens_seen":%%s,'
+         '"skipped":false,"mem_alloc_bytes":null,"mem_peak_bytes":null%%s}\n') % SCHEMA_VERSION
+_INF = math.inf
+_STEP_MAX, _WHOLE_MAX = 1 << 53, 1 << 63
+
+
+def _json(x: float | None) -> str:
+    """A number as `dumps` writes it (non-finite ones as the strings "nan", "inf", "-inf")."""
+    if x is None:
+        return "null"
+    if -_INF < x < _INF:
+        return repr(x)
+    return '"nan"' if x != x else '"inf"' if x > 0 else '"-inf"'
+
+
+def _nonneg(x: float | None) -> bool:
+    return x is None or not x < 0  # NaN included: the index keeps it, as the parser does
+
+
+Noted = tuple[int, float, "float | None", "float | None", "float | None", "float | None", "float | None",
+              "Mapping[str, float] | None"]
+
+
+class StepBatch:
+    """Steps noted on rank 0 and not written yet; `drain` turns them into lines, index rows and
+    the fields the rank-0 rules read."""
+
+    def __init__(self) -> None:
+        self._noted: deque[Noted] = deque()  # appends and pops are thread-safe (the heartbeat thread flushes too)
+        self.tokens_seen = 0.0
+
+    def __bool__(self) -> bool:
+        return bool(self._noted)
+
+    def note(self, step: int, t: float, dt: float | None, loss: float | None, lr: float | None,
+             grad_norm: float | None, tokens: float | None, extra: Mapping[str, float] | None) -> None:
+        self._noted.append((step, t, dt, loss, lr, grad_norm, tokens, extra))
+
+    def drain(self) -> tuple[list[bytes], list[tuple[float, ...] | None], list[dict[str, Any]]]:
+        """(lines, index rows, rule fields) of every step noted so far, oldest first."""
+        lines: list[bytes] = []
+        rows: list[tuple[float, ...] | None] = []
+        fields: list[dict[str, Any]] = []
+        while self._noted:
+            step, t, dt, loss, lr, grad_norm, tokens, extra = self._noted.popleft()
+            seen = None
+            if tokens is not None:
+                self.tokens_seen += tokens
+                seen = int(self.tokens_seen)
+            tps = tokens / dt if tokens and dt else None
+            lines.append((_LINE % (repr(t), step, _json(loss), _json(lr), _json(grad_norm), _json(tps), _json(dt),
+                                   "null" if seen is None else seen,
+                                   ',"extra":' + dumps(dict(extra)) if extra else "")).encode())
+            plain = (not extra and 0 <= step < _STEP_MAX and T_MIN <= t <= T_MAX and _nonneg(lr) and _nonneg(grad_norm)
+                     and _nonneg(tps) and _nonneg(dt) and (seen is None or 0 <= seen < _WHOLE_MAX))
+            rows.append((0, step, t, record_float(loss), record_float(lr), record_float(grad_norm), record_float(tps)) if plain else None)
+            fields.append({"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm})
+        return lines, rows, fields
