@@ -1,13 +1,14 @@
 """What the mt library costs a training script: `import mt`, one `run.step`, and a real CPU loop.
 
-    .venv/bin/python bench/library_overhead.py [--steps 300] [--repeat 5]
+    .venv/bin/python bench/library_overhead.py [--steps 100] [--pairs 30] [--repeat 5]
 
 1. `import mt` in a fresh interpreter (`-X importtime`, cumulative µs of the mt package), median;
    alone, and after `import torch` (what a training script pays: torch loads pathlib & co. first).
 2. `run.step(...)` on rank 0 of a one-process run (events, heartbeat, control poll; no collective).
 3. The tiny CPU loop of examples/script/train.py (one process), blocks of steps with and without
-   `run.step` alternating in one process (ABAB...), tokens per CPU-second of the process (its
-   heartbeat thread included) with/without: the library's cost, not the neighbours' load.
+   `run.step` in pairs (ABBA...), tokens per CPU-second of the process (its heartbeat thread
+   included) with/without: the library's cost, not the neighbours' load; and the time inside
+   `run.step` as a share of the step (its direct cost, without what it does to the caches).
 """
 from __future__ import annotations
 
@@ -53,8 +54,8 @@ def step_cost_us(n: int) -> float:
     return dt / n * 1e6
 
 
-def loop_ratio(steps: int, repeat: int) -> tuple[float, float, float]:
-    """tokens/s of the example's loop with run.step over without, blocks alternating."""
+def loop_ratio(steps: int, repeat: int) -> tuple[float, float, float, float, float]:
+    """The example's loop with run.step against without: (median ratio, its quartiles, µs in run.step, µs a step)."""
     import torch
     import torch.nn.functional as F
 
@@ -82,35 +83,46 @@ def loop_ratio(steps: int, repeat: int) -> tuple[float, float, float]:
         for s in range(1, 21):
             one_step(s)  # warm-up
         # CPU time of this process (its heartbeat thread included): what the library costs the
-        # script, far less disturbed by other processes on a shared machine than wall time
-        rates: dict[bool, list[float]] = {True: [], False: []}
+        # script, far less disturbed by other processes on a shared machine than wall time.
+        # Pairs of adjacent blocks, in ABBA order so a drift cancels; the median pair ratio.
+        ratios, inside, per_step = [], [], []
         step = 0
-        for _ in range(repeat):
-            for with_mt in (False, True):
-                t0 = time.process_time()
+        for r in range(repeat):
+            cpu: dict[bool, float] = {}
+            for with_mt in ((False, True) if r % 2 == 0 else (True, False)):
+                t0, spent = time.process_time(), 0.0
                 for _ in range(steps):
                     step += 1
                     loss, gn = one_step(step)
                     if with_mt:
+                        a = time.thread_time()  # CPU time: a preemption by a neighbour is not counted
                         run.step(step, loss=loss, lr=1e-3, grad_norm=gn, tokens=B * T)
-                rates[with_mt].append(steps * B * T / (time.process_time() - t0))
+                        spent += time.thread_time() - a
+                cpu[with_mt] = time.process_time() - t0
+                if with_mt:
+                    inside.append(spent / steps)
+                    per_step.append(cpu[with_mt] / steps)
+            ratios.append(cpu[False] / cpu[True])
         run.finish()
-    with_, without = statistics.median(rates[True]), statistics.median(rates[False])
-    return with_ / without, with_, without
+    q = statistics.quantiles(ratios, n=4)
+    return statistics.median(ratios), q[0], q[2], statistics.median(inside) * 1e6, statistics.median(per_step) * 1e6
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--steps", type=int, default=100, help="steps per block")
+    p.add_argument("--pairs", type=int, default=30, help="block pairs (with, without) of the tiny loop")
+    p.add_argument("--repeat", type=int, default=5, help="fresh interpreters for the import cost")
     args = p.parse_args()
     os.environ.pop("MT_RUN_DIR", None)
     print(f"import mt: {import_cost_us(args.repeat) / 1000:.1f} ms alone, "
           f"{import_cost_us(args.repeat, 'import torch; ') / 1000:.1f} ms after import torch "
           f"(median of {args.repeat}, -X importtime)")
     print(f"run.step, one rank: {step_cost_us(20000):.1f} µs per call (20000 calls)")
-    ratio, w, wo = loop_ratio(args.steps, args.repeat)
-    print(f"CPU tiny loop: with run.step {w:,.0f} tok/CPU-s, without {wo:,.0f} tok/CPU-s, ratio {ratio:.3f}")
+    ratio, lo, hi, inside, step_us = loop_ratio(args.steps, args.pairs)
+    print(f"CPU tiny loop ({step_us:,.0f} µs a step): tokens/CPU-s with run.step / without = {ratio:.3f} "
+          f"(median of {args.pairs} block pairs, quartiles {lo:.3f}-{hi:.3f}); run.step itself {inside:.1f} µs "
+          f"in the loop = {1 - inside / step_us:.4f} of the step left to the script")
 
 
 if __name__ == "__main__":
