@@ -37,10 +37,12 @@ def test_real_tiny_preset_trains_and_every_event_matches_schema(tmp_path: Path) 
     tables["checkpoint"]["every_steps"] = 12
     preset = tmp_path / "tiny-cpu.toml"
     preset.write_text(toml_text(tables))
-    res = mt("launch", preset, "--headless", "--runs-dir", tmp_path / "runs", timeout=600)
+    (tmp_path / "tmp").mkdir()  # its own temp dir, to prove torchrun leaves nothing there
+    res = mt("launch", preset, "--headless", "--runs-dir", tmp_path / "runs", timeout=600, env={"TMPDIR": str(tmp_path / "tmp")})
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr
     run_dir = run_dir_from(res.stdout)
-    assert status(run_dir)["state"] == "completed"
+    st = status(run_dir)
+    assert st["state"] == "completed" and st["exit_code"] == 0 and st["attempt"] == 1
     cfg = json.loads((run_dir / "config.json").read_text())
     want = load_preset(real).to_dict()
     want["train"].update(max_steps=24, eval_every=12)
@@ -69,3 +71,45 @@ def test_real_tiny_preset_trains_and_every_event_matches_schema(tmp_path: Path) 
         beat = json.loads((run_dir / f"heartbeat/rank{rank}").read_text())
         assert beat["step"] == 24 and beat["rank"] == rank
     assert index_problem(run_dir / "events.jsonl") is None
+
+    # the headless log is compact: far fewer step lines than steps, the last one at max_steps
+    step_lines = [l for l in res.stdout.splitlines() if l.startswith("step ")]
+    assert step_lines and step_lines[-1].startswith("step 24/24") and len(step_lines) < 24
+    # layout: private folder, preset copy, worker logs, supervisor log, system samples
+    assert (run_dir.stat().st_mode & 0o777) == 0o700
+    private = [p for p in run_dir.rglob("*") if p.is_file() and ".mt-index" not in p.parts]
+    assert private and {p.relative_to(run_dir).as_posix(): oct(p.stat().st_mode & 0o777) for p in private
+                        if p.stat().st_mode & 0o077} == {}     # every file 0600 (supervisor.log was 0644)
+    assert (run_dir / "preset.toml").read_text() == preset.read_text()
+    for rank in (0, 1):
+        assert (run_dir / "logs" / f"rank{rank}.log").is_file()
+    assert "state completed" in (run_dir / "logs" / "supervisor.log").read_text()
+    left = [p.name for p in (tmp_path / "tmp").iterdir() if p.name.startswith(("torchelastic_", "mt-torchrun-"))]
+    assert left == []  # torchrun's scratch is removed (torchinductor_* is torch's cache: it stays)
+    samples = [json.loads(l) for l in (run_dir / "system.jsonl").read_text().splitlines()]
+    assert samples, "no system samples"
+    for s in samples:
+        assert s["v"] == 1 and isinstance(s["nvml"], bool) and "host" in s and "gpus" in s
+        assert s["nvml"] or s["nvml_error"]
+    live = [r for s in samples for r in s["ranks"] if r["alive"]]
+    assert {r["rank"] for r in live} == {0, 1}
+    assert all(r["rss_bytes"] > 0 and r["cpu_pct"] is not None for r in live)
+    _ls_copes_with_foreign_and_broken_folders(tmp_path / "runs", run_dir, 24)
+
+
+def _ls_copes_with_foreign_and_broken_folders(runs: Path, good: Path, max_steps: int) -> None:
+    (runs / "holiday-photos").mkdir()
+    broken = runs / "broken-run"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    (broken / "status.json").write_text("[1, 2")
+    (broken / "events.jsonl").write_bytes(b"\x00\xff garbage\n{\"kind\": 3}\n")
+    ls = mt("ls", runs)
+    assert ls.returncode == 0 and "Traceback" not in ls.stderr
+    lines = ls.stdout.splitlines()
+    assert lines[0].split()[:2] == ["NAME", "STATE"]
+    assert any(l.startswith("holiday-photos") and "(not a run)" in l for l in lines)
+    assert any(l.startswith("broken-run") for l in lines)
+    assert any(l.startswith(good.name) and "completed" in l and f"{max_steps}/{max_steps}" in l for l in lines)
+    once = mt("watch", broken, "--once")
+    assert once.returncode == 0 and "Traceback" not in once.stderr
