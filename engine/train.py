@@ -12,9 +12,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
-from engine import checkpoint
+from engine import checkpoint, parallel
 from engine.data import GlobalOrderSampler, Splits, build_loader, val_batches
 from engine.dist import DistEnv, log, seed_everything
 from engine.faults import Faults
@@ -56,10 +55,16 @@ class Trainer:
         self.n_params, self.n_trainable = count_params(self.model)
         active = getattr(self.model, "active_params", None)
         self.n_active = int(active()) if callable(active) else None
-        # one rank pays for no DDP: no wrapper, no bucketed all-reduce, no per-step gather
-        self.ddp = self.model if env.world_size == 1 else DDP(self.model, device_ids=[env.local_rank] if env.device.type == "cuda" else None)
-        self.no_sync = self.ddp.no_sync if isinstance(self.ddp, DDP) else nullcontext
-        self.optimizer = build_optimizer(self.model, t, env.device)
+        # where to start: the newest valid checkpoint (applied below), else init_from's weights,
+        # loaded before sharding, while the model is whole
+        found = find_checkpoint(self.paths, self.env, self.events)
+        if found is None and cfg.model.init_from:
+            state, source = read_state(Path(cfg.model.init_from))
+            load_into(self.model, {k: v.to(env.device) for k, v in state.items()}, source)
+            log(f"weights from {source} (model.init_from); step 0, fresh optimizer")
+        self.par = parallel.wrap(self.model, cfg, env)  # ddp (none on one rank) or fsdp; activation checkpointing
+        self.ddp, self.no_sync = self.par.module, self.par.no_sync
+        self.optimizer = build_optimizer(self.model, t, env.device)  # after sharding: over this rank's shards
         amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(t.precision)
         self.autocast = (lambda: torch.autocast(env.device.type, dtype=amp_dtype)) if amp_dtype else nullcontext
         self.scaler = torch.amp.GradScaler(env.device.type, enabled=t.precision == "fp16")
@@ -69,12 +74,8 @@ class Trainer:
 
         # ---- position: fresh, or from the newest valid checkpoint --------------------------
         self.step, self.samples, self.accum = 0, 0, t.grad_accum_steps
-        self.resumed_from = self._maybe_resume()
+        self.resumed_from = self._resume(found) if found is not None else None
         if self.resumed_from is None:
-            if cfg.model.init_from:
-                state, source = read_state(Path(cfg.model.init_from))
-                load_into(self.model, {k: v.to(env.device) for k, v in state.items()}, source)
-                log(f"weights from {source} (model.init_from); step 0, fresh optimizer")
             seed_everything(cfg.run.seed + env.rank)  # per-rank dropout streams
         self.start_step = self.step
         self.global_batch = env.world_size * t.micro_batch_size * self.accum
@@ -257,6 +258,7 @@ class Trainer:
         rng = rng_override or checkpoint.capture_rng(self.env.device)
         rngs: list[Any] = [None] * self.env.world_size
         dist.all_gather_object(rngs, rng)
+        model_sd, optim_sd = parallel.full_state(self.par, self.model, self.optimizer)  # collective under fsdp
         if self.env.is_main:
             train_state = {
                 "step": self.step, "samples_seen": self.samples, "tokens_seen": self.samples * (self.sample_tokens or 0),
@@ -265,8 +267,8 @@ class Trainer:
                 "rng": rngs, "attempt": self.attempt,
             }
             parts = {
-                "model.pt": self.model.state_dict(),
-                "optim.pt": {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict()},
+                "model.pt": model_sd,
+                "optim.pt": {"optimizer": optim_sd, "scaler": self.scaler.state_dict()},
                 "train.pt": train_state,
             }
             meta = {"world_size": self.env.world_size, "global_batch": self.global_batch, "samples_seen": self.samples, "reason": reason}
@@ -301,11 +303,8 @@ class Trainer:
                 self.events.emit("control", request_id=req.id, action=req.action, status="rejected", detail=str(e))
                 self.inbox.done(req.path)
 
-    def _maybe_resume(self) -> dict[str, Any] | None:
-        """Load the newest intact checkpoint's model, optimizer, RNG and position (None: a fresh start)."""
-        found = find_checkpoint(self.paths, self.env, self.events)
-        if found is None:
-            return None
+    def _resume(self, found: tuple[Path, dict[str, Any], list[Any]]) -> dict[str, Any]:
+        """Load the newest intact checkpoint's model, optimizer, RNG and position."""
         path, parts, skipped = found
         state = parts["train.pt"]
         t = self.cfg.train
@@ -313,8 +312,7 @@ class Trainer:
         misfit = fit_problems(self.model, parts["model.pt"], "the checkpoint")
         if misfit:  # the [model] section changed since the checkpoint was written
             raise ResumeRefused(f"{path} does not fit the model: {'; '.join(misfit)}")
-        self.model.load_state_dict(parts["model.pt"])
-        self.optimizer.load_state_dict(parts["optim.pt"]["optimizer"])
+        parallel.load_full_state(self.par, self.model, self.optimizer, parts["model.pt"], parts["optim.pt"]["optimizer"])
         self.scaler.load_state_dict(parts["optim.pt"]["scaler"])
         self.step, self.samples, self.accum = int(state["step"]), int(state["samples_seen"]), how.grad_accum_steps
         rngs = state["rng"]
@@ -353,11 +351,13 @@ class Trainer:
             nnodes=max(1, env.world_size // local_world), device=device_name(env.device), backend=env.backend,
             precision=cfg.train.precision, config=cfg.to_dict(), params_total=self.n_params,
             params_trainable=self.n_trainable, tokens_per_step=self.tokens_per_step,
-            effective_batch=self.global_batch, static_mem_bytes=16 * self.n_trainable,  # fp32 weights+grads+2 AdamW moments
+            # fp32 weights + grads + 2 AdamW moments, per rank: FSDP keeps a 1/world shard of each
+            effective_batch=self.global_batch, static_mem_bytes=16 * self.n_trainable // (env.world_size if self.par.strategy == "fsdp" else 1),
             start_step=self.start_step, max_steps=cfg.train.max_steps, resumed_from=self.resumed_from,
             torch_version=torch.__version__, git_commit=git_commit(), grad_accum_steps=self.accum,
             micro_batch_size=cfg.train.micro_batch_size, seq_len=self.sample_tokens, flops_per_token=self.flops_per_token,
-            params_active=self.n_active, model=self.what,
+            params_active=self.n_active, model=self.what, strategy=self.par.strategy,
+            activation_checkpointing=cfg.train.activation_checkpointing,
             peak_flops=self.peak, data_loss_floor=self.splits.loss_floor, pid=os.getpid(),
         )
         log(f"run_start attempt {self.attempt}: {self.n_params} params, world {env.world_size} on {env.device}, "

@@ -105,6 +105,16 @@ class DataConfig:
 
 
 @dataclass
+class FsdpConfig:
+    reshard_after_forward: bool = True
+    """Free each block's gathered parameters after its forward (gather again in backward): less memory."""
+    param_dtype: Literal["", "bf16", "fp32"] = ""
+    """The dtype blocks compute in; "" follows train.precision (bf16 runs: bf16, gradients reduced in fp32)."""
+    wrap: list[str] = _c([])
+    """Class names of a factory model's blocks, each sharded on its own (mt's GPT and HF models: found)."""
+
+
+@dataclass
 class TrainConfig:
     micro_batch_size: int = _c(8, ge=1)
     grad_accum_steps: int = _c(1, ge=1)
@@ -124,6 +134,11 @@ class TrainConfig:
     on_nan: Literal["skip", "stop"] = "skip"
     allow_batch_change: bool = False
     """Resume with another global batch size only when this says it is intended."""
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    """ddp: every rank holds the whole model; fsdp: FSDP2 fully_shard of each block, then the root."""
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in backward instead of keeping them: memory for compute."""
+    fsdp: FsdpConfig = field(default_factory=FsdpConfig)
 
 
 @dataclass

@@ -56,6 +56,8 @@ def _coerce(source: str, key: str, tp: Any, value: Any, rules: dict[str, Any]) -
         if bad is not None:
             raise ConfigError(source, f"{key}.{bad[0]}" if bad[0] else key, f"expected a string, number, boolean, list or table, got {bad[1]!r}")
         return value
+    if dataclasses.is_dataclass(tp):  # a sub-table such as [train.fsdp]
+        return _build(tp, source, key, value)
     if tp == list[str]:
         if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
             raise ConfigError(source, key, f"expected a list of strings, got {_show(value)}")
@@ -153,6 +155,13 @@ def _check(cfg: Config, source: str) -> None:
         raise ConfigError(source, "data.tokenizer", f"only used with data.source = \"text\", got {_show(cfg.data.source)}")
     if cfg.faults.crash_rank >= cfg.world_size and cfg.faults.crash_at_step:
         raise ConfigError(source, "faults.crash_rank", f"must be < world size ({cfg.world_size})")
+    if t.strategy == "fsdp" and t.precision == "fp16":
+        raise ConfigError(source, "train.precision", "fp16 under train.strategy = \"fsdp\" is not supported yet: use bf16 (or ddp)")
+    if t.fsdp.wrap and m.kind != "python":
+        raise ConfigError(source, "train.fsdp.wrap", f"only for model.kind = \"python\" (mt's GPT and HF models name their blocks), got {_show(m.kind)}")
+    if m.kind == "python" and (t.strategy == "fsdp" or t.activation_checkpointing) and not t.fsdp.wrap:
+        what = "train.strategy = \"fsdp\"" if t.strategy == "fsdp" else "train.activation_checkpointing"
+        raise ConfigError(source, "train.fsdp.wrap", f"{what} with a factory model needs its block class names, e.g. wrap = [\"MyBlock\"]")
     if cfg.faults.overflow_at_step and t.precision != "fp16":
         raise ConfigError(source, "faults.overflow_at_step", f"needs train.precision = \"fp16\", got {_show(t.precision)}")
     if cfg.faults.hang_rank >= cfg.world_size and cfg.faults.hang_at_step:

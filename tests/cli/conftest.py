@@ -32,6 +32,8 @@ def _toml_value(v: Any) -> str:
         return json.dumps(v)
     if isinstance(v, list):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):  # a sub-table such as [train.fsdp], inline
+        return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
     return repr(v)
 
 

@@ -50,6 +50,12 @@ CASES: list[tuple[str, Any, list[str], list[str]]] = [
     ("data-path-a-device", {"data": {"source": "tokens", "path": "/dev/null"}}, [], ["data.path", "a character device"]),
     ("data-path-missing", {"data": {"source": "text", "path": "/nonexistent/corpus.txt"}}, [], ["data.path", "no such file"]),
     ("data-path-required", {"data": {"source": "tokens"}}, [], ["data.path", "required"]),
+    ("strategy-choice", {"train": {"strategy": "zero3"}}, [], ["train.strategy", "zero3"]),
+    ("fsdp-fp16", {"train": {"strategy": "fsdp", "precision": "fp16"}}, [], ["train.precision", "fsdp", "bf16"]),
+    ("fsdp-unknown-key", {"train": {"fsdp": {"shard": True}}}, [], ["train.fsdp.shard", "unknown key"]),
+    ("fsdp-wrap-for-gpt", {"train": {"fsdp": {"wrap": ["Block"]}}}, [], ["train.fsdp.wrap", "model.kind"]),
+    ("fsdp-factory-without-wrap", {"model": {"kind": "python", "factory": "m:build"}, "train": {"strategy": "fsdp"}}, [],
+     ["train.fsdp.wrap", "block class names"]),
     ("section-not-a-table", "model = 3\n[run]\nname = \"x\"\n", [], ["model", "table"]),
     # CUDA_VISIBLE_DEVICES is emptied for every case below: no GPU, on any machine
     ("cuda-without-gpu", {"launch": {"device": "cuda"}}, [], ["launch.device", "no NVIDIA GPU is visible"]),

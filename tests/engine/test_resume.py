@@ -8,7 +8,7 @@ import signal
 import pytest
 import torch
 
-from .runner import SMALL, events, index_problem, kill_tree, logs, make_run, run_engine, start, steps_by_attempt, wait_for
+from .runner import SMALL, events, index_problem, kill_tree, logs, make_run, merge, run_engine, start, steps_by_attempt, wait_for
 from .usercode import GPT2, hf_base, user_base
 
 HARD = {  # dropout, loader workers and accumulation all on: every source of state must be restored
@@ -24,17 +24,25 @@ def final_weights(run) -> dict[str, torch.Tensor]:
     return torch.load(f"{path}/model.pt", weights_only=True)
 
 
+FSDP = {"train": {"strategy": "fsdp", "activation_checkpointing": True}}
+
+
 def base_for(model: str, tmp_path) -> dict:
-    """mt's GPT on synthetic tokens, a user's own model and dataset, or a tiny Hugging Face GPT-2."""
-    return {"gpt": SMALL, "python": user_base(tmp_path), "hf": hf_base(GPT2)}[model]
+    """mt's GPT on synthetic tokens (also sharded by FSDP2, recomputing its blocks), a user's own
+    model and dataset, or a tiny Hugging Face GPT-2."""
+    return {"gpt": SMALL, "gpt-fsdp": merge(SMALL, FSDP), "python": user_base(tmp_path),
+            "hf": hf_base(GPT2)}[model]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["gpt", "python", "hf"])
+@pytest.mark.parametrize("model", ["gpt-fsdp", "python", "hf"])  # mt's GPT under DDP: tests/engine/test_train.py and below
 def test_sigkill_then_resume_reproduces_the_uninterrupted_run_bitwise(tmp_path, model):
     base = base_for(model, tmp_path)
     reference = make_run(tmp_path, "reference", base, **HARD)
     uninterrupted = start(reference, nproc=2)  # at once: its start-up overlaps the killed run's
+    if model == "gpt-fsdp":  # ... and the same run under DDP: sharding must not change what is learned
+        ddp = make_run(tmp_path, "ddp", SMALL, **HARD)
+        ddp_proc = start(ddp, nproc=2)
 
     run = make_run(tmp_path, "killed", base, **HARD)
     kill_after = random.Random().randint(6, 19)
@@ -58,6 +66,15 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run_bitwise(tmp_path, 
     a, b = final_weights(reference), final_weights(run)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert index_problem(run / "events.jsonl") is None   # the binary index survived the kill too
+    if model == "gpt-fsdp":
+        assert ddp_proc.wait(timeout=240) == 0, logs(ddp)
+        assert events(reference, "run_start")[0]["strategy"] == "fsdp"
+        # the same weights in the same checkpoint format (a whole state dict), the same losses
+        # up to the order of float sums in a reduce-scatter against an all-reduce
+        d = final_weights(ddp)
+        assert d.keys() == a.keys() and all(torch.allclose(d[k], a[k], rtol=1e-4, atol=1e-4) for k in a)
+        for s in events(ddp, "step"):
+            assert s["loss"] == pytest.approx(ref[s["step"]]["loss"], rel=1e-5), s["step"]
 
 
 @pytest.mark.slow

@@ -1,0 +1,144 @@
+"""How the model is spread over the ranks: DDP, or FSDP2 (`fully_shard` of each block, then the
+root); activation checkpointing of the same blocks; and the full state dicts checkpoints hold.
+
+Checkpoints stay one format under both strategies: model.pt is the whole model's state dict and
+the optimizer's state is keyed by parameter number, as `Optimizer.state_dict()` keys it. Under
+FSDP both are gathered (to CPU, on rank 0) through torch.distributed.checkpoint.state_dict, which
+keys the optimizer by parameter name: numbered here in the optimizer's own order, so a checkpoint
+resumes under either strategy and never depends on how many ranks wrote it.
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.checkpoint import checkpoint
+
+from engine.dist import DistEnv
+from engine.user import UserCodeError
+from mt.config import Config
+
+
+@dataclass
+class Parallel:
+    """The module the loop calls, and the context that keeps gradients local on a non-final micro-step."""
+
+    module: nn.Module
+    no_sync: Callable[[], Any]
+    strategy: str
+    blocks: int  # modules sharded (fsdp) or recomputed (activation checkpointing) on their own
+
+
+def blocks_of(model: nn.Module, cfg: Config) -> list[nn.Module]:
+    """The model's repeated blocks: mt's GPT's, an HF model's decoder layers (`_no_split_modules`),
+    or a factory model's `[train.fsdp] wrap` classes."""
+    if cfg.model.kind == "gpt":
+        return list(model.blocks)
+    if cfg.model.kind == "hf":
+        names, key = set(getattr(model, "_no_split_modules", None) or ()), "model.hf"
+    else:
+        names, key = set(cfg.train.fsdp.wrap), "train.fsdp.wrap"
+    found = [m for m in model.modules() if type(m).__name__ in names and m is not model]
+    if not found:
+        what = f"no module of class {', '.join(sorted(names))}" if names else "no _no_split_modules to shard by"
+        raise UserCodeError(key, f"{what} in {type(model).__name__} (its classes: {_classes(model)})")
+    return found
+
+
+def _classes(model: nn.Module) -> str:
+    seen = list(dict.fromkeys(type(m).__name__ for m in model.modules()))
+    return ", ".join(seen[:12]) + (" ..." if len(seen) > 12 else "")
+
+
+def _recompute(block: nn.Module) -> None:
+    """Activation checkpointing in place: the block keeps its name and parameters (checkpoints and
+    the optimizer's groups see the same keys), only its forward recomputes in backward."""
+    inner = block.forward
+
+    @functools.wraps(inner)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return checkpoint(inner, *args, use_reentrant=False, **kwargs)
+
+    block.forward = forward
+
+
+def wrap(model: nn.Module, cfg: Config, env: DistEnv) -> Parallel:
+    """Apply the preset's strategy to `model` (already on its device); `model` stays the one to save."""
+    t = cfg.train
+    blocks = blocks_of(model, cfg) if t.strategy == "fsdp" or t.activation_checkpointing else []
+    if t.activation_checkpointing:
+        for block in blocks:
+            _recompute(block)
+    if t.strategy == "fsdp":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}.get(t.fsdp.param_dtype or t.precision)
+        mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+        for block in blocks:
+            fully_shard(block, mp_policy=mp, reshard_after_forward=t.fsdp.reshard_after_forward)
+        fully_shard(model, mp_policy=mp, reshard_after_forward=t.fsdp.reshard_after_forward)
+        return Parallel(model, functools.partial(_local_grads, model), "fsdp", len(blocks))
+    if env.world_size == 1:  # one rank pays for no DDP: no wrapper, no bucketed all-reduce
+        return Parallel(model, nullcontext, "ddp", len(blocks))
+    ddp = DDP(model, device_ids=[env.local_rank] if env.device.type == "cuda" else None)
+    return Parallel(ddp, ddp.no_sync, "ddp", len(blocks))
+
+
+@contextmanager
+def _local_grads(model: nn.Module) -> Iterator[None]:
+    """FSDP's no_sync: gradients accumulate unsharded and unreduced until the final micro-step."""
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
+def _options(**kw: Any) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    return StateDictOptions(full_state_dict=True, **kw)
+
+
+def full_state(par: Parallel, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(model, optimizer) state dicts of the whole model; collective under fsdp (every rank calls,
+    rank 0 gets the tensors, on CPU)."""
+    if par.strategy != "fsdp":
+        return model.state_dict(), optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+    opts = _options(cpu_offload=True)
+    return get_model_state_dict(model, options=opts), _numbered(get_optimizer_state_dict(model, optimizer, options=opts))
+
+
+def _numbered(by_name: dict[str, Any]) -> dict[str, Any]:
+    """A name-keyed optimizer state dict keyed by position, as Optimizer.state_dict() keys it."""
+    if "param_groups" not in by_name:
+        return by_name  # ranks other than 0 get nothing back: only rank 0 writes
+    index = {n: i for i, n in enumerate(n for g in by_name["param_groups"] for n in g["params"])}
+    return {"state": {index[n]: v for n, v in by_name["state"].items()},
+            "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in by_name["param_groups"]]}
+
+
+def _named(numbered: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The inverse of _numbered for this optimizer: position i is its i-th parameter, by name."""
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    names = [name_of[id(p)] for g in optimizer.param_groups for p in g["params"]]
+    return {"state": {names[i]: v for i, v in numbered["state"].items()},
+            "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in numbered["param_groups"]]}
+
+
+def load_full_state(par: Parallel, model: nn.Module, optimizer: torch.optim.Optimizer, model_sd: dict[str, Any],
+                    optim_sd: dict[str, Any]) -> None:
+    """Load whole-model state dicts (every rank holds them) into this rank's part of the model."""
+    if par.strategy != "fsdp":
+        model.load_state_dict(model_sd)
+        optimizer.load_state_dict(optim_sd)
+        return
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+    set_model_state_dict(model, model_sd, options=_options())
+    set_optimizer_state_dict(model, optimizer, _named(optim_sd, model, optimizer), options=_options())
