@@ -54,7 +54,7 @@ class CompareApp(App[int]):
     x_mode: reactive[str] = reactive("step")
 
     def __init__(self, run_dirs: list[Path], clock: Callable[[], float] = time.time,
-                 poll_s: float = 0.25, redraw_s: float = 0.5) -> None:
+                 poll_s: float = 0.5, redraw_s: float = 0.5) -> None:
         super().__init__()
         self.run_dirs = [Path(d) for d in run_dirs]
         names = [d.name for d in self.run_dirs]
@@ -80,6 +80,10 @@ class CompareApp(App[int]):
     def on_mount(self) -> None:
         self._legend = self.query_one(CompareLegend)
         self._plot = self.query_one("#compare-loss", MetricPlot)
+        # One plot the size of the screen: a plotext build costs ~0.1 s at 140x44, so while points
+        # stream it redraws every 4 s (as the dashboard's small plots); a quiet run catches up at once.
+        # Each run polls twice a second (the header's rate): 8 polls a second cost ~1% of a core more.
+        self._plot.min_interval_s = 4.0
         self.query_one("#compare-plots").border_title = "loss: train (line), val (dots); one colour per run"
         self._set_curves()
         for i in range(len(self.watchers)):
