@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from mt.paths import RunPaths
-from tui.format import fmt_num
+from tui.format import fmt_best, fmt_num
 from tui.read.follower import load_run_state
 from tui.state.run import RunState
-from tui.text.summary import best_text
 
 MISSING = "(missing)"
 
@@ -73,7 +72,7 @@ class RunFacts:
 def run_facts(run_dir: Path, cfg: dict[str, Any]) -> RunFacts:
     st = load_run_state(Path(run_dir))
     return RunFacts(Path(run_dir).name, _world(st, cfg), fmt_num(st.loss, ".4f") if st.loss is not None else "-",
-                    best_text(st))
+                    fmt_best(st.best_loss, st.best_loss_step, st.best_loss_partial))
 
 
 def _world(st: RunState, cfg: dict[str, Any]) -> str:

@@ -5,10 +5,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tui.format import fmt_duration, fmt_num
+from tui.format import fmt_best, fmt_duration, fmt_num
 from tui.read.follower import load_run_state
 from tui.rundir import effective_state, is_run_dir, read_status, run_dirs
-from tui.text.summary import best_text, format_summary
+from tui.text.summary import format_summary
 
 
 @dataclass
@@ -46,7 +46,7 @@ def run_row(path: Path, now: float | None = None) -> RunRow:
             attempt=str(st.attempt or "-"),
             step=f"{'-' if st.step is None else st.step}/{total}",
             loss=fmt_num(st.loss, ".4f") if st.loss is not None else "-",
-            best=best_text(st),
+            best=fmt_best(st.best_loss, st.best_loss_step, st.best_loss_partial),
             started=time.strftime("%Y-%m-%d %H:%M", time.localtime(st.started)) if st.started else "-",
             duration=fmt_duration(st.elapsed_s(now)) if st.started else "-",
             best_loss=st.best_loss,

@@ -43,11 +43,3 @@ def format_summary(st: "RunState", now: float | None = None) -> str:
         why = f" (newest: {st.bad_reason})" if st.bad_reason else ""
         lines.append(f"skipped {st.bad_lines} unreadable event line(s){why}")
     return "\n".join(lines)
-
-
-def best_text(st: RunState) -> str:
-    """Best loss and its step; `≤` when only the newest steps were read (the true best may be lower)."""
-    if st.best_loss is None:
-        return "-"
-    at = "" if st.best_loss_step is None else f" @{st.best_loss_step}"
-    return f"{'≤' if st.best_loss_partial else ''}{st.best_loss:.4f}{at}"
