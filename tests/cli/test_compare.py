@@ -71,3 +71,13 @@ def test_ls_sorts_by_best_loss_name_or_start_and_compare_once(tmp_path: Path) ->
         ["RUN", "STATE", "STEP"], ["finished", "completed", "150/150"], ["incidents", "failed", "44/60"]]
     many = mt("watch", *[runs / "finished"] * 9)
     assert many.returncode == 2 and many.stderr == "mt: 9 runs: the compare view overlays at most 8\n"
+
+
+def test_config_diff_flattens_tables_and_names_keys_one_side_lacks() -> None:
+    from tui.text.diff import MISSING, config_diff
+
+    a = {"train": {"lr": 1, "clip": 1.0}, "data": {"path": "x"}, "launch": {"env": {}}}
+    b = {"train": {"lr": 1.0, "clip": 1.0}, "model": {"layers": [2, 2]}, "launch": {"env": {}}}
+    assert config_diff(a, b) == [("data.path", '"x"', MISSING), ("model.layers", MISSING, "[2, 2]"),
+                                 ("train.lr", "1", "1.0")]
+    assert config_diff(a, a) == []
