@@ -68,6 +68,9 @@ async def test_overlay_of_a_finished_and_a_live_run_follows_the_live_one_and_tog
         assert rows["live-run"][2:4] == ["running", f"{step_of(first)}/150"]
         colors = cells_by_color(app)
         (_, done_c), (_, live_c) = run_color(0), run_color(1)
+        swatches = app.query_one("#compare-legend").content
+        named = {swatches.plain[sp.start:sp.end].strip(): str(sp.style) for sp in swatches.spans}
+        assert named["done-run"] == f"color({done_c})" and named["live-run"] == f"color({live_c})"  # the legend
         assert colors[done_c] > 20 and colors[live_c] > 20, colors   # both curves, each in its colour
         lines = figure(app, "#compare-loss")
         assert x_labels(lines)[-1] == "150" and "step" in axis_names(lines)
