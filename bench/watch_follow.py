@@ -1,10 +1,12 @@
 """CPU cost of following a live run that writes 100 step events a second.
 
-    python bench/watch_follow.py [--seconds 30] [--rate 100]
+    python bench/watch_follow.py [--seconds 30] [--rate 100] [--runs 2]
 
 A writer process appends step events (and a system.jsonl sample a second); the dashboard
 runs headless at 140x44 with its default poll and redraw rates in another process, which
-reports its own CPU time (user + sys, all threads) over the measured window.
+reports its own CPU time (user + sys, all threads) over the measured window. `--runs N`
+(N > 1): N such runs, each with its own writer at --rate, overlaid in the compare view
+(`mt watch A B ...`).
 """
 from __future__ import annotations
 
@@ -47,56 +49,79 @@ while time.time() - t0 < seconds:
 APP = r"""
 import asyncio, resource, sys, time
 from pathlib import Path
-from tui.app import MtApp
-warmup, seconds = float(sys.argv[2]), float(sys.argv[3])
+warmup, seconds, roots = float(sys.argv[1]), float(sys.argv[2]), [Path(p) for p in sys.argv[3:]]
 def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
 async def main():
-    app = MtApp(Path(sys.argv[1]))
+    if len(roots) == 1:
+        from tui.app import MtApp
+        app = MtApp(roots[0]); watchers = [app.watcher]
+    else:
+        from tui.compare import CompareApp
+        app = CompareApp(roots); watchers = app.watchers
+    steps = lambda: sum(w.follower.state.step or 0 for w in watchers)
     async with app.run_test(size=(140, 44)) as pilot:
         await pilot.pause(warmup)
-        c0, w0, s0 = cpu(), time.perf_counter(), app.watcher.follower.state.step or 0
+        c0, w0, s0 = cpu(), time.perf_counter(), steps()
         await pilot.pause(seconds)
-        c1, w1, s1 = cpu(), time.perf_counter(), app.watcher.follower.state.step or 0
+        c1, w1, s1 = cpu(), time.perf_counter(), steps()
     print({"cpu_pct_of_one_core": 100 * (c1 - c0) / (w1 - w0), "window_s": w1 - w0,
            "events_followed": s1 - s0, "events_per_s": (s1 - s0) / (w1 - w0)})
 asyncio.run(main())
 """
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seconds", type=float, default=30.0)
-    ap.add_argument("--warmup", type=float, default=5.0)
-    ap.add_argument("--rate", type=float, default=100.0)
-    a = ap.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="mt-follow-"))
-    (root / "config.json").write_text(json.dumps({"run": {"name": "follow"}, "train": {"max_steps": 10**7}}))
-    sys.path.insert(0, str(ROOT))
+def new_run(root: Path) -> None:
+    """A run directory a writer can append to: config and run_start."""
     from mt.events import dumps
-    from mt.jsonl import write_json_atomic
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(json.dumps({"run": {"name": root.name}, "train": {"max_steps": 10**7}}))
     with open(root / "events.jsonl", "w") as f:
         f.write(dumps({"v": 1, "t": time.time(), "kind": "run_start", "run_id": "f", "attempt": 1,
                        "world_size": 1, "nnodes": 1, "device": "cpu", "backend": "gloo", "precision": "fp32",
                        "config": {}, "params_total": 1, "params_trainable": 1, "tokens_per_step": 4096,
                        "effective_batch": 32, "static_mem_bytes": 0, "start_step": 0, "max_steps": 10**7,
                        "resumed_from": None, "torch_version": "", "git_commit": None}) + "\n")
-    total = a.warmup + a.seconds + 10
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(root), str(a.rate), str(total)], cwd=ROOT)
-    write_json_atomic(root / "status.json", {"state": "running", "attempt": 1, "supervisor_pid": writer.pid,
+
+
+def mark_running(root: Path, writer_pid: int) -> None:
+    """status.json as a supervisor would write it, with the writer as the live supervisor."""
+    from mt.jsonl import write_json_atomic
+    write_json_atomic(root / "status.json", {"state": "running", "attempt": 1, "supervisor_pid": writer_pid,
                                              "torchrun_pid": None, "started": time.time(), "ended": None,
                                              "exit_code": None, "reason": None})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--warmup", type=float, default=5.0)
+    ap.add_argument("--rate", type=float, default=100.0, help="step events a second, per run")
+    ap.add_argument("--runs", type=int, default=1, help="runs followed at once (> 1: the compare view)")
+    a = ap.parse_args()
+    sys.path.insert(0, str(ROOT))
+    base = Path(tempfile.mkdtemp(prefix="mt-follow-"))
+    roots = [base] if a.runs == 1 else [base / f"run-{i}" for i in range(a.runs)]
+    total = a.warmup + a.seconds + 10
+    writers = []
     try:
-        out = subprocess.run([sys.executable, "-c", APP, str(root), str(a.warmup), str(a.seconds)],
+        for root in roots:
+            new_run(root)
+            writers.append(subprocess.Popen([sys.executable, "-c", WRITER, str(root), str(a.rate), str(total)],
+                                            cwd=ROOT))
+            mark_running(root, writers[-1].pid)
+        out = subprocess.run([sys.executable, "-c", APP, str(a.warmup), str(a.seconds), *map(str, roots)],
                              cwd=ROOT, capture_output=True, text=True, timeout=total + 60)
     finally:
-        writer.kill()
-        writer.wait()
+        for w in writers:
+            w.kill()
+            w.wait()
     if out.returncode:
         raise SystemExit(out.stderr[-3000:])
     res = eval(out.stdout.strip().splitlines()[-1])
     res = {k: round(v, 2) for k, v in res.items()}
+    res["runs"] = a.runs
     with open("/proc/loadavg") as f:
         res["loadavg"] = f.read().split()[:3]
     print(json.dumps(res))

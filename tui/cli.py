@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn, Optional
 
@@ -99,27 +100,37 @@ def _check_every(every: float) -> None:
         fail(f"--every: expected a number of seconds >= 0, got {every}")
 
 
+MAX_COMPARED = 8   # runs one compare view overlays (colours that stay distinct)
+
+
 @app.command()
 def watch(
-    run_dir: RunDirArg,
+    run_dirs: Annotated[list[Path], typer.Argument(metavar="RUN_DIR...", help="A run directory, e.g. runs/tiny-cpu-20260101-120000; several (up to 8) open the compare view.", show_default=False)],
     once: Annotated[bool, typer.Option("--once", help="Print a plain-text summary and exit.")] = False,
     headless: Annotated[bool, typer.Option("--headless", help="No dashboard: print progress lines until the run ends and exit with its result (SIGTERM stops the run gracefully; Ctrl-C only detaches).")] = False,
     every: EveryOpt = 1.0,
 ) -> None:
     """Open the dashboard on a live or finished run (--once: print a summary and exit;
-    --headless: print progress lines until it ends).
+    --headless: print progress lines until it ends). Several runs: their losses overlaid.
 
     Example:
 
     \b
         mt watch runs/tiny-cpu-20260101-120000 --once
+        mt watch runs/tiny-cpu-20260101-120000 runs/tiny-cpu-20260101-130000
     """
     from tui.rundir import NotARunError, require_run_dir
 
+    if len(run_dirs) > MAX_COMPARED:
+        fail(f"{len(run_dirs)} runs: the compare view overlays at most {MAX_COMPARED}")
     try:
-        require_run_dir(run_dir)
+        for run_dir in run_dirs:
+            require_run_dir(run_dir)
     except NotARunError as e:
         fail(str(e))
+    if len(run_dirs) > 1:
+        _compare(run_dirs, once, headless)
+    run_dir = run_dirs[0]
     if once:
         from tui.text.runs import run_summary
 
@@ -131,6 +142,20 @@ def watch(
     from tui.app import run_app
 
     raise typer.Exit(run_app(run_dir))
+
+
+def _compare(run_dirs: list[Path], once: bool, headless: bool) -> NoReturn:
+    """`mt watch A B ...`: the overlay of their losses, or (--once) its header as text."""
+    if headless:
+        fail("--headless follows one run; give one RUN_DIR")
+    if once:
+        from tui.state.compare import compare_table
+
+        typer.echo(compare_table(run_dirs))
+        raise typer.Exit(OK)
+    from tui.compare import run_compare
+
+    raise typer.Exit(run_compare(run_dirs))
 
 
 @app.command()
@@ -176,22 +201,50 @@ def _events_end(run_dir: Path) -> tuple[int, float]:
     return size, time.time()
 
 
+class LsSort(str, Enum):
+    started = "started"
+    loss = "loss"
+    name = "name"
+
+
 @app.command("ls")
 def ls_runs(
     runs_dir: Annotated[Path, typer.Argument(help="Folder holding run directories.")] = Path("runs"),
+    sort: Annotated[LsSort, typer.Option("--sort", help="started: newest first; loss: lowest best loss first; name.")] = LsSort.started,
 ) -> None:
-    """List runs, newest first: name, state, attempt, step/max, last loss, started, duration.
+    """List runs, newest first: name, state, attempt, step/max, last and best loss, started, duration.
 
     Example:
 
     \b
-        mt ls runs
+        mt ls runs --sort loss
     """
     from tui.text.runs import runs_table
 
     if not runs_dir.is_dir():
         fail(f"{runs_dir}: no such directory")
-    typer.echo(runs_table(runs_dir))
+    typer.echo(runs_table(runs_dir, sort.value))
+
+
+@app.command()
+def diff(
+    run_a: Annotated[Path, typer.Argument(metavar="RUN_A", help="A run directory.", show_default=False)],
+    run_b: Annotated[Path, typer.Argument(metavar="RUN_B", help="Another run directory.", show_default=False)],
+) -> None:
+    """Compare two runs: the resolved config keys that differ, world size, final and best loss.
+
+    Example:
+
+    \b
+        mt diff runs/tiny-cpu-20260101-120000 runs/tiny-cpu-20260101-130000
+    """
+    from tui.rundir import NotARunError, require_run_dir
+    from tui.text.diff import DiffError, diff_text
+
+    try:
+        typer.echo(diff_text(require_run_dir(run_a), require_run_dir(run_b)))
+    except (NotARunError, DiffError) as e:
+        fail(str(e))
 
 
 def _ask(run_dir: Path, action: str, timeout: float) -> tuple[str, Answer]:

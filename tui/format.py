@@ -17,6 +17,14 @@ def fmt_loss(loss: float | None, floor: float | None) -> str:
     return fmt_num(loss) + ("" if floor is None else f" (floor {fmt_num(floor)})")
 
 
+def fmt_best(best: float | None, step: int | None, partial: bool = False) -> str:
+    """A best loss and its step (`0.9630 @140`); `≤` when only the newest steps were read (the
+    true best may be lower); `-` when there is none."""
+    if best is None:
+        return "-"
+    return f"{'≤' if partial else ''}{best:.4f}{'' if step is None else f' @{step}'}"
+
+
 def fmt_duration(s: float | None) -> str:
     if s is None or not math.isfinite(s):
         return "N/A"

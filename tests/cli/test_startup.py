@@ -61,7 +61,7 @@ def test_help_is_quick() -> None:
     assert min(times) < 1.5, times
 
 
-@pytest.mark.parametrize("command", ["launch", "watch", "resume", "ls", "ckpt", "stop", "kill", "doctor"])
+@pytest.mark.parametrize("command", ["launch", "watch", "resume", "ls", "diff", "ckpt", "stop", "kill", "doctor"])
 def test_every_command_has_help_with_an_example(command: str) -> None:
     res = CliRunner().invoke(app, [command, "--help"])
     assert res.exit_code == 0

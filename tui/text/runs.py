@@ -5,7 +5,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tui.format import fmt_duration, fmt_num
+from tui.format import fmt_best, fmt_duration, fmt_num
 from tui.read.follower import load_run_state
 from tui.rundir import effective_state, is_run_dir, read_status, run_dirs
 from tui.text.summary import format_summary
@@ -20,8 +20,14 @@ class RunRow:
     attempt: str = "-"
     step: str = "-"
     loss: str = "-"
+    best: str = "-"
     started: str = "-"
     duration: str = "-"
+    best_loss: float | None = None   # what --sort loss orders by; not a column
+
+
+COLUMNS = ("name", "state", "attempt", "step", "loss", "best", "started", "duration")
+SORTS = ("started", "loss", "name")   # `mt ls --sort`; started (newest first) is the default
 
 
 def run_row(path: Path, now: float | None = None) -> RunRow:
@@ -30,7 +36,8 @@ def run_row(path: Path, now: float | None = None) -> RunRow:
     if not is_run_dir(path):
         return RunRow(path.name, "(not a run)")
     try:
-        st = load_run_state(path, exact_best=False)   # ls shows no best loss
+        # a big run with an index: its tail only (ms, no numpy); its best is then marked partial
+        st = load_run_state(path, exact_best=False)
         state = effective_state(st.status) if st.status else "(no status)"
         total = "?" if st.max_steps is None else str(st.max_steps)
         return RunRow(
@@ -39,23 +46,36 @@ def run_row(path: Path, now: float | None = None) -> RunRow:
             attempt=str(st.attempt or "-"),
             step=f"{'-' if st.step is None else st.step}/{total}",
             loss=fmt_num(st.loss, ".4f") if st.loss is not None else "-",
+            best=fmt_best(st.best_loss, st.best_loss_step, st.best_loss_partial),
             started=time.strftime("%Y-%m-%d %H:%M", time.localtime(st.started)) if st.started else "-",
             duration=fmt_duration(st.elapsed_s(now)) if st.started else "-",
+            best_loss=st.best_loss,
         )
     except Exception as e:  # noqa: BLE001 - one broken run directory must not break `mt ls`
         return RunRow(path.name, f"(broken: {type(e).__name__})")
 
 
-def runs_table(runs_dir: Path) -> str:
-    """The `mt ls` table, newest run first."""
-    rows = [run_row(p) for p in run_dirs(runs_dir)]
+def sorted_rows(rows: list[RunRow], sort: str) -> list[RunRow]:
+    """Rows (newest first as given) by `sort`: lowest best loss first (runs without one last, newest
+    first among them), or by name; "started" keeps the order."""
+    if sort == "loss":
+        return sorted(rows, key=lambda r: (r.best_loss is None, r.best_loss or 0.0))   # stable: newest first on ties
+    if sort == "name":
+        return sorted(rows, key=lambda r: r.name)
+    if sort != "started":
+        raise ValueError(f"unknown sort {sort!r}: one of {', '.join(SORTS)}")
+    return rows
+
+
+def runs_table(runs_dir: Path, sort: str = "started") -> str:
+    """The `mt ls` table, newest run first (or by best loss, or by name)."""
+    rows = sorted_rows([run_row(p) for p in run_dirs(runs_dir)], sort)
     if not rows:
         return f"no runs in {runs_dir}"
-    header = RunRow("NAME", "STATE", "ATTEMPT", "STEP", "LOSS", "STARTED", "DURATION")
+    header = RunRow("NAME", "STATE", "ATTEMPT", "STEP", "LOSS", "BEST", "STARTED", "DURATION")
     table = [header, *rows]
-    cols = list(vars(header))
-    widths = {c: max(len(getattr(r, c)) for r in table) for c in cols}
-    return "\n".join("  ".join(getattr(r, c).ljust(widths[c]) for c in cols).rstrip() for r in table)
+    widths = {c: max(len(getattr(r, c)) for r in table) for c in COLUMNS}
+    return "\n".join("  ".join(getattr(r, c).ljust(widths[c]) for c in COLUMNS).rstrip() for r in table)
 
 
 def run_summary(run_dir: Path) -> str:

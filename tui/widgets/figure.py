@@ -59,7 +59,7 @@ class Shown:
 
 
 def draw(plt: Plot, title: str, ylabel: str, curves: list[Curve], width: int, height: int, weight: float,
-         logy: bool, hline: float | None) -> None:
+         logy: bool, hline: float | None, xlabel: str = "step") -> None:
     """Put the curves on a cleared figure of width x height: x spans all curves (its last step
     always labelled), y fits what is shown; a log axis plots log10 y with ticks in real units."""
     plt.clear_data()
@@ -68,7 +68,7 @@ def draw(plt: Plot, title: str, ylabel: str, curves: list[Curve], width: int, he
     rows = height - ROWS_SPENT
     if rows - 1 >= MIN_CANVAS:
         rows -= 1
-        plt.xlabel("step")
+        plt.xlabel(xlabel)
         plt.ylabel(f"{ylabel} (log)" if logy else ylabel)
     shown = [_points(c, weight, logy) for c in curves]
     drawn = [p for p in shown if p.x.size]
@@ -131,7 +131,8 @@ def _draw_curve(plt: Plot, p: Shown, width: int, xr: tuple[float, float], weight
         # time per cell a line crosses, and a zigzag crosses the whole height every column).
         xs = np.concatenate((raw.x[ok], raw.x[ok])).tolist()
         vs = np.concatenate((raw.ymin[ok], raw.ymax[ok])).tolist()
-        plt.scatter(xs, vs, color="gray" if weight > 0 else c.color, marker="braille")
+        if c.raw or weight <= 0:
+            plt.scatter(xs, vs, color="gray" if weight > 0 else c.color, marker="braille")
         if p.smooth_x is not None and p.smooth_y is not None:
             d = minmax_downsample(p.smooth_x, p.smooth_y, width, xr)
             good = np.isfinite(d.ymin)

@@ -31,6 +31,7 @@ class Curve:
     color: str
     smooth: bool = True
     cache: SmoothCache | None = None  # the smoothed curve, made with the first figure
+    raw: bool = True                  # the raw points in grey under the smoothed line (off: overlaid runs)
 
 
 class MetricPlot(Widget, can_focus=True):
@@ -49,6 +50,7 @@ class MetricPlot(Widget, can_focus=True):
         self.ylabel = ylabel
         self.curves = curves
         self.hline = hline
+        self.xlabel = "step"
         self.min_interval_s = 2.0   # data-driven redraws at most this often while points keep coming
         self.quiet_s = 1.0          # ...and at once when none came for this long (longer than a poll)
         self.build_s = 0.0          # cost of the last plotext build
@@ -98,7 +100,7 @@ class MetricPlot(Widget, can_focus=True):
 
     def redraw(self, weight: float, logy: bool, force: bool = False) -> bool:
         """Rebuild the plotext figure if anything it shows changed; True if it did."""
-        view = (self.size.width, self.size.height, weight, logy, self.hline)
+        view = (self.size.width, self.size.height, weight, logy, self.hline, self.xlabel)
         data = tuple(c.series.version for c in self.curves)
         key = (data, view, tuple(c.series.generation for c in self.curves))
         now = time.monotonic()
@@ -118,6 +120,6 @@ class MetricPlot(Widget, can_focus=True):
         self._key, self._last_draw = key, now
         from tui.widgets.figure import draw
         draw(self.plt, self.title, self.ylabel, self.curves, self.size.width, self.size.height, weight, logy,
-             self.hline)
+             self.hline, self.xlabel)
         self.refresh()
         return True
