@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
     from tui.state.plotmath import SmoothCache
     from tui.state.series import Series
+    from tui.state.window import XWindow
 
 ROWS_SPENT = 4  # rows of a figure that are not canvas: title, two x axes, x tick labels
 
@@ -96,9 +97,9 @@ class MetricPlot(Widget, can_focus=True):
         return (self._key is not None and self._key[0] == tuple(c.series.version for c in self.curves)
                 and self._key[1][:2] == (self.size.width, self.size.height))
 
-    def redraw(self, weight: float, logy: bool, force: bool = False) -> bool:
+    def redraw(self, weight: float, logy: bool, window: XWindow | None = None, force: bool = False) -> bool:
         """Rebuild the plotext figure if anything it shows changed; True if it did."""
-        view = (self.size.width, self.size.height, weight, logy, self.hline)
+        view = (self.size.width, self.size.height, weight, logy, self.hline, window)
         data = tuple(c.series.version for c in self.curves)
         key = (data, view, tuple(c.series.generation for c in self.curves))
         now = time.monotonic()
@@ -116,8 +117,9 @@ class MetricPlot(Widget, can_focus=True):
                 now - self._last_draw < max(self.min_interval_s, 25 * self.build_s):
             return False
         self._key, self._last_draw = key, now
+        from tui.state.window import XWindow
         from tui.widgets.figure import draw
         draw(self.plt, self.title, self.ylabel, self.curves, self.size.width, self.size.height, weight, logy,
-             self.hline)
+             self.hline, window or XWindow())
         self.refresh()
         return True
