@@ -1,10 +1,12 @@
 """Layouts by terminal size, tabs in small terminals, and the x window (zoom) on a live run."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.tui.synth import SynthRun
-from tests.tui.test_app import loaded, make_app, text_of, wait_for
+from tests.tui.test_app import loaded, make_app, screen_text, text_of, wait_for
 from tests.tui.test_plots import figure, value, x_labels, y_labels
 from tui.state.layout import Tabs, choose_layout, strip_items
 from tui.widgets.dialogs import HelpScreen
@@ -33,14 +35,29 @@ def test_tabs_switch_within_their_layout():
     assert strip_items("full", None, 0) == []
 
 
+NVML_ERROR = ("NVMLError_DriverNotLoaded: Driver Not Loaded (the nvidia kernel module is not loaded on this "
+              "host: see dmesg, then nvidia-smi)")
+
+
 def live_run(root) -> SynthRun:
-    """A running run with one step written."""
+    """A running run with one step written, and a system sample of a host without its GPU driver."""
     r = SynthRun(root, max_steps=10_000)
     r.run_start()
     r.step(1)
     r.flush()
     r.status("running")
+    sample = {"v": 1, "t": r.t, "nvml": False, "nvml_error": NVML_ERROR, "gpus": [],
+              "ranks": [{"rank": 0, "pid": 1, "cpu_pct": 50.0, "rss_bytes": 2**30, "alive": True}],
+              "host": {"cpu_pct": 50.0, "mem_used_bytes": 2**33, "mem_total_bytes": 2**35, "load1": 1.0}}
+    r.paths.system.write_text(json.dumps(sample) + "\n")
     return r
+
+
+def one_line_nvml_error(app) -> None:
+    """The system panel says the NVML error on one line, cut with …, the next reading under it."""
+    rows = screen_text(app, "#system").splitlines()
+    i = next(i for i, row in enumerate(rows) if "GPUs: none (NVMLError_DriverNotLoaded" in row)
+    assert rows[i].rstrip(" │").endswith("…") and "rank0" in rows[i + 1], rows
 
 
 def append_steps(r, first: int, last: int) -> None:
@@ -88,12 +105,15 @@ async def test_a_live_run_through_every_terminal_size(tmp_path):
                 shown = all(a.display for a in w.ancestors_with_self if hasattr(a, "display"))
                 assert shown == (want == "full" or (want == "side-tabs" and sel == "#system")), (size, sel)
                 if shown:
-                    assert w.size.width >= 40 and w.size.height >= (1 if sel == "#system" else 5), (size, sel, w.size)
+                    assert w.size.width >= 40 and w.size.height >= (4 if sel == "#system" else 5), (size, sel, w.size)
+                if shown and sel == "#system":
+                    one_line_nvml_error(app)
             if want == "tabs":   # the other panes are tabs: 2 shows the system panel in place of the loss
                 await pilot.press("2")
                 await pilot.pause(0.1)
                 assert not app.query_one("#plots").display and app.query_one("#system").size.width >= 70
                 assert app.focused is app.query_one("#system")
+                one_line_nvml_error(app)
                 for n, sel in ((3, "#incidents"), (4, "#logs"), (5, "#plots-small"), (1, "#plot-loss")):
                     await pilot.press("tab")
                     await pilot.pause(0.1)
