@@ -71,7 +71,7 @@ class MtApp(ViewKeys, App[int]):
         Binding("4", "focus_panel(4)", "Logs", show=False, id="focus-4", tooltip="Focus the logs"),
         Binding("5", "focus_panel(5)", "Small plots", show=False, id="focus-5",
                 tooltip="The lr / tokens/s / metric and grad-norm plots (a tab of their own at 80×24)"),
-        Binding("tab", "next_tab", "Next tab", show=False, id="next-tab", priority=True,
+        Binding("tab", "next_tab", "Next tab", show=False, id="next-tab", priority=True, key_display="Tab",
                 tooltip="Next tab where panels are tabs (small terminals); next widget elsewhere"),
         Binding("question_mark", "help", "Help", id="help", key_display="?", tooltip="This help"),
         Binding("q", "quit", "Quit", id="quit", tooltip="Close the viewer; the run keeps going"),

@@ -112,7 +112,7 @@ class ViewKeys:
         target = self.query_one(PANELS[n])
         if n == 5:  # the first small plot on screen
             target = next((p for p in self._shown_plots() if p.id != "plot-loss"), target)
-        self.call_after_refresh(target.focus)
+        self.call_after_refresh(target.focus, False)  # no scroll: the panel is the pane
 
     def action_next_tab(self: MtApp) -> None:
         """Tab: the next tab in a tabbed layout; elsewhere (and in dialogs) the next widget."""

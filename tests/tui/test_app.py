@@ -171,7 +171,7 @@ async def test_smoothing_logy_focus_help_keys(fixture_run):
         assert app.watcher.log_rank == 1
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
-        help_text = str(app.screen.query_one("#help").content)
+        help_text = str(app.screen.query_one("#help-text").content)
         for b in app.BINDINGS:  # the help is generated from the bindings: every one is there
             assert f"{b.key_display or b.key}  {b.tooltip or b.description}" in help_text
         await pilot.press("escape")

@@ -82,7 +82,7 @@ async def test_a_live_run_through_every_terminal_size(tmp_path):
     r = live_run(tmp_path)
     app = make_app(tmp_path)
     step = 1
-    async with app.run_test(size=(80, 24)) as pilot:
+    async with app.run_test(size=(120, 40)) as pilot:   # every size below is a resize
         await loaded(pilot)
         for size, want in SIZES.items():
             append_steps(r, step + 1, step + 30)
@@ -129,6 +129,15 @@ async def test_a_live_run_through_every_terminal_size(tmp_path):
         await pilot.resize_terminal(80, 24)
         await pilot.pause(0.2)
         assert isinstance(app.screen, HelpScreen) and app.screen_stack[0].has_class("tabs")
+        box = app.screen.query_one("#help")          # longer than 24 rows: it scrolls to its end
+
+        def help_shown() -> str:
+            return "\n".join("".join(seg.text for seg in strip) for strip in app.screen._compositor.render_strips())
+
+        assert box.max_scroll_y > 0 and "closes this help" not in help_shown()
+        await pilot.press("end")
+        await pilot.pause(0.1)
+        assert "closes this help" in help_shown()
         assert app.is_running
 
 
