@@ -99,8 +99,8 @@ class ViewKeys:
         self.window = narrow(self.window)
 
     def action_widen(self: MtApp) -> None:
-        x, _ = self.watcher.follower.series.loss.arrays()
-        self.window = widen(self.window, float(x[-1] - x[0]) if x.size else 0.0)
+        # the run's newest step as its span: the series belong to the worker while it reads
+        self.window = widen(self.window, float(self.watcher.follower.state.step or 0))
 
     def action_focus_panel(self: MtApp, n: int) -> None:
         """Show tab n where panels are tabs, and focus it."""
