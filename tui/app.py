@@ -262,7 +262,7 @@ class MtApp(ViewKeys, App[int]):
     def settled(self) -> bool:
         """Everything read so far is on screen (tests and benchmarks wait for this)."""
         return (self.loaded and self.watcher.history_ready and not self._dirty
-                and all(p.drawn_current() for p in self._shown_plots())
+                and all(p.drawn_current(self.window) for p in self._shown_plots())
                 and self._logs.is_vertical_scroll_end and not self.watcher.log_switch_pending)
 
     # ------------------------------------------------------------------ actions

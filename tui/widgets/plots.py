@@ -13,12 +13,13 @@ from rich.text import Text
 from textual.app import RenderResult
 from textual.widget import Widget
 
+from tui.state.window import XWindow  # numpy-free
+
 if TYPE_CHECKING:
     from textual_plotext import Plot
 
     from tui.state.plotmath import SmoothCache
     from tui.state.series import Series
-    from tui.state.window import XWindow
 
 ROWS_SPENT = 4  # rows of a figure that are not canvas: title, two x axes, x tick labels
 
@@ -92,13 +93,15 @@ class MetricPlot(Widget, can_focus=True):
         self._rendered, self._rendered_sig = out, sig
         return out
 
-    def drawn_current(self) -> bool:
-        """The figure shows the newest data of every curve."""
+    def drawn_current(self, window: XWindow | None = None) -> bool:
+        """The figure shows the newest data of every curve (in `window`, when given)."""
         return (self._key is not None and self._key[0] == tuple(c.series.version for c in self.curves)
-                and self._key[1][:2] == (self.size.width, self.size.height))
+                and self._key[1][:2] == (self.size.width, self.size.height)
+                and (window is None or self._key[1][5] == window))
 
     def redraw(self, weight: float, logy: bool, window: XWindow | None = None, force: bool = False) -> bool:
         """Rebuild the plotext figure if anything it shows changed; True if it did."""
+        window = window or XWindow()
         view = (self.size.width, self.size.height, weight, logy, self.hline, window)
         data = tuple(c.series.version for c in self.curves)
         key = (data, view, tuple(c.series.generation for c in self.curves))
@@ -117,9 +120,8 @@ class MetricPlot(Widget, can_focus=True):
                 now - self._last_draw < max(self.min_interval_s, 25 * self.build_s):
             return False
         self._key, self._last_draw = key, now
-        from tui.state.window import XWindow
         from tui.widgets.figure import draw
         draw(self.plt, self.title, self.ylabel, self.curves, self.size.width, self.size.height, weight, logy,
-             self.hline, window or XWindow())
+             self.hline, window)
         self.refresh()
         return True
