@@ -17,10 +17,13 @@ from textual.worker import get_current_worker
 
 from mt.events import FINAL_STATES
 from mt.records import Checkpoint, Control, Record
+from tui.app_view import ViewKeys
 from tui.messages import ControlDone, RunUpdated
 from tui.read.follower import PollResult
 from tui.read.watcher import Watcher, WatchUpdate
 from tui.rundir import liveness, read_status
+from tui.state.layout import Tabs
+from tui.state.window import XWindow
 from tui.widgets.dialogs import ConfirmScreen, HelpScreen, help_rows
 from tui.widgets.header import RunHeader
 from tui.widgets.incidents import IncidentsPanel
@@ -28,16 +31,14 @@ from tui.widgets.logs import LogsPanel
 from tui.widgets.notice import Notice, notice_text
 from tui.widgets.plots import Curve, MetricPlot
 from tui.widgets.system import SystemPanel
+from tui.widgets.tabstrip import TabStrip
 
-MIN_W, MIN_H = 60, 16   # below this nothing useful fits: say so instead of drawing garbage
-COMPACT_W = 110         # below this the side panels go under the plots
-PANELS = {1: "#plot-loss", 2: "#system", 3: "#incident-list", 4: "#logs"}
 RESUMABLE = ("stopped", "failed", "killed")
 INLINE_READ_BYTES = 1 << 20  # run files this small are read before the first paint (< 0.1 s)
 LOCK_WAIT_S = 0.05           # a poll holds the watcher's lock for ms; a bulk load reads without it
 
 
-class MtApp(App[int]):
+class MtApp(ViewKeys, App[int]):
     """Follows one run directory; keys send control requests to the run."""
 
     CSS_PATH = "mt.tcss"
@@ -54,18 +55,31 @@ class MtApp(App[int]):
                 tooltip="Plot tokens/s in place of the learning rate (and back)"),
         Binding("x", "next_metric", "Metrics", id="next-metric",
                 tooltip="Plot the script's own metrics, one after another, in place of the learning rate"),
+        Binding("w", "next_window", "Window", id="window",
+                tooltip="Steps the plots show: all / the last 10% / the last 1,000 (following the newest)"),
+        Binding("left_square_bracket", "narrow", "Narrow", show=False, id="narrow", key_display="[",
+                tooltip="Half the plots' window of steps"),
+        Binding("right_square_bracket", "widen", "Widen", show=False, id="widen", key_display="]",
+                tooltip="Twice the plots' window of steps (up to all of them)"),
         Binding("g", "next_rank", "Next log", id="next-rank", tooltip="Show the next rank's log"),
-        Binding("1", "focus_panel(1)", "Plots", show=False, id="focus-1", tooltip="Focus the plots"),
-        Binding("2", "focus_panel(2)", "System", show=False, id="focus-2", tooltip="Focus the system panel"),
+        Binding("1", "focus_panel(1)", "Plots", show=False, id="focus-1",
+                tooltip="Focus the plots (in a small terminal: show the loss plot)"),
+        Binding("2", "focus_panel(2)", "System", show=False, id="focus-2",
+                tooltip="Focus the system panel (in a small terminal: show it)"),
         Binding("3", "focus_panel(3)", "Incidents", show=False, id="focus-3",
                 tooltip="Focus the incidents (up/down selects one, its detail below)"),
         Binding("4", "focus_panel(4)", "Logs", show=False, id="focus-4", tooltip="Focus the logs"),
+        Binding("5", "focus_panel(5)", "Small plots", show=False, id="focus-5",
+                tooltip="The lr / tokens/s / metric and grad-norm plots (a tab of their own at 80×24)"),
+        Binding("tab", "next_tab", "Next tab", show=False, id="next-tab", priority=True, key_display="Tab",
+                tooltip="Next tab where panels are tabs (small terminals); next widget elsewhere"),
         Binding("question_mark", "help", "Help", id="help", key_display="?", tooltip="This help"),
         Binding("q", "quit", "Quit", id="quit", tooltip="Close the viewer; the run keeps going"),
     ]
 
     smoothing: reactive[float] = reactive(0.6)
     logy: reactive[bool] = reactive(False)
+    window: reactive[XWindow] = reactive(XWindow)
 
     def __init__(self, run_dir: Path, clock: Callable[[], float] = time.time,
                  poll_s: float = 0.25, redraw_s: float = 0.5) -> None:
@@ -80,6 +94,8 @@ class MtApp(App[int]):
         self._dirty = True
         self._auto_rank_done = False
         self.said: list[tuple[str, str]] = []  # (severity, text) of every notification, oldest first
+        self.layout_name = "full"
+        self.tabs = Tabs()
 
     # ------------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:
@@ -87,6 +103,7 @@ class MtApp(App[int]):
         st = self.watcher.follower.state
         yield RunHeader(f"{self.run_dir.name}  reading the run…", id="header")
         yield Notice(id="notice")
+        yield TabStrip("", id="tabstrip")
         with Horizontal(id="main"):
             with Vertical(id="plots"):
                 yield MetricPlot("loss: train (cyan, raw grey), val (orange)", "loss", [
@@ -124,6 +141,7 @@ class MtApp(App[int]):
         self._incidents = self.query_one(IncidentsPanel)
         self._logs = self.query_one(LogsPanel)
         self._too_small = self.query_one("#too-small", Static)
+        self._tabstrip = self.query_one(TabStrip)
         self._main_screen = self.screen
         self.query_one("#system").border_title = "2 system"
         self.query_one("#incidents").border_title = "3 incidents"
@@ -156,17 +174,6 @@ class MtApp(App[int]):
             self._apply_size(event.size.width, event.size.height)
             # the header's bar and the plots fit the new size once it is laid out, not a tick later
             self.call_after_refresh(self.render_frame)
-
-    def _apply_size(self, w: int, h: int) -> None:
-        small = w < MIN_W or h < MIN_H
-        # the main screen, even while a help or confirm dialog is on top
-        self._main_screen.set_class(small, "too-small")
-        self._main_screen.set_class(not small and w < COMPACT_W, "compact")
-        if small:
-            self._too_small.update(
-                f"Terminal {w}×{h} is too small for the dashboard (need {MIN_W}×{MIN_H}).\n"
-                "Enlarge the window, or use `mt watch --once`. q quits.")
-        self._dirty = True
 
     # ------------------------------------------------------------------ following
     @work(thread=True, exclusive=True, group="follow", name="follow run")
@@ -228,8 +235,9 @@ class MtApp(App[int]):
         try:
             now = self.clock()
             st = self.watcher.follower.state
-            self._header.show(st, now, self.smoothing, self.logy)
+            self._header.show(st, now, self.smoothing, self.logy, self.window.label())
             self._notice.say(notice_text(st, self.watcher.log_lines(), self.watcher.log_rank))
+            self._main_screen.set_class(self._notice.display, "notice-shown")
             self._grad.hline = st.grad_clip
             # plots after this refresh: a first frame of a huge run shows the header at once
             self.call_after_refresh(self._redraw_plots)
@@ -237,6 +245,7 @@ class MtApp(App[int]):
                 ended = st.state if st.state in FINAL_STATES else "lost" if st.supervisor_lost else None
                 self._system.show(self.watcher.system, ended, now)
                 self._incidents.show(st.incidents, now)
+                self._show_strip()
                 self._dirty = False
         finally:
             self.watcher.lock.release()
@@ -246,14 +255,14 @@ class MtApp(App[int]):
             return
         try:
             for plot in self._shown_plots():
-                plot.redraw(self.smoothing, self.logy)
+                plot.redraw(self.smoothing, self.logy, self.window)
         finally:
             self.watcher.lock.release()
 
     def settled(self) -> bool:
         """Everything read so far is on screen (tests and benchmarks wait for this)."""
         return (self.loaded and self.watcher.history_ready and not self._dirty
-                and all(p.drawn_current() for p in self._shown_plots())
+                and all(p.drawn_current(self.window) for p in self._shown_plots())
                 and self._logs.is_vertical_scroll_end and not self.watcher.log_switch_pending)
 
     # ------------------------------------------------------------------ actions
@@ -343,59 +352,8 @@ class MtApp(App[int]):
         self.say(message.text, severity=message.severity)
         self._auto_rank_done = False
 
-    def action_smoothing(self, delta: float) -> None:
-        self.smoothing = round(min(0.99, max(0.0, self.smoothing + delta)), 2)
-
-    def action_toggle_logy(self) -> None:
-        self.logy = not self.logy
-
-    def action_toggle_throughput(self) -> None:
-        lr, tps = self.query_one("#plot-lr", MetricPlot), self.query_one("#plot-tps", MetricPlot)
-        lr.display, tps.display = tps.display, lr.display
-        self.render_frame()
-
-    def action_next_metric(self) -> None:
-        """The next of the script's own metrics (by name) in the small plot on the left; after the last, back."""
-        extra = self.query_one("#plot-extra", MetricPlot)
-        series = self.watcher.follower.series.extra
-        names = sorted(series)
-        if not names:
-            self.say("no metrics of the script's own in this run: run.step(..., name=value) or run.log({...}) adds them")
-            return
-        later = [n for n in names if self._extra_at is None or n > self._extra_at]
-        if not later:  # after the last one: what was there before
-            self._extra_at, extra.display = None, False
-            for plot in self._extra_hid:
-                plot.display = True
-            self._extra_hid = []
-        else:
-            if self._extra_at is None:
-                self._extra_hid = [p for p in (self.query_one("#plot-lr", MetricPlot), self.query_one("#plot-tps", MetricPlot))
-                                   if p.display]
-                for plot in self._extra_hid:
-                    plot.display = False
-            self._extra_at = later[0]
-            extra.title, extra.ylabel = f"{later[0]}  (x: next)", later[0]
-            extra.curves = [Curve(later[0], series[later[0]], "blue")]
-            extra.display = True
-            extra.redraw(self.smoothing, self.logy, force=True)
-        self.render_frame()
-
-    def _shown_plots(self) -> list[MetricPlot]:
-        """The plots on screen: a hidden one is not redrawn (nor waited for)."""
-        return [p for p in self._plots if p.display]
-
-    def watch_smoothing(self) -> None:
-        self.render_frame()
-
-    def watch_logy(self) -> None:
-        self.render_frame()
-
     def action_next_rank(self) -> None:
         self.watcher.set_log_rank((self.watcher.log_rank + 1) % self.watcher.ranks())
-
-    def action_focus_panel(self, n: int) -> None:
-        self.query_one(PANELS[n]).focus()
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen(help_rows(self.BINDINGS)))

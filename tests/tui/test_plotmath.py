@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from tui.format import fmt_compact
-from tui.state.plotmath import linear_ticks, log_points, log_ticks, step_ticks, tick_labels, y_axis
+from tui.state.plotmath import fit_rows, linear_ticks, log_points, log_ticks, step_ticks, tick_labels, tick_row, window_slice, y_axis
+from tui.state.window import XWindow, narrow, next_window, widen, window_range
 
 
 @pytest.mark.parametrize("v, want", [
@@ -72,3 +73,44 @@ def test_step_ticks_label_both_ends_with_whole_numbers_that_fit(lo, hi, cols):
 
 def test_step_ticks_of_one_step():
     assert step_ticks(5, 5, 20) == ([5], ["5"])
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 13])
+@pytest.mark.parametrize("lo, hi, logy", [(0.0, 2.62, False), (0.0, 0.001, False), (2.69, 3.74, False),
+                                          (math.log10(1e-5), math.log10(1e-3), True)])
+def test_y_ticks_land_on_their_own_rows_ascending(rows, lo, hi, logy):
+    ax = y_axis(lo, hi, rows, logy)
+    got = [tick_row(t, ax.lo, ax.hi, rows) for t in ax.ticks]
+    assert got == sorted(got) and all(0 <= r < rows for r in got)          # bottom to top, on the canvas
+    assert len(set(got)) == len(got), (ax.ticks, got)                        # one label a row
+    assert len(ax.ticks) >= min(rows, 2) and len(set(ax.labels)) == len(ax.labels)
+    steps = np.diff(ax.ticks)
+    assert logy or np.allclose(steps, steps[:1]), ax.ticks                     # evenly spaced
+    values = [10 ** t if logy else t for t in ax.ticks]
+    assert [float(v) for v in ax.labels] == pytest.approx(values, rel=0.05)  # labels say the ticks
+
+
+def test_fit_rows_drops_the_ticks_that_would_share_a_row():
+    assert fit_rows([0.0, 1.0, 2.0, 3.0], 0.0, 3.0, 1) == [0.0]
+    assert fit_rows([0.0, 1.0, 2.0, 3.0], 0.0, 3.0, 2) == [0.0, 2.0]       # 1.0 shares row 0, 3.0 row 1
+    assert fit_rows([0.0, 1.0, 2.0, 3.0], 0.0, 3.0, 7) == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_window_cycle_narrow_widen_and_range():
+    w = XWindow()
+    assert (w.label(), window_range(w, 1, 5000)) == ("all steps", (1, 5000))
+    w = next_window(w)
+    assert (w.label(), window_range(w, 1, 5000)) == ("last 10%", (pytest.approx(4500.1), 5000))
+    w = next_window(w)
+    assert (w.label(), window_range(w, 1, 5000)) == ("last 1,000 steps", (4000, 5000))
+    assert window_range(w, 1, 300) == (1, 300)                   # shorter than the window: all of it
+    assert next_window(w) == XWindow()
+    assert narrow(XWindow()) == XWindow("frac", 0.5) and narrow(XWindow("frac", 0.1)).label() == "last 5%"
+    assert narrow(XWindow("steps", 1000)) == XWindow("steps", 500)
+    assert narrow(XWindow("steps", 15)) == XWindow("steps", 10)   # never narrower than 10 steps
+    assert widen(XWindow("frac", 0.1), 5000) == XWindow("frac", 0.2) and widen(XWindow("frac", 0.5), 5000) == XWindow()
+    assert widen(XWindow("steps", 1000), 5000) == XWindow("steps", 2000)
+    assert widen(XWindow("steps", 4000), 5000) == XWindow()       # as wide as the run: all of it
+    assert widen(XWindow(), 5000) == XWindow()
+    x = np.arange(1.0, 101.0)
+    assert x[window_slice(x, 90.5, 100)].tolist() == list(range(91, 101))

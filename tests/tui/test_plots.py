@@ -178,3 +178,36 @@ async def test_no_data_yet_and_a_single_step(tmp_path):
             assert curve_cells(lines) >= 1
             await pilot.press("l")
             await wait_for(pilot, app.settled)
+
+
+def test_a_window_fits_y_to_its_steps_keeps_its_spikes_and_smooths_the_whole_series():
+    """Drawn without a terminal: 5,000 steps, a spike of 100 at step 50 (outside the last 1,000
+    steps) and one of 9 at step 4,500 (inside)."""
+    import numpy as np
+
+    from tui.state.plotmath import ema_debiased
+    from tui.state.series import Series
+    from tui.state.window import XWindow
+    from tui.widgets.figure import draw, in_window, new_plot
+    from tui.widgets.plots import Curve
+
+    s = Series()
+    for i in range(1, 5001):
+        s.append(i, 100.0 if i == 50 else 9.0 if i == 4500 else loss_at(i))
+    curves = [Curve("train", s, "cyan")]
+    win = XWindow("steps", 1000)
+    (shown,), xr = in_window(curves, 0.6, False, win)
+    assert xr == (4000, 5000) and shown.x[0] == 4000 and shown.x[-1] == 5000
+    whole = ema_debiased(s.arrays()[1], 0.6)
+    assert np.array_equal(shown.smooth_y, whole[3999:])          # not restarted at step 4,000
+    plt = new_plot()
+    draw(plt, "loss", "loss", curves, 80, 20, 0.6, False, None, win)
+    plt.plotsize(80, 20)
+    plt._set_size(80, 20)
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", plt.build()).splitlines()
+    assert "last 1,000 steps (steps 4,000–5,000)" in lines[0]
+    labels = [value(v) for v in y_labels(lines)]
+    assert max(labels) <= 9.0 and max(labels) >= 5        # fitted to 1.2..9, not to the spike of 100
+    assert x_labels(lines)[0] == "4000" and x_labels(lines)[-1] == "5000"
+    top = canvas(lines).splitlines()[0]                        # the spike of 9 reaches the top row
+    assert any(0x2801 <= ord(ch) <= 0x28FF for ch in top), "\n".join(lines)

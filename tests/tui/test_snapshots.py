@@ -38,3 +38,9 @@ def test_snapshot_run_with_incidents(snap_compare):
 
 def test_snapshot_cpu_only_run(snap_compare):
     assert snap_compare(app_for("cpu_only"), terminal_size=SIZE, run_before=settle)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (100, 30), (160, 48)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_snapshot_finished_run_at_terminal_size(snap_compare, size):
+    """The layouts of tui/state/layout.py: the loss plot and tabs, the plots beside one panel, all."""
+    assert snap_compare(app_for("finished"), terminal_size=size, run_before=settle)

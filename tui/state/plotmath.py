@@ -1,4 +1,5 @@
-"""TensorBoard's debiased EMA, min/max downsampling of a `Series`, log-y points and axis ticks. Pure."""
+"""TensorBoard's debiased EMA, min/max downsampling of a `Series`, log-y points, axis ticks and the
+points inside an x window (zoom). Pure."""
 from __future__ import annotations
 
 import math
@@ -226,12 +227,32 @@ def y_axis(lo: float, hi: float, rows: int, logy: bool) -> YAxis:
         lo, hi = lo - pad, hi + pad
     n = max(2, rows // 2)
     if logy:
-        real = log_ticks(10.0 ** lo, 10.0 ** hi, n)
-        return YAxis(lo, hi, [math.log10(v) for v in real], tick_labels(real))
-    ticks = linear_ticks(lo, hi, n)
-    if len(ticks) < 2:
-        ticks = linear_ticks(lo, hi, 2 * n)
+        real = fit_rows([math.log10(v) for v in log_ticks(10.0 ** lo, 10.0 ** hi, n)], lo, hi, rows)
+        return YAxis(lo, hi, real, tick_labels([10.0 ** v for v in real]))
+    # the evenly spaced set with the most ticks that all get a row of their own (the roundest
+    # step of those: fewer asked for first); a tick dropped from the middle would break the spacing
+    sets = [linear_ticks(lo, hi, k) for k in range(1, 2 * n + 1)]
+    fitting = [t for t in sets if fit_rows(t, lo, hi, rows) == t and len(t) <= n + 1]
+    ticks = max(fitting, key=len) if fitting else fit_rows(sets[0], lo, hi, rows)
     return YAxis(lo, hi, ticks, tick_labels(ticks))
+
+
+def tick_row(t: float, lo: float, hi: float, rows: int) -> int:
+    """The canvas row (0 = bottom) a y tick lands on, rounded as plotext rounds it."""
+    return math.floor(0.5 + (rows - 1) * (t - lo) / (hi - lo)) if hi > lo else 0
+
+
+def fit_rows(ticks: list[float], lo: float, hi: float, rows: int) -> list[float]:
+    """The ticks (ascending) that land on a row of their own: two labels on one row print glued
+    together (`2.620.0`), and the one printed last need not be the higher."""
+    kept: list[float] = []
+    last = -1
+    for t in sorted(ticks):
+        row = tick_row(t, lo, hi, max(rows, 1))
+        if row > last and 0 <= row < max(rows, 1):
+            kept.append(t)
+            last = row
+    return kept
 
 
 def step_ticks(lo: int, hi: int, cols: int) -> tuple[list[int], list[str]]:
@@ -262,3 +283,12 @@ def step_ticks(lo: int, hi: int, cols: int) -> tuple[list[int], list[str]]:
         if n == 1:
             return [lo, hi], tick_labels([lo, hi])
         n //= 2
+
+
+# ---------------------------------------------------------------- the x window (zoom): the
+# window itself is in tui.state.window, numpy-free, so the app imports it before any plot
+
+
+def window_slice(x: np.ndarray, lo: float, hi: float) -> slice:
+    """The points of an ascending x inside [lo, hi], as a slice (no copy)."""
+    return slice(int(np.searchsorted(x, lo, side="left")), int(np.searchsorted(x, hi, side="right")))

@@ -4,7 +4,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
@@ -52,4 +52,5 @@ class HelpScreen(ModalScreen[None]):
             t.append(f"  {key:>8}  ", style="bold cyan")
             t.append(what + "\n")
         t.append("\n  Esc / ? closes this help", style="dim")
-        yield Static(t, id="help")
+        with VerticalScroll(id="help"):  # ↑ ↓ scroll it in a terminal lower than the list
+            yield Static(t, id="help-text")

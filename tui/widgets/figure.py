@@ -12,7 +12,8 @@ from textual.color import Color
 from textual_plotext import Plot
 from textual_plotext.plot import _rgbify_theme, _sequence  # what its PlotextPlot widget uses
 
-from tui.state.plotmath import SmoothCache, YAxis, log_points, minmax_downsample, step_ticks, y_axis
+from tui.state.plotmath import SmoothCache, YAxis, log_points, minmax_downsample, step_ticks, window_slice, y_axis
+from tui.state.window import XWindow, window_range
 from tui.widgets.plots import ROWS_SPENT
 
 if TYPE_CHECKING:
@@ -59,27 +60,30 @@ class Shown:
 
 
 def draw(plt: Plot, title: str, ylabel: str, curves: list[Curve], width: int, height: int, weight: float,
-         logy: bool, hline: float | None, xlabel: str = "step") -> None:
-    """Put the curves on a cleared figure of width x height: x spans all curves (its last step
-    always labelled), y fits what is shown; a log axis plots log10 y with ticks in real units."""
+         logy: bool, hline: float | None, window: XWindow = XWindow(), xlabel: str = "step") -> None:
+    """Put the curves on a cleared figure of width x height: x spans the window of all curves (its
+    last step always labelled), y fits what is shown in it; a log axis plots log10 y with ticks in
+    real units. The EMA is of the whole series, cut to the window afterwards."""
     plt.clear_data()
     plt.clear_figure()
-    plt.title(title)
     rows = height - ROWS_SPENT
     if rows - 1 >= MIN_CANVAS:
         rows -= 1
         plt.xlabel(xlabel)
         plt.ylabel(f"{ylabel} (log)" if logy else ylabel)
-    shown = [_points(c, weight, logy) for c in curves]
+    shown, xr = in_window(curves, weight, logy, window)
+    if xr is not None:
+        title = f"{window.label()} (steps {xr[0]:,}–{xr[1]:,}) · {title}"
     drawn = [p for p in shown if p.x.size]
     if not drawn:
+        plt.title(fit_title(title, width - 4))
         plt.text("no data yet", x=0.5, y=0.5)
         plt.xlim(0, 1)
         plt.ylim(0, 1)
         plt.xticks([])
         plt.yticks([])
         return
-    lo_x, hi_x = int(min(p.x[0] for p in drawn)), int(max(p.x[-1] for p in drawn))
+    lo_x, hi_x = xr or (int(min(p.x[0] for p in drawn)), int(max(p.x[-1] for p in drawn)))
     ys = [float(v) for p in drawn for v in _extremes(p.y)]
     if hline is not None and (not logy or hline > 0):
         hline = math.log10(hline) if logy else hline
@@ -87,6 +91,7 @@ def draw(plt: Plot, title: str, ylabel: str, curves: list[Curve], width: int, he
         ys.append(hline)
     ax = y_axis(min(ys), max(ys), rows, logy) if ys else YAxis(0.0, 1.0, [], [])
     cols = max(1, width - 2 - max((len(label) for label in ax.labels), default=1))
+    plt.title(fit_title(title, cols))
     for p in drawn:
         _draw_curve(plt, p, cols, (lo_x, hi_x), weight, ax.hi)
     plt.ylim(ax.lo, ax.hi)
@@ -96,6 +101,36 @@ def draw(plt: Plot, title: str, ylabel: str, curves: list[Curve], width: int, he
     else:  # one step: in the middle
         plt.xlim(lo_x - 1, hi_x + 1)
     plt.xticks(*step_ticks(lo_x, hi_x, cols))
+
+
+def fit_title(title: str, cols: int) -> str:
+    """The title cut to the canvas' width: plotext leaves out one that is wider. A window's
+    steps give way first, then the end of the title."""
+    if len(title) > cols and " (steps " in title:
+        head, _, rest = title.partition(" (steps ")
+        title = f"{head} · {rest.partition(' · ')[2]}"
+    return title if len(title) <= cols else title[: max(1, cols - 1)] + "…"
+
+
+def in_window(curves: list[Curve], weight: float, logy: bool,
+              window: XWindow) -> tuple[list[Shown], tuple[int, int] | None]:
+    """Each curve's points inside the window, smoothed over its whole series first (the EMA does
+    not restart at the window's edge); and the window's steps, None for all of them."""
+    shown = [_points(c, weight, logy) for c in curves]
+    full = [p for p in shown if p.x.size]
+    if not full or window.kind == "all":
+        return shown, None
+    lo, hi = window_range(window, min(float(p.x[0]) for p in full), max(float(p.x[-1]) for p in full))
+    return [_cut(p, lo, hi) for p in full], (math.ceil(lo), int(hi))
+
+
+def _cut(p: Shown, lo: float, hi: float) -> Shown:
+    """The points of a curve inside the window [lo, hi]."""
+    keep = window_slice(p.x, lo, hi)
+    if p.smooth_x is None or p.smooth_y is None:
+        return Shown(p.curve, p.x[keep], p.y[keep])
+    ks = window_slice(p.smooth_x, lo, hi)
+    return Shown(p.curve, p.x[keep], p.y[keep], p.smooth_x[ks], p.smooth_y[ks])
 
 
 def _extremes(y: np.ndarray) -> list[float]:

@@ -22,7 +22,8 @@ def progress_bar(step: int | None, total: int | None, width: int) -> Text:
     return Text("█" * full, style="green") + Text("░" * (width - full), style="grey37")
 
 
-def render_header(st: RunState, now: float, width: int, smoothing: float, logy: bool) -> Text:
+def render_header(st: RunState, now: float, width: int, smoothing: float, logy: bool,
+                  window: str = "all steps") -> Text:
     """Two or three lines of header text for a state at time `now`."""
     step = "-" if st.step is None else f"{st.step:,}"
     total = "?" if st.max_steps is None else f"{st.max_steps:,}"
@@ -49,7 +50,8 @@ def render_header(st: RunState, now: float, width: int, smoothing: float, logy: 
     line3 = Text.assemble(
         f"loss {fmt_loss(st.loss, st.loss_floor)}  best {fmt_num(st.best_loss)}  val {fmt_num(st.val_loss)}"
         f"  lr {fmt_num(st.lr, '.3g')}  grad_norm {fmt_num(st.grad_norm)}",
-        ("  smoothing ", "dim"), (f"{smoothing:.2f}", "dim"), ("  log-y " + ("on" if logy else "off"), "dim"))
+        ("  smoothing ", "dim"), (f"{smoothing:.2f}", "dim"), ("  log-y " + ("on" if logy else "off"), "dim"),
+        (f"  window {window}", "dim"))
     if st.bad_lines:
         line3.append(f"  ({st.bad_lines} bad lines skipped)", style="yellow")
     return Text("\n").join([line1, line2, line3])
@@ -60,8 +62,8 @@ class RunHeader(Static):
 
     _last: Text | None = None
 
-    def show(self, st: RunState, now: float, smoothing: float, logy: bool) -> None:
-        text = render_header(st, now, self.size.width or 120, smoothing, logy)
+    def show(self, st: RunState, now: float, smoothing: float, logy: bool, window: str = "all steps") -> None:
+        text = render_header(st, now, self.size.width or 120, smoothing, logy, window)
         if text != self._last:  # an unchanged header costs no repaint
             self._last = text
             self.update(text, layout=False)

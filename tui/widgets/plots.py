@@ -13,6 +13,8 @@ from rich.text import Text
 from textual.app import RenderResult
 from textual.widget import Widget
 
+from tui.state.window import XWindow  # numpy-free
+
 if TYPE_CHECKING:
     from textual_plotext import Plot
 
@@ -93,14 +95,16 @@ class MetricPlot(Widget, can_focus=True):
         self._rendered, self._rendered_sig = out, sig
         return out
 
-    def drawn_current(self) -> bool:
-        """The figure shows the newest data of every curve."""
+    def drawn_current(self, window: XWindow | None = None) -> bool:
+        """The figure shows the newest data of every curve (in `window`, when given)."""
         return (self._key is not None and self._key[0] == tuple(c.series.version for c in self.curves)
-                and self._key[1][:2] == (self.size.width, self.size.height))
+                and self._key[1][:2] == (self.size.width, self.size.height)
+                and (window is None or self._key[1][5] == window))
 
-    def redraw(self, weight: float, logy: bool, force: bool = False) -> bool:
+    def redraw(self, weight: float, logy: bool, window: XWindow | None = None, force: bool = False) -> bool:
         """Rebuild the plotext figure if anything it shows changed; True if it did."""
-        view = (self.size.width, self.size.height, weight, logy, self.hline, self.xlabel)
+        window = window or XWindow()
+        view = (self.size.width, self.size.height, weight, logy, self.hline, window, self.xlabel)
         data = tuple(c.series.version for c in self.curves)
         key = (data, view, tuple(c.series.generation for c in self.curves))
         now = time.monotonic()
@@ -120,6 +124,6 @@ class MetricPlot(Widget, can_focus=True):
         self._key, self._last_draw = key, now
         from tui.widgets.figure import draw
         draw(self.plt, self.title, self.ylabel, self.curves, self.size.width, self.size.height, weight, logy,
-             self.hline, self.xlabel)
+             self.hline, window, self.xlabel)
         self.refresh()
         return True
