@@ -51,6 +51,8 @@ class RunStart(Event):
     start_step: int
     max_steps: int | None
     data_loss_floor: float | None      # the synthetic source's entropy: the best loss possible
+    strategy: str | None               # "ddp" or "fsdp" (older runs: None)
+    activation_checkpointing: bool
     kind: ClassVar[str] = "run_start"
 
 
@@ -214,7 +216,8 @@ def _run_start(raw: dict[str, Any], t: float | None) -> RunStart:
         t, raw, _int(raw, "attempt", 1), _int(raw, "world_size", 1), _int(raw, "nnodes", 1),
         _str(raw, "device"), _str(raw, "backend"), _str(raw, "precision"), _int(raw, "params_total"),
         _int(raw, "params_active"), _int(raw, "tokens_per_step"), _int(raw, "effective_batch"), _int(raw, "start_step") or 0,
-        _int(raw, "max_steps"), _floor(raw))
+        _int(raw, "max_steps"), _floor(raw), raw.get("strategy") if raw.get("strategy") in ("ddp", "fsdp") else None,
+        raw.get("activation_checkpointing") is True)  # optional extras: an odd value is dropped, not the line
 
 
 def _floor(raw: dict[str, Any]) -> float | None:

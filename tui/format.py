@@ -66,3 +66,8 @@ def fmt_rate(tokens_per_s: float | None, samples_per_s: float | None) -> str:
     if tokens_per_s is None and samples_per_s is not None:
         return f"samples/s {fmt_num(samples_per_s, ',.1f')}"
     return f"tok/s {fmt_num(tokens_per_s, ',.0f')}"
+
+
+def fmt_parallel(strategy: str | None, activation_checkpointing: bool) -> str:
+    """How the model is spread and recomputed, e.g. "fsdp + act. ckpt"; "" when the run does not say."""
+    return (strategy or "") + (" + act. ckpt" if activation_checkpointing else "")

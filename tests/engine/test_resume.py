@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import random
 import signal
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -68,7 +70,10 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run_bitwise(tmp_path, 
     assert index_problem(run / "events.jsonl") is None   # the binary index survived the kill too
     if model == "gpt-fsdp":
         assert ddp_proc.wait(timeout=240) == 0, logs(ddp)
-        assert events(reference, "run_start")[0]["strategy"] == "fsdp"
+        first = events(reference, "run_start")[0]
+        assert first["strategy"] == "fsdp" and first["activation_checkpointing"] is True
+        once = subprocess.run([sys.executable, "-m", "tui.cli", "watch", str(reference), "--once"], capture_output=True, text=True)
+        assert "world 2 x cpu  fsdp + act. ckpt" in once.stdout, once.stdout
         # the same weights in the same checkpoint format (a whole state dict), the same losses
         # up to the order of float sums in a reduce-scatter against an all-reduce
         d = final_weights(ddp)

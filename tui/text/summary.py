@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from tui.format import fmt_duration, fmt_loss, fmt_num, fmt_rate
+from tui.format import fmt_duration, fmt_loss, fmt_num, fmt_parallel, fmt_rate
 
 if TYPE_CHECKING:
     from tui.state.run import RunState
@@ -23,7 +23,9 @@ def format_summary(st: "RunState", now: float | None = None) -> str:
         f"{' (recent steps only)' if st.best_loss_partial else ''}"
         f"  val {fmt_num(st.val_loss)}  lr {fmt_num(st.lr, '.3g')}  grad_norm {fmt_num(st.grad_norm)}"
         f"  {fmt_rate(st.tokens_per_s, st.samples_per_s)}",
-        f"world {st.world_size or '?'} x {st.device or '?'}  precision {st.precision or '?'}"
+        f"world {st.world_size or '?'} x {st.device or '?'}"
+        f"{'  ' + fmt_parallel(st.strategy, st.activation_checkpointing) if st.strategy or st.activation_checkpointing else ''}"
+        f"  precision {st.precision or '?'}"
         f"  eff. batch {st.effective_batch or '?'}",
     ]
     ck = st.last_checkpoint

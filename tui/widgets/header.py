@@ -4,7 +4,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from tui.format import fmt_compact, fmt_duration, fmt_loss, fmt_num, fmt_rate
+from tui.format import fmt_compact, fmt_duration, fmt_loss, fmt_num, fmt_parallel, fmt_rate
 from tui.state.run import RunState
 
 STATE_STYLE = {
@@ -38,7 +38,8 @@ def render_header(st: RunState, now: float, width: int, smoothing: float, logy: 
     if st.mfu is not None:
         parts.append(f"MFU {fmt_num(100 * st.mfu, '.1f')}%")
     parts.append(f"elapsed {fmt_duration(st.elapsed_s(now))}")
-    parts.append(f"{st.world_size or '?'} × {st.device or '?'}")
+    parallel = fmt_parallel(st.strategy, st.activation_checkpointing)
+    parts.append(f"{st.world_size or '?'} × {st.device or '?'}" + (f" {parallel}" if parallel else ""))
     parts.append(f"{st.precision or '?'}")
     parts.append(f"eff.batch {st.effective_batch or '?'}")
     if st.params_total is not None:
