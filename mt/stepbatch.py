@@ -10,7 +10,6 @@ import math
 from collections import deque
 from typing import Any, Mapping
 
-from mt.eventindex import record_float
 from mt.events import SCHEMA_VERSION, T_MAX, T_MIN, dumps
 
 # the step event of a script: the engine-only fields are always null (docs/events.md, "step")
@@ -55,6 +54,7 @@ class StepBatch:
 
     def drain(self) -> tuple[list[bytes], list[tuple[float, ...] | None], list[dict[str, Any]]]:
         """(lines, index rows, rule fields) of every step noted so far, oldest first."""
+        from mt.eventindex import record_float  # here: `import mt` stays light (the writer loads it anyway)
         lines: list[bytes] = []
         rows: list[tuple[float, ...] | None] = []
         fields: list[dict[str, Any]] = []
