@@ -81,7 +81,7 @@ class Run:
         """Record optimizer step `step` (rank 0 writes it), beat this rank's heartbeat and say
         whether to checkpoint or stop now: one tiny collective keeps every rank in agreement."""
         now = time.perf_counter()
-        ctl, tokens_all = self._sync(step, _number(tokens, "tokens"), now)
+        ctl, tokens_all = self._sync(step, tokens if tokens is None else _number(tokens, "tokens"), now)
         self._emit_step(self._step or 0, now, loss, lr, grad_norm, tokens_all, metrics)
         self._last_t = now
         return ctl
@@ -144,7 +144,10 @@ class Run:
             step = _whole(step, "step")
         self._heartbeat.note(step)
         ckpt, stop = self._poll(now) if now - self._last_poll >= _POLL_S else _NOTHING
-        ckpt, stop, tokens_all = self._agree.decide(ckpt, stop or self._signals.received is not None, tokens)
+        stop = stop or self._signals.received is not None
+        tokens_all = tokens
+        if not self._agree.alone:
+            ckpt, stop, tokens_all = self._agree.decide(ckpt, stop, tokens)
         if not self._started:
             self._ensure_started(step - 1)
         self._step = step
@@ -180,8 +183,8 @@ class Run:
             self._ensure_started(step - 1)
         dt = now - self._last_t if self._last_t is not None else None
         extra = {k: _number(v, k) for k, v in metrics.items()} if metrics else None
-        self._steps.note(step, time.time(), dt, _number(loss, "loss"), _number(lr, "lr"), _number(grad_norm, "grad_norm"),
-                         tokens, extra)
+        self._steps.note((step, time.time(), dt, _number(loss, "loss"), _number(lr, "lr"), _number(grad_norm, "grad_norm"),
+                          tokens, extra))
         if now - self._flushed >= _FLUSH_S:
             self._flush()
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from mt.events import SCHEMA_VERSION, T_MAX, T_MIN, dumps
 
@@ -43,14 +43,12 @@ class StepBatch:
 
     def __init__(self) -> None:
         self._noted: deque[Noted] = deque()  # appends and pops are thread-safe (the heartbeat thread flushes too)
+        # note((step, t, dt, loss, lr, grad_norm, tokens, extra)): the deque's own append, one C call
+        self.note: Callable[[Noted], None] = self._noted.append
         self.tokens_seen = 0.0
 
     def __bool__(self) -> bool:
         return bool(self._noted)
-
-    def note(self, step: int, t: float, dt: float | None, loss: float | None, lr: float | None,
-             grad_norm: float | None, tokens: float | None, extra: Mapping[str, float] | None) -> None:
-        self._noted.append((step, t, dt, loss, lr, grad_norm, tokens, extra))
 
     def drain(self) -> tuple[list[bytes], list[tuple[float, ...] | None], list[dict[str, Any]]]:
         """(lines, index rows, rule fields) of every step noted so far, oldest first."""
