@@ -201,14 +201,16 @@ class Trainer:
         """Every rank learns the mean loss, whether any rank saw NaN, and whether to checkpoint or stop."""
         mem, peak = memory(self.env.device)
         stop = self.signals.received is not None or bool(requests["stop"])
+        if self.env.world_size == 1:  # no one to agree with: the same answers without a dozen tiny tensor ops
+            loss = float(loss_local)
+            finite = math.isfinite(loss)
+            return {"loss": loss if finite else float("nan"), "nonfinite": not finite, "stop": stop,
+                    "ckpt": bool(requests["checkpoint"]), "mem": int(mem), "peak": int(peak)}
         row = torch.tensor([0.0, float(stop), float(bool(requests["checkpoint"])), mem, peak], dtype=torch.float64, device=self.env.device)
         row[_LOSS] = loss_local
-        if self.env.world_size == 1:
-            table = row.unsqueeze(0).cpu()
-        else:
-            rows = [torch.empty_like(row) for _ in range(self.env.world_size)]
-            dist.all_gather(rows, row)
-            table = torch.stack(rows).cpu()
+        rows = [torch.empty_like(row) for _ in range(self.env.world_size)]
+        dist.all_gather(rows, row)
+        table = torch.stack(rows).cpu()
         losses = table[:, _LOSS]
         return {
             "loss": float(losses.sum() / len(losses)) if bool(torch.isfinite(losses).all()) else float("nan"),
