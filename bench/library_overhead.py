@@ -6,9 +6,9 @@
    alone, and after `import torch` (what a training script pays: torch loads pathlib & co. first).
 2. `run.step(...)` on rank 0 of a one-process run (events, heartbeat, control poll; no collective).
 3. The tiny CPU loop of examples/script/train.py (one process), blocks of steps with and without
-   `run.step` in pairs (ABBA...), tokens per CPU-second of the process (its heartbeat thread
-   included) with/without: the library's cost, not the neighbours' load; and the time inside
-   `run.step` as a share of the step (its direct cost, without what it does to the caches).
+   `run.step` in pairs (ABBA...): tokens/s (wall) with/without, the issue's measure; tokens per
+   CPU-second of the process (the library's thread included), the library's whole cost and less
+   disturbed by the neighbours' load; and the time inside `run.step` as a share of the step.
 """
 from __future__ import annotations
 
@@ -54,8 +54,9 @@ def step_cost_us(n: int) -> float:
     return dt / n * 1e6
 
 
-def loop_ratio(steps: int, repeat: int) -> tuple[float, float, float, float, float]:
-    """The example's loop with run.step against without: (median ratio, its quartiles, µs in run.step, µs a step)."""
+def loop_ratio(steps: int, repeat: int) -> tuple[float, ...]:
+    """The example's loop with run.step against without: the median tokens/s ratio and its quartiles
+    by wall time and by the process's CPU time, µs in run.step, µs a step."""
     import torch
     import torch.nn.functional as F
 
@@ -85,12 +86,13 @@ def loop_ratio(steps: int, repeat: int) -> tuple[float, float, float, float, flo
         # CPU time of this process (its heartbeat thread included): what the library costs the
         # script, far less disturbed by other processes on a shared machine than wall time.
         # Pairs of adjacent blocks, in ABBA order so a drift cancels; the median pair ratio.
-        ratios, inside, per_step = [], [], []
+        ratios, walls, inside, per_step = [], [], [], []
         step = 0
         for r in range(repeat):
             cpu: dict[bool, float] = {}
+            wall: dict[bool, float] = {}
             for with_mt in ((False, True) if r % 2 == 0 else (True, False)):
-                t0, spent = time.process_time(), 0.0
+                t0, w0, spent = time.process_time(), time.perf_counter(), 0.0
                 for _ in range(steps):
                     step += 1
                     loss, gn = one_step(step)
@@ -99,13 +101,16 @@ def loop_ratio(steps: int, repeat: int) -> tuple[float, float, float, float, flo
                         run.step(step, loss=loss, lr=1e-3, grad_norm=gn, tokens=B * T)
                         spent += time.thread_time() - a
                 cpu[with_mt] = time.process_time() - t0
+                wall[with_mt] = time.perf_counter() - w0
                 if with_mt:
                     inside.append(spent / steps)
                     per_step.append(cpu[with_mt] / steps)
             ratios.append(cpu[False] / cpu[True])
+            walls.append(wall[False] / wall[True])
         run.finish()
-    q = statistics.quantiles(ratios, n=4)
-    return statistics.median(ratios), q[0], q[2], statistics.median(inside) * 1e6, statistics.median(per_step) * 1e6
+    q, qw = statistics.quantiles(ratios, n=4), statistics.quantiles(walls, n=4)
+    return (statistics.median(walls), qw[0], qw[2], statistics.median(ratios), q[0], q[2],
+            statistics.median(inside) * 1e6, statistics.median(per_step) * 1e6)
 
 
 def main() -> None:
@@ -119,10 +124,11 @@ def main() -> None:
           f"{import_cost_us(args.repeat, 'import torch; ') / 1000:.1f} ms after import torch "
           f"(median of {args.repeat}, -X importtime)")
     print(f"run.step, one rank: {step_cost_us(20000):.1f} µs per call (20000 calls)")
-    ratio, lo, hi, inside, step_us = loop_ratio(args.steps, args.pairs)
-    print(f"CPU tiny loop ({step_us:,.0f} µs a step): tokens/CPU-s with run.step / without = {ratio:.3f} "
-          f"(median of {args.pairs} block pairs, quartiles {lo:.3f}-{hi:.3f}); run.step itself {inside:.1f} µs "
-          f"in the loop = {1 - inside / step_us:.4f} of the step left to the script")
+    wall, wlo, whi, ratio, lo, hi, inside, step_us = loop_ratio(args.steps, args.pairs)
+    print(f"CPU tiny loop ({step_us:,.0f} µs a step), with run.step / without, median of {args.pairs} block pairs: "
+          f"tokens/s {wall:.3f} (quartiles {wlo:.3f}-{whi:.3f}); tokens per CPU-second of the process, "
+          f"the library's thread included, {ratio:.3f} ({lo:.3f}-{hi:.3f}); run.step itself {inside:.1f} µs "
+          f"in the training thread = {1 - inside / step_us:.4f} of the step left to the script")
 
 
 if __name__ == "__main__":
