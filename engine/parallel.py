@@ -32,7 +32,6 @@ class Parallel:
     module: nn.Module
     no_sync: Callable[[], Any]
     strategy: str
-    blocks: int  # modules sharded (fsdp) or recomputed (activation checkpointing) on their own
 
 
 def blocks_of(model: nn.Module, cfg: Config) -> list[nn.Module]:
@@ -83,11 +82,11 @@ def wrap(model: nn.Module, cfg: Config, env: DistEnv) -> Parallel:
         for block in blocks:
             fully_shard(block, mp_policy=mp, reshard_after_forward=t.fsdp.reshard_after_forward)
         fully_shard(model, mp_policy=mp, reshard_after_forward=t.fsdp.reshard_after_forward)
-        return Parallel(model, functools.partial(_local_grads, model), "fsdp", len(blocks))
+        return Parallel(model, functools.partial(_local_grads, model), "fsdp")
     if env.world_size == 1:  # one rank pays for no DDP: no wrapper, no bucketed all-reduce
-        return Parallel(model, nullcontext, "ddp", len(blocks))
+        return Parallel(model, nullcontext, "ddp")
     ddp = DDP(model, device_ids=[env.local_rank] if env.device.type == "cuda" else None)
-    return Parallel(ddp, ddp.no_sync, "ddp", len(blocks))
+    return Parallel(ddp, ddp.no_sync, "ddp")
 
 
 @contextmanager

@@ -63,7 +63,6 @@ class Trainer:
             load_into(self.model, {k: v.to(env.device) for k, v in state.items()}, source)
             log(f"weights from {source} (model.init_from); step 0, fresh optimizer")
         self.par = parallel.wrap(self.model, cfg, env)  # ddp (none on one rank) or fsdp; activation checkpointing
-        self.ddp, self.no_sync = self.par.module, self.par.no_sync
         self.optimizer = build_optimizer(self.model, t, env.device)  # after sharding: over this rank's shards
         amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(t.precision)
         self.autocast = (lambda: torch.autocast(env.device.type, dtype=amp_dtype)) if amp_dtype else nullcontext
@@ -174,9 +173,9 @@ class Trainer:
             data_wait += time.perf_counter() - t0
             batch = to_device(batch, self.env.device)
             sync = micro == self.accum - 1
-            with (nullcontext() if sync else self.no_sync()):
+            with (nullcontext() if sync else self.par.no_sync()):
                 with self.autocast():
-                    loss = loss_of(call_model(self.ddp, batch), self.what)
+                    loss = loss_of(call_model(self.par.module, batch), self.what)
                 if self.faults.nan_now(step, micro):
                     loss = loss * float("nan")
                 scaled = loss / self.accum
@@ -231,14 +230,14 @@ class Trainer:
 
     @torch.no_grad()
     def _evaluate(self) -> float:
-        self.ddp.eval()
+        self.par.module.eval()
         total = torch.zeros((), device=self.env.device, dtype=torch.float64)
         n = self.cfg.train.eval_batches
         for batch in val_batches(self.splits, self.cfg.train.micro_batch_size, n, self.env.rank, self.env.world_size):
             with self.autocast():
                 total += loss_of(call_model(self.model, to_device(batch, self.env.device)), self.what).double()
         dist.all_reduce(total)
-        self.ddp.train()
+        self.par.module.train()
         return float(total) / (n * self.env.world_size)
 
     # ---- control, checkpoints, events ------------------------------------------------------

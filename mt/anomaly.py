@@ -176,11 +176,7 @@ class StepAnomalies:
         skipped = bool(step.get("skipped"))
         if not skipped:
             self.calibrating = False
-        # the overflow and clipping rules need fields a script's steps never carry: skip them cheaply
-        checks = (self._spike, self._grad)
-        if step.get("loss_scale") is not None or (self.grad_clip > 0 and step.get("clipped")):
-            checks = (self._overflow, self._spike, self._grad, self._clipping)
-        for check in checks:
+        for check in (self._overflow, self._spike, self._grad, self._clipping):  # each returns at once when it does not apply
             inc = check(s, step, skipped)
             if inc is not None and inc["code"] not in self.open:
                 self.open[inc["code"]] = inc["evidence"]
@@ -262,8 +258,7 @@ class StepAnomalies:
         lr = _finite(step.get("lr"))
         # Clipping on almost every step is normal at the very start; only judge it once the
         # run is past its first spike_window steps and the window is full.
-        if (self.grad_clip > 0 and self.steps_seen > self.m.spike_window
-                and len(self.clipped) == self.clipped.maxlen and step.get("clipped")):
+        if self.steps_seen > self.m.spike_window and len(self.clipped) == self.clipped.maxlen:
             share = sum(self.clipped) / len(self.clipped)
             if share >= self.m.clip_active_share:
                 evidence = {"clipped_share": _r(share, 3),

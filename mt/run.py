@@ -40,10 +40,6 @@ class Control:
     stop: bool = False
 
 
-_CONTROLS = {(c, s): Control(checkpoint=c, stop=s) for c in (False, True) for s in (False, True)}
-_NOTHING = (False, False)
-
-
 class Run:
     """One attempt of a script's run, as the script sees it; `mt.init` makes it."""
 
@@ -62,7 +58,7 @@ class Run:
         if threading.current_thread() is threading.main_thread():
             self._signals.install()
         self._pending: list[Request] = []  # accepted requests that the next checkpoint_saved answers
-        self._last_poll = -math.inf if rank == 0 else math.inf  # only rank 0 reads control/
+        self._last_poll = -math.inf
         self._last_t: float | None = None
         self._step: int | None = None
         self._stopping: str | None = None
@@ -81,7 +77,7 @@ class Run:
         """Record optimizer step `step` (rank 0 writes it), beat this rank's heartbeat and say
         whether to checkpoint or stop now: one tiny collective keeps every rank in agreement."""
         now = time.perf_counter()
-        ctl, tokens_all = self._sync(step, tokens if tokens is None else _number(tokens, "tokens"), now)
+        ctl, tokens_all = self._sync(step, _number(tokens, "tokens"), now)
         self._emit_step(self._step or 0, now, loss, lr, grad_norm, tokens_all, metrics)
         self._last_t = now
         return ctl
@@ -138,24 +134,17 @@ class Run:
     # ---- machinery ----------------------------------------------------------------------
     def _sync(self, step: int, tokens: float | None, now: float) -> tuple[Control, float | None]:
         """The part of a step every rank does: heartbeat, control (rank 0), the agreement."""
-        # the common case is kept to few calls: after the training step's own work the
-        # interpreter runs cold, and every call costs the script several times its hot cost
-        if type(step) is not int:
-            step = _whole(step, "step")
+        step = _whole(step, "step")
         self._heartbeat.note(step)
-        ckpt, stop = self._poll(now) if now - self._last_poll >= _POLL_S else _NOTHING
-        stop = stop or self._signals.received is not None
-        tokens_all = tokens
-        if not self._agree.alone:
-            ckpt, stop, tokens_all = self._agree.decide(ckpt, stop, tokens)
-        if not self._started:
-            self._ensure_started(step - 1)
+        ckpt, stop = self._poll(now)
+        ckpt, stop, tokens_all = self._agree.decide(ckpt, stop or self._signals.received is not None, tokens)
+        self._ensure_started(step - 1)
         self._step = step
         if ckpt or stop:
             if stop and self._stopping is None:
                 self._stopping = f"{self._signals.name} received" if self._signals.received else "stop requested"
             self._heartbeat.note(step, "checkpoint")  # a long save is explained, not taken for a hang
-        return _CONTROLS[ckpt, stop], tokens_all
+        return Control(checkpoint=ckpt, stop=stop), tokens_all
 
     def _poll(self, now: float) -> tuple[bool, bool]:
         """Rank 0: new requests in control/ (accepted ones wait for the next checkpoint_saved)."""
@@ -179,8 +168,7 @@ class Run:
         """Rank 0: note the step for the next batched write; other ranks write nothing."""
         if self._events is None:
             return
-        if not self._started:
-            self._ensure_started(step - 1)
+        self._ensure_started(step - 1)
         dt = now - self._last_t if self._last_t is not None else None
         extra = {k: _number(v, k) for k, v in metrics.items()} if metrics else None
         self._steps.note((step, time.time(), dt, _number(loss, "loss"), _number(lr, "lr"), _number(grad_norm, "grad_norm"),

@@ -19,12 +19,13 @@ from mt.events import FINAL_STATES
 from mt.records import Checkpoint, Control, Record
 from tui.app_view import ViewKeys
 from tui.messages import ControlDone, RunUpdated
+from tui.plotkeys import HELP_BINDING, SMOOTHING_BINDINGS, PlotKeys
 from tui.read.follower import PollResult
 from tui.read.watcher import Watcher, WatchUpdate
 from tui.rundir import liveness, read_status
 from tui.state.layout import Tabs
 from tui.state.window import XWindow
-from tui.widgets.dialogs import ConfirmScreen, HelpScreen, help_rows
+from tui.widgets.dialogs import ConfirmScreen
 from tui.widgets.header import RunHeader
 from tui.widgets.incidents import IncidentsPanel
 from tui.widgets.logs import LogsPanel
@@ -38,7 +39,7 @@ INLINE_READ_BYTES = 1 << 20  # run files this small are read before the first pa
 LOCK_WAIT_S = 0.05           # a poll holds the watcher's lock for ms; a bulk load reads without it
 
 
-class MtApp(ViewKeys, App[int]):
+class MtApp(ViewKeys, PlotKeys, App[int]):
     """Follows one run directory; keys send control requests to the run."""
 
     CSS_PATH = "mt.tcss"
@@ -48,9 +49,7 @@ class MtApp(ViewKeys, App[int]):
         Binding("s", "stop", "Stop", id="stop", tooltip="Graceful stop with a final checkpoint"),
         Binding("k", "kill", "Kill", id="kill", tooltip="Terminate every process of the run (asks first)"),
         Binding("r", "resume", "Resume", id="resume", tooltip="New attempt from the newest checkpoint"),
-        Binding("e", "smoothing(-0.1)", "Smooth−", id="smooth-down", tooltip="Less smoothing (0 = raw)"),
-        Binding("E", "smoothing(0.1)", "Smooth+", id="smooth-up", tooltip="More smoothing"),
-        Binding("l", "toggle_logy", "Log-y", id="logy", tooltip="Logarithmic y axis"),
+        *SMOOTHING_BINDINGS,
         Binding("t", "toggle_throughput", "Tok/s", id="throughput",
                 tooltip="Plot tokens/s in place of the learning rate (and back)"),
         Binding("x", "next_metric", "Metrics", id="next-metric",
@@ -73,7 +72,7 @@ class MtApp(ViewKeys, App[int]):
                 tooltip="The lr / tokens/s / metric and grad-norm plots (a tab of their own at 80×24)"),
         Binding("tab", "next_tab", "Next tab", show=False, id="next-tab", priority=True, key_display="Tab",
                 tooltip="Next tab where panels are tabs (small terminals); next widget elsewhere"),
-        Binding("question_mark", "help", "Help", id="help", key_display="?", tooltip="This help"),
+        HELP_BINDING,
         Binding("q", "quit", "Quit", id="quit", tooltip="Close the viewer; the run keeps going"),
     ]
 
@@ -355,8 +354,6 @@ class MtApp(ViewKeys, App[int]):
     def action_next_rank(self) -> None:
         self.watcher.set_log_rank((self.watcher.log_rank + 1) % self.watcher.ranks())
 
-    def action_help(self) -> None:
-        self.push_screen(HelpScreen(help_rows(self.BINDINGS)))
 
     @on(OptionList.OptionSelected)
     def _incident_selected(self) -> None:

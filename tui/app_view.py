@@ -41,12 +41,6 @@ class ViewKeys:
         n_open = sum(1 for i in self.watcher.follower.state.incidents if i.status == "open")
         self._tabstrip.show(strip_items(self.layout_name, self.tabs.active(self.layout_name), n_open))
 
-    def action_smoothing(self: MtApp, delta: float) -> None:
-        self.smoothing = round(min(0.99, max(0.0, self.smoothing + delta)), 2)
-
-    def action_toggle_logy(self: MtApp) -> None:
-        self.logy = not self.logy
-
     def action_toggle_throughput(self: MtApp) -> None:
         lr, tps = self.query_one("#plot-lr", MetricPlot), self.query_one("#plot-tps", MetricPlot)
         lr.display, tps.display = tps.display, lr.display

@@ -17,9 +17,9 @@ from textual.reactive import reactive
 from textual.widgets import Footer
 from textual.worker import get_current_worker
 
+from tui.plotkeys import HELP_BINDING, SMOOTHING_BINDINGS, PlotKeys
 from tui.read.watcher import Watcher
 from tui.state.compare import run_color, run_line, x_series
-from tui.widgets.dialogs import HelpScreen, help_rows
 from tui.widgets.legend import CompareLegend
 from tui.widgets.plots import Curve, MetricPlot
 
@@ -34,7 +34,7 @@ class Polled(Message):
     index: int
 
 
-class CompareApp(App[int]):
+class CompareApp(PlotKeys, App[int]):
     """Follows several run directories, each with its own Watcher in its own worker."""
 
     CSS_PATH = ["mt.tcss", "compare.tcss"]   # the dashboard's plot and help styles, then this view's
@@ -42,10 +42,8 @@ class CompareApp(App[int]):
     BINDINGS = [
         Binding("x", "toggle_x", "Step/Tokens", id="toggle-x",
                 tooltip="x axis: optimizer step, or tokens seen (runs with different batch sizes compare fairly)"),
-        Binding("e", "smoothing(-0.1)", "Smooth−", id="smooth-down", tooltip="Less smoothing (0 = raw)"),
-        Binding("E", "smoothing(0.1)", "Smooth+", id="smooth-up", tooltip="More smoothing"),
-        Binding("l", "toggle_logy", "Log-y", id="logy", tooltip="Logarithmic y axis"),
-        Binding("question_mark", "help", "Help", id="help", key_display="?", tooltip="This help"),
+        *SMOOTHING_BINDINGS,
+        HELP_BINDING,
         Binding("q", "quit", "Quit", id="quit", tooltip="Close the viewer; the runs keep going"),
     ]
 
@@ -176,20 +174,12 @@ class CompareApp(App[int]):
             self._set_curves()
             self.render_frame()
 
-    def action_smoothing(self, delta: float) -> None:
-        self.smoothing = round(min(0.99, max(0.0, self.smoothing + delta)), 2)
-
-    def action_toggle_logy(self) -> None:
-        self.logy = not self.logy
-
     def watch_smoothing(self) -> None:
         self.render_frame()
 
     def watch_logy(self) -> None:
         self.render_frame()
 
-    def action_help(self) -> None:
-        self.push_screen(HelpScreen(help_rows(self.BINDINGS)))
 
 
 def run_compare(run_dirs: list[Path]) -> int:

@@ -17,6 +17,11 @@ def fmt_loss(loss: float | None, floor: float | None) -> str:
     return fmt_num(loss) + ("" if floor is None else f" (floor {fmt_num(floor)})")
 
 
+def fmt_loss_cell(v: float | None) -> str:
+    """A loss in a table (`mt ls`, `mt diff`, the compare view): four decimals, `-` when there is none."""
+    return "-" if v is None else fmt_num(v, ".4f")
+
+
 def fmt_best(best: float | None, step: int | None, partial: bool = False) -> str:
     """A best loss and its step (`0.9630 @140`); `≤` when only the newest steps were read (the
     true best may be lower); `-` when there is none."""

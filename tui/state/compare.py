@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tui.format import fmt_best, fmt_num
+from tui.format import fmt_best, fmt_loss_cell
 from tui.state.run import RunState
 
 if TYPE_CHECKING:
@@ -81,9 +81,9 @@ def run_line(name: str, st: RunState) -> RunLine:
     total = "?" if st.max_steps is None else f"{st.max_steps:,}"
     return RunLine(
         name=name, state="lost" if st.supervisor_lost else st.state, step=f"{step}/{total}",
-        loss=fmt_num(st.loss, ".4f") if st.loss is not None else "-",
+        loss=fmt_loss_cell(st.loss),
         best=fmt_best(st.best_loss, st.best_loss_step, st.best_loss_partial),
-        val=fmt_num(st.val_loss, ".4f") if st.val_loss is not None else "-",
+        val=fmt_loss_cell(st.val_loss),
         tokens=f"{st.tokens_per_step:,}" if st.tokens_per_step else "-")
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from mt.paths import RunPaths
-from tui.format import fmt_best, fmt_num
+from tui.format import fmt_best, fmt_loss_cell
 from tui.read.follower import load_run_state
 from tui.state.run import RunState
 
@@ -71,7 +71,7 @@ class RunFacts:
 
 def run_facts(run_dir: Path, cfg: dict[str, Any]) -> RunFacts:
     st = load_run_state(Path(run_dir))
-    return RunFacts(Path(run_dir).name, _world(st, cfg), fmt_num(st.loss, ".4f") if st.loss is not None else "-",
+    return RunFacts(Path(run_dir).name, _world(st, cfg), fmt_loss_cell(st.loss),
                     fmt_best(st.best_loss, st.best_loss_step, st.best_loss_partial))
 
 

@@ -5,7 +5,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tui.format import fmt_best, fmt_duration, fmt_num
+from tui.format import fmt_best, fmt_duration, fmt_loss_cell
 from tui.read.follower import load_run_state
 from tui.rundir import effective_state, is_run_dir, read_status, run_dirs
 from tui.text.summary import format_summary
@@ -45,7 +45,7 @@ def run_row(path: Path, now: float | None = None) -> RunRow:
             state=state,
             attempt=str(st.attempt or "-"),
             step=f"{'-' if st.step is None else st.step}/{total}",
-            loss=fmt_num(st.loss, ".4f") if st.loss is not None else "-",
+            loss=fmt_loss_cell(st.loss),
             best=fmt_best(st.best_loss, st.best_loss_step, st.best_loss_partial),
             started=time.strftime("%Y-%m-%d %H:%M", time.localtime(st.started)) if st.started else "-",
             duration=fmt_duration(st.elapsed_s(now)) if st.started else "-",

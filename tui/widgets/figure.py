@@ -72,11 +72,11 @@ def draw(plt: Plot, title: str, ylabel: str, curves: list[Curve], width: int, he
         plt.xlabel(xlabel)
         plt.ylabel(f"{ylabel} (log)" if logy else ylabel)
     shown, xr = in_window(curves, weight, logy, window)
-    if xr is not None:
-        title = f"{window.label()} (steps {xr[0]:,}–{xr[1]:,}) · {title}"
+    # longest first; a window's steps give way before the title is cut
+    titles = [title] if xr is None else [f"{window.label()} (steps {xr[0]:,}–{xr[1]:,}) · {title}", f"{window.label()} · {title}"]
     drawn = [p for p in shown if p.x.size]
     if not drawn:
-        plt.title(fit_title(title, width - 4))
+        plt.title(fit_title(titles, width - 4))
         plt.text("no data yet", x=0.5, y=0.5)
         plt.xlim(0, 1)
         plt.ylim(0, 1)
@@ -91,7 +91,7 @@ def draw(plt: Plot, title: str, ylabel: str, curves: list[Curve], width: int, he
         ys.append(hline)
     ax = y_axis(min(ys), max(ys), rows, logy) if ys else YAxis(0.0, 1.0, [], [])
     cols = max(1, width - 2 - max((len(label) for label in ax.labels), default=1))
-    plt.title(fit_title(title, cols))
+    plt.title(fit_title(titles, cols))
     for p in drawn:
         _draw_curve(plt, p, cols, (lo_x, hi_x), weight, ax.hi)
     plt.ylim(ax.lo, ax.hi)
@@ -103,12 +103,10 @@ def draw(plt: Plot, title: str, ylabel: str, curves: list[Curve], width: int, he
     plt.xticks(*step_ticks(lo_x, hi_x, cols))
 
 
-def fit_title(title: str, cols: int) -> str:
-    """The title cut to the canvas' width: plotext leaves out one that is wider. A window's
-    steps give way first, then the end of the title."""
-    if len(title) > cols and " (steps " in title:
-        head, _, rest = title.partition(" (steps ")
-        title = f"{head} · {rest.partition(' · ')[2]}"
+def fit_title(titles: list[str], cols: int) -> str:
+    """The first of `titles` (longest first) that fits the canvas' width, else the last one cut:
+    plotext leaves out a title that is wider."""
+    title = next((t for t in titles if len(t) <= cols), titles[-1])
     return title if len(title) <= cols else title[: max(1, cols - 1)] + "…"
 
 
