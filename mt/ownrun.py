@@ -7,7 +7,6 @@ no supervisor, rank 0's own pid stands in for one: the run is live while rank 0 
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -17,7 +16,7 @@ from mt.agree import process_group
 from mt.config import Config, LaunchConfig, RunConfig
 from mt.jsonl import read_json, write_json_atomic
 from mt.paths import RunPaths, new_run_dir
-from mt.preset import script_preset
+from mt.preset import script_run_name, write_script_preset
 
 
 def make_own_run(rank: int, world: int, name: str | None, runs_dir: Path) -> RunPaths:
@@ -31,7 +30,7 @@ def make_own_run(rank: int, world: int, name: str | None, runs_dir: Path) -> Run
 
 def _create(world: int, name: str | None, runs_dir: Path) -> RunPaths:
     script = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] not in ("", "-c", "-m") else None
-    base = re.sub(r"[^A-Za-z0-9_.\-]", "-", name or (script.stem if script else "script")).strip(".-") or "script"
+    base = script_run_name(name or (script.stem if script else "script"))
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     cfg = Config(run=RunConfig(name=base, runs_dir=str(runs_dir), workdir=os.getcwd()),
                  launch=LaunchConfig(nproc_per_node=local, nnodes=max(1, world // max(1, local)),
@@ -39,9 +38,7 @@ def _create(world: int, name: str | None, runs_dir: Path) -> RunPaths:
     paths = RunPaths(new_run_dir(runs_dir.expanduser(), base).resolve())
     for sub in (paths.logs, paths.control, paths.checkpoints, paths.heartbeat_dir):
         sub.mkdir(mode=0o700, exist_ok=True)
-    fd = os.open(paths.preset, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(script_preset(cfg, "written by mt.init for a script started without mt launch"))
+    write_script_preset(paths.preset, cfg, "written by mt.init for a script started without mt launch")
     write_json_atomic(paths.config, cfg.to_dict())
     now = time.time()
     write_json_atomic(paths.status, {

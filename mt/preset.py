@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import stat
 import tomllib
@@ -268,11 +269,19 @@ def load_config_json(path: str | Path) -> Config:
     return config_from_dict(raw, source)
 
 
-def script_preset(cfg: Config, why: str) -> str:
-    """The preset.toml of a run of a script (`mt launch train.py`, or mt.init on its own)."""
+def script_run_name(name: str) -> str:
+    """A run name made from a script's file name (or a name given in code): characters run.name
+    does not take become '-'."""
+    return re.sub(r"[^A-Za-z0-9_.\-]", "-", name).strip(".-") or "script"
+
+
+def write_script_preset(path: Path, cfg: Config, why: str) -> None:
+    """The preset.toml of a run of a script (`mt launch train.py`, or mt.init on its own), new and 0600."""
     q = json.dumps  # a JSON string is a TOML basic string
     lines = [f"# {why}", "[run]", f"name = {q(cfg.run.name)}", f"runs_dir = {q(cfg.run.runs_dir)}",
              "", "[launch]", f"script = {q(cfg.launch.script)}",
              f"script_args = [{', '.join(q(a) for a in cfg.launch.script_args)}]",
              f"nproc_per_node = {cfg.launch.nproc_per_node}", f"nnodes = {cfg.launch.nnodes}", ""]
-    return "\n".join(lines)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines))

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from mt import space
 from mt.config import Config, ConfigError
 from mt.jsonl import read_json, write_json_atomic
 from mt.paths import RunPaths, new_run_dir
-from mt.preset import check_paths, config_from_dict, load_config_json, load_preset, script_preset
+from mt.preset import check_paths, config_from_dict, load_config_json, load_preset, script_run_name, write_script_preset
 from mt.resume import ResumeRefused, attempt_config, reported_checkpoint
 from tui.run import lock as runlock
 from tui.run import usercheck
@@ -63,8 +62,7 @@ def _load(preset: Path) -> Config:
         return load_preset(preset)
     if not preset.is_file():
         raise ConfigError(str(preset), "", "no such script" if not preset.exists() else "not a file")
-    name = re.sub(r"[^A-Za-z0-9_.\-]", "-", preset.stem).strip(".-") or "script"
-    return config_from_dict({"run": {"name": name}, "launch": {"script": str(preset.resolve())}}, str(preset))
+    return config_from_dict({"run": {"name": script_run_name(preset.stem)}, "launch": {"script": str(preset.resolve())}}, str(preset))
 
 
 def resolve_config(preset: Path, over: Overrides) -> tuple[Config, usercheck.UserCheck | None]:
@@ -222,9 +220,7 @@ def create_run(preset: Path, over: Overrides) -> Path:
     for sub in (paths.logs, paths.control, paths.checkpoints, paths.heartbeat_dir):
         sub.mkdir(mode=0o700)
     if is_script(preset):
-        fd = os.open(paths.preset, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(script_preset(cfg, f"mt launch {preset}"))
+        write_script_preset(paths.preset, cfg, f"mt launch {preset}")
     else:
         shutil.copyfile(preset, paths.preset)
         os.chmod(paths.preset, 0o600)
