@@ -1,25 +1,27 @@
 """What the mt library costs a training script: `import mt`, one `run.step`, and a real CPU loop.
 
-    .venv/bin/python bench/library_overhead.py [--steps 100] [--pairs 30] [--repeat 5]
+    .venv/bin/python bench/library_overhead.py [--steps 10] [--pairs 600] [--repeat 5]
 
 1. `import mt` in a fresh interpreter (`-X importtime`, cumulative µs of the mt package), median;
    alone, and after `import torch` (what a training script pays: torch loads pathlib & co. first).
 2. `run.step(...)` on rank 0 of a one-process run (events, heartbeat, control poll; no collective).
-3. The tiny CPU loop of examples/script/train.py (one process), blocks of steps with and without
-   `run.step` in pairs (ABBA...): tokens/s (wall) with/without, the issue's measure; tokens per
-   CPU-second of the process (the library's thread included), the library's whole cost and less
-   disturbed by the neighbours' load; and the time inside `run.step` as a share of the step.
+3. The tiny CPU loop of examples/script/train.py (one process), short blocks of steps with and
+   without `run.step`, paired in random order: tokens/s (wall) with/without, the issue's measure,
+   and tokens per CPU-second of the process (the library's thread included), each as the ratio of
+   the sums with a 95% bootstrap interval; then the time inside `run.step` in blocks of its own.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -54,9 +56,19 @@ def step_cost_us(n: int) -> float:
     return dt / n * 1e6
 
 
-def loop_ratio(steps: int, repeat: int) -> tuple[float, ...]:
-    """The example's loop with run.step against without: the median tokens/s ratio and its quartiles
-    by wall time and by the process's CPU time, µs in run.step, µs a step."""
+def _interval(pairs: list[tuple[float, float]], rng: random.Random, n: int = 2000) -> tuple[float, float, float]:
+    """sum(without) / sum(with) over block pairs, and its 95% bootstrap interval (pairs resampled)."""
+    def ratio(ps: list[tuple[float, float]]) -> float:
+        return sum(a for a, _ in ps) / sum(b for _, b in ps)
+    boot = sorted(ratio(rng.choices(pairs, k=len(pairs))) for _ in range(n))
+    return ratio(pairs), boot[int(0.025 * n)], boot[int(0.975 * n)]
+
+
+def loop_ratio(steps: int, pairs: int) -> dict[str, Any]:
+    """The example's loop with run.step against without, in short blocks paired in random order
+    (a neighbour's burst or a drift of the host hits both sides alike): tokens/s by wall time and
+    by the process's CPU time (the library's thread included), with 95% intervals; then, in blocks
+    of their own (a timer around each call costs the loop too), the time inside run.step."""
     import torch
     import torch.nn.functional as F
 
@@ -79,44 +91,52 @@ def loop_ratio(steps: int, repeat: int) -> tuple[float, ...]:
         opt.step()
         return loss.item(), gn.item()
 
+    rng = random.Random(0)
     with tempfile.TemporaryDirectory() as d:
         run = mt.init(runs_dir=d, name="bench")
-        for s in range(1, 21):
-            one_step(s)  # warm-up
-        # CPU time of this process (its heartbeat thread included): what the library costs the
-        # script, far less disturbed by other processes on a shared machine than wall time.
-        # Pairs of adjacent blocks, in ABBA order so a drift cancels; the median pair ratio.
-        ratios, walls, inside, per_step = [], [], [], []
         step = 0
-        for r in range(repeat):
-            cpu: dict[bool, float] = {}
-            wall: dict[bool, float] = {}
-            for with_mt in ((False, True) if r % 2 == 0 else (True, False)):
-                t0, w0, spent = time.process_time(), time.perf_counter(), 0.0
-                for _ in range(steps):
-                    step += 1
-                    loss, gn = one_step(step)
-                    if with_mt:
-                        a = time.thread_time()  # CPU time: a preemption by a neighbour is not counted
-                        run.step(step, loss=loss, lr=1e-3, grad_norm=gn, tokens=B * T)
-                        spent += time.thread_time() - a
-                cpu[with_mt] = time.process_time() - t0
-                wall[with_mt] = time.perf_counter() - w0
+
+        def block(with_mt: bool) -> tuple[float, float]:
+            nonlocal step
+            t0, w0 = time.process_time(), time.perf_counter()
+            for _ in range(steps):
+                step += 1
+                loss, gn = one_step(step)
                 if with_mt:
-                    inside.append(spent / steps)
-                    per_step.append(cpu[with_mt] / steps)
-            ratios.append(cpu[False] / cpu[True])
-            walls.append(wall[False] / wall[True])
+                    run.step(step, loss=loss, lr=1e-3, grad_norm=gn, tokens=B * T)
+            return time.perf_counter() - w0, time.process_time() - t0
+
+        for _ in range(3):
+            block(True), block(False)  # warm-up
+        wall: list[tuple[float, float]] = []
+        cpu: list[tuple[float, float]] = []
+        for _ in range(pairs):
+            first = rng.random() < 0.5
+            a = block(first)
+            b = block(not first)
+            off, on = (b, a) if first else (a, b)
+            wall.append((off[0], on[0]))
+            cpu.append((off[1], on[1]))
+        inside, spent = [], 0.0
+        for _ in range(max(1, pairs // 4)):
+            spent = 0.0
+            for _ in range(steps):
+                step += 1
+                loss, gn = one_step(step)
+                a0 = time.thread_time()  # CPU time: a preemption by a neighbour is not counted
+                run.step(step, loss=loss, lr=1e-3, grad_norm=gn, tokens=B * T)
+                spent += time.thread_time() - a0
+            inside.append(spent / steps)
         run.finish()
-    q, qw = statistics.quantiles(ratios, n=4), statistics.quantiles(walls, n=4)
-    return (statistics.median(walls), qw[0], qw[2], statistics.median(ratios), q[0], q[2],
-            statistics.median(inside) * 1e6, statistics.median(per_step) * 1e6)
+    step_s = statistics.median(off for off, _ in cpu) / steps
+    return {"wall": _interval(wall, rng), "cpu": _interval(cpu, rng), "inside_us": statistics.median(inside) * 1e6,
+            "step_us": step_s * 1e6}
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--steps", type=int, default=100, help="steps per block")
-    p.add_argument("--pairs", type=int, default=30, help="block pairs (with, without) of the tiny loop")
+    p.add_argument("--steps", type=int, default=10, help="steps per block")
+    p.add_argument("--pairs", type=int, default=600, help="block pairs (with, without) of the tiny loop")
     p.add_argument("--repeat", type=int, default=5, help="fresh interpreters for the import cost")
     args = p.parse_args()
     os.environ.pop("MT_RUN_DIR", None)
@@ -124,12 +144,12 @@ def main() -> None:
           f"{import_cost_us(args.repeat, 'import torch; ') / 1000:.1f} ms after import torch "
           f"(median of {args.repeat}, -X importtime)")
     print(f"run.step, one rank: {step_cost_us(20000):.1f} µs per call (20000 calls)")
-    wall, wlo, whi, ratio, lo, hi, inside, step_us = loop_ratio(args.steps, args.pairs)
-    print(f"CPU tiny loop ({step_us:,.0f} µs a step), with run.step / without, median of {args.pairs} block pairs: "
-          f"tokens/s {wall:.3f} (quartiles {wlo:.3f}-{whi:.3f}); tokens per CPU-second of the process, "
-          f"the library's thread included, {ratio:.3f} ({lo:.3f}-{hi:.3f}); run.step itself {inside:.1f} µs "
-          f"in the training thread = {1 - inside / step_us:.4f} of the step left to the script")
-
+    r = loop_ratio(args.steps, args.pairs)
+    (wall, wlo, whi), (cpu, clo, chi) = r["wall"], r["cpu"]
+    print(f"CPU tiny loop ({r['step_us']:,.0f} µs a step), with run.step / without, {args.pairs} pairs of "
+          f"{args.steps}-step blocks: tokens/s {wall:.4f} (95% interval {wlo:.4f}-{whi:.4f}); tokens per CPU-second "
+          f"of the process, the library's thread included, {cpu:.4f} ({clo:.4f}-{chi:.4f}); run.step itself "
+          f"{r['inside_us']:.1f} µs in the training thread (timed blocks of their own)")
 
 if __name__ == "__main__":
     main()

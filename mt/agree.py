@@ -23,7 +23,7 @@ class Agreement:
 
     def __init__(self, world_size: int) -> None:
         self._device: Any = None
-        self._alone = world_size < 2  # WORLD_SIZE says so: no group to ask, every step
+        self.alone = world_size < 2  # WORLD_SIZE says so: no group to ask, every step
 
     @staticmethod
     def _group() -> Any:
@@ -33,7 +33,7 @@ class Agreement:
 
     def decide(self, checkpoint: bool, stop: bool, tokens: float | None) -> tuple[bool, bool, float | None]:
         """(checkpoint, stop, tokens summed over ranks): True on every rank if any rank asked."""
-        if self._alone:
+        if self.alone:
             return checkpoint, stop, tokens
         dist = self._group()
         if dist is None:
