@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint._traverse import set_element  # what DefaultLoadPlanner.load_bytes uses
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
@@ -45,6 +46,10 @@ ALLOWED = frozenset(
        ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath")}
     | {("torch", n) for n in dir(torch) if isinstance(getattr(torch, n, None), torch.dtype)}
 )
+
+
+# DCP's CheckpointException (every rank's failure, gathered) derives from BaseException, not Exception
+FAILED = (Exception, CheckpointException)
 
 
 class _MetadataUnpickler(pickle.Unpickler):
@@ -90,7 +95,7 @@ class SafePlanner(DefaultLoadPlanner):
         try:
             obj = torch.load(value, weights_only=True)
         except Exception as e:  # noqa: BLE001 - weights_only refuses pickled code with UnpicklingError, and more
-            raise CheckpointError(f"item {read_item.dest_index.fqn}: refused by weights_only load: {type(e).__name__}: {e}") from None
+            raise CheckpointError(f"item {read_item.dest_index.fqn}: refused by weights_only load: {_why(e)}") from None
         if self.flatten_state_dict:
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
         else:
@@ -113,13 +118,18 @@ def state_of(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[s
     return {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
 
 
+def read_into(state: dict[str, Any], path: Path, no_dist: bool = False) -> None:
+    """dcp.load through SafeReader and SafePlanner; any failure is one CheckpointError line."""
+    try:
+        dcp.load(state, storage_reader=SafeReader(path), planner=SafePlanner(), no_dist=no_dist)
+    except FAILED as e:
+        raise CheckpointError(f"{path}: {_first_line(e)}") from None
+
+
 def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Collective: every rank reads its part of a sharded checkpoint into its shards of model and optimizer."""
     state = state_of(model, optimizer)  # initialises the optimizer's state so DCP has tensors to fill
-    try:
-        dcp.load(state, storage_reader=SafeReader(path), planner=SafePlanner())
-    except Exception as e:  # noqa: BLE001 - DCP wraps every rank's failure in one CheckpointException
-        raise CheckpointError(f"{path}: {_first_line(e)}") from None
+    read_into(state, path)
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, optimizer, state["optim"])
 
@@ -129,18 +139,26 @@ def model_state(path: Path) -> dict[str, torch.Tensor]:
     md = read_metadata(path)
     state = {"model": {k[len("model."):]: torch.empty(tuple(v.size), dtype=v.properties.dtype)
                        for k, v in md.state_dict_metadata.items() if k.startswith("model.") and isinstance(v, TensorStorageMetadata)}}
-    dcp.load(state, storage_reader=SafeReader(path), planner=SafePlanner(), no_dist=True)
+    read_into(state, path, no_dist=True)
     return state["model"]
 
 
 def _first_line(e: BaseException) -> str:
-    """DCP's CheckpointException lists every rank's traceback: the first real cause is enough."""
+    """DCP's CheckpointException lists every rank's traceback: the first rank's cause is enough."""
     causes = getattr(e, "failures", None)
     if isinstance(causes, dict) and causes:
-        rank, cause = sorted(causes.items())[0]
+        rank, cause = min(causes.items(), key=lambda kv: kv[0])
         cause = cause[0] if isinstance(cause, tuple) else cause
-        return f"rank {rank}: {cause}".splitlines()[0][:400]
-    return f"{type(e).__name__}: {e}".splitlines()[0][:400]
+        text = str(cause) if isinstance(cause, CheckpointError) else f"{type(cause).__name__}: {cause}"
+        return f"rank {rank}: {text}".splitlines()[0][:500]
+    return f"{type(e).__name__}: {e}".splitlines()[0][:500]
+
+
+def _why(e: BaseException) -> str:
+    """weights_only's reason in one line: the GLOBAL it refused (its message is a paragraph)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    named = [ln for ln in lines if "GLOBAL" in ln]
+    return f"{type(e).__name__}: {(named or lines or [''])[0]}"
 
 
 # ---- writing ----------------------------------------------------------------------------------
@@ -204,7 +222,7 @@ class ShardedWriter:
             future = Future()
             try:
                 future.set_result(dcp.save(state, storage_writer=writer))
-            except Exception as e:  # noqa: BLE001 - reported through the same path as a background failure
+            except FAILED as e:  # reported through the same path as a background failure
                 future.set_exception(e)
         pending = Pending(step, info, future, time.perf_counter() - t0, t0)
         if self.is_main:
@@ -228,7 +246,7 @@ class ShardedWriter:
         try:
             try:
                 p.future.result()
-            except Exception as e:  # the temporary folder goes; the error is reported
+            except FAILED as e:  # the temporary folder goes; the error is reported
                 raise checkpoint.discard(tmp, self.root, p.step, e, needed) from e
 
             def write(folder: Path) -> dict[str, Any]:
@@ -239,7 +257,7 @@ class ShardedWriter:
             saved.pruned = checkpoint.prune(self.root, self.keep_last, saved.path)
             p.saved = saved
         except BaseException as e:  # noqa: BLE001 - handed to the loop, which reports it
-            p.error = e
+            p.error = e if isinstance(e, Exception) else RuntimeError(_first_line(e))
         finally:
             p.done.set()
 
@@ -258,7 +276,7 @@ class ShardedWriter:
             return None
         try:
             p.future.result()
-        except Exception:  # noqa: BLE001 - rank 0's commit reports it; the others only wait
+        except FAILED:  # rank 0's commit reports it; the others only wait
             pass
         p.done.wait()
         self.pending = None
