@@ -221,6 +221,8 @@ class FaultsConfig:
     """Sleep this long in every step (slows a demo down to watchable speed)."""
     crash_in_checkpoint_at_step: int = _c(0, ge=0)
     """Rank 0 dies (SIGKILL-like) after writing the first file of this step's checkpoint."""
+    fail_checkpoint_at_step: int = _c(0, ge=0)
+    """Rank 0's write of this step's checkpoint raises OSError after its first file (async: a checkpoint_failed incident)."""
 
 
 @dataclass

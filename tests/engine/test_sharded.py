@@ -14,6 +14,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from engine import checkpoint, sharded
+from engine.weights import read_state
 from mt.ckptfile import CheckpointError
 
 from .runner import SMALL, events, logs, make_run, merge, run_engine, start, steps_by_attempt
@@ -50,19 +51,23 @@ def _stop_at_next_step(run: Path) -> None:
 @pytest.mark.slow
 def test_sharded_async_kill_resumes_bitwise_and_reshards_two_to_one_to_two(tmp_path):
     # one chain of runs proves it all (each start costs seconds):
-    # 1. async, 2 ranks; rank 0 dies (SIGKILL) in the background commit of step 8, after its
-    #    train.pt: step-4 stays the newest checkpoint and resumes bit for bit (against a reference);
+    # 1. async, 2 ranks, a checkpoint every 2 steps: step 2's background write fails (an incident,
+    #    training goes on); rank 0 dies (SIGKILL) in the background commit of step 8, after its
+    #    train.pt: step-6 stays the newest checkpoint and resumes bit for bit (against a reference);
     # 2. that step-4 (2 ranks' shards) resumes on 1 rank, which stops at step 5 (1 rank's shards);
     # 3. a newer copy with a truncated shard is skipped; step 5 resumes on 2 ranks to the end.
     reference = make_run(tmp_path, "reference", BASE)
     ref_proc = start(reference, nproc=2)
-    run = make_run(tmp_path, "killed", BASE, checkpoint={"async": True}, faults={"crash_in_checkpoint_at_step": 8})
+    run = make_run(tmp_path, "killed", BASE, checkpoint={"async": True, "every_steps": 2},
+                   faults={"fail_checkpoint_at_step": 2, "crash_in_checkpoint_at_step": 8})
     assert run_engine(run, nproc=2) != 0
     first = events(run, "checkpoint")
-    assert [c["step"] for c in first] == [4]
-    assert 0 < first[0]["blocking_s"] <= first[0]["seconds"]
+    assert [c["step"] for c in first] == [4, 6]
+    assert all(0 < c["blocking_s"] <= c["seconds"] for c in first)
+    [failed] = [e for e in events(run, "incident") if e["code"] == "checkpoint_failed"]
+    assert failed["step"] == 2 and "injected write failure" in failed["detail"] and "\n" not in failed["detail"]
     ckpts = run / "checkpoints"
-    assert (ckpts / "step-4").is_dir() and not (ckpts / "step-8").exists()
+    assert sorted(p.name for p in ckpts.iterdir() if not p.name.startswith(".tmp-step-8-")) == ["step-4", "step-6"]
     assert list(ckpts.glob(".tmp-step-8-*")), "the half-written step 8 stays a temporary folder"
 
     moved = make_run(tmp_path, "reshard", BASE)
@@ -73,16 +78,18 @@ def test_sharded_async_kill_resumes_bitwise_and_reshards_two_to_one_to_two(tmp_p
     assert to_one.wait(timeout=240) == 0, logs(moved)
 
     start2 = [e for e in events(run, "run_start") if e["attempt"] == 2][0]
-    assert start2["resumed_from"]["path"].endswith("step-4") and start2["resumed_from"]["exact"] is True
+    assert start2["resumed_from"]["path"].endswith("step-6") and start2["resumed_from"]["exact"] is True
     assert not list(ckpts.glob(".tmp-*"))
     assert ref_proc.wait(timeout=240) == 0, logs(reference)
     ref = {s["step"]: s for s in events(reference, "step")}
     after = steps_by_attempt(run)[2]
-    assert [s["step"] for s in after] == list(range(5, 13))
+    assert [s["step"] for s in after] == list(range(7, 13))
     for s in after:
         assert (s["loss"], s["grad_norm"], s["samples_seen"]) == (ref[s["step"]]["loss"], ref[s["step"]]["grad_norm"], ref[s["step"]]["samples_seen"]), s["step"]
     a, b = _final_weights(reference), _final_weights(run)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    weights, _ = read_state(run)  # init_from a run whose checkpoints are sharded
+    assert all(torch.equal(weights[k], a[k]) for k in a)
     last = events(run, "checkpoint")[-1]
     assert last["reason"] == "final" and last["t"] <= events(run, "run_end")[-1]["t"]  # the end waited for it
 
@@ -91,6 +98,9 @@ def test_sharded_async_kill_resumes_bitwise_and_reshards_two_to_one_to_two(tmp_p
     shutil.copytree(mine / "step-5", mine / "step-6")  # newer, with a truncated shard: passed over
     with open(mine / "step-6" / "__0_0.distcp", "r+b") as f:
         f.truncate(100)
+    cfg = json.loads((moved / "config.json").read_text())
+    cfg["checkpoint"]["format"] = "full"  # ... and reads the sharded one, writes full ones
+    (moved / "config.json").write_text(json.dumps(cfg))
     assert run_engine(moved, nproc=2, attempt=2) == 0, logs(moved)  # 1 -> 2
     starts = {e["attempt"]: e for e in events(moved, "run_start")}
     assert starts[1]["resumed_from"]["world_size_before"] == 2 and starts[1]["resumed_from"]["grad_accum_now"] == 4
@@ -102,6 +112,8 @@ def test_sharded_async_kill_resumes_bitwise_and_reshards_two_to_one_to_two(tmp_p
     assert _samples_by_step(moved) == {s: want[s] for s in range(5, 13)}  # the same samples in every step
     for s in events(moved, "step"):  # resharded weights and moments: the same run up to float sum order
         assert s["loss"] == pytest.approx(ref[s["step"]]["loss"], rel=1e-4), s["step"]
+    full = torch.load(f"{events(moved, 'checkpoint')[-1]['path']}/model.pt", weights_only=True)
+    assert full.keys() == a.keys() and all(torch.allclose(full[k], a[k], rtol=1e-4, atol=1e-5) for k in a)
 
 
 class _Marker:
