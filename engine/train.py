@@ -24,7 +24,7 @@ from engine.resume import find_checkpoint
 from engine.user import call_model, loss_of, to_device, tokens_per_sample
 from engine.weights import fit_problems, load_into, read_state
 from mt import resume
-from mt.anomaly import StepAnomalies, disk_full_incident, nan_incident
+from mt.anomaly import StepAnomalies, checkpoint_failed_incident, disk_full_incident, nan_incident
 from mt.config import Config
 from mt.eventlog import EventWriter, NullEventWriter
 from mt.heartbeat import Heartbeat
@@ -340,11 +340,7 @@ class Trainer:
         newest = checkpoint.candidates(self.paths.checkpoints)
         last = f"the newest checkpoint stays {newest[0].name}" if newest else "there is no checkpoint yet"
         log(f"checkpoint ({reason}) step {p.step} failed in the background: {why}; {last}")
-        self.events.emit("incident", step=p.step, code="checkpoint_failed", severity="error",
-                         title=f"Checkpoint at step {p.step} failed in the background",
-                         detail=f"{why}. The temporary folder was removed; {last}.",
-                         advice="Check the rank logs and the checkpoints' filesystem; the next checkpoint tries again.",
-                         evidence={"reason": reason, "path": str(self.paths.checkpoints)})
+        self.events.emit("incident", **checkpoint_failed_incident(p.step, why, last, reason, self.paths.checkpoints))
         for req in reqs:
             if req.action == "checkpoint":
                 self.events.emit("control", request_id=req.id, action=req.action, status="rejected", detail=why)
