@@ -164,7 +164,7 @@ def _why(e: BaseException) -> str:
 # ---- writing ----------------------------------------------------------------------------------
 @dataclass
 class Pending:
-    """A checkpoint whose files are still being written in the background."""
+    """One sharded write: this rank's DCP future, and what rank 0's commit made of it."""
 
     step: int
     info: dict[str, Any]                     # what the loop needs to report it (reason, requests)
