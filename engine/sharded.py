@@ -26,6 +26,8 @@ from torch.distributed.checkpoint._traverse import set_element  # what DefaultLo
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
+from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -162,6 +164,21 @@ def _why(e: BaseException) -> str:
 
 
 # ---- writing ----------------------------------------------------------------------------------
+class _ReusedStager(BlockingAsyncStager):
+    """Stages into one CPU copy kept between saves, so a save waits for a copy, not an allocation.
+
+    torch's own cache pins that memory, which needs a CUDA device: pinned only where there is one.
+    Reusing it is safe because a save first waits for the write before it (one in flight)."""
+
+    def __init__(self) -> None:
+        super().__init__(cache_staged_state_dict=True)
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        if self.state_dict_cache is None:
+            self.state_dict_cache = _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
+        return _copy_state_dict(state_dict, self.state_dict_cache)  # non-tensor values: this save's own
+
+
 @dataclass
 class Pending:
     """One sharded write: this rank's DCP future, and what rank 0's commit made of it."""
@@ -187,6 +204,7 @@ class ShardedWriter:
         self.root, self.keep_last, self.is_main, self.background = root, keep_last, is_main, background
         self.pending: Pending | None = None
         self._group: Any = None
+        self._stager = _ReusedStager() if background else None
 
     def _pg(self) -> Any:
         # a write in the background runs its collectives beside the loop's: a group of its own
@@ -217,7 +235,7 @@ class ShardedWriter:
         tmp, needed = Path(decision[0]), decision[1]
         writer = FileSystemWriter(tmp, sync_files=True)
         if self.background:
-            future = dcp.async_save(state, storage_writer=writer, process_group=self._pg())
+            future = dcp.async_save(state, storage_writer=writer, process_group=self._pg(), async_stager=self._stager)
         else:
             future = Future()
             try:
