@@ -77,20 +77,30 @@ def save(root: Path, step: int, parts: dict[str, Any], meta: dict[str, Any], aft
 
     `after_file(name)` runs after each file is on disk (the fault injector dies there). On any
     error the temporary folder is removed; a full disk raises DiskFullError (`needed`: a hint)."""
-    t0 = time.perf_counter()
+    return commit(root, step, begin(root, step), lambda tmp: write_parts(tmp, parts, after_file), meta, needed)
+
+
+def begin(root: Path, step: int) -> Path:
+    """The empty temporary folder checkpoint `step` is written into (any leftover of that name removed)."""
     root.mkdir(exist_ok=True)  # never parents: a deleted run directory must stay deleted
-    final = root / f"step-{step}"
     tmp = root / f".tmp-step-{step}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(mode=0o700)
+    return tmp
+
+
+def commit(root: Path, step: int, tmp: Path, write: Callable[[Path], dict[str, Any]], meta: dict[str, Any],
+           needed: int | None = None, t0: float | None = None) -> Saved:
+    """Finish the files in `tmp` (`write` returns the manifest's files), write the manifest, rename into place.
+
+    On any error the temporary folder is removed (never renamed); a full disk raises DiskFullError."""
+    t0 = time.perf_counter() if t0 is None else t0
+    final = root / f"step-{step}"
     try:
-        files = _write_folder(tmp, step, parts, meta, after_file)
+        files = write(tmp)
+        _write_manifest(tmp, step, files, meta)
     except Exception as e:
-        written = space.disk_usage(tmp)
-        shutil.rmtree(tmp, ignore_errors=True)  # a half-written folder would keep the space
-        if space.is_disk_full(e):
-            wrote = f" ({space.human(written)} written when the disk filled)" if written else ""
-            raise space.disk_full(f"checkpoint step-{step}{wrote}", root, needed) from e
-        raise
+        raise discard(tmp, root, step, e, needed) from e
     if final.exists():  # an older timeline's folder of the same step: replace it whole
         trash = root / f".trash-step-{step}-{os.getpid()}"
         os.replace(final, trash)
@@ -101,16 +111,24 @@ def save(root: Path, step: int, parts: dict[str, Any], meta: dict[str, Any], aft
     return Saved(final, total, time.perf_counter() - t0)
 
 
-def _write_folder(tmp: Path, step: int, parts: dict[str, Any], meta: dict[str, Any],
-                  after_file: Callable[[str], None] | None) -> dict[str, Any]:
-    """Every file and then the manifest into tmp, each fsynced; returns the manifest's files."""
-    tmp.mkdir(mode=0o700)
+def discard(tmp: Path, root: Path, step: int, e: BaseException, needed: int | None = None) -> BaseException:
+    """Remove a half-written checkpoint; the error to raise (a full disk becomes DiskFullError)."""
+    written = space.disk_usage(tmp)
+    shutil.rmtree(tmp, ignore_errors=True)  # a half-written folder would keep the space
+    if space.is_disk_full(e):
+        wrote = f" ({space.human(written)} written when the disk filled)" if written else ""
+        return space.disk_full(f"checkpoint step-{step}{wrote}", root, needed)
+    return e
+
+
+def write_parts(tmp: Path, parts: dict[str, Any], after_file: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Each part through torch.save into tmp, fsynced; returns {name: {sha256, bytes}}."""
     files = {}
-    for name in FILES:
+    for name, obj in parts.items():
         with open(tmp / name, "wb") as f:
             w = _HashingWriter(f)
             try:
-                torch.save(parts[name], w)
+                torch.save(obj, w)
             except RuntimeError as e:
                 if w.error is not None:  # torch's "[enforce fail ...] unexpected pos": the write failed
                     raise w.error from e
@@ -120,13 +138,30 @@ def _write_folder(tmp: Path, step: int, parts: dict[str, Any], meta: dict[str, A
         files[name] = {"sha256": w.sha.hexdigest(), "bytes": w.size}
         if after_file:
             after_file(name)
+    return files
+
+
+def hash_files(folder: Path, names: list[str]) -> dict[str, Any]:
+    """{name: {sha256, bytes}} of files already written (DCP's shards and .metadata)."""
+    files = {}
+    for name in names:
+        sha, size = hashlib.sha256(), 0
+        with open(folder / name, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                sha.update(block)
+                size += len(block)
+        files[name] = {"sha256": sha.hexdigest(), "bytes": size}
+    return files
+
+
+def _write_manifest(tmp: Path, step: int, files: dict[str, Any], meta: dict[str, Any]) -> None:
+    """manifest.json last, fsynced, then the folder itself."""
     manifest = {"format": FORMAT, "version": FORMAT_VERSION, "step": step, "files": files, "created": time.time(), **meta}
     with open(tmp / "manifest.json", "w") as f:
         json.dump(manifest, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
     _fsync_dir(tmp)
-    return files
 
 
 def _intact(path: Path) -> bool:
@@ -143,6 +178,15 @@ def save_and_prune(root: Path, step: int, parts: dict[str, Any], meta: dict[str,
 
     Raises DiskFullError, having written and deleted nothing, when even pruning first would not
     make room."""
+    room = make_room(root, step, keep_last)
+    saved = save(root, step, parts, meta, after_file, room.needed)
+    saved.pruned = room.prune_first + prune(root, keep_last, saved.path)
+    return saved
+
+
+def make_room(root: Path, step: int, keep_last: int) -> space.Room:
+    """Delete early what retention would delete after this save when the disk needs it; raises
+    DiskFullError, having deleted nothing, when even that would not make room."""
     room = space.plan_room(root, step, keep_last, _intact)
     if not room.fits:
         kept = f"keep_last = {keep_last} keeps {room.kept} older checkpoint{'s' * (room.kept != 1)} beside it"
@@ -151,9 +195,7 @@ def save_and_prune(root: Path, step: int, parts: dict[str, Any], meta: dict[str,
         raise space.disk_full(f"checkpoint step-{step} ({kept})", root, room.needed)
     for p in room.prune_first:
         shutil.rmtree(p, ignore_errors=True)
-    saved = save(root, step, parts, meta, after_file, room.needed)
-    saved.pruned = room.prune_first + prune(root, keep_last, saved.path)
-    return saved
+    return room
 
 
 def candidates(root: Path) -> list[Path]:
@@ -174,16 +216,29 @@ def find_latest(root: Path, map_location: torch.device | str = "cpu") -> tuple[P
 
 
 def load(path: Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
-    """Every part of a verified checkpoint; anything that would need unpickling code is refused."""
-    parts = {}
-    for name in FILES:
-        # RNG states must stay CPU tensors (torch.set_rng_state takes no others)
-        where = "cpu" if name == "train.pt" else map_location
-        try:
-            parts[name] = torch.load(path / name, map_location=where, weights_only=True)
-        except Exception as e:  # noqa: BLE001 - weights_only refuses pickled code with UnpicklingError, and more
-            raise CheckpointError(f"{path}/{name}: refused by weights_only load: {type(e).__name__}: {e}") from None
-    return parts
+    """Every part of a verified checkpoint; anything that would need unpickling code is refused.
+
+    A sharded checkpoint gives train.pt and `sharded`, its DCP metadata (read without running
+    code); the shards themselves are read by every rank (engine/sharded.py `load`)."""
+    if verify_layout(path) == "sharded":
+        from engine import sharded  # DCP is imported only where a sharded checkpoint is read
+        return {"train.pt": _load_file(path, "train.pt", "cpu"), "sharded": sharded.read_metadata(path)}
+    return {name: _load_file(path, name, map_location) for name in FILES}
+
+
+def verify_layout(path: Path) -> str:
+    """The layout a checkpoint's manifest names ("full" for manifests written before there were two)."""
+    manifest = json.loads((path / "manifest.json").read_text())
+    return manifest.get("layout", "full")
+
+
+def _load_file(path: Path, name: str, map_location: torch.device | str) -> Any:
+    # RNG states must stay CPU tensors (torch.set_rng_state takes no others)
+    where = "cpu" if name == "train.pt" else map_location
+    try:
+        return torch.load(path / name, map_location=where, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - weights_only refuses pickled code with UnpicklingError, and more
+        raise CheckpointError(f"{path}/{name}: refused by weights_only load: {type(e).__name__}: {e}") from None
 
 
 def prune(root: Path, keep_last: int, newest: Path) -> list[Path]:

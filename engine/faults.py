@@ -42,7 +42,13 @@ class Faults:
         return None
 
     def in_checkpoint(self, step: int) -> Callable[[str], None] | None:
-        """A hook for checkpoint.save that kills this process after the first file of that step."""
+        """A hook for checkpoint.save that kills this process (or fails the write) after the first
+        file of that step (sharded: train.pt, once every rank's shards are written)."""
+        if self.armed and self.cfg.fail_checkpoint_at_step == step:
+            def fail(name: str) -> None:
+                raise OSError(f"injected write failure in checkpoint step {step} after {name} ([faults] fail_checkpoint_at_step)")
+
+            return fail
         if not (self.armed and self.cfg.crash_in_checkpoint_at_step == step):
             return None
 

@@ -18,7 +18,8 @@ class InitFromError(ValueError):
 def read_state(path: Path) -> tuple[dict[str, torch.Tensor], str]:
     """The state dict `path` holds, and which file it came from.
 
-    A run directory gives its newest intact checkpoint; a checkpoint folder its model.pt; a
+    A run directory gives its newest intact checkpoint; a checkpoint folder its model.pt (sharded:
+    the model's shards, read whole); a
     `.safetensors` file is read with safetensors; anything else as a weights-only torch file.
     """
     path = Path(path).expanduser()
@@ -36,6 +37,12 @@ def read_state(path: Path) -> tuple[dict[str, torch.Tensor], str]:
             checkpoint.verify(folder)
         except checkpoint.CheckpointError as e:
             raise InitFromError(f"model.init_from: {e}") from None
+        if checkpoint.verify_layout(folder) == "sharded":  # every shard read whole, here (no collective)
+            from engine import sharded
+            try:
+                return sharded.model_state(folder), str(folder)
+            except checkpoint.CheckpointError as e:
+                raise InitFromError(f"model.init_from: {e}") from None
         return _torch_load(folder / "model.pt"), str(folder / "model.pt")
     if path.suffix == ".safetensors":
         try:

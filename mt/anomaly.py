@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 from mt.config import MonitorConfig
@@ -316,3 +317,11 @@ def disk_full_incident(step: int, error: DiskFullError, reason: str, last: str, 
               f"`mt resume` once there is room.")
     return _incident(step, "disk_full", "error", f"Checkpoint at step {step} {'failed' if reason in ('final', 'stop') else 'skipped'}: disk full",
                      f"{error}. {last[0].upper()}{last[1:]}; {then}.", advice, evidence)
+
+
+def checkpoint_failed_incident(step: int, why: str, last: str, reason: str, root: Path) -> dict[str, Any]:
+    """The `checkpoint_failed` incident: a background (checkpoint.async) write that failed and was removed."""
+    return _incident(step, "checkpoint_failed", "error", f"Checkpoint at step {step} failed in the background",
+                     f"{why}. The temporary folder was removed; {last}.",
+                     "Check the rank logs and the checkpoints' filesystem; the next checkpoint tries again.",
+                     {"reason": reason, "path": str(root)})

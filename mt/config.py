@@ -145,6 +145,11 @@ class TrainConfig:
 class CheckpointConfig:
     every_steps: int = _c(0, ge=0)
     keep_last: int = _c(3, ge=1)
+    format: Literal["auto", "full", "sharded"] = "auto"
+    """full: whole state dicts gathered to rank 0; sharded: torch.distributed.checkpoint, every
+    rank writes its shards; auto: sharded under train.strategy = "fsdp", full under ddp."""
+    async_: bool = field(default=False, metadata={"toml": "async"})  # `async` is a Python keyword
+    """The loop waits only while the state is copied to CPU; the write finishes in the background (sharded only)."""
 
 
 @dataclass
@@ -216,6 +221,8 @@ class FaultsConfig:
     """Sleep this long in every step (slows a demo down to watchable speed)."""
     crash_in_checkpoint_at_step: int = _c(0, ge=0)
     """Rank 0 dies (SIGKILL-like) after writing the first file of this step's checkpoint."""
+    fail_checkpoint_at_step: int = _c(0, ge=0)
+    """Rank 0's write of this step's checkpoint raises OSError after its first file (async: a checkpoint_failed incident)."""
 
 
 @dataclass
@@ -237,7 +244,20 @@ class Config:
     debug: DebugConfig = field(default_factory=DebugConfig)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The preset's tables as TOML spells them (a field named for a keyword keeps its TOML key)."""
+        raw = dataclasses.asdict(self)
+        for section in dataclasses.fields(self):
+            for f in dataclasses.fields(getattr(self, section.name)):
+                if "toml" in f.metadata:
+                    raw[section.name][f.metadata["toml"]] = raw[section.name].pop(f.name)
+        return raw
+
+    @property
+    def checkpoint_format(self) -> Literal["full", "sharded"]:
+        """checkpoint.format with "auto" resolved: sharded under fsdp, full under ddp."""
+        if self.checkpoint.format == "auto":
+            return "sharded" if self.train.strategy == "fsdp" else "full"
+        return self.checkpoint.format
 
     @property
     def world_size(self) -> int:

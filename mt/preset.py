@@ -98,7 +98,8 @@ def _build(cls: type, source: str, section: str, table: Any) -> Any:
     if not isinstance(table, dict):
         raise ConfigError(source, section, f"expected a table [{section}], got {_show(table)}")
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    # by TOML key: a field named for a Python keyword (checkpoint.async) says its key in metadata
+    fields = {f.metadata.get("toml", f.name): f for f in dataclasses.fields(cls)}
     for key in table:
         if key not in fields:
             known = ", ".join(fields)
@@ -107,7 +108,8 @@ def _build(cls: type, source: str, section: str, table: Any) -> Any:
     for name, f in fields.items():
         key = f"{section}.{name}"
         if name in table:
-            kwargs[name] = _coerce(source, key, hints[name], table[name], dict(f.metadata))
+            rules = {r: b for r, b in f.metadata.items() if r != "toml"}
+            kwargs[f.name] = _coerce(source, key, hints[f.name], table[name], rules)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ConfigError(source, key, "missing (required)")
     return cls(**kwargs)
@@ -165,6 +167,9 @@ def _check(cfg: Config, source: str) -> None:
         raise ConfigError(source, "train.fsdp.wrap", f"{what} with a factory model needs its block class names, e.g. wrap = [\"MyBlock\"]")
     if cfg.faults.overflow_at_step and t.precision != "fp16":
         raise ConfigError(source, "faults.overflow_at_step", f"needs train.precision = \"fp16\", got {_show(t.precision)}")
+    if cfg.checkpoint.async_ and cfg.checkpoint_format != "sharded":
+        raise ConfigError(source, "checkpoint.async", "needs sharded checkpoints (checkpoint.format = \"sharded\", "
+                          "or \"auto\" under train.strategy = \"fsdp\"); full checkpoints are written blocking")
     if cfg.faults.hang_rank >= cfg.world_size and cfg.faults.hang_at_step:
         raise ConfigError(source, "faults.hang_rank", f"must be < world size ({cfg.world_size})")
 

@@ -102,6 +102,7 @@ class Checkpoint(Event):
     reason: str
     request_id: str | None
     request_ids: tuple[str, ...]    # every request this checkpoint answers (two in one step: both)
+    blocking_s: float | None = None  # how long the loop waited (checkpoint.async: staging only)
     kind: ClassVar[str] = "checkpoint"
 
 
@@ -269,7 +270,7 @@ def _checkpoint(raw: dict[str, Any], t: float | None) -> Checkpoint:
     return Checkpoint(
         t, raw, _int(raw, "step", required=True), _str(raw, "path") or "", _int(raw, "bytes"),  # type: ignore[arg-type]
         _num(raw, "seconds", True), _str(raw, "reason") or "", first,
-        tuple(ids) if ids is not None else (first,) if first else ())
+        tuple(ids) if ids is not None else (first,) if first else (), _num(raw, "blocking_s", True))
 
 
 def _incident(raw: dict[str, Any], t: float | None) -> Incident:

@@ -41,6 +41,14 @@ def fmt_duration(s: float | None) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
+def fmt_write_time(seconds: float | None, blocking_s: float | None) -> str:
+    """A checkpoint's write time and what the loop waited of it: `0.94 s, loop waited 0.18 s`."""
+    if seconds is None:
+        return ""
+    waited = "" if blocking_s is None or blocking_s >= seconds else f", loop waited {blocking_s:.2f} s"
+    return f"{seconds:.2f} s{waited}"
+
+
 _SUFFIXES = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 
 

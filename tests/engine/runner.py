@@ -103,6 +103,18 @@ def events(run: Path, kind: str | None = None) -> list[dict[str, Any]]:
     return [e for e in evs if kind is None or e["kind"] == kind]
 
 
+def final_weights(run: Path) -> dict[str, Any]:
+    """The model state dict of a run's last final checkpoint, of either layout (full or sharded)."""
+    import torch
+
+    from engine import sharded
+
+    path = Path([c for c in events(run, "checkpoint") if c["reason"] == "final"][-1]["path"])
+    if (path / "model.pt").exists():
+        return torch.load(path / "model.pt", weights_only=True)
+    return sharded.model_state(path)
+
+
 def steps_by_attempt(run: Path) -> dict[int, list[dict[str, Any]]]:
     """Step events grouped by the attempt whose run_start preceded them."""
     out: dict[int, list[dict[str, Any]]] = {}

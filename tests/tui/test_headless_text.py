@@ -7,10 +7,11 @@ import time
 from pathlib import Path
 
 from mt.events import dumps
+from mt.records import parse_event
 from tests.cli.conftest import mt
 from tests.tui.synth import SynthRun, finished_run
 from tui.read.follower import load_run_state
-from tui.text.headless import follow_run
+from tui.text.headless import event_line, follow_run
 from tui.text.summary import format_summary
 
 CRASH = "RuntimeError: injected crash at step 12 on rank 1 ([faults] crash_at_step)"
@@ -154,3 +155,14 @@ def test_every_is_a_flag_of_each_headless_command(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stdout + res.stderr
     assert len([ln for ln in res.stdout.splitlines() if ln.startswith("step ")]) == 10
     assert mt("watch", tmp_path / "run", "--headless", "--every", "-1").returncode == 2
+
+
+def test_a_checkpoints_write_time_shows_what_the_loop_waited(tmp_path: Path) -> None:
+    r = SynthRun(tmp_path, max_steps=4)
+    r.run_start()
+    r.step(1)
+    r.event("checkpoint", step=1, path="checkpoints/step-1", bytes=10, seconds=0.94, blocking_s=0.18, reason="interval", request_id=None)
+    r.flush()
+    assert "checkpoint: step 1 (0s ago; 0.94 s, loop waited 0.18 s)" in format_summary(load_run_state(tmp_path), now=r.t)
+    ev = parse_event(dict(v=1, t=r.t, kind="checkpoint", step=1, path="p", bytes=1, seconds=0.5, blocking_s=0.5, reason="final", request_id=None))
+    assert event_line(ev) == "checkpoint saved at step 1 (final in 0.50 s): p"  # blocking: the loop waited for all of it

@@ -37,6 +37,8 @@ class CheckpointInfo:
     t: float
     reason: str = ""
     request_id: str | None = None
+    seconds: float | None = None      # the whole write
+    blocking_s: float | None = None   # what the loop waited of it
 
     def age_s(self, now: float) -> float:
         return max(0.0, now - self.t)
@@ -335,7 +337,7 @@ def reduce_event(st: RunState, ev: Record) -> None:
         st.val_loss, st.val_loss_step = ev.values["val_loss"], ev.step
     elif isinstance(ev, Checkpoint):
         st.last_checkpoint = CheckpointInfo(step=ev.step, path=ev.path, t=ev.t or 0.0, reason=ev.reason,
-                                            request_id=ev.request_id)
+                                            request_id=ev.request_id, seconds=ev.seconds, blocking_s=ev.blocking_s)
         for rid in ev.request_ids:
             if rid in st.controls:
                 st.controls[rid].checkpoint_step = ev.step

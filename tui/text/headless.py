@@ -15,7 +15,7 @@ from typing import Callable, TextIO
 from mt.events import FINAL_STATES
 from mt.records import Checkpoint, Control, Eval, Metrics, Record, RunEnd, RunStart, Step
 from mt.records import Incident as IncidentRecord
-from tui.format import fmt_duration, fmt_num, fmt_rate
+from tui.format import fmt_duration, fmt_num, fmt_rate, fmt_write_time
 from tui.read.follower import PollResult, RunFollower
 from tui.rundir import liveness, read_status
 from tui.state.run import Incident, RunState
@@ -40,7 +40,8 @@ def event_line(ev: Record) -> str | None:
     if isinstance(ev, Metrics):
         return f"metrics  step {ev.step}  " + "  ".join(f"{k} {fmt_num(v, '.4g')}" for k, v in list(ev.values.items())[:8])
     if isinstance(ev, Checkpoint):
-        return f"checkpoint saved at step {ev.step} ({ev.reason}): {ev.path}"
+        took = f" in {fmt_write_time(ev.seconds, ev.blocking_s)}" if ev.seconds is not None else ""
+        return f"checkpoint saved at step {ev.step} ({ev.reason}{took}): {ev.path}"
     if isinstance(ev, IncidentRecord):
         return f"incident [{ev.severity}] {ev.code} at step {ev.step}: {ev.title}"
     if isinstance(ev, Control) and ev.status in ("done", "rejected"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from tui.format import fmt_duration, fmt_loss, fmt_num, fmt_parallel, fmt_rate
+from tui.format import fmt_duration, fmt_loss, fmt_num, fmt_parallel, fmt_rate, fmt_write_time
 
 if TYPE_CHECKING:
     from tui.state.run import RunState
@@ -30,7 +30,8 @@ def format_summary(st: "RunState", now: float | None = None) -> str:
     ]
     ck = st.last_checkpoint
     lines.append("checkpoint: none" if ck is None else
-                 f"checkpoint: step {ck.step} ({fmt_duration(ck.age_s(now))} ago)  {ck.path}")
+                 f"checkpoint: step {ck.step} ({fmt_duration(ck.age_s(now))} ago"
+                 f"{'; ' + fmt_write_time(ck.seconds, ck.blocking_s) if ck.seconds is not None else ''})  {ck.path}")
     if st.incidents:   # every incident of the run, from the engine or the supervisor, open or closed
         lines.append(f"incidents: {len(st.open_incidents)} open, {len(st.incidents) - len(st.open_incidents)} closed")
         for inc in st.incidents:
