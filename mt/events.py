@@ -42,6 +42,7 @@ INCIDENT_CODES = (
     "throughput_drop", "hang", "straggler", "memory_pressure", "oom", "nccl_timeout", "crash",
     "checkpoint_skipped",  # a damaged checkpoint passed over on resume
     "disk_full",  # a checkpoint that did not fit was skipped (or ended the run)
+    "recompile",  # torch.compile compiled a graph again mid-run (a guard failed: shape, grad mode, ...)
 )
 EXIT_CODES = ("crash", "oom", "nccl_timeout")  # incidents that say how a rank ended
 FAILURE_CODES = (*EXIT_CODES, "hang")  # incidents that name the rank that failed first

@@ -1,0 +1,115 @@
+"""torch.compile (inductor on CPU), its recompile incident, and fp16 under fsdp, in real engine
+processes: one rank where one proves it, a tiny GPT, few steps, one run proving several things."""
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.dist import DistEnv
+from engine.model import GPT
+from engine.parallel import wrap
+from mt.preset import config_from_dict
+from mt.toolchain import cxx_problem
+
+from .runner import SMALL, events, logs, make_run, merge, run_engine, steps_by_attempt
+
+# A data pipeline whose third batch in each process is 16 tokens instead of 32: the compiled
+# block's guard on its input's length fails and dynamo compiles again (once: the length is then
+# dynamic). Batches are collated in the training process (data.num_workers = 0).
+RAGGED = '''
+from torch.utils.data import default_collate
+
+collated = [0]
+
+
+def cut_third(samples):
+    x, y = default_collate(samples)
+    collated[0] += 1
+    return (x[:, :16], y[:, :16]) if collated[0] == 3 else (x, y)
+'''
+
+COMPILED = {"train": {"compile": True, "grad_accum_steps": 1, "max_steps": 6, "strategy": "fsdp",
+                      "activation_checkpointing": True, "precision": "fp16"},
+            "data": {"collate": "ragged:cut_third"}, "checkpoint": {"every_steps": 3},
+            "faults": {"overflow_at_step": 2, "crash_at_step": 6}}
+
+
+@pytest.mark.slow
+def test_compiled_fsdp_fp16_run_recompiles_skips_an_overflow_and_resumes_exactly(tmp_path: Path) -> None:
+    """Attempt 1: steps 1-5 (step 2 overflows, step 3's batch is short, checkpoint at 3, crash at 6);
+    attempt 2 resumes at 3 and runs 4-6 (its third batch, step 6, is short)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "ragged.py").write_text(RAGGED)
+    run = make_run(tmp_path, run={"workdir": str(work)}, **COMPILED)
+    assert run_engine(run) == 1, logs(run)  # the injected crash at step 6
+    assert run_engine(run, attempt=2) == 0, logs(run)
+
+    starts = events(run, "run_start")
+    assert [(s["compile"], s["strategy"], s["activation_checkpointing"]) for s in starts] == [(True, "fsdp", True)] * 2
+    by = steps_by_attempt(run)
+    first, second = by[1], by[2]
+    assert [s["step"] for s in first] == [1, 2, 3, 4, 5] and [s["step"] for s in second] == [4, 5, 6]
+
+    # fp16 under fsdp: the ShardedGradScaler skips the overflowing step and halves its scale
+    assert [s["skipped"] for s in first] == [False, True, False, False, False]
+    assert first[1]["loss_scale"] == first[0]["loss_scale"] / 2 == first[2]["loss_scale"]
+
+    # the first compile of each process is no recompile; the short batch is one, with torch's reason
+    assert [s["recompiles"] for s in first] == [0, 0, 1, 0, 0] and [s["recompiles"] for s in second] == [0, 0, 1]
+    recompiles = [e for e in events(run, "incident") if e["code"] == "recompile"]
+    assert [e["step"] for e in recompiles] == [3, 6], recompiles
+    for e in recompiles:
+        assert "size mismatch at index 1. expected 32, actual 16" in e["detail"], e["detail"]
+        assert e["evidence"]["recompiles"] == 1 and "mark_dynamic" in e["advice"]
+
+    # resumed steps equal the uninterrupted ones bit for bit: inductor's CPU kernels are
+    # deterministic, and the static graph of attempt 2 computes what attempt 1's dynamic one did
+    for a, b in zip(first[3:], second[:2]):
+        assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]), (a, b)
+    assert all(torch.isfinite(torch.tensor(s["loss"])) for s in first + second)
+
+
+def test_compiling_keeps_every_name_and_compiles_each_block(tmp_path: Path) -> None:
+    """Module.compile() is in place: no `_orig_mod.` in parameter or state-dict names (nothing is traced here)."""
+    cfg = config_from_dict(merge(SMALL, {"train": {"compile": True}}), "test")
+    env = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), backend="gloo")
+    eager = GPT(cfg.model)
+    names = [n for n, _ in eager.named_parameters()], list(eager.state_dict())
+    model = GPT(cfg.model)
+    par = wrap(model, cfg, env)
+    assert par.module is model and ([n for n, _ in model.named_parameters()], list(model.state_dict())) == names
+    assert all(b._compiled_call_impl is not None for b in model.blocks) and model._compiled_call_impl is None
+
+
+@pytest.mark.parametrize("how", ["cxx-nowhere", "cxx-not-a-compiler", "no-gxx-on-path"])
+def test_a_missing_compiler_is_named(tmp_path: Path, how: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if how == "cxx-nowhere":
+        monkeypatch.setenv("CXX", str(tmp_path / "c++"))
+    elif how == "cxx-not-a-compiler":
+        fake = tmp_path / "c++"
+        fake.write_text("#!/bin/sh\nexit 1\n")
+        fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+        monkeypatch.setenv("CXX", str(fake))
+    else:
+        monkeypatch.delenv("CXX", raising=False)
+        monkeypatch.setenv("PATH", str(tmp_path))
+    problem = cxx_problem()
+    assert problem is not None and "C++ compiler" in problem
+    assert {"cxx-nowhere": "not found", "cxx-not-a-compiler": "does not run", "no-gxx-on-path": "g++ (CXX is not set)"}[how] in problem
+    monkeypatch.undo()
+    assert cxx_problem() is None  # this machine has one (.ci/run makes sure)
+
+
+@pytest.mark.slow
+def test_the_engine_refuses_compile_without_a_compiler_before_step_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run resumed where there is no compiler: exit 2 and a run_end naming train.compile, no step."""
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-c++"))
+    run = make_run(tmp_path, train={"compile": True, "max_steps": 2})
+    assert run_engine(run) == 2, logs(run)
+    end = events(run, "run_end")[-1]
+    assert end["status"] == "failed" and end["reason"].startswith("train.compile: ") and "no-such-c++" in end["reason"]
+    assert events(run, "step") == []
