@@ -15,6 +15,8 @@ from mt.preset import config_from_dict
 from mt.toolchain import cxx_problem
 
 from .runner import SMALL, events, logs, make_run, merge, run_engine, steps_by_attempt
+from .test_parallel import Net
+from .usercode import GPT2, hf_base
 
 # A data pipeline whose third batch in each process is 16 tokens instead of 32: the compiled
 # block's guard on its input's length fails and dynamo compiles again (once: the length is then
@@ -74,7 +76,8 @@ def test_compiled_fsdp_fp16_run_recompiles_skips_an_overflow_and_resumes_exactly
 
 
 def test_compiling_keeps_every_name_and_compiles_each_block(tmp_path: Path) -> None:
-    """Module.compile() is in place: no `_orig_mod.` in parameter or state-dict names (nothing is traced here)."""
+    """Module.compile() is in place: no `_orig_mod.` in parameter or state-dict names, for the GPT, a
+    factory model and an HF model (nothing is traced here: compile is lazy)."""
     cfg = config_from_dict(merge(SMALL, {"train": {"compile": True}}), "test")
     env = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), backend="gloo")
     eager = GPT(cfg.model)
@@ -83,6 +86,21 @@ def test_compiling_keeps_every_name_and_compiles_each_block(tmp_path: Path) -> N
     par = wrap(model, cfg, env)
     assert par.module is model and ([n for n, _ in model.named_parameters()], list(model.state_dict())) == names
     assert all(b._compiled_call_impl is not None for b in model.blocks) and model._compiled_call_impl is None
+
+    factory = config_from_dict(merge(SMALL, {"model": {"kind": "python", "factory": "m:build"}, "train": {"compile": True}}), "test")
+    net = Net()  # a factory model that names no blocks (no train.fsdp.wrap) is compiled whole
+    keys = list(net.state_dict())
+    wrap(net, factory, env)
+    assert net._compiled_call_impl is not None and list(net.state_dict()) == keys
+
+    pytest.importorskip("transformers")
+    from engine.hf import build_hf_model
+    hf_cfg = config_from_dict(merge(hf_base(GPT2), {"train": {"compile": True}}), "test")
+    hf = build_hf_model(hf_cfg)
+    keys = list(hf.state_dict())
+    wrap(hf, hf_cfg, env)
+    compiled = [type(m).__name__ for m in hf.modules() if getattr(m, "_compiled_call_impl", None) is not None]
+    assert compiled == ["GPT2Block", "GPT2Block"] and list(hf.state_dict()) == keys
 
 
 @pytest.mark.parametrize("how", ["cxx-nowhere", "cxx-not-a-compiler", "no-gxx-on-path"])
@@ -113,3 +131,33 @@ def test_the_engine_refuses_compile_without_a_compiler_before_step_1(tmp_path: P
     end = events(run, "run_end")[-1]
     assert end["status"] == "failed" and end["reason"].startswith("train.compile: ") and "no-such-c++" in end["reason"]
     assert events(run, "step") == []
+
+
+def test_a_recompile_reaches_the_incident_file_and_the_summary_says_compile(tmp_path: Path) -> None:
+    """The reader side: the step field parses (a bad one rejects the line), the engine's incident is
+    copied by the supervisor's monitor and closed by steps without recompiles, `--once` shows the run's parts."""
+    from mt.anomaly import recompile_incident
+    from mt.config import MonitorConfig
+    from mt.records import Rejected, Step, parse_event
+    from tests.diagnose.fakerun import FakeRun
+    from tui.read.follower import load_run_state
+    from tui.text.summary import format_summary
+
+    assert isinstance(parse_event({"kind": "step", "step": 3, "recompiles": 1}), Step)
+    assert parse_event({"kind": "step", "step": 3, "recompiles": 1}).recompiles == 1
+    assert isinstance(parse_event({"kind": "step", "step": 3, "recompiles": "many"}), Rejected)
+
+    m = MonitorConfig(close_after_s=0.0)
+    run = FakeRun(tmp_path / "r", monitor=m)
+    run.start()  # then the extras a compiled fsdp run's run_start carries
+    run.event("run_start", attempt=1, world_size=2, start_step=0, strategy="fsdp", compile=True, activation_checkpointing=True)
+    run.do_step(recompiles=0)
+    run.do_step(recompiles=1)
+    reason = "0/0: tensor 'args[0]' size mismatch at index 1. expected 32, actual 16"
+    run.event("incident", **recompile_incident(2, [("forward", reason)]))
+    for _ in range(m.close_after_steps):
+        run.do_step(recompiles=0)
+    opened, closed = run.opened("recompile"), run.closed("recompile")
+    assert len(opened) == 1 and opened[0]["source"] == "engine" and reason in opened[0]["detail"]
+    assert len(closed) == 1
+    assert "fsdp + compile + act. ckpt" in format_summary(load_run_state(run.paths.root))
