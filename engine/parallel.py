@@ -123,13 +123,20 @@ class Recompiles:
     (torch._dynamo.utils compilation metrics, always on, unlike the "recompiles" log artifact, which
     needs torch's logging reconfigured); a recompile's record carries the guard failure that caused it."""
 
+    def __init__(self) -> None:
+        try:
+            from torch._dynamo.utils import clear_compilation_metrics, get_compilation_metrics
+        except ImportError:  # an older torch without them: no count, training goes on
+            self._get = self._clear = None
+        else:
+            self._get, self._clear = get_compilation_metrics, clear_compilation_metrics
+
     def take(self) -> list[tuple[str, str]]:
         """(function, torch's reason) of each recompile since the last call; first compiles are not listed."""
-        from torch._dynamo.utils import clear_compilation_metrics, get_compilation_metrics
-        found = get_compilation_metrics()
+        found = self._get() if self._get is not None else None
         if not found:
             return []
-        clear_compilation_metrics()  # the store keeps only the newest 64: emptied, nothing is counted twice or lost
+        self._clear()  # the store keeps only the newest 64: emptied, nothing is counted twice or lost
         return [(m.co_name or "?", m.recompile_reason) for m in found if getattr(m, "recompile_reason", None)]
 
 

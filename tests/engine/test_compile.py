@@ -34,15 +34,15 @@ def cut_third(samples):
 '''
 
 COMPILED = {"train": {"compile": True, "grad_accum_steps": 1, "max_steps": 6, "strategy": "fsdp",
-                      "activation_checkpointing": True, "precision": "fp16"},
-            "data": {"collate": "ragged:cut_third"}, "checkpoint": {"every_steps": 3},
+                      "activation_checkpointing": True, "precision": "fp16", "eval_every": 5, "eval_batches": 1},
+            "data": {"collate": "ragged:cut_third", "val_fraction": 0.1}, "checkpoint": {"every_steps": 3},
             "faults": {"overflow_at_step": 2, "crash_at_step": 6}}
 
 
 @pytest.mark.slow
 def test_compiled_fsdp_fp16_run_recompiles_skips_an_overflow_and_resumes_exactly(tmp_path: Path) -> None:
-    """Attempt 1: steps 1-5 (step 2 overflows, step 3's batch is short, checkpoint at 3, crash at 6);
-    attempt 2 resumes at 3 and runs 4-6 (its third batch, step 6, is short)."""
+    """Attempt 1: steps 1-5 (step 2 overflows, step 3's batch is short, checkpoint at 3, eval at 5,
+    crash at 6); attempt 2 resumes at 3 and runs 4-6 (its third batch, step 6, is short; eval at 6)."""
     work = tmp_path / "work"
     work.mkdir()
     (work / "ragged.py").write_text(RAGGED)
@@ -60,7 +60,9 @@ def test_compiled_fsdp_fp16_run_recompiles_skips_an_overflow_and_resumes_exactly
     assert [s["skipped"] for s in first] == [False, True, False, False, False]
     assert first[1]["loss_scale"] == first[0]["loss_scale"] / 2 == first[2]["loss_scale"]
 
-    # the first compile of each process is no recompile; the short batch is one, with torch's reason
+    # the first compile of each process is no recompile, nor are eval's own graphs (no grad, eval
+    # mode: at 5, then training goes on without one); the short batch is one, with torch's reason
+    assert [e["step"] for e in events(run, "eval")] == [5, 6]
     assert [s["recompiles"] for s in first] == [0, 0, 1, 0, 0] and [s["recompiles"] for s in second] == [0, 0, 1]
     recompiles = [e for e in events(run, "incident") if e["code"] == "recompile"]
     assert [e["step"] for e in recompiles] == [3, 6], recompiles
