@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,6 +116,15 @@ def grad_scaler(par: Parallel, cfg: Config, env: DistEnv) -> torch.amp.GradScale
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
         return ShardedGradScaler(env.device.type, enabled=on)
     return torch.amp.GradScaler(env.device.type, enabled=on)
+
+
+def eager_eval(cfg: Config) -> AbstractContextManager[Any]:
+    """Eval runs the compiled blocks eager (torch.compiler.set_stance): a few no-grad batches do not
+    pay for compiling graphs of their own, and the cache keeps training's graphs only, so a later
+    recompile's reason is a training guard (dynamo reports the newest entry's failure), not grad mode."""
+    if cfg.train.compile and hasattr(torch.compiler, "set_stance"):
+        return torch.compiler.set_stance("force_eager")
+    return nullcontext()
 
 
 class Recompiles:

@@ -151,9 +151,8 @@ class Trainer:
 
             if t.eval_every and self.splits.val is not None and (step % t.eval_every == 0 or step == t.max_steps):
                 self.heartbeat.beat(step, "eval")
-                self.events.emit("eval", step=step, val_loss=self._evaluate())
-                if self.recompiles is not None:  # eval's own graphs (no grad, eval mode): compiled once, expected
-                    log(f"eval at step {step}: {len(self.recompiles.take())} recompile(s) for eval's own graphs")
+                with parallel.eager_eval(cfg):
+                    self.events.emit("eval", step=step, val_loss=self._evaluate())
             stop = agreed["stop"]
             reason = "stop" if stop else "final" if step == t.max_steps else "request" if agreed["ckpt"] else (
                 "interval" if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0 else None)

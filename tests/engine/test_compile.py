@@ -18,19 +18,23 @@ from .runner import SMALL, events, logs, make_run, merge, run_engine, steps_by_a
 from .test_parallel import Net
 from .usercode import GPT2, hf_base
 
-# A data pipeline whose third batch in each process is 16 tokens instead of 32: the compiled
-# block's guard on its input's length fails and dynamo compiles again (once: the length is then
-# dynamic). Batches are collated in the training process (data.num_workers = 0).
+# A data pipeline whose third training batch in each process is 16 tokens instead of 32: the
+# compiled block's guard on its input's length fails and dynamo compiles again (once: the length
+# is then dynamic). Batches are collated in the training process (data.num_workers = 0); eval's
+# are collated under no_grad and left whole.
 RAGGED = '''
+import torch
 from torch.utils.data import default_collate
 
-collated = [0]
+trained = [0]
 
 
 def cut_third(samples):
     x, y = default_collate(samples)
-    collated[0] += 1
-    return (x[:, :16], y[:, :16]) if collated[0] == 3 else (x, y)
+    if not torch.is_grad_enabled():
+        return x, y
+    trained[0] += 1
+    return (x[:, :16], y[:, :16]) if trained[0] == 3 else (x, y)
 '''
 
 COMPILED = {"train": {"compile": True, "grad_accum_steps": 1, "max_steps": 6, "strategy": "fsdp",
@@ -42,7 +46,7 @@ COMPILED = {"train": {"compile": True, "grad_accum_steps": 1, "max_steps": 6, "s
 @pytest.mark.slow
 def test_compiled_fsdp_fp16_run_recompiles_skips_an_overflow_and_resumes_exactly(tmp_path: Path) -> None:
     """Attempt 1: steps 1-5 (step 2 overflows, step 3's batch is short, checkpoint at 3, eval at 5,
-    crash at 6); attempt 2 resumes at 3 and runs 4-6 (its third batch, step 6, is short; eval at 6)."""
+    crash at 6); attempt 2 resumes at 3 and runs 4-6 (eval at 5; its third batch, step 6, is short)."""
     work = tmp_path / "work"
     work.mkdir()
     (work / "ragged.py").write_text(RAGGED)
@@ -60,9 +64,10 @@ def test_compiled_fsdp_fp16_run_recompiles_skips_an_overflow_and_resumes_exactly
     assert [s["skipped"] for s in first] == [False, True, False, False, False]
     assert first[1]["loss_scale"] == first[0]["loss_scale"] / 2 == first[2]["loss_scale"]
 
-    # the first compile of each process is no recompile, nor are eval's own graphs (no grad, eval
-    # mode: at 5, then training goes on without one); the short batch is one, with torch's reason
-    assert [e["step"] for e in events(run, "eval")] == [5, 6]
+    # the first compile of each process is no recompile, and eval (eager) compiles nothing; the
+    # short batch is one, with torch's reason
+    evals = events(run, "eval")
+    assert [e["step"] for e in evals] == [5, 5, 6] and evals[0]["val_loss"] == evals[1]["val_loss"]
     assert [s["recompiles"] for s in first] == [0, 0, 1, 0, 0] and [s["recompiles"] for s in second] == [0, 0, 1]
     recompiles = [e for e in events(run, "incident") if e["code"] == "recompile"]
     assert [e["step"] for e in recompiles] == [3, 6], recompiles
