@@ -19,7 +19,8 @@ def cxx_problem() -> str | None:
     where = f"CXX={cxx!r}" if "CXX" in os.environ else f"{default} (CXX is not set)"
     path = shutil.which(cxx) if cxx else None
     if path is None:
-        return f"torch.compile on CPU needs a C++ compiler and {where} is not found on PATH; install one (apt-get install g++) or set CXX"
+        missing = "is no executable file" if os.sep in cxx else "is not found on PATH"
+        return f"torch.compile on CPU needs a C++ compiler and {where} {missing}; install one (apt-get install g++) or set CXX"
     try:
         subprocess.run([path, "--version"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        timeout=30, check=True)

@@ -60,7 +60,7 @@ CASES: list[tuple[str, Any, list[str], list[str]]] = [
     ("cuda-without-gpu", {"launch": {"device": "cuda"}}, [], ["launch.device", "no NVIDIA GPU is visible"]),
     ("compile-not-bool", {"train": {"compile": "yes"}}, [], ["train.compile", "true or false"]),
     # inductor's C++ compiler missing (ENV below): at launch, not at step 1
-    ("compile-cxx-nowhere", {"train": {"compile": True}}, [], ["train.compile", "CXX='/nonexistent/c++'", "not found"]),
+    ("compile-cxx-nowhere", {"train": {"compile": True}}, [], ["train.compile", "CXX='/nonexistent/c++' is no executable file"]),
     ("compile-no-compiler-on-path", {"train": {"compile": True}}, [], ["train.compile", "g++ (CXX is not set)", "not found on PATH"]),
 ]
 # environment of a case ({tmp}: its empty tmp_path; None: unset)

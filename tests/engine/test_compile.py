@@ -124,7 +124,7 @@ def test_a_missing_compiler_is_named(tmp_path: Path, how: str, monkeypatch: pyte
         monkeypatch.setenv("PATH", str(tmp_path))
     problem = cxx_problem()
     assert problem is not None and "C++ compiler" in problem
-    assert {"cxx-nowhere": "not found", "cxx-not-a-compiler": "does not run", "no-gxx-on-path": "g++ (CXX is not set)"}[how] in problem
+    assert {"cxx-nowhere": "is no executable file", "cxx-not-a-compiler": "does not run", "no-gxx-on-path": "g++ (CXX is not set)"}[how] in problem
     monkeypatch.undo()
     assert cxx_problem() is None  # this machine has one (.ci/run makes sure)
 
