@@ -8,6 +8,9 @@ cache the cold run filled (what a resumed or repeated run pays); eager again. Fr
 step events: the first step's time (the compile happens in it) and the median step time of the
 steps after the first five; the report gives compiled / eager (the mean of the two eager runs
 around them) as a ratio, and the two eager runs' own ratio, which says how noisy the machine was.
+Then, in this process on the warm cache, the same model compiled the engine's way
+(`engine/parallel.py` `wrap`) with eager and compiled steps interleaved one by one
+(`torch.compiler.set_stance("force_eager")` for the eager ones): the least load-sensitive ratio.
 """
 from __future__ import annotations
 
@@ -54,6 +57,41 @@ def run_engine(root: Path, name: str, compile_: bool, steps: int, threads: int, 
             "recompiles": sum(e.get("recompiles") or 0 for e in s), "last_loss": s[-1]["loss"]}
 
 
+def interleaved(steps: int, threads: int, cache: Path) -> dict:
+    """Eager and compiled training steps of one model, alternating, in this process (cache: warm)."""
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)  # read when inductor is imported, below
+    import torch
+
+    from engine.dist import DistEnv
+    from engine.model import GPT
+    from engine.parallel import wrap
+
+    torch.set_num_threads(threads)
+    cfg = config_from_dict(json.loads(json.dumps({**TINY, "train": {**TINY["train"], "compile": True}})), "bench")
+    model = GPT(cfg.model)
+    wrap(model, cfg, DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), backend="gloo"))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randint(cfg.model.vocab_size, (TINY["train"]["micro_batch_size"], cfg.model.seq_len))
+
+    def step() -> float:
+        t0 = time.perf_counter()
+        model(x, x).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    step()  # compiles (or loads from the cache)
+    first = time.perf_counter() - t0
+    eager, compiled = [], []
+    for _ in range(steps):
+        with torch.compiler.set_stance("force_eager"):
+            eager.append(step())
+        compiled.append(step())
+    e, c = statistics.median(eager), statistics.median(compiled)
+    return {"first_compiled_step_s": first, "median_eager_s": e, "median_compiled_s": c, "ratio": c / e}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=40)
@@ -66,6 +104,7 @@ def main() -> None:
                   "compiled_cold": run_engine(root, "compiled-cold", True, a.steps, a.threads, cache),
                   "compiled_warm": run_engine(root, "compiled-warm", True, a.steps, a.threads, cache),
                   "eager_after": run_engine(root, "eager-after", False, a.steps, a.threads, cache)}
+        report["interleaved"] = interleaved(a.steps, a.threads, cache)
     before, after = report["eager_before"], report["eager_after"]
     eager = {k: (before[k] + after[k]) / 2 for k in ("first_step_s", "median_step_s")}
     report["eager_after_vs_before"] = after["median_step_s"] / before["median_step_s"]  # 1.0 on a quiet machine
@@ -81,6 +120,9 @@ def main() -> None:
         print(f"{name}: step time {r['median_step_s'] * 1e3:.1f} ms vs eager {eager['median_step_s'] * 1e3:.1f} ms "
               f"(ratio {r['step_time_ratio_vs_eager']:.2f}); first step {r['first_step_s']:.1f} s (compile ~{r['compile_s']:.1f} s)")
     print(f"eager after / eager before: {report['eager_after_vs_before']:.2f} (the machine's noise)")
+    i = report["interleaved"]
+    print(f"interleaved in one process: compiled {i['median_compiled_s'] * 1e3:.1f} ms vs eager {i['median_eager_s'] * 1e3:.1f} ms "
+          f"(ratio {i['ratio']:.2f})")
 
 
 if __name__ == "__main__":
