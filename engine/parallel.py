@@ -1,5 +1,6 @@
 """How the model is spread over the ranks: DDP, or FSDP2 (`fully_shard` of each block, then the
-root); activation checkpointing of the same blocks; and the full state dicts checkpoints hold.
+root); activation checkpointing and torch.compile of the same blocks; and the full state dicts
+checkpoints hold.
 
 Checkpoints stay one format under both strategies: model.pt is the whole model's state dict and
 the optimizer's state is keyed by parameter number, as `Optimizer.state_dict()` keys it. Under
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ from torch.utils.checkpoint import checkpoint
 from engine.dist import DistEnv
 from engine.user import UserCodeError
 from mt.config import Config
+from mt.toolchain import cxx_problem
 
 
 @dataclass
@@ -67,13 +69,29 @@ def _recompute(block: nn.Module) -> None:
     block.forward = forward
 
 
+def _compile(model: nn.Module, blocks: list[nn.Module], env: DistEnv) -> None:
+    """torch.compile in place, each block (as torchtitan does: one graph the identical blocks share;
+    FSDP's hooks stay outside it), or the whole model where it names no blocks. In place, so
+    parameter and state-dict names carry no `_orig_mod.`: checkpoints, decay groups and init_from
+    see the same keys as an eager run."""
+    if env.device.type == "cpu":
+        problem = cxx_problem()  # the same check mt launch made: a missing compiler fails here, not at step 1
+        if problem:
+            raise UserCodeError("train.compile", problem)
+    for part in blocks or [model]:
+        part.compile()  # mode "default"
+
+
 def wrap(model: nn.Module, cfg: Config, env: DistEnv) -> Parallel:
     """Apply the preset's strategy to `model` (already on its device); `model` stays the one to save."""
     t = cfg.train
-    blocks = blocks_of(model, cfg) if t.strategy == "fsdp" or t.activation_checkpointing else []
+    named = cfg.model.kind != "python" or bool(t.fsdp.wrap)  # a factory model names its blocks in fsdp.wrap
+    blocks = blocks_of(model, cfg) if t.strategy == "fsdp" or t.activation_checkpointing or (t.compile and named) else []
     if t.activation_checkpointing:
         for block in blocks:
             _recompute(block)
+    if t.compile:  # after recomputation (its checkpoint is traced too), before sharding
+        _compile(model, blocks, env)
     if t.strategy == "fsdp":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -87,6 +105,48 @@ def wrap(model: nn.Module, cfg: Config, env: DistEnv) -> Parallel:
         return Parallel(model, nullcontext, "ddp")
     ddp = DDP(model, device_ids=[env.local_rank] if env.device.type == "cuda" else None)
     return Parallel(ddp, ddp.no_sync, "ddp")
+
+
+def grad_scaler(par: Parallel, cfg: Config, env: DistEnv) -> torch.amp.GradScaler:
+    """fp16's loss scaler (disabled otherwise). Under fsdp each rank sees only its shards' gradients:
+    ShardedGradScaler all-reduces "found inf" so every rank skips the same step (FSDP2's DTensor
+    gradients included). Both keep the same state dict, so a checkpoint resumes under either."""
+    on = cfg.train.precision == "fp16"
+    if par.strategy == "fsdp":
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+        return ShardedGradScaler(env.device.type, enabled=on)
+    return torch.amp.GradScaler(env.device.type, enabled=on)
+
+
+def eager_eval(cfg: Config) -> AbstractContextManager[Any]:
+    """Eval runs the compiled blocks eager (torch.compiler.set_stance): a few no-grad batches do not
+    pay for compiling graphs of their own, and the cache keeps training's graphs only, so a later
+    recompile's reason is a training guard (dynamo reports the newest entry's failure), not grad mode."""
+    if cfg.train.compile and hasattr(torch.compiler, "set_stance"):
+        return torch.compiler.set_stance("force_eager")
+    return nullcontext()
+
+
+class Recompiles:
+    """torch.compile's recompilations since the last look. Dynamo records every frame it compiles
+    (torch._dynamo.utils compilation metrics, always on, unlike the "recompiles" log artifact, which
+    needs torch's logging reconfigured); a recompile's record carries the guard failure that caused it."""
+
+    def __init__(self) -> None:
+        try:
+            from torch._dynamo.utils import clear_compilation_metrics, get_compilation_metrics
+        except ImportError:  # an older torch without them: no count, training goes on
+            self._get = self._clear = None
+        else:
+            self._get, self._clear = get_compilation_metrics, clear_compilation_metrics
+
+    def take(self) -> list[tuple[str, str]]:
+        """(function, torch's reason) of each recompile since the last call; first compiles are not listed."""
+        found = self._get() if self._get is not None else None
+        if not found:
+            return []
+        self._clear()  # the store keeps only the newest 64: emptied, nothing is counted twice or lost
+        return [(m.co_name or "?", m.recompile_reason) for m in found if getattr(m, "recompile_reason", None)]
 
 
 @contextmanager

@@ -24,7 +24,7 @@ from engine.resume import find_checkpoint
 from engine.user import call_model, loss_of, to_device, tokens_per_sample
 from engine.weights import fit_problems, load_into, read_state
 from mt import resume
-from mt.anomaly import StepAnomalies, checkpoint_failed_incident, disk_full_incident, nan_incident
+from mt.anomaly import StepAnomalies, checkpoint_failed_incident, disk_full_incident, nan_incident, recompile_incident
 from mt.config import Config
 from mt.eventlog import EventWriter, NullEventWriter
 from mt.heartbeat import Heartbeat
@@ -66,7 +66,9 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, t, env.device)  # after sharding: over this rank's shards
         amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(t.precision)
         self.autocast = (lambda: torch.autocast(env.device.type, dtype=amp_dtype)) if amp_dtype else nullcontext
-        self.scaler = torch.amp.GradScaler(env.device.type, enabled=t.precision == "fp16")
+        self.scaler = parallel.grad_scaler(self.par, cfg, env)  # fp16 only; sharded under fsdp
+        self.recompiles = parallel.Recompiles() if t.compile else None
+        self.recompiled = 0  # recompiles since the last step event
         if env.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True  # fp32 matmuls on tensor cores
             torch.backends.cudnn.allow_tf32 = True
@@ -141,15 +143,18 @@ class Trainer:
             self.heartbeat.beat(step)
             self._write_trace(step)
             fields = self._step_fields(step, loss, lr, grad_norm, step_time, data_wait, skipped, scale, agreed)
+            self._note_recompiles(step, fields)
             if step % t.log_every == 0 or step == t.max_steps:
                 self.events.emit("step", **fields)
+                self.recompiled = 0
             if self.anomalies is not None:
                 for incident in self.anomalies.observe(fields):
                     self.events.emit("incident", **incident)
 
             if t.eval_every and self.splits.val is not None and (step % t.eval_every == 0 or step == t.max_steps):
                 self.heartbeat.beat(step, "eval")
-                self.events.emit("eval", step=step, val_loss=self._evaluate())
+                with parallel.eager_eval(cfg):
+                    self.events.emit("eval", step=step, val_loss=self._evaluate())
             stop = agreed["stop"]
             reason = "stop" if stop else "final" if step == t.max_steps else "request" if agreed["ckpt"] else (
                 "interval" if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0 else None)
@@ -189,6 +194,17 @@ class Trainer:
                 self.trace.append(idx)
             loss_sum += loss.detach()
         return loss_sum / self.accum, micro_losses, data_wait
+
+    def _note_recompiles(self, step: int, fields: dict[str, Any]) -> None:
+        """A compiled run's step says how often it recompiled; a recompile is an incident with torch's reason."""
+        if self.recompiles is None:
+            return
+        found = self.recompiles.take()
+        self.recompiled += len(found)
+        fields["recompiles"] = self.recompiled
+        if found:
+            log(f"step {step} recompiled: {'; '.join(why for _, why in found)}")
+            self.events.emit("incident", **recompile_incident(step, found))
 
     def _write_trace(self, step: int) -> None:
         if self.trace is None:
@@ -433,7 +449,7 @@ class Trainer:
             torch_version=torch.__version__, git_commit=git_commit(), grad_accum_steps=self.accum,
             micro_batch_size=cfg.train.micro_batch_size, seq_len=self.sample_tokens, flops_per_token=self.flops_per_token,
             params_active=self.n_active, model=self.what, strategy=self.par.strategy,
-            activation_checkpointing=cfg.train.activation_checkpointing,
+            activation_checkpointing=cfg.train.activation_checkpointing, compile=cfg.train.compile,
             peak_flops=self.peak, data_loss_floor=self.splits.loss_floor, pid=os.getpid(),
         )
         log(f"run_start attempt {self.attempt}: {self.n_params} params, world {env.world_size} on {env.device}, "

@@ -2,8 +2,9 @@
 
 `StepAnomalies.observe` watches loss, grad norm and the fp16 loss scale and returns the
 `incident` event fields to emit now (`loss_spike`, `grad_explosion`, `fp16_overflow`);
-`nan_incident` builds the `nan_loss` one. `is_clear` is shared with the supervisor, which
-closes engine-side incidents when the step stream shows the condition has gone.
+`nan_incident` builds the `nan_loss` one, `recompile_incident` the `recompile` one. `is_clear` is
+shared with the supervisor, which closes engine-side incidents when the step stream shows the
+condition has gone.
 """
 from __future__ import annotations
 
@@ -119,6 +120,13 @@ ADVICE = {
         "repeated skips waste steps. Prefer bf16 where the hardware has it; otherwise lower lr, "
         "clip gradients after scaler.unscale_(), and look for activations that overflow fp16."
     ),
+    "recompile": (
+        "Each recompile costs a compile (seconds to minutes) and, past torch._dynamo.config.recompile_limit "
+        "(8), that code runs eager. Read the reason: a size mismatch means the shapes change between steps: "
+        "keep them fixed (pad to one length, drop the short last batch) or mark the dimension dynamic "
+        "(torch._dynamo.mark_dynamic); dynamo itself compiles a dynamic-shape graph after the first change. "
+        "Another guard (grad mode, a Python number or flag, a module attribute) must stay the same from step to step."
+    ),
     "nan_loss": (
         "Check the data shard holding these sample indices (corrupt or extreme inputs), then lower "
         "lr or add warmup, check fp16 loss scaling (prefer bf16), keep grad clipping on; resume "
@@ -143,6 +151,8 @@ def is_clear(code: str, evidence: dict[str, Any], step: dict[str, Any]) -> bool:
         return gn is not None and (limit is None or gn <= limit)
     if code == "clipping_active":
         return not step.get("clipped")
+    if code == "recompile":
+        return not step.get("recompiles")
     if code == "fp16_overflow":
         scale = _finite(as_float(step.get("loss_scale")))
         floor = _finite(evidence.get("min_scale")) or 0.0
@@ -306,6 +316,15 @@ def nan_incident(step: int, lr: float, grad_norm: float, loss: float, sample_ind
                 "sample_indices": list(sample_indices), "action": action}
     return _incident(step, "nan_loss", "error" if action == "stop" else "warn",
                      f"Non-finite loss at step {step}", detail, ADVICE["nan_loss"], evidence)
+
+
+def recompile_incident(step: int, recompiles: list[tuple[str, str]]) -> dict[str, Any]:
+    """The `recompile` incident for a step in which torch.compile recompiled: (function, torch's reason) each."""
+    reasons = [why.splitlines()[0][:300] for _, why in recompiles]
+    n = len(recompiles)
+    detail = f"torch.compile recompiled {recompiles[0][0]} at step {step}{f' ({n} recompiles)' if n > 1 else ''}: {reasons[0]}"
+    evidence = {"recompiles": n, "functions": [fn for fn, _ in recompiles], "reasons": reasons}
+    return _incident(step, "recompile", "warn", f"Recompiled at step {step}", detail, ADVICE["recompile"], evidence)
 
 
 def disk_full_incident(step: int, error: DiskFullError, reason: str, last: str, then: str, keep_last: int) -> dict[str, Any]:

@@ -138,6 +138,9 @@ class TrainConfig:
     """ddp: every rank holds the whole model; fsdp: FSDP2 fully_shard of each block, then the root."""
     activation_checkpointing: bool = False
     """Recompute each block's activations in backward instead of keeping them: memory for compute."""
+    compile: bool = False
+    """torch.compile (mode "default") each block in place (a factory model without fsdp.wrap: the whole
+    model); on CPU it needs a C++ compiler (checked at launch)."""
     fsdp: FsdpConfig = field(default_factory=FsdpConfig)
 
 

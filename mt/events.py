@@ -43,6 +43,7 @@ INCIDENT_CODES = (
     "checkpoint_skipped",  # a damaged checkpoint passed over on resume
     "disk_full",  # a checkpoint that did not fit was skipped (or ended the run)
     "checkpoint_failed",  # a background (checkpoint.async) write failed: removed, never renamed into place
+    "recompile",  # torch.compile compiled a graph again mid-run (a guard failed: shape, grad mode, ...)
 )
 EXIT_CODES = ("crash", "oom", "nccl_timeout")  # incidents that say how a rank ended
 FAILURE_CODES = (*EXIT_CODES, "hang")  # incidents that name the rank that failed first

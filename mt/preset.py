@@ -158,8 +158,6 @@ def _check(cfg: Config, source: str) -> None:
         raise ConfigError(source, "data.tokenizer", f"only used with data.source = \"text\", got {_show(cfg.data.source)}")
     if cfg.faults.crash_rank >= cfg.world_size and cfg.faults.crash_at_step:
         raise ConfigError(source, "faults.crash_rank", f"must be < world size ({cfg.world_size})")
-    if t.strategy == "fsdp" and t.precision == "fp16":
-        raise ConfigError(source, "train.precision", "fp16 under train.strategy = \"fsdp\" is not supported yet: use bf16 (or ddp)")
     if t.fsdp.wrap and m.kind != "python":
         raise ConfigError(source, "train.fsdp.wrap", f"only for model.kind = \"python\" (mt's GPT and HF models name their blocks), got {_show(m.kind)}")
     if m.kind == "python" and (t.strategy == "fsdp" or t.activation_checkpointing) and not t.fsdp.wrap:

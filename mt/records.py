@@ -53,6 +53,7 @@ class RunStart(Event):
     data_loss_floor: float | None      # the synthetic source's entropy: the best loss possible
     strategy: str | None               # "ddp" or "fsdp" (older runs: None)
     activation_checkpointing: bool
+    compile: bool                      # the model ran torch.compile'd
     kind: ClassVar[str] = "run_start"
 
 
@@ -68,6 +69,7 @@ class Step(Event):
     mfu: float | None
     samples_per_s: float | None
     extra: dict[str, float]        # a script's own metrics passed to run.step (name -> value)
+    recompiles: int | None         # torch.compile recompilations during this step (compiled runs only)
     kind: ClassVar[str] = "step"
 
     @property
@@ -218,7 +220,8 @@ def _run_start(raw: dict[str, Any], t: float | None) -> RunStart:
         _str(raw, "device"), _str(raw, "backend"), _str(raw, "precision"), _int(raw, "params_total"),
         _int(raw, "params_active"), _int(raw, "tokens_per_step"), _int(raw, "effective_batch"), _int(raw, "start_step") or 0,
         _int(raw, "max_steps"), _floor(raw), raw.get("strategy") if raw.get("strategy") in ("ddp", "fsdp") else None,
-        raw.get("activation_checkpointing") is True)  # optional extras: an odd value is dropped, not the line
+        raw.get("activation_checkpointing") is True,  # optional extras: an odd value is dropped, not the line
+        raw.get("compile") is True)
 
 
 def _floor(raw: dict[str, Any]) -> float | None:
@@ -236,7 +239,8 @@ def _step(raw: dict[str, Any], t: float | None) -> Step:
     return Step(
         t, raw, _int(raw, "step", required=True), _num(raw, "loss"), _num(raw, "lr", True),  # type: ignore[arg-type]
         _num(raw, "grad_norm", True), _num(raw, "tokens_per_s", True), _num(raw, "step_time_s", True),
-        _num(raw, "data_wait_s", True), _num(raw, "mfu", True), _num(raw, "samples_per_s", True), _values(raw, "extra"))
+        _num(raw, "data_wait_s", True), _num(raw, "mfu", True), _num(raw, "samples_per_s", True), _values(raw, "extra"),
+        _int(raw, "recompiles"))
 
 
 def _values(raw: dict[str, Any], key: str) -> dict[str, float]:

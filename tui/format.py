@@ -81,6 +81,6 @@ def fmt_rate(tokens_per_s: float | None, samples_per_s: float | None) -> str:
     return f"tok/s {fmt_num(tokens_per_s, ',.0f')}"
 
 
-def fmt_parallel(strategy: str | None, activation_checkpointing: bool) -> str:
-    """How the model is spread and recomputed, e.g. "fsdp + act. ckpt"; "" when the run does not say."""
-    return (strategy or "") + (" + act. ckpt" if activation_checkpointing else "")
+def fmt_parallel(strategy: str | None, compiled: bool, activation_checkpointing: bool) -> str:
+    """How the model is spread, compiled and recomputed, e.g. "fsdp + compile + act. ckpt"; "" when the run does not say."""
+    return " + ".join(p for p, on in ((strategy, bool(strategy)), ("compile", compiled), ("act. ckpt", activation_checkpointing)) if on)

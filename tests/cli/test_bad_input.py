@@ -51,7 +51,6 @@ CASES: list[tuple[str, Any, list[str], list[str]]] = [
     ("data-path-missing", {"data": {"source": "text", "path": "/nonexistent/corpus.txt"}}, [], ["data.path", "no such file"]),
     ("data-path-required", {"data": {"source": "tokens"}}, [], ["data.path", "required"]),
     ("strategy-choice", {"train": {"strategy": "zero3"}}, [], ["train.strategy", "zero3"]),
-    ("fsdp-fp16", {"train": {"strategy": "fsdp", "precision": "fp16"}}, [], ["train.precision", "fsdp", "bf16"]),
     ("fsdp-unknown-key", {"train": {"fsdp": {"shard": True}}}, [], ["train.fsdp.shard", "unknown key"]),
     ("fsdp-wrap-for-gpt", {"train": {"fsdp": {"wrap": ["Block"]}}}, [], ["train.fsdp.wrap", "model.kind"]),
     ("checkpoint-format-choice", {"checkpoint": {"format": "zip"}}, [], ["checkpoint.format", "auto, full, sharded", '"zip"']),
@@ -62,7 +61,16 @@ CASES: list[tuple[str, Any, list[str], list[str]]] = [
     ("section-not-a-table", "model = 3\n[run]\nname = \"x\"\n", [], ["model", "table"]),
     # CUDA_VISIBLE_DEVICES is emptied for every case below: no GPU, on any machine
     ("cuda-without-gpu", {"launch": {"device": "cuda"}}, [], ["launch.device", "no NVIDIA GPU is visible"]),
+    ("compile-not-bool", {"train": {"compile": "yes"}}, [], ["train.compile", "true or false"]),
+    # inductor's C++ compiler missing (ENV below): at launch, not at step 1
+    ("compile-cxx-nowhere", {"train": {"compile": True}}, [], ["train.compile", "CXX='/nonexistent/c++' is no executable file"]),
+    ("compile-no-compiler-on-path", {"train": {"compile": True}}, [], ["train.compile", "g++ (CXX is not set)", "not found on PATH"]),
 ]
+# environment of a case ({tmp}: its empty tmp_path; None: unset)
+ENV: dict[str, dict[str, str | None]] = {
+    "compile-cxx-nowhere": {"CXX": "/nonexistent/c++"},
+    "compile-no-compiler-on-path": {"CXX": None, "PATH": "{tmp}"},
+}
 
 
 def _no_process_mentions(path: Path) -> bool:
@@ -77,6 +85,11 @@ def _no_process_mentions(path: Path) -> bool:
 def test_bad_preset_is_rejected_before_anything_exists(tmp_path: Path, case: str, preset: Any,
                                                        extra: list[str], words: list[str], monkeypatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    for k, v in ENV.get(case, {}).items():
+        if v is None:
+            monkeypatch.delenv(k, raising=False)
+        else:
+            monkeypatch.setenv(k, v.format(tmp=tmp_path))
     runs = tmp_path / "runs"
     path = tmp_path / "p.toml"
     if isinstance(preset, str):

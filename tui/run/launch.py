@@ -20,6 +20,7 @@ from mt.jsonl import read_json, write_json_atomic
 from mt.paths import RunPaths, new_run_dir
 from mt.preset import check_paths, config_from_dict, load_config_json, load_preset, script_run_name, write_script_preset
 from mt.resume import ResumeRefused, attempt_config, reported_checkpoint
+from mt.toolchain import cxx_problem
 from tui.run import lock as runlock
 from tui.run import usercheck
 from tui.rundir import intact_checkpoint, liveness, read_status, require_run_dir
@@ -102,17 +103,24 @@ def resolve_config(preset: Path, over: Overrides) -> tuple[Config, usercheck.Use
 
 
 def check_devices(cfg: Config, source: str) -> None:
-    """Refuse a device this machine does not have (asked of NVML: no torch here), before anything starts."""
+    """Refuse a device this machine does not have (asked of NVML: no torch here), or compile on CPU without
+    a C++ compiler, before anything starts."""
     from tui.run.sampler import GpuReader
 
     launch = cfg.launch
+    n = 0
+    if launch.device != "cpu":
+        gpus = GpuReader()
+        try:
+            n = gpus.visible()
+        finally:
+            gpus.close()
+    if cfg.train.compile and n == 0:  # inductor's CPU code is C++: no compiler, no step 1
+        problem = cxx_problem()
+        if problem:
+            raise ConfigError(source, "train.compile", problem)
     if launch.device == "cpu":
         return
-    gpus = GpuReader()
-    try:
-        n = gpus.visible()
-    finally:
-        gpus.close()
     if launch.device == "cuda" and n == 0:
         why = gpus.error or ("CUDA_VISIBLE_DEVICES hides them" if "CUDA_VISIBLE_DEVICES" in os.environ else "NVML sees none")
         raise ConfigError(source, "launch.device", f"\"cuda\" but no NVIDIA GPU is visible on this machine ({why}); "

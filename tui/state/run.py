@@ -159,6 +159,7 @@ class RunState:
     precision: str | None = None
     strategy: str | None = None
     activation_checkpointing: bool = False
+    compile: bool = False
     effective_batch: int | None = None
     tokens_per_step: int | None = None
     params_total: int | None = None
@@ -321,7 +322,7 @@ def reduce_event(st: RunState, ev: Record) -> None:
         st.world_size, st.nnodes, st.effective_batch = ev.world_size, ev.nnodes, ev.effective_batch
         st.tokens_per_step, st.params_total, st.params_active = ev.tokens_per_step, ev.params_total, ev.params_active
         st.device, st.backend, st.precision = ev.device, ev.backend, ev.precision
-        st.strategy, st.activation_checkpointing = ev.strategy, ev.activation_checkpointing
+        st.strategy, st.compile, st.activation_checkpointing = ev.strategy, ev.compile, ev.activation_checkpointing
         st.loss_floor = ev.data_loss_floor
         st.max_steps = ev.max_steps or st.max_steps
         st.start_step = ev.start_step

@@ -15,6 +15,7 @@ def format_summary(st: "RunState", now: float | None = None) -> str:
     now = time.time() if now is None else now
     step = "-" if st.step is None else str(st.step)
     total = "?" if st.max_steps is None else str(st.max_steps)
+    parallel = fmt_parallel(st.strategy, st.compile, st.activation_checkpointing)
     lines = [
         f"{st.name}  [{st.state}]  attempt {st.attempt}  step {step}/{total}"
         f"  elapsed {fmt_duration(st.elapsed_s(now))}  ETA {fmt_duration(st.eta_s())}",
@@ -24,7 +25,7 @@ def format_summary(st: "RunState", now: float | None = None) -> str:
         f"  val {fmt_num(st.val_loss)}  lr {fmt_num(st.lr, '.3g')}  grad_norm {fmt_num(st.grad_norm)}"
         f"  {fmt_rate(st.tokens_per_s, st.samples_per_s)}",
         f"world {st.world_size or '?'} x {st.device or '?'}"
-        f"{'  ' + fmt_parallel(st.strategy, st.activation_checkpointing) if st.strategy or st.activation_checkpointing else ''}"
+        f"{'  ' + parallel if parallel else ''}"
         f"  precision {st.precision or '?'}"
         f"  eff. batch {st.effective_batch or '?'}",
     ]

@@ -38,7 +38,7 @@ def render_header(st: RunState, now: float, width: int, smoothing: float, logy: 
     if st.mfu is not None:
         parts.append(f"MFU {fmt_num(100 * st.mfu, '.1f')}%")
     parts.append(f"elapsed {fmt_duration(st.elapsed_s(now))}")
-    parallel = fmt_parallel(st.strategy, st.activation_checkpointing)
+    parallel = fmt_parallel(st.strategy, st.compile, st.activation_checkpointing)
     parts.append(f"{st.world_size or '?'} × {st.device or '?'}" + (f" {parallel}" if parallel else ""))
     parts.append(f"{st.precision or '?'}")
     parts.append(f"eff.batch {st.effective_batch or '?'}")
