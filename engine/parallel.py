@@ -83,7 +83,8 @@ def _compile(model: nn.Module, blocks: list[nn.Module], env: DistEnv) -> None:
 
 
 def wrap(model: nn.Module, cfg: Config, env: DistEnv) -> Parallel:
-    """Apply the preset's strategy to `model` (already on its device); `model` stays the one to save."""
+    """Apply the preset's strategy to `model` (on its device; under fsdp on the CPU, which fully_shard
+    moves to the device block by block); `model` stays the one to save."""
     t = cfg.train
     named = cfg.model.kind != "python" or bool(t.fsdp.wrap)  # a factory model names its blocks in fsdp.wrap
     blocks = blocks_of(model, cfg) if t.strategy == "fsdp" or t.activation_checkpointing or (t.compile and named) else []
@@ -93,13 +94,16 @@ def wrap(model: nn.Module, cfg: Config, env: DistEnv) -> Parallel:
     if t.compile:  # after recomputation (its checkpoint is traced too), before sharding
         _compile(model, blocks, env)
     if t.strategy == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}.get(t.fsdp.param_dtype or t.precision)
         mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+        # the mesh names this run's device: fully_shard's default follows any visible GPU instead
+        mesh = init_device_mesh(env.device.type, (env.world_size,))
         for block in blocks:
-            fully_shard(block, mp_policy=mp, reshard_after_forward=t.fsdp.reshard_after_forward)
-        fully_shard(model, mp_policy=mp, reshard_after_forward=t.fsdp.reshard_after_forward)
+            fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=t.fsdp.reshard_after_forward)
+        fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=t.fsdp.reshard_after_forward)
         return Parallel(model, functools.partial(_local_grads, model), "fsdp")
     if env.world_size == 1:  # one rank pays for no DDP: no wrapper, no bucketed all-reduce
         return Parallel(model, nullcontext, "ddp")

@@ -13,8 +13,9 @@ from mt.jsonl import read_json
 from mt.paths import RunPaths
 
 
-def find_checkpoint(paths: RunPaths, env: DistEnv, events: Any) -> tuple[str, dict[str, Any], list[tuple[str, str]]] | None:
-    """(path, parts, skipped) of the checkpoint this attempt resumes from, on every rank; None: a fresh start.
+def find_checkpoint(paths: RunPaths, env: DistEnv, events: Any, where: torch.device) -> tuple[str, dict[str, Any], list[tuple[str, str]]] | None:
+    """(path, parts, skipped) of the checkpoint this attempt resumes from, on every rank, its tensors
+    on `where`; None: a fresh start.
 
     Rank 0 removes a dead writer's temporaries, skips damaged checkpoints (one `checkpoint_skipped`
     incident each) and tells the others which one it chose (a collective)."""
@@ -22,7 +23,7 @@ def find_checkpoint(paths: RunPaths, env: DistEnv, events: Any) -> tuple[str, di
     parts = None
     if env.is_main:
         checkpoint.clean_temporaries(paths.checkpoints)
-        path, parts, skipped = checkpoint.find_latest(paths.checkpoints, env.device)
+        path, parts, skipped = checkpoint.find_latest(paths.checkpoints, where)
         manifest = checkpoint.verify(path)["files"] if path else None  # cached by the OS: just read
         found = [str(path) if path else None, [(str(p), why) for p, why in skipped], path.name if path else None, manifest]
         for p, why in skipped:
@@ -33,10 +34,10 @@ def find_checkpoint(paths: RunPaths, env: DistEnv, events: Any) -> tuple[str, di
     dist.broadcast_object_list(found, src=0)
     if found[0] is None:
         return None
-    return found[0], _share(paths.checkpoints / found[2], found[3], parts, env), found[1]
+    return found[0], _share(paths.checkpoints / found[2], found[3], parts, env, where), found[1]
 
 
-def _share(path: Path, files: dict[str, Any], parts: dict[str, Any] | None, env: DistEnv) -> dict[str, Any]:
+def _share(path: Path, files: dict[str, Any], parts: dict[str, Any] | None, env: DistEnv, where: torch.device) -> dict[str, Any]:
     """Every rank's copy of the checkpoint rank 0 chose: read from its own run directory where
     the same checkpoint is there (one node, shared filesystem), else sent by rank 0."""
     local = read_json(path / "manifest.json")
@@ -44,7 +45,7 @@ def _share(path: Path, files: dict[str, Any], parts: dict[str, Any] | None, env:
     visible = torch.tensor([float(same)], device=env.device)
     dist.all_reduce(visible, op=dist.ReduceOp.MIN)
     if bool(visible.item()):
-        return parts if parts is not None else checkpoint.load(path, map_location=env.device)
+        return parts if parts is not None else checkpoint.load(path, map_location=where)
     box = [{k: _to_cpu(v) for k, v in parts.items()} if parts is not None else None]
     dist.broadcast_object_list(box, src=0)
     if not same:

@@ -49,7 +49,10 @@ class Trainer:
 
         # ---- model, optimizer, precision -------------------------------------------------
         seed_everything(cfg.run.seed)  # identical initial weights on every rank
-        self.model = build_model(cfg).to(env.device)
+        # under fsdp the model is built whole in host memory only: fully_shard moves each block to the
+        # device as it shards it, so a model that needs sharding to fit never sits whole on one GPU
+        home = torch.device("cpu") if t.strategy == "fsdp" else env.device
+        self.model = build_model(cfg).to(home)
         self.what = {"python": f"{cfg.model.factory}(...)", "hf": f"the Hugging Face {cfg.model.hf.get('model_type') or 'model'}"}.get(
             cfg.model.kind, "the GPT")  # names the model in a run_end that says what it returned
         self.n_params, self.n_trainable = count_params(self.model)
@@ -57,10 +60,10 @@ class Trainer:
         self.n_active = int(active()) if callable(active) else None
         # where to start: the newest valid checkpoint (applied below), else init_from's weights,
         # loaded before sharding, while the model is whole
-        found = find_checkpoint(self.paths, self.env, self.events)
+        found = find_checkpoint(self.paths, self.env, self.events, home)
         if found is None and cfg.model.init_from:
             state, source = read_state(Path(cfg.model.init_from))
-            load_into(self.model, {k: v.to(env.device) for k, v in state.items()}, source)
+            load_into(self.model, {k: v.to(home) for k, v in state.items()}, source)
             log(f"weights from {source} (model.init_from); step 0, fresh optimizer")
         self.par = parallel.wrap(self.model, cfg, env)  # ddp (none on one rank) or fsdp; activation checkpointing
         self.optimizer = build_optimizer(self.model, t, env.device)  # after sharding: over this rank's shards
