@@ -26,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     # torch is imported only past this point: a bad config answers fast
     from engine import dist
     from engine.data import DataError, build_splits
-    from engine.train import Trainer, report_failure
+    from engine.dist import report_failure
+    from engine.train import Trainer
     from engine.user import UserCodeError, add_workdir
     from engine.weights import InitFromError
     from mt import space

@@ -1,9 +1,10 @@
-"""Process-group setup from torchrun's environment, device binding, per-rank logs and seeding."""
+"""Process-group setup from torchrun's environment, device binding, per-rank logs (a failure's one line too) and seeding."""
 from __future__ import annotations
 
 import os
 import random
 import time
+import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -12,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from mt.config import Config
+from mt.space import DiskFullError
 
 
 @dataclass(frozen=True)
@@ -69,3 +71,10 @@ def seed_everything(seed: int) -> None:
 def log(msg: str) -> None:
     """One timestamped line in this rank's log."""
     print(f"{time.strftime('%H:%M:%S')} {msg}", flush=True)
+
+
+def report_failure(exc: BaseException) -> str:
+    """Print the traceback to the rank log; return the one line a run_end carries."""
+    traceback.print_exception(exc)
+    text = str(exc) if isinstance(exc, DiskFullError) else f"{type(exc).__name__}: {exc}"  # it says what it is
+    return text.splitlines()[0][:500]

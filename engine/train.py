@@ -5,7 +5,6 @@ import json
 import math
 import os
 import time
-import traceback
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from engine import checkpoint, parallel, sharded
+from engine.checkpointer import Checkpointer
 from engine.data import GlobalOrderSampler, Splits, build_loader, val_batches
 from engine.dist import DistEnv, log, seed_everything
 from engine.faults import Faults
@@ -24,14 +24,13 @@ from engine.resume import find_checkpoint
 from engine.user import call_model, loss_of, to_device, tokens_per_sample
 from engine.weights import fit_problems, load_into, read_state
 from mt import resume
-from mt.anomaly import StepAnomalies, checkpoint_failed_incident, disk_full_incident, nan_incident, recompile_incident
+from mt.anomaly import StepAnomalies, nan_incident, recompile_incident
 from mt.config import Config
 from mt.eventlog import EventWriter, NullEventWriter
 from mt.heartbeat import Heartbeat
 from mt.inbox import ControlInbox, Request, StopSignals
 from mt.paths import RunPaths
 from mt.resume import ResumeRefused
-from mt.space import DiskFullError
 
 # what every rank contributes to the one collective of each step
 _LOSS, _STOP, _CKPT, _MEM, _PEAK = range(5)
@@ -70,6 +69,8 @@ class Trainer:
         amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(t.precision)
         self.autocast = (lambda: torch.autocast(env.device.type, dtype=amp_dtype)) if amp_dtype else nullcontext
         self.scaler = parallel.grad_scaler(self.par, cfg, env)  # fp16 only; sharded under fsdp
+        self.checkpoints = Checkpointer(cfg, env, paths, self.events, self.inbox, self.faults, self.par, self.model,
+                                        self.optimizer, self.scaler)
         self.recompiles = parallel.Recompiles() if t.compile else None
         self.recompiled = 0  # recompiles since the last step event
         if env.device.type == "cuda":
@@ -78,7 +79,6 @@ class Trainer:
 
         # ---- position: fresh, or from the newest valid checkpoint --------------------------
         self.step, self.samples, self.accum = 0, 0, t.grad_accum_steps
-        self.writer: sharded.ShardedWriter | None = None  # made at the first sharded checkpoint
         self.resumed_from = self._resume(found) if found is not None else None
         if self.resumed_from is None:
             seed_everything(cfg.run.seed + env.rank)  # per-rank dropout streams
@@ -113,7 +113,7 @@ class Trainer:
             rng_before = checkpoint.capture_rng(self.env.device) if t.on_nan == "stop" else None
             self.faults.before_step(step)
             requests = self._poll_control()
-            self._collect_checkpoint(wait=False)  # a background write that completed is reported now
+            self.checkpoints.collect(wait=False)  # a background write that completed is reported now
 
             t0 = time.perf_counter()
             loss_local, micro_losses, data_wait = self._forward_backward(step)
@@ -275,120 +275,14 @@ class Trainer:
         return found
 
     def _save(self, reason: str, requests: dict[str, list[Request]], rng_override: dict | None = None) -> None:
-        """Collective: gather every rank's RNG state, then write full (rank 0, atomically) or sharded (every rank)."""
+        """Collective: this step's checkpoint, written (or started in the background) by the checkpointer."""
         self.heartbeat.beat(self.step, "checkpoint")
-        self._collect_checkpoint(wait=True)  # at most one write in flight: the previous one finishes first
-        t0 = time.perf_counter()
-        rng = rng_override or checkpoint.capture_rng(self.env.device)
-        rngs: list[Any] = [None] * self.env.world_size
-        dist.all_gather_object(rngs, rng)
-        reqs = requests["checkpoint"] + requests["stop"]
-        meta = {"world_size": self.env.world_size, "global_batch": self.global_batch, "samples_seen": self.samples, "reason": reason}
-        if self.cfg.checkpoint_format == "sharded":
-            self._save_sharded(reason, reqs, rngs, meta, t0)
-        else:
-            model_sd, optim_sd = parallel.full_state(self.par, self.model, self.optimizer)  # collective under fsdp
-            if self.env.is_main:
-                parts = {
-                    "model.pt": model_sd,
-                    "optim.pt": {"optimizer": optim_sd, "scaler": self.scaler.state_dict()},
-                    "train.pt": self._train_state(rngs),
-                }
-                try:
-                    saved = checkpoint.save_and_prune(self.paths.checkpoints, self.step, parts, meta, self.cfg.checkpoint.keep_last,
-                                                      self.faults.in_checkpoint(self.step))
-                except DiskFullError as e:
-                    self._report_disk_full(e, reason, reqs)
-                    if reason in ("final", "stop"):
-                        raise  # the run's last weights: ending without them must not look like success
-                    saved = None
-                if saved is not None:
-                    self._report_saved(saved, self.step, reason, reqs, time.perf_counter() - t0)
-        dist.barrier()
-
-    def _train_state(self, rngs: list[Any]) -> dict[str, Any]:
-        return {
+        position = {
             "step": self.step, "samples_seen": self.samples, "tokens_seen": self.samples * (self.sample_tokens or 0),
             "world_size": self.env.world_size, "grad_accum_steps": self.accum,
-            "micro_batch_size": self.cfg.train.micro_batch_size, "global_batch": self.global_batch,
-            "rng": rngs, "attempt": self.attempt,
+            "micro_batch_size": self.cfg.train.micro_batch_size, "global_batch": self.global_batch, "attempt": self.attempt,
         }
-
-    def _save_sharded(self, reason: str, reqs: list[Request], rngs: list[Any], meta: dict[str, Any], t0: float) -> None:
-        """Every rank writes its shards (engine/sharded.py); blocking, or in the background with checkpoint.async."""
-        if self.writer is None:
-            self.writer = sharded.ShardedWriter(self.paths.checkpoints, self.cfg.checkpoint.keep_last, self.env.is_main,
-                                                self.cfg.checkpoint.async_)
-        # the scaler is one small dict: in train.pt, beside the position
-        train_state = {**self._train_state(rngs), "scaler": self.scaler.state_dict()} if self.env.is_main else None
-        try:
-            done = self.writer.save(self.step, sharded.state_of(self.model, self.optimizer), train_state, meta,
-                                    {"reason": reason, "reqs": reqs}, self.faults.in_checkpoint(self.step), t0)
-        except DiskFullError as e:  # rank 0 only: it decided, the others skipped with it
-            self._report_disk_full(e, reason, reqs)
-            if reason in ("final", "stop"):
-                raise
-            return
-        if done is not None:
-            self._report_written(done, background=False)
-
-    def _collect_checkpoint(self, wait: bool) -> None:
-        """Report a background write that has completed (wait: block until the one in flight has)."""
-        if self.writer is None:
-            return
-        p = self.writer.wait() if wait else self.writer.finished()
-        if p is not None:
-            self._report_written(p, background=True)
-
-    def _report_written(self, p: sharded.Pending, background: bool) -> None:
-        """Rank 0: the checkpoint event of a sharded write, or what became of a failed one."""
-        if not self.env.is_main:
-            return
-        reason, reqs = p.info["reason"], p.info["reqs"]
-        if p.saved is not None:
-            self._report_saved(p.saved, p.step, reason, reqs, p.blocking_s)
-            return
-        if isinstance(p.error, DiskFullError):
-            self._report_disk_full(p.error, reason, reqs, p.step)
-            if reason in ("final", "stop"):
-                raise p.error
-            return
-        if not background:
-            raise p.error  # a blocking write that failed ends the run, as a full checkpoint's does
-        why = report_failure(p.error)
-        newest = checkpoint.candidates(self.paths.checkpoints)
-        last = f"the newest checkpoint stays {newest[0].name}" if newest else "there is no checkpoint yet"
-        log(f"checkpoint ({reason}) step {p.step} failed in the background: {why}; {last}")
-        self.events.emit("incident", **checkpoint_failed_incident(p.step, why, last, reason, self.paths.checkpoints))
-        for req in reqs:
-            if req.action == "checkpoint":
-                self.events.emit("control", request_id=req.id, action=req.action, status="rejected", detail=why)
-                self.inbox.done(req.path)
-
-    def _report_saved(self, saved: checkpoint.Saved, step: int, reason: str, reqs: list[Request], blocking_s: float) -> None:
-        """Rank 0: the checkpoint event (written and renamed into place) and the answers to its requests."""
-        self.events.emit("checkpoint", step=step, path=str(saved.path), bytes=saved.bytes, seconds=round(saved.seconds, 4),
-                         blocking_s=round(min(blocking_s, saved.seconds), 4), reason=reason,
-                         request_id=reqs[0].id if reqs else None, request_ids=[r.id for r in reqs])
-        for req in reqs:
-            self.events.emit("control", request_id=req.id, action=req.action, status="done", detail=f"checkpoint saved at step {step}: {saved.path}")
-            self.inbox.done(req.path)
-        log(f"checkpoint ({reason}) step {step}: {saved.path} {saved.bytes} bytes in {saved.seconds:.2f}s "
-            f"(the loop waited {min(blocking_s, saved.seconds):.2f}s)")
-
-    def _report_disk_full(self, e: DiskFullError, reason: str, reqs: list[Request], step: int | None = None) -> None:
-        """A checkpoint that did not fit: an incident, and an answer to the requests waiting for it."""
-        final = reason in ("final", "stop")
-        step = self.step if step is None else step
-        log(f"checkpoint ({reason}) step {step} {'failed' if final else 'skipped'}: {e}")
-        newest = checkpoint.candidates(self.paths.checkpoints)
-        last = f"the newest checkpoint stays {newest[0].name}" if newest else "there is no checkpoint yet"
-        then = "the run ends as failed" if final else "training goes on and the next checkpoint tries again"
-        self.events.emit("incident", **disk_full_incident(step, e, reason, last, then, self.cfg.checkpoint.keep_last))
-        for req in reqs:
-            if req.action == "checkpoint":
-                self.events.emit("control", request_id=req.id, action=req.action, status="rejected", detail=str(e))
-                self.inbox.done(req.path)
+        self.checkpoints.save(reason, requests["checkpoint"] + requests["stop"], position, rng_override)
 
     def _resume(self, found: tuple[Path, dict[str, Any], list[Any]]) -> dict[str, Any]:
         """Load the newest intact checkpoint's model, optimizer, RNG and position."""
@@ -459,14 +353,7 @@ class Trainer:
             f"global batch {self.global_batch} x {self.sample_tokens or '?'} tokens, from step {self.start_step}")
 
     def _end(self, status: str, reason: str) -> int:
-        self._collect_checkpoint(wait=True)  # a write in flight is finished (and reported) first
+        self.checkpoints.collect(wait=True)  # a write in flight is finished (and reported) first
         self.events.emit("run_end", step=self.step, status=status, reason=reason)
         log(f"run_end {status}: {reason}")
         return 0
-
-
-def report_failure(exc: BaseException) -> str:
-    """Print the traceback to the rank log; return the one line a run_end carries."""
-    traceback.print_exception(exc)
-    text = str(exc) if isinstance(exc, DiskFullError) else f"{type(exc).__name__}: {exc}"  # it says what it is
-    return text.splitlines()[0][:500]

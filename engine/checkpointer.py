@@ -1,0 +1,149 @@
+"""The run's checkpoints as the loop sees them: `save(reason, ...)` at a step, `collect()` between steps.
+
+It writes full (engine/checkpoint.py, rank 0) or sharded (engine/sharded.py, every rank; in the
+background with checkpoint.async) and reports each one itself: the `checkpoint` event with the
+time the loop waited, the answers to the requests it served, and an incident for a full disk or a
+background write that failed (never a half checkpoint: that one is removed, never renamed).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from engine import checkpoint, parallel, sharded
+from engine.dist import DistEnv, log, report_failure
+from engine.faults import Faults
+from mt.anomaly import checkpoint_failed_incident, disk_full_incident
+from mt.config import Config
+from mt.inbox import ControlInbox, Request
+from mt.paths import RunPaths
+from mt.space import DiskFullError
+
+_LAST = ("final", "stop")  # the run's last weights: ending without them must not look like success
+
+
+class Checkpointer:
+    def __init__(self, cfg: Config, env: DistEnv, paths: RunPaths, events: Any, inbox: ControlInbox | None, faults: Faults,
+                 par: parallel.Parallel, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: Any) -> None:
+        self.cfg, self.env, self.paths, self.events, self.inbox, self.faults = cfg, env, paths, events, inbox, faults
+        self.par, self.model, self.optimizer, self.scaler = par, model, optimizer, scaler
+        self.writer: sharded.ShardedWriter | None = None  # made at the first sharded checkpoint
+
+    def save(self, reason: str, reqs: list[Request], position: dict[str, Any], rng_override: dict | None = None) -> None:
+        """Collective: gather every rank's RNG state, then write full (rank 0, atomically) or sharded
+        (every rank); `reqs` are the requests this checkpoint answers."""
+        self.collect(wait=True)  # at most one write in flight: the previous one finishes first
+        t0 = time.perf_counter()
+        step = position["step"]
+        rng = rng_override or checkpoint.capture_rng(self.env.device)
+        rngs: list[Any] = [None] * self.env.world_size
+        dist.all_gather_object(rngs, rng)
+        train_state = {**position, "rng": rngs}
+        meta = {"world_size": self.env.world_size, "global_batch": position["global_batch"],
+                "samples_seen": position["samples_seen"], "reason": reason}
+        if self.cfg.checkpoint_format == "sharded":
+            self._save_sharded(step, reason, reqs, train_state, meta, t0)
+        else:
+            model_sd, optim_sd = parallel.full_state(self.par, self.model, self.optimizer)  # collective under fsdp
+            if self.env.is_main:
+                parts = {
+                    "model.pt": model_sd,
+                    "optim.pt": {"optimizer": optim_sd, "scaler": self.scaler.state_dict()},
+                    "train.pt": train_state,
+                }
+                try:
+                    saved = checkpoint.save_and_prune(self.paths.checkpoints, step, parts, meta, self.cfg.checkpoint.keep_last,
+                                                      self.faults.in_checkpoint(step))
+                except DiskFullError as e:
+                    self._report_disk_full(e, step, reason, reqs)
+                    if reason in _LAST:
+                        raise
+                    saved = None
+                if saved is not None:
+                    self._report_saved(saved, step, reason, reqs, time.perf_counter() - t0)
+        dist.barrier()
+
+    def collect(self, wait: bool) -> None:
+        """Report a background write that has completed (wait: block until the one in flight has)."""
+        if self.writer is None:
+            return
+        p = self.writer.wait() if wait else self.writer.finished()
+        if p is not None:
+            self._report_written(p, background=True)
+
+    def _save_sharded(self, step: int, reason: str, reqs: list[Request], train_state: dict[str, Any], meta: dict[str, Any],
+                      t0: float) -> None:
+        """Every rank writes its shards (engine/sharded.py); blocking, or in the background with checkpoint.async."""
+        if self.writer is None:
+            self.writer = sharded.ShardedWriter(self.paths.checkpoints, self.cfg.checkpoint.keep_last, self.env.is_main,
+                                                self.cfg.checkpoint.async_)
+        # the scaler is one small dict: in train.pt, beside the position
+        train = {**train_state, "scaler": self.scaler.state_dict()} if self.env.is_main else None
+        try:
+            done = self.writer.save(step, sharded.state_of(self.model, self.optimizer), train, meta,
+                                    {"reason": reason, "reqs": reqs}, self.faults.in_checkpoint(step), t0)
+        except DiskFullError as e:  # rank 0 only: it decided, the others skipped with it
+            self._report_disk_full(e, step, reason, reqs)
+            if reason in _LAST:
+                raise
+            return
+        if done is not None:
+            self._report_written(done, background=False)
+
+    def _report_written(self, p: sharded.Pending, background: bool) -> None:
+        """Rank 0: the checkpoint event of a sharded write, or what became of a failed one."""
+        if not self.env.is_main:
+            return
+        reason, reqs = p.info["reason"], p.info["reqs"]
+        if p.saved is not None:
+            self._report_saved(p.saved, p.step, reason, reqs, p.blocking_s)
+            return
+        if isinstance(p.error, DiskFullError):
+            self._report_disk_full(p.error, p.step, reason, reqs)
+            if reason in _LAST:
+                raise p.error
+            return
+        if not background:
+            raise p.error  # a blocking write that failed ends the run, as a full checkpoint's does
+        why = report_failure(p.error)
+        last = self._newest()
+        log(f"checkpoint ({reason}) step {p.step} failed in the background: {why}; {last}")
+        self.events.emit("incident", **checkpoint_failed_incident(p.step, why, last, reason, self.paths.checkpoints))
+        self._reject(reqs, why)
+
+    def _report_saved(self, saved: checkpoint.Saved, step: int, reason: str, reqs: list[Request], blocking_s: float) -> None:
+        """Rank 0: the checkpoint event (written and renamed into place) and the answers to its requests."""
+        waited = min(blocking_s, saved.seconds)
+        self.events.emit("checkpoint", step=step, path=str(saved.path), bytes=saved.bytes, seconds=round(saved.seconds, 4),
+                         blocking_s=round(waited, 4), reason=reason,
+                         request_id=reqs[0].id if reqs else None, request_ids=[r.id for r in reqs])
+        for req in reqs:
+            self.events.emit("control", request_id=req.id, action=req.action, status="done", detail=f"checkpoint saved at step {step}: {saved.path}")
+            self._done(req)
+        log(f"checkpoint ({reason}) step {step}: {saved.path} {saved.bytes} bytes in {saved.seconds:.2f}s (the loop waited {waited:.2f}s)")
+
+    def _report_disk_full(self, e: DiskFullError, step: int, reason: str, reqs: list[Request]) -> None:
+        """A checkpoint that did not fit: an incident, and an answer to the requests waiting for it."""
+        final = reason in _LAST
+        log(f"checkpoint ({reason}) step {step} {'failed' if final else 'skipped'}: {e}")
+        then = "the run ends as failed" if final else "training goes on and the next checkpoint tries again"
+        self.events.emit("incident", **disk_full_incident(step, e, reason, self._newest(), then, self.cfg.checkpoint.keep_last))
+        self._reject(reqs, str(e))
+
+    def _newest(self) -> str:
+        newest = checkpoint.candidates(self.paths.checkpoints)
+        return f"the newest checkpoint stays {newest[0].name}" if newest else "there is no checkpoint yet"
+
+    def _reject(self, reqs: list[Request], why: str) -> None:
+        """Checkpoint requests this failed write would have answered (a stop still stops)."""
+        for req in reqs:
+            if req.action == "checkpoint":
+                self.events.emit("control", request_id=req.id, action=req.action, status="rejected", detail=why)
+                self._done(req)
+
+    def _done(self, req: Request) -> None:
+        if self.inbox is not None:
+            self.inbox.done(req.path)
