@@ -5,6 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from engine import exit_now
 from mt.config import ConfigError
 from mt.eventlog import EventWriter
 from mt.paths import RunPaths
@@ -79,4 +80,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

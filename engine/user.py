@@ -17,6 +17,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from engine import exit_now
 from mt.config import Config, ConfigError
 from mt.preset import config_from_dict
 
@@ -209,4 +210,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

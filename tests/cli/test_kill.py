@@ -47,9 +47,9 @@ def _track_until_training(run_dir: Path, nproc: int = 2) -> PidTracker:
     return tracker
 
 
-def _launch_headless(tmp_path: Path, runs: Path) -> tuple[subprocess.Popen[str], Path]:
+def _launch_headless(tmp_path: Path, runs: Path, nproc: int = 2) -> tuple[subprocess.Popen[str], Path]:
     """`mt launch --headless` in its own session (like a terminal or a batch job)."""
-    preset = write_preset(tmp_path / "p.toml", runs, **SLOW)
+    preset = write_preset(tmp_path / "p.toml", runs, **SLOW, launch={"nproc_per_node": nproc})
     viewer = subprocess.Popen([*MT, "launch", str(preset), "--headless"], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True)
     first = viewer.stdout.readline()
@@ -60,9 +60,12 @@ def _launch_headless(tmp_path: Path, runs: Path) -> tuple[subprocess.Popen[str],
 def started(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[subprocess.Popen[str] | None, Path]]]:
     """Three runs started at once, so their start-ups overlap instead of adding up."""
     runs: dict[str, tuple[subprocess.Popen[str] | None, Path]] = {}
-    for name in ("killed", "sigterm"):
+    # SIGTERM's way through torchrun to the workers is proven by the SIGKILLed supervisor below
+    # (the kernel's SIGTERM to torchrun) and by tests/engine/test_control.py: the headless
+    # viewer's part needs one rank (no torchrun start-up)
+    for name, nproc in (("killed", 2), ("sigterm", 1)):
         tmp = tmp_path_factory.mktemp(name)
-        runs[name] = _launch_headless(tmp, tmp / "runs")
+        runs[name] = _launch_headless(tmp, tmp / "runs", nproc)
     tmp = tmp_path_factory.mktemp("sigkill")
     runs["sigkill"] = _launch_in_dashboard(tmp, tmp / "runs")
     yield runs
@@ -205,7 +208,7 @@ def test_sigkilled_supervisor_does_not_leave_workers_running(started: dict) -> N
 
 def test_sigterm_to_headless_stops_the_run_gracefully(started: dict) -> None:
     viewer, run_dir = started["sigterm"]
-    tracker = _track_until_training(run_dir)
+    tracker = _track_until_training(run_dir, nproc=1)
     viewer.send_signal(signal.SIGTERM)  # what SLURM sends at the time limit
     out, err = viewer.communicate(timeout=120)
     assert viewer.returncode == 0, out + err

@@ -16,7 +16,7 @@ from .usercode import GPT2, hf_base, user_base
 HARD = {  # dropout, loader workers and accumulation all on: every source of state must be restored
     "model": {"dropout": 0.1},
     "data": {"num_workers": 1},
-    "train": {"max_steps": 24, "grad_accum_steps": 2},
+    "train": {"max_steps": 16, "grad_accum_steps": 2},
     "checkpoint": {"every_steps": 4, "keep_last": 2},
 }
 
@@ -40,21 +40,25 @@ def base_for(model: str, tmp_path) -> dict:
 @pytest.mark.parametrize("model", ["gpt-fsdp", "python", "hf"])  # mt's GPT under DDP: tests/engine/test_train.py and below
 def test_sigkill_then_resume_reproduces_the_uninterrupted_run_bitwise(tmp_path, model):
     base = base_for(model, tmp_path)
+    # ranks' states restored on two ranks under FSDP and under DDP (a user's model and data);
+    # what is Hugging Face's own (its model's state and dropout) shows on one rank, without
+    # three torchrun start-ups
+    nproc = 1 if model == "hf" else 2
     reference = make_run(tmp_path, "reference", base, **HARD)
-    uninterrupted = start(reference, nproc=2)  # at once: its start-up overlaps the killed run's
+    uninterrupted = start(reference, nproc=nproc)  # at once: its start-up overlaps the killed run's
     if model == "gpt-fsdp":  # ... and the same run under DDP: sharding must not change what is learned
         ddp = make_run(tmp_path, "ddp", SMALL, **HARD)
         ddp_proc = start(ddp, nproc=2)
 
     run = make_run(tmp_path, "killed", base, **HARD)
-    kill_after = random.Random().randint(6, 19)
-    proc = start(run, nproc=2)
+    kill_after = random.Random().randint(6, 11)  # every phase of the 4-step interval, 5 steps before the end
+    proc = start(run, nproc=nproc)
     wait_for(lambda: any(s["step"] >= kill_after for s in events(run, "step")), what=f"step {kill_after}")
     killed = kill_tree(proc.pid, signal.SIGKILL)
-    assert len(killed) >= 3  # torchrun and both workers
+    assert len(killed) >= nproc + 1  # torchrun and both workers, or the one worker and its loader worker
     ckpts = events(run, "checkpoint")
     assert ckpts, "a checkpoint must exist before the kill"
-    assert run_engine(run, nproc=2, attempt=2) == 0, logs(run)
+    assert run_engine(run, nproc=nproc, attempt=2) == 0, logs(run)
     assert uninterrupted.wait(timeout=240) == 0, logs(reference)
 
     start2 = [e for e in events(run, "run_start") if e["attempt"] == 2][0]
@@ -62,7 +66,7 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run_bitwise(tmp_path, 
     assert start2["resumed_from"]["exact"] is True and resumed_at % 4 == 0 and resumed_at >= ckpts[0]["step"]
     ref = {s["step"]: s for s in events(reference, "step")}
     after = steps_by_attempt(run)[2]
-    assert [s["step"] for s in after] == list(range(resumed_at + 1, 25))
+    assert [s["step"] for s in after] == list(range(resumed_at + 1, 17))
     for s in after:
         assert (s["loss"], s["grad_norm"], s["samples_seen"]) == (ref[s["step"]]["loss"], ref[s["step"]]["grad_norm"], ref[s["step"]]["samples_seen"]), s["step"]
     a, b = final_weights(reference), final_weights(run)
