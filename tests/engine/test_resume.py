@@ -10,7 +10,20 @@ import sys
 import pytest
 import torch
 
-from .runner import SMALL, events, index_problem, kill_tree, logs, make_run, merge, run_engine, start, steps_by_attempt, wait_for
+from .runner import (
+    SMALL,
+    events,
+    final_weights,
+    index_problem,
+    kill_tree,
+    logs,
+    make_run,
+    merge,
+    run_engine,
+    start,
+    steps_by_attempt,
+    wait_for,
+)
 from .usercode import GPT2, hf_base, user_base
 
 HARD = {  # dropout, loader workers and accumulation all on: every source of state must be restored
@@ -19,11 +32,6 @@ HARD = {  # dropout, loader workers and accumulation all on: every source of sta
     "train": {"max_steps": 16, "grad_accum_steps": 2},
     "checkpoint": {"every_steps": 4, "keep_last": 2},
 }
-
-
-def final_weights(run) -> dict[str, torch.Tensor]:
-    path = [c for c in events(run, "checkpoint") if c["reason"] == "final"][-1]["path"]
-    return torch.load(f"{path}/model.pt", weights_only=True)
 
 
 FSDP = {"train": {"strategy": "fsdp", "activation_checkpointing": True}}
