@@ -43,10 +43,11 @@ class BackgroundHeartbeat(Heartbeat):
     For scripts, where every microsecond of a step is the user's: `note` is one attribute
     store; the thread writes the record within `every_s` of a change, and keeps doing so while
     the training thread is blocked in a collective (which releases the GIL), so a stuck rank's
-    heartbeat still shows the step it is stuck after.
+    heartbeat still shows the step it is stuck after. Every 0.1 s: liveness is judged in seconds,
+    and each wake takes the GIL from the training thread (at 50 a second it cost the loop more).
     """
 
-    def __init__(self, path: Path, rank: int, attempt: int, every_s: float = 0.02,
+    def __init__(self, path: Path, rank: int, attempt: int, every_s: float = 0.1,
                  on_idle: Callable[[], None] | None = None, idle_s: float = 0.5) -> None:
         super().__init__(path, rank, attempt)
         self._noted: tuple[int, str] = (0, "start")

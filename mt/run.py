@@ -28,8 +28,8 @@ from mt.stepbatch import StepBatch
 
 ENV_RUN_DIR, ENV_ATTEMPT = "MT_RUN_DIR", "MT_ATTEMPT"
 _KNOWN = ("loss", "lr", "grad_norm", "tokens")
-_POLL_S = 0.1  # rank 0 looks into control/ at most this often
-_FLUSH_S = 0.25  # rank 0 writes step events in batches this far apart: one write, not one per step
+_POLL_S = 0.25  # rank 0 looks into control/ at most this often: a key press is answered within a step after it
+_FLUSH_S = 0.5  # rank 0 writes step events in batches this far apart (the viewer polls as often): one write, not one per step
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ class Run:
         now = time.perf_counter()
         if type(step) is not int:
             step = _whole(step, "step")
-        if type(tokens) is not float and tokens is not None:
+        if type(tokens) is not int and type(tokens) is not float and tokens is not None:  # B * T is an int
             tokens = _number(tokens, "tokens")
         self._heartbeat.note(step)
         if self._agree.alone and self._signals.received is None and now - self._last_poll < _POLL_S:
