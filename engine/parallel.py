@@ -82,6 +82,38 @@ def _compile(model: nn.Module, blocks: list[nn.Module], env: DistEnv) -> None:
         part.compile()  # mode "default"
 
 
+def build(make: Callable[[], nn.Module], cfg: Config, env: DistEnv) -> nn.Module:
+    """The model before `wrap`: whole on its device under ddp. Under fsdp rank 0 builds it whole in
+    host memory (fully_shard moves each block to the device as it shards it) and the other ranks
+    build mt's GPT or an HF model on the meta device, to receive their shards of rank 0's values in
+    `wrap`: no rank but 0 ever holds the whole model. A factory's own code may need real tensors:
+    every rank builds it."""
+    if cfg.train.strategy != "fsdp":
+        return make().to(env.device)
+    if env.rank == 0 or not _from_rank0(cfg, env):
+        return make()
+    with torch.device("meta"):
+        return make()
+
+
+def _from_rank0(cfg: Config, env: DistEnv) -> bool:
+    """Whether the ranks other than 0 built the model on the meta device (the same answer on every rank)."""
+    return cfg.train.strategy == "fsdp" and env.world_size > 1 and cfg.model.kind != "python"
+
+
+def _receive_from_rank0(model: nn.Module, full: dict[str, Any] | None, env: DistEnv) -> None:
+    """Ranks that built on meta get storage; then every rank its shards of rank 0's whole values, and
+    the buffers a state dict leaves out (non-persistent ones, e.g. a causal mask) whole."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+    if env.rank != 0:
+        model.to_empty(device=env.device)
+    set_model_state_dict(model, full if full is not None else {}, options=_options(broadcast_from_rank0=True))
+    persistent = set(model.state_dict())
+    for name, buf in model.named_buffers():
+        if name not in persistent:
+            torch.distributed.broadcast(buf, src=0)
+
+
 def wrap(model: nn.Module, cfg: Config, env: DistEnv) -> Parallel:
     """Apply the preset's strategy to `model` (on its device; under fsdp on the CPU, which fully_shard
     moves to the device block by block); `model` stays the one to save."""
@@ -101,9 +133,13 @@ def wrap(model: nn.Module, cfg: Config, env: DistEnv) -> Parallel:
         mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
         # the mesh names this run's device: fully_shard's default follows any visible GPU instead
         mesh = init_device_mesh(env.device.type, (env.world_size,))
+        # rank 0's whole values (before sharding replaces them) for the ranks that built on meta
+        full = {k: v.detach() for k, v in model.state_dict().items()} if env.rank == 0 and _from_rank0(cfg, env) else None
         for block in blocks:
             fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=t.fsdp.reshard_after_forward)
         fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=t.fsdp.reshard_after_forward)
+        if _from_rank0(cfg, env):
+            _receive_from_rank0(model, full, env)
         return Parallel(model, functools.partial(_local_grads, model), "fsdp")
     if env.world_size == 1:  # one rank pays for no DDP: no wrapper, no bucketed all-reduce
         return Parallel(model, nullcontext, "ddp")

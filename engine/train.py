@@ -48,10 +48,9 @@ class Trainer:
 
         # ---- model, optimizer, precision -------------------------------------------------
         seed_everything(cfg.run.seed)  # identical initial weights on every rank
-        # under fsdp the model is built whole in host memory only: fully_shard moves each block to the
-        # device as it shards it, so a model that needs sharding to fit never sits whole on one GPU
+        # under fsdp whole on rank 0's host only (engine/parallel.py build): never whole on one GPU
         home = torch.device("cpu") if t.strategy == "fsdp" else env.device
-        self.model = build_model(cfg).to(home)
+        self.model = parallel.build(lambda: build_model(cfg), cfg, env)
         self.what = {"python": f"{cfg.model.factory}(...)", "hf": f"the Hugging Face {cfg.model.hf.get('model_type') or 'model'}"}.get(
             cfg.model.kind, "the GPT")  # names the model in a run_end that says what it returned
         self.n_params, self.n_trainable = count_params(self.model)

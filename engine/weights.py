@@ -82,7 +82,8 @@ def load_into(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> 
     problems = fit_problems(model, state, "the file")
     if problems:
         raise InitFromError(f"model.init_from: {source} does not fit the model: {'; '.join(problems)}")
-    model.load_state_dict(state)
+    if not any(p.is_meta for p in model.parameters()):  # a meta model (fsdp, ranks but 0) gets rank 0's values
+        model.load_state_dict(state)
 
 
 def fit_problems(model: nn.Module, state: dict[str, torch.Tensor], where: str) -> list[str]:
