@@ -89,3 +89,79 @@ def test_the_optimizer_state_renumbers_from_names_and_back() -> None:
     assert back["param_groups"] == numbered["param_groups"]
     assert back["state"].keys() == numbered["state"].keys()
     assert all(torch.equal(back["state"][i]["exp_avg"], numbered["state"][i]["exp_avg"]) for i in numbered["state"])
+
+
+# Two gloo ranks: rank 1 builds the model on the meta device (engine/parallel.py build) and gets its
+# shards from rank 0 in wrap; the whole state, every buffer and a forward must equal a plain build's.
+FROM_RANK0 = '''
+import json, sys
+import torch, torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from engine.dist import DistEnv
+from engine.model import build_model
+from engine.parallel import build, wrap
+from mt.preset import config_from_dict
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+env = DistEnv(rank, rank, world, torch.device("cpu"), "gloo")
+out = {}
+for name, preset in json.loads(sys.argv[1]).items():
+    cfg = config_from_dict(preset, "test")
+    torch.manual_seed(5)
+    model = build(lambda: build_model(cfg), cfg, env)
+    meta = [p.is_meta for p in model.parameters()]
+    wrap(model, cfg, env)
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    x = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(1))
+    model.eval()  # no dropout: the RNG streams differ (a meta build draws nothing)
+    with torch.no_grad():
+        got = model(x, x) if cfg.model.kind == "gpt" else model(input_ids=x, labels=x).loss
+    bufs = {k: v.clone() for k, v in model.named_buffers()}
+    rows = [None] * world
+    dist.all_gather_object(rows, (all(meta), float(got), bufs))
+    if rank == 0:
+        torch.manual_seed(5)
+        ref = build_model(cfg).eval()
+        with torch.no_grad():
+            want = ref(x, x) if cfg.model.kind == "gpt" else ref(input_ids=x, labels=x).loss
+        sd = ref.state_dict()
+        out[name] = {
+            "rank1_built_on_meta": rows[1][0], "rank0_built_on_meta": rows[0][0],
+            "state_equal": full.keys() == sd.keys() and all(torch.equal(full[k], sd[k]) for k in sd),
+            "losses": [r[1] for r in rows], "want": float(want),
+            "buffers_equal": all(r[2].keys() == dict(ref.named_buffers()).keys()
+                                 and all(torch.equal(v, dict(ref.named_buffers())[k]) for k, v in r[2].items()) for r in rows),
+            "buffers": len(bufs),
+        }
+if rank == 0:
+    print("RESULT " + json.dumps(out))
+dist.destroy_process_group()
+'''
+
+
+@pytest.mark.slow
+def test_fsdp_ranks_but_0_build_on_meta_and_get_rank_0s_values(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from .usercode import LLAMA
+
+    script = tmp_path / "from_rank0.py"
+    script.write_text(FROM_RANK0)
+    fsdp = {"train": {"strategy": "fsdp"}}
+    presets = {"gpt": merge(SMALL, fsdp), "gpt2": merge(hf_base(GPT2), fsdp), "llama": merge(hf_base(LLAMA), fsdp)}
+    repo = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(repo), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script),
+                          json.dumps(presets)], capture_output=True, text=True, env=env, timeout=240, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(next(line for line in res.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    for name, r in out.items():
+        assert r["rank1_built_on_meta"] and not r["rank0_built_on_meta"], (name, r)
+        assert r["state_equal"] and r["buffers_equal"], (name, r)
+        assert r["losses"] == [r["want"]] * 2, (name, r)  # the same forward on both ranks, as a plain build's
+    assert out["llama"]["buffers"] > 0  # its rotary inv_freq is not in the state dict: broadcast whole
