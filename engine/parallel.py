@@ -88,12 +88,15 @@ def build(make: Callable[[], nn.Module], cfg: Config, env: DistEnv) -> nn.Module
     build mt's GPT or an HF model on the meta device, to receive their shards of rank 0's values in
     `wrap`: no rank but 0 ever holds the whole model. A factory's own code may need real tensors:
     every rank builds it."""
-    if cfg.train.strategy != "fsdp":
-        return make().to(env.device)
-    if env.rank == 0 or not _from_rank0(cfg, env):
-        return make()
-    with torch.device("meta"):
-        return make()
+    if env.rank != 0 and _from_rank0(cfg, env):
+        with torch.device("meta"):
+            return make()
+    return make().to(host(cfg, env))
+
+
+def host(cfg: Config, env: DistEnv) -> torch.device:
+    """Where the model is whole before `wrap` (and state loaded into it goes): under fsdp the CPU, else the run's device."""
+    return torch.device("cpu") if cfg.train.strategy == "fsdp" else env.device
 
 
 def _from_rank0(cfg: Config, env: DistEnv) -> bool:

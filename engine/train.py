@@ -49,7 +49,7 @@ class Trainer:
         # ---- model, optimizer, precision -------------------------------------------------
         seed_everything(cfg.run.seed)  # identical initial weights on every rank
         # under fsdp whole on rank 0's host only (engine/parallel.py build): never whole on one GPU
-        home = torch.device("cpu") if t.strategy == "fsdp" else env.device
+        home = parallel.host(cfg, env)
         self.model = parallel.build(lambda: build_model(cfg), cfg, env)
         self.what = {"python": f"{cfg.model.factory}(...)", "hf": f"the Hugging Face {cfg.model.hf.get('model_type') or 'model'}"}.get(
             cfg.model.kind, "the GPT")  # names the model in a run_end that says what it returned

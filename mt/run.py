@@ -148,8 +148,8 @@ class Run:
             ctl = _GO
         else:
             ctl, tokens = self._decide(step, tokens, now)
-        if not self._started and self._events is not None:
-            self._emit_run_start(step - 1)
+        if not self._started:
+            self._ensure_started(step - 1)
         self._step = step
         return ctl, tokens
 
@@ -159,7 +159,7 @@ class Run:
         if self._events is None:
             return
         if not self._started:
-            self._emit_run_start(step - 1)
+            self._ensure_started(step - 1)
         self._steps.note((step, time.time(), None if self._last_t is None else now - self._last_t,
                           loss if type(loss) is float or loss is None else _number(loss, "loss"),
                           lr if type(lr) is float or lr is None else _number(lr, "lr"),
