@@ -1,10 +1,12 @@
 """What the mt library costs a training script: `import mt`, one `run.step`, and a real CPU loop.
 
-    .venv/bin/python bench/library_overhead.py [--steps 10] [--pairs 600] [--repeat 5]
+    .venv/bin/python bench/library_overhead.py [--steps 10] [--pairs 2000] [--repeat 5]
 
 1. `import mt` in a fresh interpreter (`-X importtime`, cumulative µs of the mt package), median;
    alone, and after `import torch` (what a training script pays: torch loads pathlib & co. first).
-2. `run.step(...)` on rank 0 of a one-process run (events, heartbeat, control poll; no collective).
+2. `run.step(...)` on rank 0 of a one-process run (events, heartbeat, control poll; no collective):
+   CPU per call of the whole process (the heartbeat thread writes the batched steps and runs the
+   rules), and of the calling thread alone.
 3. The tiny CPU loop of examples/script/train.py (one process), short blocks of steps with and
    without `run.step`, paired in random order: tokens/s (wall) with/without, the issue's measure,
    and tokens per CPU-second of the process (the library's thread included), each as the ratio of
@@ -43,17 +45,18 @@ def import_cost_us(repeat: int, before: str = "") -> float:
     return statistics.median(out)
 
 
-def step_cost_us(n: int) -> float:
+def step_cost_us(n: int) -> tuple[float, float]:
+    """CPU µs per run.step: the whole process's, and the calling thread's."""
     import mt
 
     with tempfile.TemporaryDirectory() as d:
         run = mt.init(runs_dir=d, name="bench")
-        t0 = time.process_time()
+        t0, c0 = time.process_time(), time.thread_time()
         for i in range(1, n + 1):
             run.step(i, loss=1.0 / i, lr=1e-3, grad_norm=0.5, tokens=1024)
         run.finish()  # writes what is still batched: part of the cost
-        dt = time.process_time() - t0
-    return dt / n * 1e6
+        dt, dc = time.process_time() - t0, time.thread_time() - c0
+    return dt / n * 1e6, dc / n * 1e6
 
 
 def _interval(pairs: list[tuple[float, float]], rng: random.Random, n: int = 2000) -> tuple[float, float, float]:
@@ -118,7 +121,7 @@ def loop_ratio(steps: int, pairs: int) -> dict[str, Any]:
             wall.append((off[0], on[0]))
             cpu.append((off[1], on[1]))
         spent, timed = 0.0, max(1, pairs // 4) * steps
-        for _ in range(timed):  # the mean: a batched write every 0.5 s is part of the cost
+        for _ in range(timed):  # the mean over many steps: a rare poll of control/ is part of the cost
             step += 1
             loss, gn = one_step(step)
             a0 = time.thread_time()  # CPU time: a preemption by a neighbour is not counted
@@ -133,14 +136,16 @@ def loop_ratio(steps: int, pairs: int) -> dict[str, Any]:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=10, help="steps per block")
-    p.add_argument("--pairs", type=int, default=600, help="block pairs (with, without) of the tiny loop")
+    p.add_argument("--pairs", type=int, default=2000, help="block pairs (with, without) of the tiny loop")
     p.add_argument("--repeat", type=int, default=5, help="fresh interpreters for the import cost")
     args = p.parse_args()
     os.environ.pop("MT_RUN_DIR", None)
     print(f"import mt: {import_cost_us(args.repeat) / 1000:.1f} ms alone, "
           f"{import_cost_us(args.repeat, 'import torch; ') / 1000:.1f} ms after import torch "
           f"(median of {args.repeat}, -X importtime)")
-    print(f"run.step, one rank: {step_cost_us(20000):.1f} µs per call (20000 calls)")
+    proc_us, thread_us = step_cost_us(200_000)  # long enough for the thread's ticks (every 0.25 s) to do the writing
+    print(f"run.step, one rank, 200000 calls: {proc_us:.1f} µs of CPU per call, the heartbeat thread's writes and "
+          f"rules included; {thread_us:.1f} µs in the calling thread")
     r = loop_ratio(args.steps, args.pairs)
     (wall, wlo, whi), (cpu, clo, chi) = r["wall"], r["cpu"]
     print(f"CPU tiny loop ({r['step_us']:,.0f} µs a step), with run.step / without, {args.pairs} pairs of "

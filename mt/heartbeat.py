@@ -48,12 +48,12 @@ class BackgroundHeartbeat(Heartbeat):
     """
 
     def __init__(self, path: Path, rank: int, attempt: int, every_s: float = 0.1,
-                 on_idle: Callable[[], None] | None = None, idle_s: float = 0.5) -> None:
+                 on_tick: Callable[[], None] | None = None, tick_s: float = 0.5) -> None:
         super().__init__(path, rank, attempt)
         self._noted: tuple[int, str] = (0, "start")
         self._every_s = every_s
         self._thread: threading.Thread | None = None
-        self._on_idle, self._idle_s = on_idle, idle_s
+        self._on_tick, self._tick_s = on_tick, tick_s
 
     def note(self, step: int, phase: str = "train") -> None:
         self._noted = (step, phase)
@@ -62,18 +62,18 @@ class BackgroundHeartbeat(Heartbeat):
             self._thread.start()
 
     def _pump(self) -> None:
-        """Beat on every change; once a step has stood for idle_s (the training thread is blocked
-        or between steps), call on_idle once, so what waits to be written is not held back by it."""
-        written, changed, idle_done = None, time.monotonic(), False
+        """Beat on every change; every tick_s call on_tick (rank 0 writes the batched steps there,
+        off the training thread, and still writes them while that thread is blocked or hung)."""
+        written, due = None, time.monotonic() + self._tick_s
         while True:
             noted = self._noted
             if noted != written:
                 self.beat(*noted)
-                written, changed, idle_done = noted, time.monotonic(), False
-            elif not idle_done and self._on_idle is not None and time.monotonic() - changed >= self._idle_s:
-                idle_done = True
+                written = noted
+            if self._on_tick is not None and time.monotonic() >= due:
+                due = time.monotonic() + self._tick_s
                 try:
-                    self._on_idle()
+                    self._on_tick()
                 except Exception as e:  # noqa: BLE001 - the training thread's own writes will say more
                     print(f"mt: background flush failed: {type(e).__name__}: {e}", file=sys.stderr)
             time.sleep(self._every_s)

@@ -28,8 +28,9 @@ from mt.stepbatch import StepBatch
 
 ENV_RUN_DIR, ENV_ATTEMPT = "MT_RUN_DIR", "MT_ATTEMPT"
 _KNOWN = ("loss", "lr", "grad_norm", "tokens")
-_POLL_S = 0.25  # rank 0 looks into control/ at most this often: a key press is answered within a step after it
-_FLUSH_S = 0.5  # rank 0 writes step events in batches this far apart (the viewer polls as often): one write, not one per step
+# rank 0's heartbeat thread, not the training thread, looks into control/ and writes the batched
+# step events this often: a key press is seen within it, the viewer polls about as often
+_TICK_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -53,14 +54,15 @@ class Run:
         self.resume_from: Path | None = None
         self._events = EventWriter(paths.events) if rank == 0 else None
         self._inbox = ControlInbox(paths.control) if rank == 0 else None
-        # rank 0's thread also writes the steps waiting in a batch when the loop stands still (a hang)
-        self._heartbeat = BackgroundHeartbeat(paths.heartbeat(rank), rank, attempt, on_idle=self._flush if rank == 0 else None)
+        # rank 0's thread polls control/, writes the batched steps and runs the rules: a step only notes itself
+        self._heartbeat = BackgroundHeartbeat(paths.heartbeat(rank), rank, attempt, on_tick=self._tick if rank == 0 else None,
+                                              tick_s=_TICK_S)
         self._agree = Agreement(world_size)
         self._signals = StopSignals((signal.SIGTERM,))  # a handler that only sets a flag: the script saves at its next step
         if threading.current_thread() is threading.main_thread():
             self._signals.install()
         self._pending: list[Request] = []  # accepted requests that the next checkpoint_saved answers
-        self._last_poll = -math.inf
+        self._asked: list[Request] = []  # accepted by the thread, not yet seen by a step
         self._last_t: float | None = None
         self._step: int | None = None
         self._stopping: str | None = None
@@ -69,8 +71,7 @@ class Run:
         self._anomalies: Any = None
         self._nan_open = False
         self._steps = StepBatch()  # step events not written yet
-        self._flush_lock = threading.Lock()
-        self._flushed = time.perf_counter()
+        self._lock = threading.RLock()  # the thread's tick against the training thread's own writes
         self._heartbeat.beat(0, "start")
 
     # ---- every optimizer step -----------------------------------------------------------
@@ -103,7 +104,7 @@ class Run:
         where = Path(path).absolute()
         self._ensure_started(at)
         self._flush()
-        reqs, self._pending = self._pending, []
+        reqs, self._pending = self._pending, []  # what a step took: one asked later waits for a save after it
         reason = "stop" if self._stopping else "request" if reqs else "script"
         self._events.emit("checkpoint", step=at, path=str(where), bytes=_size(where), seconds=None, reason=reason,
                           request_id=reqs[0].id if reqs else None, request_ids=[r.id for r in reqs])
@@ -121,14 +122,15 @@ class Run:
         why = reason or self._stopping or ("the script finished" if final == "completed" else final)
         if self._events is not None and self._inbox is not None:
             self._ensure_started(self._step or 0)
-            self._flush()
-            for req in self._pending:
-                done = req.action == "stop" and final == "stopped"
-                self._events.emit("control", request_id=req.id, action=req.action, status="done" if done else "rejected",
-                                  detail=f"stopped at step {self._step}" if done else f"the script ended ({final}) without saving a checkpoint")
-                self._inbox.done(req.path)
-            self._pending = []
-            self._events.emit("run_end", step=self._step or 0, status=final, reason=why)
+            with self._lock:  # a tick after this finds the run finished
+                self._flush()
+                for req in self._pending + self._asked:
+                    done = req.action == "stop" and final == "stopped"
+                    self._events.emit("control", request_id=req.id, action=req.action, status="done" if done else "rejected",
+                                      detail=f"stopped at step {self._step}" if done else f"the script ended ({final}) without saving a checkpoint")
+                    self._inbox.done(req.path)
+                self._pending, self._asked = [], []
+                self._events.emit("run_end", step=self._step or 0, status=final, reason=why)
         if self.owned and self.rank == 0:
             from mt.ownrun import record_end
             record_end(self.paths, final, why)
@@ -144,10 +146,10 @@ class Run:
         if type(tokens) is not int and type(tokens) is not float and tokens is not None:  # B * T is an int
             tokens = _number(tokens, "tokens")
         self._heartbeat.note(step)
-        if self._agree.alone and self._signals.received is None and now - self._last_poll < _POLL_S:
+        if self._agree.alone and self._signals.received is None and not self._asked:
             ctl = _GO
         else:
-            ctl, tokens = self._decide(step, tokens, now)
+            ctl, tokens = self._decide(step, tokens)
         if not self._started:
             self._ensure_started(step - 1)
         self._step = step
@@ -165,12 +167,16 @@ class Run:
                           lr if type(lr) is float or lr is None else _number(lr, "lr"),
                           grad_norm if type(grad_norm) is float or grad_norm is None else _number(grad_norm, "grad_norm"),
                           tokens, {k: _number(v, k) for k, v in metrics.items()} if metrics else None))
-        if now - self._flushed >= _FLUSH_S:
-            self._flush()
 
-    def _decide(self, step: int, tokens: float | None, now: float) -> tuple[Control, float | None]:
+    def _decide(self, step: int, tokens: float | None) -> tuple[Control, float | None]:
         """Control (rank 0) and the agreement of every rank: checkpoint now, stop, tokens summed."""
-        ckpt, stop = self._poll(now)
+        ckpt = stop = False
+        if self._asked:
+            with self._lock:
+                asked, self._asked = self._asked, []
+            self._pending += asked
+            ckpt = any(r.action == "checkpoint" for r in asked)
+            stop = any(r.action == "stop" for r in asked)
         ckpt, stop, tokens_all = self._agree.decide(ckpt, stop or self._signals.received is not None, tokens)
         if not (ckpt or stop):
             return _GO, tokens_all
@@ -179,32 +185,30 @@ class Run:
         self._heartbeat.note(step, "checkpoint")  # a long save is explained, not taken for a hang
         return Control(checkpoint=ckpt, stop=stop), tokens_all
 
-    def _poll(self, now: float) -> tuple[bool, bool]:
-        """Rank 0: new requests in control/ (accepted ones wait for the next checkpoint_saved)."""
-        if self._inbox is None or self._events is None or now - self._last_poll < _POLL_S:
-            return False, False
-        self._last_poll = now
-        polled = self._inbox.poll()
-        if polled.requests or polled.rejected:
+    def _tick(self) -> None:
+        """Rank 0's heartbeat thread, every _TICK_S: new requests in control/ (the next step takes
+        them), then the waiting step events and the rules."""
+        assert self._inbox is not None and self._events is not None
+        with self._lock:
+            if self._finished or not self._started:
+                return
+            polled = self._inbox.poll()
             self._flush()  # the answers follow the steps before them
-        for rid, action, why in polled.rejected:
-            self._events.emit("control", request_id=rid, action=action, status="rejected", detail=why)
-        at = (self._step or 0) + 1
-        for req in polled.requests:
-            self._events.emit("control", request_id=req.id, action=req.action, status="accepted", detail=f"at step {at}")
-        self._pending += polled.requests
-        return (any(r.action == "checkpoint" for r in polled.requests),
-                any(r.action == "stop" for r in polled.requests))
+            for rid, action, why in polled.rejected:
+                self._events.emit("control", request_id=rid, action=action, status="rejected", detail=why)
+            at = (self._step or 0) + 1
+            for req in polled.requests:
+                self._events.emit("control", request_id=req.id, action=req.action, status="accepted", detail=f"at step {at}")
+            self._asked += polled.requests
 
     def _flush(self) -> None:
         """Write the waiting step events in one go, then run the rank-0 rules over them.
 
-        Batched because a step's own cost is what the script pays: one write every _FLUSH_S
-        instead of two system calls and a JSON encoding per step, and the rules run hot."""
-        self._flushed = time.perf_counter()
+        The heartbeat thread calls it every _TICK_S, so a step's own cost (the script's) is a
+        note; other events call it first, so they follow the steps before them."""
         if not self._steps or self._events is None:
             return
-        with self._flush_lock:
+        with self._lock:
             self._flush_locked()
 
     def _flush_locked(self) -> None:

@@ -209,3 +209,46 @@ def test_the_batched_step_lines_and_index_rows_equal_the_generic_writers() -> No
         assert json.loads(line)["step"] == cases[i][0]
     assert fast >= 3 and rows[5] is None and rows[6] is None  # extras and odd values go to the parser
     assert [f["step"] for f in fields_out] == [c[0] for c in cases]
+
+
+BLOCKED = """
+import sys, time
+from pathlib import Path
+import mt
+run = mt.init(runs_dir="runs", name="blocked")
+for step in (1, 2, 3):
+    run.step(step, loss=1.0 / step, lr=1e-3)
+print(run.dir, flush=True)
+while not Path("go").exists():  # a long step: the training thread does not call mt
+    time.sleep(0.05)
+ctl = run.step(4, loss=0.25, lr=1e-3)
+if ctl.checkpoint:
+    Path("ck.pt").write_bytes(b"saved")
+    run.checkpoint_saved("ck.pt", 4)
+run.finish()
+"""
+
+
+def test_a_request_is_seen_while_the_loop_is_blocked_and_answered_by_the_next_step(tmp_path: Path) -> None:
+    # rank 0's heartbeat thread polls control/ and writes the batched steps: a run.step only notes itself
+    (tmp_path / "blocked.py").write_text(BLOCKED)
+    env = {k: v for k, v in os.environ.items() if k not in ("MT_RUN_DIR", "RANK", "WORLD_SIZE")}
+    proc = subprocess.Popen([sys.executable, "blocked.py"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        run_dir = Path(proc.stdout.readline().strip())
+        wait_for(lambda: len(events(run_dir, "step")) == 3, 10, "the three steps, written while the loop is blocked")
+        tmp = run_dir / "control" / ".req.json"
+        tmp.write_text(json.dumps({"id": "ck-1", "action": "checkpoint", "t": 1.0}))
+        tmp.rename(run_dir / "control" / "ck-1.json")
+        accepted = wait_for(lambda: [e for e in events(run_dir, "control") if e["status"] == "accepted"], 10, "the request accepted")
+        assert accepted[0]["request_id"] == "ck-1" and accepted[0]["detail"] == "at step 4"
+        assert proc.poll() is None  # still blocked: no step has happened since
+        (tmp_path / "go").touch()
+        assert proc.wait(20) == 0
+    finally:
+        proc.kill()
+    kinds = [(e["kind"], e.get("step"), e.get("status")) for e in events(run_dir) if e["kind"] in ("step", "control", "checkpoint")]
+    assert kinds == [("step", 1, None), ("step", 2, None), ("step", 3, None), ("control", None, "accepted"),
+                     ("step", 4, None), ("checkpoint", 4, None), ("control", None, "done")]
+    assert events(run_dir, "checkpoint")[0]["request_id"] == "ck-1" and not list((run_dir / "control").glob("*.json"))
