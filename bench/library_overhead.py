@@ -10,7 +10,8 @@
 3. The tiny CPU loop of examples/script/train.py (one process), short blocks of steps with and
    without `run.step`, paired in random order: tokens/s (wall) with/without, the issue's measure,
    and tokens per CPU-second of the process (the library's thread included), each as the ratio of
-   the sums with a 95% bootstrap interval; then the time inside `run.step` in blocks of its own.
+   the sums with a 95% bootstrap interval; then the time inside `run.step` in steps of its own,
+   beside an empty call timed the same way (what the timer itself costs right after a step).
 """
 from __future__ import annotations
 
@@ -120,17 +121,22 @@ def loop_ratio(steps: int, pairs: int) -> dict[str, Any]:
             off, on = (b, a) if first else (a, b)
             wall.append((off[0], on[0]))
             cpu.append((off[1], on[1]))
-        spent, timed = 0.0, max(1, pairs // 4) * steps
-        for _ in range(timed):  # the mean over many steps: a rare poll of control/ is part of the cost
+        def nothing(step: int, **metrics: float) -> None:  # the timer's own cost, cold, in the same place
+            return None
+
+        spent = {run.step: 0.0, nothing: 0.0}
+        timed = max(1, pairs // 4) * steps
+        for i in range(2 * timed):  # the mean over many steps: the thread's wakes are part of the cost
             step += 1
             loss, gn = one_step(step)
+            call = run.step if i % 2 else nothing
             a0 = time.thread_time()  # CPU time: a preemption by a neighbour is not counted
-            run.step(step, loss=loss, lr=1e-3, grad_norm=gn, tokens=B * T)
-            spent += time.thread_time() - a0
+            call(step, loss=loss, lr=1e-3, grad_norm=gn, tokens=B * T)
+            spent[call] += time.thread_time() - a0
         run.finish()
     step_s = statistics.median(off for off, _ in cpu) / steps
-    return {"wall": _interval(wall, rng), "cpu": _interval(cpu, rng), "inside_us": spent / timed * 1e6,
-            "step_us": step_s * 1e6}
+    return {"wall": _interval(wall, rng), "cpu": _interval(cpu, rng), "inside_us": spent[run.step] / timed * 1e6,
+            "timer_us": spent[nothing] / timed * 1e6, "step_us": step_s * 1e6}
 
 
 def main() -> None:
@@ -151,7 +157,8 @@ def main() -> None:
     print(f"CPU tiny loop ({r['step_us']:,.0f} µs a step), with run.step / without, {args.pairs} pairs of "
           f"{args.steps}-step blocks: tokens/s {wall:.4f} (95% interval {wlo:.4f}-{whi:.4f}); tokens per CPU-second "
           f"of the process, the library's thread included, {cpu:.4f} ({clo:.4f}-{chi:.4f}); run.step itself "
-          f"{r['inside_us']:.1f} µs in the training thread (mean, in steps of their own)")
+          f"{r['inside_us']:.1f} µs in the training thread (mean, in steps of their own; an empty call timed the same "
+          f"way: {r['timer_us']:.1f} µs)")
 
 if __name__ == "__main__":
     main()

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import signal
 import sys
 from pathlib import Path
 
@@ -38,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
 
     rank = dist.read_env()[0]
     redirect_output(paths.rank_log(rank))
+    # `kill -USR2 PID` writes every thread's stack to this rank's log: what a hung rank is doing
+    faulthandler.register(signal.SIGUSR2, file=sys.stderr, all_threads=True)
     signals = StopSignals()
     signals.install()
     add_workdir(cfg)  # the user's factories are found where mt launch ran

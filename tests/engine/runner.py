@@ -64,12 +64,26 @@ def start(run: Path, nproc: int = 1, attempt: int = 1) -> subprocess.Popen:
 
 
 def run_engine(run: Path, nproc: int = 1, attempt: int = 1, timeout: float = 240) -> int:
-    proc = start(run, nproc, attempt)
+    return finish(start(run, nproc, attempt), run, timeout)
+
+
+def finish(proc: subprocess.Popen, run: Path, timeout: float = 240) -> int:
+    """The engine's exit code; past `timeout`, every rank's stack (SIGUSR2) goes into the failure."""
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
+        try:
+            ranks = [c for c in psutil.Process(proc.pid).children(recursive=True) if "engine" in " ".join(c.cmdline())]
+        except psutil.Error:
+            ranks = []
+        for rank in ranks + ([psutil.Process(proc.pid)] if not ranks else []):
+            try:
+                rank.send_signal(signal.SIGUSR2)  # the engine's faulthandler writes the stacks to its rank log
+            except psutil.Error:
+                pass
+        time.sleep(2)
         kill_tree(proc.pid)
-        raise AssertionError(f"engine did not finish in {timeout}s; logs: {logs(run)}")
+        raise AssertionError(f"engine did not finish in {timeout}s; logs (with each rank's stack): {logs(run)}") from None
 
 
 def kill_tree(pid: int, sig: int = signal.SIGKILL) -> list[int]:

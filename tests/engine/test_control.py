@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from .runner import events, kill_tree, logs, make_run, run_engine, start, wait_for
+from .runner import events, finish, kill_tree, logs, make_run, run_engine, start, wait_for
 
 SLOW_STEPS = {"train": {"max_steps": 400}, "faults": {"step_sleep_s": 0.02}}
 
@@ -52,7 +52,7 @@ def test_checkpoint_request_then_stop_on_two_ranks(tmp_path, sigterm_run):
     drop(run, "bad", "explode")
     assert "action must be one of" in answer(run, "bad", "rejected")["detail"]
     drop(run, "st-1", "stop")
-    assert proc.wait(timeout=120) == 0, logs(run)
+    assert finish(proc, run, 120) == 0, logs(run)
     end = events(run, "run_end")[-1]
     last = events(run, "checkpoint")[-1]
     assert end["status"] == "stopped" and last["reason"] == "stop" and last["request_id"] == "st-1"
@@ -63,8 +63,15 @@ def test_checkpoint_request_then_stop_on_two_ranks(tmp_path, sigterm_run):
 def test_sigterm_to_torchrun_is_a_graceful_stop(sigterm_run):
     run, proc = sigterm_run
     wait_for(lambda: len(events(run, "step")) >= 3, what="3 steps")
+    # SIGUSR2 to a rank writes its stack to its log (what a hung rank is doing) and changes nothing else
+    pid = json.loads((run / "heartbeat/rank1").read_text())["pid"]
+    os.kill(pid, signal.SIGUSR2)
+    stack = wait_for(lambda: "_run_module_as_main" in (text := (run / "logs/rank1.log").read_text()) and text, what="rank 1's stack")
+    assert "(most recent call first)" in stack and 'engine/train.py", line' in stack
+    steps = len(events(run, "step"))
+    wait_for(lambda: len(events(run, "step")) > steps + 2, what="training to go on after SIGUSR2")
     proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=120)
+    finish(proc, run, 120)
     end = wait_for(lambda: events(run, "run_end"), what="run_end")[-1]
     assert end["status"] == "stopped" and "SIGTERM" in end["reason"], logs(run)
     last = events(run, "checkpoint")[-1]

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from .runner import events, logs, make_run, run_engine, start, wait_for
+from .runner import events, finish, logs, make_run, run_engine, start, wait_for
 from .usercode import GPT2, LLAMA, hf_base
 
 SHORT = {"train": {"max_steps": 10, "grad_accum_steps": 1}, "checkpoint": {"every_steps": 0}}
@@ -18,7 +18,7 @@ def test_a_tiny_llama_trains_stops_and_resumes_where_it_stopped(tmp_path):
     wait_for(lambda: any(s["step"] >= 4 for s in events(run, "step")), what="step 4")
     (run / "control").mkdir(exist_ok=True)
     (run / "control" / "stop-1.json").write_text(json.dumps({"id": "stop-1", "action": "stop", "t": 0}))
-    assert proc.wait(timeout=180) == 0, logs(run)
+    assert finish(proc, run, 180) == 0, logs(run)
     stopped = events(run, "run_end")[-1]
     assert stopped["status"] == "stopped" and stopped["step"] < 16
     assert run_engine(run, attempt=2) == 0, logs(run)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from .runner import REPO, _env, events, logs, make_run, steps_by_attempt
+from .runner import REPO, _env, events, finish, logs, make_run, steps_by_attempt
 
 OVER = {"train": {"max_steps": 10}, "checkpoint": {"every_steps": 3}, "model": {"dropout": 0.1}}
 
@@ -29,7 +29,7 @@ def two_node_job(nodes, attempt: int) -> None:
         log = open(run / f"launcher-{attempt}.log", "ab")
         procs.append(subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT))
     for p, run in zip(procs, nodes):
-        assert p.wait(timeout=240) == 0, logs(run)
+        assert finish(p, run, 240) == 0, logs(run)
 
 
 @pytest.mark.slow

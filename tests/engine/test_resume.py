@@ -14,6 +14,7 @@ from .runner import (
     SMALL,
     events,
     final_weights,
+    finish,
     index_problem,
     kill_tree,
     logs,
@@ -67,7 +68,7 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run_bitwise(tmp_path, 
     ckpts = events(run, "checkpoint")
     assert ckpts, "a checkpoint must exist before the kill"
     assert run_engine(run, nproc=nproc, attempt=2) == 0, logs(run)
-    assert uninterrupted.wait(timeout=240) == 0, logs(reference)
+    assert finish(uninterrupted, reference, 240) == 0, logs(reference)
 
     start2 = [e for e in events(run, "run_start") if e["attempt"] == 2][0]
     resumed_at = start2["start_step"]
@@ -81,7 +82,7 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run_bitwise(tmp_path, 
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert index_problem(run / "events.jsonl") is None   # the binary index survived the kill too
     if model == "gpt-fsdp":
-        assert ddp_proc.wait(timeout=240) == 0, logs(ddp)
+        assert finish(ddp_proc, ddp, 240) == 0, logs(ddp)
         first = events(reference, "run_start")[0]
         assert first["strategy"] == "fsdp" and first["activation_checkpointing"] is True
         once = subprocess.run([sys.executable, "-m", "tui.cli", "watch", str(reference), "--once"], capture_output=True, text=True)
@@ -107,7 +108,7 @@ def test_resume_from_two_ranks_onto_one_keeps_the_sample_stream(tmp_path, model)
     wait_for(lambda: any(s["step"] >= 5 for s in events(run, "step")), what="step 5")
     (run / "control").mkdir(exist_ok=True)
     (run / "control/stop-1.json").write_text(json.dumps({"id": "stop-1", "action": "stop", "t": 0}))
-    assert proc.wait(timeout=120) == 0, logs(run)
+    assert finish(proc, run, 120) == 0, logs(run)
     stopped_at = events(run, "run_end")[-1]["step"]
     assert events(run, "run_end")[-1]["status"] == "stopped" and 5 <= stopped_at < 16
 

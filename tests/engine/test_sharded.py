@@ -17,7 +17,7 @@ from engine import checkpoint, sharded
 from engine.weights import read_state
 from mt.ckptfile import CheckpointError
 
-from .runner import SMALL, events, final_weights, logs, make_run, merge, run_engine, start, steps_by_attempt
+from .runner import SMALL, events, final_weights, finish, logs, make_run, merge, run_engine, start, steps_by_attempt
 
 # 16 samples a step (2 ranks x 4 x 2 accumulation); every source of per-rank state is on
 BASE = merge(SMALL, {
@@ -70,12 +70,12 @@ def test_sharded_async_kill_resumes_bitwise_and_reshards_two_to_one_to_two(tmp_p
     _stop_at_next_step(moved)
     to_one = start(moved, nproc=1)                                 # 2 -> 1, beside the killed run's resume
     assert run_engine(run, nproc=2, attempt=2) == 0, logs(run)
-    assert to_one.wait(timeout=240) == 0, logs(moved)
+    assert finish(to_one, moved, 240) == 0, logs(moved)
 
     start2 = [e for e in events(run, "run_start") if e["attempt"] == 2][0]
     assert start2["resumed_from"]["path"].endswith("step-6") and start2["resumed_from"]["exact"] is True
     assert not list(ckpts.glob(".tmp-*"))
-    assert ref_proc.wait(timeout=240) == 0, logs(reference)
+    assert finish(ref_proc, reference, 240) == 0, logs(reference)
     ref = {s["step"]: s for s in events(reference, "step")}
     after = steps_by_attempt(run)[2]
     assert [s["step"] for s in after] == list(range(7, 13))

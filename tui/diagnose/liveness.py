@@ -12,7 +12,8 @@ from tui.diagnose.signals import RunSignals
 ADVICE_HANG = (
     "Look at which rank stopped first and what the others do: ranks blocked in a collective "
     "(futex/poll, ~0% CPU or spinning) wait for the one that is stuck (sleeping, in I/O, or "
-    "busy in its own code). Get its stack with `py-spy dump --pid PID`; check for a rank-"
+    "busy in its own code). Get its stack: `kill -USR2 PID` (mt's engine writes every thread's "
+    "stack to logs/rank<N>.log) or `py-spy dump --pid PID`; check for a rank-"
     "dependent branch that skips a collective, a dead DataLoader worker, a full disk, or a "
     "GPU fault (nvidia-smi, dmesg). Lower [launch] pg_timeout_s so a hung collective fails "
     "fast, and resume from the last checkpoint."
