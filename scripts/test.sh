@@ -5,4 +5,4 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # lint first: import bans (no torch in tui/ or mt/, no engine/tui in mt/) are rules here
 .venv/bin/ruff check .
-exec .venv/bin/python -m pytest -q --durations=15 "$@"
+exec .venv/bin/python -m pytest -q --durations=30 "$@"
