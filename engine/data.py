@@ -8,6 +8,11 @@ global stream and a resume at position P is exact on any number of ranks.
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
+import multiprocessing.util
+import os
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
+from engine.dist import log
 from mt.config import Config
 
 
@@ -270,9 +276,35 @@ class GlobalOrderSampler(Sampler):
             pos += self.world
 
 
+_SUN_PATH_MAX = 107  # bytes of an AF_UNIX socket path (Linux's sun_path, less its NUL)
+
+
+def short_socket_dir() -> str | None:
+    """Give multiprocessing a short temp dir when TMPDIR's is too long for a socket path.
+
+    A DataLoader worker hands each batch over through a socket under multiprocessing's temp
+    dir (pymp-*/listener-*, in TMPDIR); past 107 bytes the bind fails in the worker's feeder
+    thread, the batch is lost and the loader waits forever (CPython 3.13 falls back to /tmp the
+    same way). Returns the dir it chose, or None when TMPDIR's is short enough."""
+    probe = os.path.join(tempfile.gettempdir(), "pymp-abcdefgh", "listener-abcdefgh")
+    config = getattr(multiprocessing.current_process(), "_config", None)
+    if len(os.fsencode(probe)) <= _SUN_PATH_MAX or not isinstance(config, dict) or config.get("tempdir"):
+        return None
+    for base in ("/tmp", "/var/tmp", "/dev/shm"):
+        if os.path.isdir(base) and os.access(base, os.W_OK | os.X_OK):
+            short = tempfile.mkdtemp(prefix="pymp-", dir=base)
+            config["tempdir"] = short  # what multiprocessing.util.get_temp_dir reads; forked workers inherit it
+            multiprocessing.util.Finalize(None, shutil.rmtree, args=(short, True), exitpriority=-100)
+            return short
+    return None
+
+
 def build_loader(splits: Splits, sampler: Sampler, batch: int, cfg: Config, rank: int, pin: bool) -> DataLoader:
     """A DataLoader with its own generator, so creating its iterator never draws from the global RNG."""
     workers = cfg.data.num_workers
+    if workers and (short := short_socket_dir()):
+        log(f"TMPDIR {tempfile.gettempdir()} is too long for the sockets DataLoader workers hand batches "
+            f"through: using {short} for them")
     return DataLoader(
         splits.train,
         batch_size=batch,

@@ -57,14 +57,15 @@ def engine_cmd(run: Path, nproc: int, attempt: int) -> list[str]:
             "-m", "engine", "--run-dir", str(run), "--attempt", str(attempt)]
 
 
-def start(run: Path, nproc: int = 1, attempt: int = 1) -> subprocess.Popen:
+def start(run: Path, nproc: int = 1, attempt: int = 1, env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start the run in its own session (as the supervisor does), output to run/launcher.log."""
     log = open(run / f"launcher-{attempt}.log", "ab")
-    return subprocess.Popen(engine_cmd(run, nproc, attempt), cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(engine_cmd(run, nproc, attempt), cwd=REPO, env={**_env(), **(env or {})}, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def run_engine(run: Path, nproc: int = 1, attempt: int = 1, timeout: float = 240) -> int:
-    return finish(start(run, nproc, attempt), run, timeout)
+def run_engine(run: Path, nproc: int = 1, attempt: int = 1, timeout: float = 240, env: dict[str, str] | None = None) -> int:
+    return finish(start(run, nproc, attempt, env), run, timeout)
 
 
 def finish(proc: subprocess.Popen, run: Path, timeout: float = 240) -> int:

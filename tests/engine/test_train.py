@@ -65,3 +65,15 @@ def test_nan_with_on_nan_stop_checkpoints_the_last_good_state(tmp_path):
     assert ckpt["step"] == 4 and ckpt["reason"] == "stop"
     weights = torch.load(f"{ckpt['path']}/model.pt", weights_only=True)
     assert all(torch.isfinite(w).all() for w in weights.values())
+
+
+def test_a_tmpdir_too_long_for_a_socket_path_does_not_hang_the_loader(tmp_path):
+    # DataLoader workers pass each batch through an AF_UNIX socket under TMPDIR (at most 107
+    # bytes); past it the worker loses the batch and the loader used to wait forever
+    long_tmp = tmp_path / ("t" * 60) / ("m" * 40)
+    long_tmp.mkdir(parents=True)
+    run = make_run(tmp_path, data={"num_workers": 1}, train={"max_steps": 3})
+    assert run_engine(run, env={"TMPDIR": str(long_tmp)}, timeout=120) == 0, logs(run)
+    assert [s["step"] for s in events(run, "step")] == [1, 2, 3]
+    assert f"TMPDIR {long_tmp} is too long for the sockets" in (run / "logs/rank0.log").read_text()
+    assert not list(long_tmp.glob("pymp-*"))  # multiprocessing made nothing there
