@@ -5,4 +5,10 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # lint first: import bans (no torch in tui/ or mt/, no engine/tui in mt/) are rules here
 .venv/bin/ruff check .
-exec .venv/bin/python -m pytest -q --durations=30 "$@"
+if (($#)); then  # tests named on the command line: as given
+    exec .venv/bin/python -m pytest -q --durations=15 "$@"
+fi
+# the quick tests on both cores; the end-to-end ones (several processes each, timing-sensitive
+# terminals) one at a time after them
+.venv/bin/python -m pytest -q -n 2 -m "not slow" --durations=15
+exec .venv/bin/python -m pytest -q -m slow --durations=25
