@@ -80,7 +80,7 @@ class Run:
         """Record optimizer step `step` (rank 0 writes it), beat this rank's heartbeat and say
         whether to checkpoint or stop now: one tiny collective keeps every rank in agreement."""
         now = time.perf_counter()
-        ctl, tokens_all = self._sync(step, tokens, now)
+        ctl, tokens_all = self._sync(step, tokens)
         self._emit_step(self._step or 0, now, loss, lr, grad_norm, tokens_all, metrics)
         self._last_t = now
         return ctl
@@ -139,7 +139,7 @@ class Run:
     # Right after a training step the interpreter runs cold (an empty call costs ~7 µs there, 0.1 µs
     # hot), so the two halves of a step are flat: conversions are called only for what is not a
     # plain number, and the common step (one rank, nothing asked, no poll due) asks no one.
-    def _sync(self, step: int, tokens: Any, now: float) -> tuple[Control, float | None]:
+    def _sync(self, step: int, tokens: Any) -> tuple[Control, float | None]:
         """The part of a step every rank does: heartbeat, control (rank 0), the agreement."""
         if type(step) is not int:
             step = _whole(step, "step")

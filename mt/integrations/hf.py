@@ -43,7 +43,7 @@ class MtCallback(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # every rank, every optimizer step: heartbeat and agreement; the numbers come with on_log
-        ctl, _ = self.run._sync(state.global_step, None, time.perf_counter())
+        ctl, _ = self.run._sync(state.global_step, None)
         if ctl.checkpoint or ctl.stop:
             control.should_save = True
         if ctl.stop:

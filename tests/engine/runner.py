@@ -73,11 +73,12 @@ def finish(proc: subprocess.Popen, run: Path, timeout: float = 240) -> int:
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        try:
-            ranks = [c for c in psutil.Process(proc.pid).children(recursive=True) if "engine" in " ".join(c.cmdline())]
+        try:  # torchrun's workers, or the one engine process itself (SIGUSR2 would end torchrun)
+            top = psutil.Process(proc.pid)
+            ranks = [c for c in top.children(recursive=True) if "engine" in " ".join(c.cmdline())] or [top]
         except psutil.Error:
             ranks = []
-        for rank in ranks + ([psutil.Process(proc.pid)] if not ranks else []):
+        for rank in ranks:
             try:
                 rank.send_signal(signal.SIGUSR2)  # the engine's faulthandler writes the stacks to its rank log
             except psutil.Error:
