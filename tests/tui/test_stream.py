@@ -166,3 +166,17 @@ def test_system_panel_reads_only_the_end_of_a_long_system_jsonl(tmp_path):
         f.write(dumps(sample | {"t": t0 + 20_000}) + "\n")
     assert w.poll().system_changed and w.system.sample["t"] == t0 + 20_000
     assert w._system_tail.bad_lines == 0 and w._system_tail.offset == size + len(dumps(sample | {"t": t0 + 20_000})) + 1
+
+
+def test_an_incident_closed_by_one_source_is_not_listed_again_by_the_other(tmp_path):
+    # the engine opens and closes it in events.jsonl; the monitor's copy (incidents.jsonl) comes after
+    r = finished_run(tmp_path, steps=10)
+    inc = dict(code="loss_spike", severity="warn", step=7, title="Loss spike",
+               detail="loss jumped", advice="lower lr", evidence={"loss": 9.0})
+    r.event("incident", **inc)
+    r.event("incident", **dict(inc, status="closed"))
+    r.flush()
+    lines = [dict(v=1, t=r.t, status=s, source="supervisor", **inc) for s in ("open", "closed")]
+    r.paths.incidents.write_text("".join(dumps(x) + "\n" for x in lines))
+    st = load_run_state(tmp_path)
+    assert [(i.code, i.step, i.status) for i in st.incidents] == [("loss_spike", 7, "closed")]

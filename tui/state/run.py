@@ -363,7 +363,8 @@ def add_incident(st: RunState, rec: IncidentRecord, source: str) -> None:
                 inc.status = "closed"
         return
     for inc in st.incidents:
-        if inc.code == rec.code and inc.step == rec.step and inc.status == "open":
+        # open or already closed: the other source's copy of it is not a second incident
+        if inc.code == rec.code and inc.step == rec.step:
             return
     st.incidents.append(Incident(
         code=rec.code, severity=rec.severity, step=rec.step, title=rec.title, detail=rec.detail,
