@@ -24,6 +24,7 @@ from tui.read.follower import PollResult
 from tui.read.watcher import Watcher, WatchUpdate
 from tui.rundir import liveness, read_status
 from tui.state.layout import Tabs
+from tui.state.pacing import Pacing
 from tui.state.window import XWindow
 from tui.widgets.dialogs import ConfirmScreen
 from tui.widgets.header import RunHeader
@@ -95,6 +96,7 @@ class MtApp(ViewKeys, PlotKeys, App[int]):
         self.said: list[tuple[str, str]] = []  # (severity, text) of every notification, oldest first
         self.layout_name = "full"
         self.tabs = Tabs()
+        self.pacing = Pacing()                # when the plots redraw for new points
 
     # ------------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:
@@ -134,8 +136,6 @@ class MtApp(ViewKeys, PlotKeys, App[int]):
         self.query_one("#plot-extra").display = False  # until `x` shows a script's own metric
         self._extra_at: str | None = None              # the metric it shows
         self._extra_hid: list[MetricPlot] = []         # what it stands in for
-        for small in ("#plot-lr", "#plot-grad", "#plot-tps", "#plot-extra"):   # secondary plots refresh half as often
-            self.query_one(small, MetricPlot).min_interval_s = 4.0
         self._system = self.query_one(SystemPanel)
         self._incidents = self.query_one(IncidentsPanel)
         self._logs = self.query_one(LogsPanel)
@@ -253,8 +253,12 @@ class MtApp(ViewKeys, PlotKeys, App[int]):
         if not self.watcher.lock.acquire(timeout=LOCK_WAIT_S):
             return
         try:
-            for plot in self._shown_plots():
-                plot.redraw(self.smoothing, self.logy, self.window)
+            plots = self._shown_plots()
+            now = time.monotonic()
+            # one clock for all: every plot on screen shows the same newest step
+            due = self.pacing.due(tuple(p.data_version() for p in plots), sum(p.build_s for p in plots), now)
+            if any([plot.redraw(self.smoothing, self.logy, self.window, due=due) for plot in plots]):
+                self.pacing.drawn(now)
         finally:
             self.watcher.lock.release()
 

@@ -20,6 +20,7 @@ from textual.worker import get_current_worker
 from tui.plotkeys import HELP_BINDING, SMOOTHING_BINDINGS, PlotKeys
 from tui.read.watcher import Watcher
 from tui.state.compare import run_color, run_line, x_series
+from tui.state.pacing import Pacing
 from tui.widgets.legend import CompareLegend
 from tui.widgets.plots import Curve, MetricPlot
 
@@ -79,9 +80,9 @@ class CompareApp(PlotKeys, App[int]):
         self._legend = self.query_one(CompareLegend)
         self._plot = self.query_one("#compare-loss", MetricPlot)
         # One plot the size of the screen: a plotext build costs ~0.1 s at 140x44, so while points
-        # stream it redraws every 4 s (as the dashboard's small plots); a quiet run catches up at once.
+        # stream it redraws every 4 s; a quiet run catches up at once.
         # Each run polls twice a second (the header's rate): 8 polls a second cost ~1% of a core more.
-        self._plot.min_interval_s = 4.0
+        self.pacing = Pacing(min_interval_s=4.0)
         self.query_one("#compare-plots").border_title = "loss: train (line), val (dots); one colour per run"
         self._set_curves()
         for i in range(len(self.watchers)):
@@ -159,7 +160,10 @@ class CompareApp(PlotKeys, App[int]):
     def _redraw_plot(self, force: bool = False) -> None:
         with ExitStack() as stack:
             if self._locks(stack):
-                self._plot.redraw(self.smoothing, self.logy, force=force)
+                now = time.monotonic()
+                due = self.pacing.due(self._plot.data_version(), self._plot.build_s, now)
+                if self._plot.redraw(self.smoothing, self.logy, force=force, due=due):
+                    self.pacing.drawn(now)
 
     def settled(self) -> bool:
         """Everything read so far is on screen (tests and benchmarks wait for this)."""

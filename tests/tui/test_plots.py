@@ -145,8 +145,8 @@ async def test_plots_catch_up_once_a_live_run_goes_quiet(tmp_path):
         await loaded(pilot)
         await wait_for(pilot, app.settled)
         plots = [app.query_one(sel) for sel in shown(app)]
-        # the spacing this test runs inside: the small plots would wait 4 s after their last draw
-        assert max(p.min_interval_s for p in plots) >= 4.0
+        # the spacing this test runs inside: the plots would wait 2 s after their last draw
+        assert app.pacing.min_interval_s >= 2.0
         with open(r.paths.events, "a") as f:
             for s in range(2, 68):
                 r.step(s)
@@ -155,6 +155,32 @@ async def test_plots_catch_up_once_a_live_run_goes_quiet(tmp_path):
         await wait_for(pilot, lambda: all(p.drawn_current() for p in plots), timeout=2.5)
         for p in plots:
             assert x_labels(figure(app, f"#{p.id}"))[-1] == "67"
+
+
+async def test_every_plot_shows_the_same_newest_step_while_a_run_streams(tmp_path):
+    """Plots redraw together: none lags another (the small ones used to wait twice as long)."""
+    r = running_run(tmp_path)
+    app = make_app(tmp_path)
+    async with app.run_test(size=(140, 44)) as pilot:
+        await loaded(pilot)
+        await wait_for(pilot, app.settled)
+        sels = shown(app)
+        assert len(sels) >= 3
+        seen: list[list[str]] = []
+        with open(r.paths.events, "a") as f:
+            for s in range(2, 150):  # ~20 steps a second for 7 s: never quiet long enough to catch up
+                r.step(s)
+                f.write(r.lines[-1] + "\n")
+                f.flush()
+                await pilot.pause(0.05)
+                seen.append([x_labels(figure(app, sel))[-1] for sel in sels])
+        header = str(app.query_one("#header").content)
+        assert "step 149/" in header
+    drawn = [int(labels[0]) for labels in seen]
+    assert all(len(set(labels)) == 1 for labels in seen), [labels for labels in seen if len(set(labels)) > 1][:3]
+    assert len(set(drawn)) >= 3, drawn      # they did redraw while points kept coming
+    # within the spacing: at 20 steps a second, 2 s and a frame are well under 70 steps
+    assert all(s - d <= 70 for s, d in zip(range(2, 150), drawn)), list(zip(range(2, 150), drawn))
 
 
 async def test_no_data_yet_and_a_single_step(tmp_path):

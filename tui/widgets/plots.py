@@ -53,14 +53,9 @@ class MetricPlot(Widget, can_focus=True):
         self.curves = curves
         self.hline = hline
         self.xlabel = "step"
-        self.min_interval_s = 2.0   # data-driven redraws at most this often while points keep coming
-        self.quiet_s = 1.0          # ...and at once when none came for this long (longer than a poll)
         self.build_s = 0.0          # cost of the last plotext build
         self._plt: Plot | None = None
         self._key: tuple | None = None
-        self._last_draw = 0.0
-        self._seen: tuple | None = None  # the data versions at the previous `redraw` call
-        self._seen_at = 0.0              # when they last changed
         self._rendered: RenderResult | None = None
         self._rendered_sig: tuple | None = None
 
@@ -101,27 +96,24 @@ class MetricPlot(Widget, can_focus=True):
                 and self._key[1][:2] == (self.size.width, self.size.height)
                 and (window is None or self._key[1][5] == window))
 
-    def redraw(self, weight: float, logy: bool, window: XWindow | None = None, force: bool = False) -> bool:
-        """Rebuild the plotext figure if anything it shows changed; True if it did."""
+    def data_version(self) -> tuple:
+        """The versions of its curves' data: changes whenever a point is added."""
+        return tuple(c.series.version for c in self.curves)
+
+    def redraw(self, weight: float, logy: bool, window: XWindow | None = None, force: bool = False,
+               due: bool = True) -> bool:
+        """Rebuild the plotext figure if anything it shows changed; True if it did.
+
+        New points alone wait for `due` (the viewer's one `Pacing` for all its plots); a change of
+        view (keys, size, window) or a new history (a big run's full read, a resumed attempt) does not."""
         window = window or XWindow()
         view = (self.size.width, self.size.height, weight, logy, self.hline, window, self.xlabel)
-        data = tuple(c.series.version for c in self.curves)
-        key = (data, view, tuple(c.series.generation for c in self.curves))
-        now = time.monotonic()
-        if data != self._seen:
-            self._seen, self._seen_at = data, now
+        key = (self.data_version(), view, tuple(c.series.generation for c in self.curves))
         if key == self._key and not force:
             return False
-        # New points alone wait their turn while they keep coming: a plotext build costs tens of
-        # ms, so data-driven redraws are spaced to keep the viewer's CPU small. Once they stop for
-        # `quiet_s` the figure catches up at once: a finished or idle run shows its last step (it
-        # used to wait out the spacing, up to 25 builds' time). Key presses, resizes and a new
-        # history (a big run's full read replacing its newest steps, a resumed attempt) are immediate.
-        quiet = now - self._seen_at >= self.quiet_s
-        if not force and not quiet and self._key is not None and self._key[1:] == key[1:] and \
-                now - self._last_draw < max(self.min_interval_s, 25 * self.build_s):
+        if not force and not due and self._key is not None and self._key[1:] == key[1:]:
             return False
-        self._key, self._last_draw = key, now
+        self._key = key
         from tui.widgets.figure import draw
         draw(self.plt, self.title, self.ylabel, self.curves, self.size.width, self.size.height, weight, logy,
              self.hline, window, self.xlabel)
