@@ -133,8 +133,12 @@ async def test_a_live_run_through_every_terminal_size(tmp_path):
                     if n == 5:
                         await steady(pilot, app.settled)
                         assert {p.id for p in app._shown_plots()} == {"plot-lr", "plot-grad"}
+                        assert app.focused in app._shown_plots()
                         for p in app._shown_plots():
                             assert p.size.height >= 12
+                            # the tab is the pane: no border of a plot's own, focused or not (one
+                            # round the focused plot read as the pane's, the other plot outside it)
+                            assert p.size == p.region.size, (p.id, p.size, p.region)
                             readable(app, f"#{p.id}")
         await pilot.press("question_mark")   # resizing under a dialog lays out the main screen
         await pilot.resize_terminal(80, 24)
