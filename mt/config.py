@@ -79,6 +79,9 @@ class ModelConfig:
     d_model: int = _c(128, ge=1)
     seq_len: int = _c(128, ge=2)
     dropout: float = _c(0.0, ge=0, lt=1)
+    bias: bool = True
+    """Biases in the GPT's Linear and LayerNorm layers (GPT-2 has them; LLaMA-style configs and
+    nanoGPT's `bias = False` do not, and train a little faster without them)."""
 
 
 @dataclass

@@ -139,7 +139,7 @@ class CompareApp(PlotKeys, App[int]):
         self._plot.title = f"loss vs {X_LABELS[self.x_mode]}  (press x for {other})"
 
     def render_frame(self) -> None:
-        """The header now, the plot after this refresh (bounded by MetricPlot's own spacing)."""
+        """The header now, the plot after this refresh (when its pacing says)."""
         if not any(self.polled):
             return
         with ExitStack() as stack:

@@ -108,3 +108,42 @@ def test_attempt_config_is_derived_in_one_place():
     assert same == cfg  # nothing to change: config.json is not rewritten
     with pytest.raises(ResumeRefused, match="allow_batch_change"):
         attempt_config(cfg, {"world_size": 2, "global_batch": 16}, nproc=3)
+
+
+def test_gpt_without_bias_has_no_bias_parameters_and_trains():
+    """`[model] bias = false`: no bias in any Linear or LayerNorm; the norms keep their weights."""
+    import torch
+
+    from engine.model import GPT, count_params
+    from engine.optim import build_optimizer
+    from mt.config import ModelConfig
+
+    shape = dict(vocab_size=32, n_layer=2, n_head=2, d_model=16, seq_len=8)
+    with_bias, without = GPT(ModelConfig(**shape)), GPT(ModelConfig(**shape, bias=False))
+    assert [n for n, _ in without.named_parameters() if n.endswith(".bias")] == []
+    gone = sum(p.numel() for n, p in with_bias.named_parameters() if n.endswith(".bias"))
+    d, layers = 16, 2  # per block: qkv 3d, proj d, fc 4d, proj d, two norms 2d; ln_f d
+    assert gone == layers * (3 * d + d + 4 * d + d + 2 * d) + d
+    assert count_params(with_bias)[0] - count_params(without)[0] == gone
+    assert all(m.weight is not None for m in without.modules() if isinstance(m, torch.nn.LayerNorm))
+    opt = build_optimizer(without, TrainConfig(), torch.device("cpu"))
+    assert sum(len(g["params"]) for g in opt.param_groups) == len(list(without.parameters()))
+    idx = torch.randint(0, 32, (4, 8))
+    first = without(idx, idx).item()
+    for _ in range(20):
+        opt.zero_grad()
+        loss = without(idx, idx)
+        loss.backward()
+        opt.step()
+    assert loss.item() < first
+
+
+def test_bias_is_a_boolean_in_the_preset(tmp_path):
+    from mt.preset import ConfigError, load_preset
+
+    p = tmp_path / "p.toml"
+    p.write_text("[run]\nname = \"b\"\n[model]\nbias = false\n")
+    assert load_preset(p).model.bias is False
+    p.write_text('[run]\nname = "b"\n[model]\nbias = "no"\n')
+    with pytest.raises(ConfigError, match="model.bias"):
+        load_preset(p)
