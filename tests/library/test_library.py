@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -221,10 +222,12 @@ for step in (1, 2, 3):
 print(run.dir, flush=True)
 while not Path("go").exists():  # a long step: the training thread does not call mt
     time.sleep(0.05)
-ctl = run.step(4, loss=0.25, lr=1e-3)
-if ctl.checkpoint:
-    Path("ck.pt").write_bytes(b"saved")
-    run.checkpoint_saved("ck.pt", 4)
+for step in (4, 5):
+    ctl = run.step(step, loss=0.25, lr=1e-3)
+    if ctl.checkpoint:
+        time.sleep(0.8)  # a save of several polls: the request stays in control/ until it is answered
+        Path(f"ck{step}.pt").write_bytes(b"saved")
+        run.checkpoint_saved(f"ck{step}.pt", step)
 run.finish()
 """
 
@@ -243,6 +246,7 @@ def test_a_request_is_seen_while_the_loop_is_blocked_and_answered_by_the_next_st
         tmp.rename(run_dir / "control" / "ck-1.json")
         accepted = wait_for(lambda: [e for e in events(run_dir, "control") if e["status"] == "accepted"], 10, "the request accepted")
         assert accepted[0]["request_id"] == "ck-1" and accepted[0]["detail"] == "at step 4"
+        time.sleep(0.8)  # a long step: several polls see the request file before a step takes it
         assert proc.poll() is None  # still blocked: no step has happened since
         (tmp_path / "go").touch()
         assert proc.wait(20) == 0
@@ -250,5 +254,5 @@ def test_a_request_is_seen_while_the_loop_is_blocked_and_answered_by_the_next_st
         proc.kill()
     kinds = [(e["kind"], e.get("step"), e.get("status")) for e in events(run_dir) if e["kind"] in ("step", "control", "checkpoint")]
     assert kinds == [("step", 1, None), ("step", 2, None), ("step", 3, None), ("control", None, "accepted"),
-                     ("step", 4, None), ("checkpoint", 4, None), ("control", None, "done")]
+                     ("step", 4, None), ("checkpoint", 4, None), ("control", None, "done"), ("step", 5, None)]
     assert events(run_dir, "checkpoint")[0]["request_id"] == "ck-1" and not list((run_dir / "control").glob("*.json"))
