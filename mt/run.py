@@ -24,6 +24,7 @@ from mt.eventlog import EventWriter
 from mt.heartbeat import BackgroundHeartbeat
 from mt.inbox import ControlInbox, Request, StopSignals
 from mt.paths import RunPaths
+from mt.records import number, whole
 from mt.stepbatch import StepBatch
 
 ENV_RUN_DIR, ENV_ATTEMPT = "MT_RUN_DIR", "MT_ATTEMPT"
@@ -31,6 +32,7 @@ _KNOWN = ("loss", "lr", "grad_norm", "tokens")
 # rank 0's heartbeat thread, not the training thread, looks into control/ and writes the batched
 # step events this often: a key press is seen within it, the viewer polls about as often
 _TICK_S = 0.25
+_WHOLE_MAX = 1 << 63  # a step the parser takes (mt/records.py `whole`): 0 <= step < 2**63
 
 
 @dataclass(frozen=True)
@@ -80,8 +82,17 @@ class Run:
         """Record optimizer step `step` (rank 0 writes it), beat this rank's heartbeat and say
         whether to checkpoint or stop now: one tiny collective keeps every rank in agreement."""
         now = time.perf_counter()
+        # checked before anything is noted, so a refused value changes nothing; a plain float
+        # passes on a type check (NaN too: the parser keeps it)
+        if type(loss) is not float and loss is not None:
+            loss = _number(loss, "loss")
+        if not (type(lr) is float and lr >= 0.0) and lr is not None:
+            lr = _number(lr, "lr", nonneg=True)
+        if not (type(grad_norm) is float and grad_norm >= 0.0) and grad_norm is not None:
+            grad_norm = _number(grad_norm, "grad_norm", nonneg=True)
+        extra = {k: _number(v, k) for k, v in metrics.items()} if metrics else None
         ctl, tokens_all = self._sync(step, tokens)
-        self._emit_step(self._step or 0, now, loss, lr, grad_norm, tokens_all, metrics)
+        self._emit_step(self._step or 0, now, loss, lr, grad_norm, tokens_all, extra)
         self._last_t = now
         return ctl
 
@@ -141,10 +152,10 @@ class Run:
     # plain number, and the common step (one rank, nothing asked, no poll due) asks no one.
     def _sync(self, step: int, tokens: Any) -> tuple[Control, float | None]:
         """The part of a step every rank does: heartbeat, control (rank 0), the agreement."""
-        if type(step) is not int:
+        if type(step) is not int or step < 0 or step >= _WHOLE_MAX:
             step = _whole(step, "step")
-        if type(tokens) is not int and type(tokens) is not float and tokens is not None:  # B * T is an int
-            tokens = _number(tokens, "tokens")
+        if tokens is not None and not ((type(tokens) is int or type(tokens) is float) and 0 <= tokens < _WHOLE_MAX):
+            tokens = _number(tokens, "tokens", nonneg=True, finite=True)
         self._heartbeat.note(step)
         if self._agree.alone and self._signals.received is None and not self._asked:
             ctl = _GO
@@ -155,18 +166,15 @@ class Run:
         self._step = step
         return ctl, tokens
 
-    def _emit_step(self, step: int, now: float, loss: Any, lr: Any, grad_norm: Any, tokens: float | None,
-                   metrics: Mapping[str, Any]) -> None:
-        """Rank 0: note the step for the next batched write; other ranks write nothing."""
+    def _emit_step(self, step: int, now: float, loss: float | None, lr: float | None, grad_norm: float | None,
+                   tokens: float | None, extra: Mapping[str, float] | None) -> None:
+        """Rank 0: note the step (values already checked) for the next batched write; other ranks write nothing."""
         if self._events is None:
             return
         if not self._started:
             self._ensure_started(step - 1)
         self._steps.note((step, time.time(), None if self._last_t is None else now - self._last_t,
-                          loss if type(loss) is float or loss is None else _number(loss, "loss"),
-                          lr if type(lr) is float or lr is None else _number(lr, "lr"),
-                          grad_norm if type(grad_norm) is float or grad_norm is None else _number(grad_norm, "grad_norm"),
-                          tokens, {k: _number(v, k) for k, v in metrics.items()} if metrics else None))
+                          loss, lr, grad_norm, tokens, extra))
 
     def _decide(self, step: int, tokens: float | None) -> tuple[Control, float | None]:
         """Control (rank 0) and the agreement of every rank: checkpoint now, stop, tokens summed."""
@@ -267,11 +275,19 @@ class Run:
     _previous_hook = staticmethod(sys.__excepthook__)
 
 
+# this process's unfinished run, by pid (a forked child is not it): a second mt.init returns it
+# rather than making a second run directory. A process has one run, as it has one sys.excepthook.
+_LIVE: dict[int, Run] = {}
+
+
 def init(config: Mapping[str, Any] | None = None, *, name: str | None = None, runs_dir: str | os.PathLike[str] = "runs",
          max_steps: int | None = None) -> Run:
     """Join this process's mt run (under `mt launch`), or make one under `runs_dir` (plain python/torchrun).
 
     Call it on every rank; with several ranks outside `mt launch`, after init_process_group."""
+    live = _LIVE.get(os.getpid())
+    if live is not None and not live._finished:
+        return live
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     if max_steps is None and config:
         guess = next((config[k] for k in ("max_steps", "max_iters") if k in config), None)
@@ -288,27 +304,39 @@ def init(config: Mapping[str, Any] | None = None, *, name: str | None = None, ru
     run._previous_hook = sys.excepthook
     sys.excepthook = run._excepthook
     atexit.register(run._flush)  # a script that ends without run.finish() keeps its last steps
+    _LIVE[os.getpid()] = run
     return run
 
 
-def _number(value: Any, what: str) -> float | None:
-    """A metric as a float (a 0-d tensor too); None stays None."""
-    if type(value) is float:  # the common case first: once per metric per step
-        return value
+def _number(value: Any, what: str, nonneg: bool = False, finite: bool = False) -> float | None:
+    """A metric as a float (a 0-d tensor too) that the parser takes; None stays None.
+
+    Text is not a number, though float() would read it: docs/library.md says numbers only."""
     if value is None:
         return None
-    if isinstance(value, bool):
-        raise TypeError(f"mt: {what} must be a number, got {value!r}")
+    if isinstance(value, (bool, str, bytes, bytearray)):
+        raise TypeError(f"mt: {what} must be a number, got {type(value).__name__} {value!r:.40}")
     try:
-        return float(value)
+        x = float(value)
     except (TypeError, ValueError):
         raise TypeError(f"mt: {what} must be a number, got {type(value).__name__}") from None
+    try:
+        x = number(x, what, nonneg)
+    except ValueError as e:
+        raise ValueError(f"mt: {e}") from None
+    if finite and not math.isfinite(x):  # summed into tokens_seen, a whole number
+        raise ValueError(f"mt: {what} {x} is not finite")
+    return x
 
 
 def _whole(value: Any, what: str) -> int:
+    """A step as the whole number the parser takes (0 <= step < 2**63), else TypeError/ValueError."""
     if isinstance(value, bool) or not isinstance(value, int) and not (hasattr(value, "__index__")):
         raise TypeError(f"mt: {what} must be a whole number, got {type(value).__name__}")
-    return int(value)
+    try:
+        return whole(int(value), what)
+    except ValueError as e:
+        raise ValueError(f"mt: {e}") from None
 
 
 def _size(path: Path) -> int | None:
