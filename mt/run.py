@@ -21,8 +21,9 @@ from typing import Any, Mapping
 
 from mt.agree import Agreement
 from mt.eventlog import EventWriter
+from mt.failsafe import WriteFailures
 from mt.heartbeat import BackgroundHeartbeat
-from mt.inbox import ControlInbox, Request, StopSignals
+from mt.inbox import ControlInbox, Polled, Request, StopSignals
 from mt.paths import RunPaths
 from mt.records import number, whole
 from mt.stepbatch import StepBatch
@@ -49,16 +50,25 @@ class Run:
     """One attempt of a script's run, as the script sees it; `mt.init` makes it."""
 
     def __init__(self, paths: RunPaths, rank: int, world_size: int, attempt: int, config: Mapping[str, Any] | None,
-                 max_steps: int | None, owned: bool) -> None:
+                 max_steps: int | None, owned: bool, usable: bool = True, failures: WriteFailures | None = None) -> None:
+        """`usable` False: no run directory could be made (said in `failures`); the script trains unwatched."""
         self.dir = paths.root
         self.rank, self.world_size, self.attempt = rank, world_size, attempt
-        self.paths, self.config, self.max_steps, self.owned = paths, dict(config or {}), max_steps, owned
+        self.paths, self.config, self.max_steps, self.owned = paths, dict(config or {}), max_steps, owned and usable
         self.resume_from: Path | None = None
-        self._events = EventWriter(paths.events) if rank == 0 else None
-        self._inbox = ControlInbox(paths.control) if rank == 0 else None
+        self.failures = failures or WriteFailures()  # mt's writes that failed: said once, never raised into the loop
+        self._events: EventWriter | None = None
+        self._inbox: ControlInbox | None = None
+        if rank == 0 and usable:
+            with self.failures.guard(paths.events):
+                self._events = EventWriter(paths.events)
+            with self.failures.guard(paths.control):
+                self._inbox = ControlInbox(paths.control)
         # rank 0's thread polls control/, writes the batched steps and runs the rules: a step only notes itself
-        self._heartbeat = BackgroundHeartbeat(paths.heartbeat(rank), rank, attempt, on_tick=self._tick if rank == 0 else None,
-                                              tick_s=_TICK_S)
+        self._heartbeat = BackgroundHeartbeat(paths.heartbeat(rank) if usable else None, rank, attempt,
+                                              on_tick=self._tick if self._events is not None else None, tick_s=_TICK_S)
+        if self._heartbeat.error is not None and usable:
+            self.failures.note(paths.heartbeat(rank), self._heartbeat.error)
         self._agree = Agreement(world_size)
         self._signals = StopSignals((signal.SIGTERM,))  # a handler that only sets a flag: the script saves at its next step
         if threading.current_thread() is threading.main_thread():
@@ -104,12 +114,13 @@ class Run:
         values = {str(k): _number(v, str(k)) for k, v in metrics.items()}
         self._ensure_started(at)
         self._flush()
-        self._events.emit("metrics", step=at, values=values)
+        with self.failures.guard(self.paths.events):
+            self._events.emit("metrics", step=at, values=values)
 
     def checkpoint_saved(self, path: str | os.PathLike[str], step: int | None = None) -> None:
         """The script saved a checkpoint at `path`: answer the requests waiting for one, and let
         later attempts find it in `resume_from`."""
-        if self._events is None or self._inbox is None:
+        if self._events is None:
             return
         at = _whole(step if step is not None else (self._step or 0), "step")
         where = Path(path).absolute()
@@ -117,12 +128,15 @@ class Run:
         self._flush()
         reqs, self._pending = self._pending, []  # what a step took: one asked later waits for a save after it
         reason = "stop" if self._stopping else "request" if reqs else "script"
-        self._events.emit("checkpoint", step=at, path=str(where), bytes=_size(where), seconds=None, reason=reason,
-                          request_id=reqs[0].id if reqs else None, request_ids=[r.id for r in reqs])
+        with self.failures.guard(self.paths.events):
+            self._events.emit("checkpoint", step=at, path=str(where), bytes=_size(where), seconds=None, reason=reason,
+                              request_id=reqs[0].id if reqs else None, request_ids=[r.id for r in reqs])
         for req in reqs:
-            self._events.emit("control", request_id=req.id, action=req.action, status="done",
-                              detail=f"checkpoint saved at step {at}: {where}")
-            self._inbox.done(req.path)
+            with self.failures.guard(self.paths.events):
+                self._events.emit("control", request_id=req.id, action=req.action, status="done",
+                                  detail=f"checkpoint saved at step {at}: {where}")
+            if self._inbox is not None:  # answered by the save, even if the answer could not be written
+                self._inbox.done(req.path)
 
     def finish(self, status: str | None = None, reason: str | None = None) -> None:
         """The run ended: `completed` (or `stopped` after a stop), or what `status` says."""
@@ -131,20 +145,27 @@ class Run:
         self._finished = True
         final = status or ("stopped" if self._stopping else "completed")
         why = reason or self._stopping or ("the script finished" if final == "completed" else final)
-        if self._events is not None and self._inbox is not None:
+        if self.owned and self.rank == 0 and self.failures.count:
+            with self.failures.guard(self.paths.reserve):  # room for the run's end, on a full disk
+                self.paths.reserve.unlink(missing_ok=True)
+        if self._events is not None:
             self._ensure_started(self._step or 0)
             with self._lock:  # a tick after this finds the run finished
                 self._flush()
                 for req in self._pending + self._asked:
                     done = req.action == "stop" and final == "stopped"
-                    self._events.emit("control", request_id=req.id, action=req.action, status="done" if done else "rejected",
-                                      detail=f"stopped at step {self._step}" if done else f"the script ended ({final}) without saving a checkpoint")
-                    self._inbox.done(req.path)
+                    with self.failures.guard(self.paths.events):
+                        self._events.emit("control", request_id=req.id, action=req.action, status="done" if done else "rejected",
+                                          detail=f"stopped at step {self._step}" if done else f"the script ended ({final}) without saving a checkpoint")
+                    if self._inbox is not None:
+                        self._inbox.done(req.path)
                 self._pending, self._asked = [], []
-                self._events.emit("run_end", step=self._step or 0, status=final, reason=why)
+                with self.failures.guard(self.paths.events):
+                    self._events.emit("run_end", step=self._step or 0, status=final, reason=why + self.failures.summary())
         if self.owned and self.rank == 0:
             from mt.ownrun import record_end
-            record_end(self.paths, final, why)
+            with self.failures.guard(self.paths.status):
+                record_end(self.paths, final, why + self.failures.summary())
 
     # ---- machinery ----------------------------------------------------------------------
     # Right after a training step the interpreter runs cold (an empty call costs ~7 µs there, 0.1 µs
@@ -196,18 +217,19 @@ class Run:
     def _tick(self) -> None:
         """Rank 0's heartbeat thread, every _TICK_S: new requests in control/ (the next step takes
         them), then the waiting step events and the rules."""
-        assert self._inbox is not None and self._events is not None
+        assert self._events is not None
         with self._lock:
             if self._finished or not self._started:
                 return
-            polled = self._inbox.poll()
+            polled = self._inbox.poll() if self._inbox is not None else Polled()
             self._flush()  # the answers follow the steps before them
-            for rid, action, why in polled.rejected:
-                self._events.emit("control", request_id=rid, action=action, status="rejected", detail=why)
-            at = (self._step or 0) + 1
-            for req in polled.requests:
-                self._events.emit("control", request_id=req.id, action=req.action, status="accepted", detail=f"at step {at}")
-            self._asked += polled.requests
+            self._asked += polled.requests  # taken even if their answers cannot be written
+            with self.failures.guard(self.paths.events):
+                for rid, action, why in polled.rejected:
+                    self._events.emit("control", request_id=rid, action=action, status="rejected", detail=why)
+                at = (self._step or 0) + 1
+                for req in polled.requests:
+                    self._events.emit("control", request_id=req.id, action=req.action, status="accepted", detail=f"at step {at}")
 
     def _flush(self) -> None:
         """Write the waiting step events in one go, then run the rank-0 rules over them.
@@ -222,8 +244,9 @@ class Run:
     def _flush_locked(self) -> None:
         assert self._events is not None
         lines, rows, fields = self._steps.drain()
-        self._events.emit_lines(lines, rows)
-        self._watch(fields)
+        with self.failures.guard(self.paths.events):  # steps that do not fit are lost, not retried
+            self._events.emit_lines(lines, rows)
+            self._watch(fields)
 
     def _watch(self, steps: list[dict[str, Any]]) -> None:
         """The engine's own rank-0 rules (NaN, loss spike, grad explosion) on the script's numbers."""
@@ -254,15 +277,16 @@ class Run:
         self._started = True
         local = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
         torch = sys.modules.get("torch")
-        self._events.emit(
-            "run_start", run_id=self.dir.name, attempt=self.attempt, world_size=self.world_size,
-            nnodes=max(1, self.world_size // max(1, local)), device=self._agree.device_name(), backend=self._agree.backend(),
-            precision=None, config=_plain(self.config), params_total=None, params_trainable=None, tokens_per_step=None,
-            effective_batch=None, static_mem_bytes=None, start_step=max(0, start_step), max_steps=self.max_steps,
-            resumed_from={"path": str(self.resume_from)} if self.resume_from else None,
-            torch_version=getattr(torch, "__version__", None), git_commit=None, source="script",
-            script=sys.argv[0] if sys.argv else None, pid=os.getpid(),
-        )
+        with self.failures.guard(self.paths.events):
+            self._events.emit(
+                "run_start", run_id=self.dir.name, attempt=self.attempt, world_size=self.world_size,
+                nnodes=max(1, self.world_size // max(1, local)), device=self._agree.device_name(), backend=self._agree.backend(),
+                precision=None, config=_plain(self.config), params_total=None, params_trainable=None, tokens_per_step=None,
+                effective_batch=None, static_mem_bytes=None, start_step=max(0, start_step), max_steps=self.max_steps,
+                resumed_from={"path": str(self.resume_from)} if self.resume_from else None,
+                torch_version=getattr(torch, "__version__", None), git_commit=None, source="script",
+                script=sys.argv[0] if sys.argv else None, pid=os.getpid(),
+            )
 
     def _excepthook(self, kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         """An exception escaping the script ends the run as failed, with its type and message."""
@@ -293,14 +317,17 @@ def init(config: Mapping[str, Any] | None = None, *, name: str | None = None, ru
         guess = next((config[k] for k in ("max_steps", "max_iters") if k in config), None)
         max_steps = guess if isinstance(guess, int) and not isinstance(guess, bool) and guess > 0 else None
     joined = os.environ.get(ENV_RUN_DIR)
+    failures = WriteFailures()
     if joined:
-        paths, attempt, owned = RunPaths(Path(joined)), int(os.environ.get(ENV_ATTEMPT) or 1), False
+        paths, attempt, owned, usable = RunPaths(Path(joined)), int(os.environ.get(ENV_ATTEMPT) or 1), False, True
     else:
         from mt.ownrun import make_own_run
-        paths, attempt, owned = make_own_run(rank, world, name, Path(runs_dir)), 1, True
-    run = Run(paths, rank, world, attempt, config, max_steps, owned)
+        made = make_own_run(rank, world, name, Path(runs_dir), failures)
+        usable = made is not None
+        paths, attempt, owned = made if made is not None else RunPaths(Path(runs_dir).absolute()), 1, True
+    run = Run(paths, rank, world, attempt, config, max_steps, owned, usable, failures)
     from mt.resume import reported_checkpoint
-    run.resume_from = reported_checkpoint(paths.events)
+    run.resume_from = reported_checkpoint(paths.events) if usable else None
     run._previous_hook = sys.excepthook
     sys.excepthook = run._excepthook
     atexit.register(run._flush)  # a script that ends without run.finish() keeps its last steps
