@@ -9,6 +9,7 @@ Stdlib only (the viewer side imports it).
 """
 from __future__ import annotations
 
+import errno
 import os
 import struct
 import sys
@@ -122,7 +123,7 @@ class IndexWriter:
             return
         record = encode(parse_event(ev), end)
         try:
-            os.write(self._fd, record)
+            self._append(record)
             self._n += 1
             kind = int(RECORD.unpack(record)[1])
             if kind in NEWEST_KINDS:   # rare (not steps): one more small write
@@ -142,7 +143,7 @@ class IndexWriter:
         newest = list(self._newest)
         n = _note_newest(records, self._n, newest)
         try:
-            os.write(self._fd, records)
+            self._append(records)
             self._n = n
             if newest != self._newest:  # rare (steps have no slot): the header names the newest of a kind
                 self._newest = newest
@@ -150,6 +151,12 @@ class IndexWriter:
         except OSError as e:
             print(f"events index {self.path}: {e}; the viewer will read events.jsonl instead", file=sys.stderr)
             self.close()
+
+    def _append(self, records: bytes) -> None:
+        """Whole records or none: a full disk that takes part of a write leaves no partial record."""
+        if os.write(self._fd, records) != len(records):
+            os.ftruncate(self._fd, HEADER.size + self._n * RECORD.size)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -1,6 +1,7 @@
 """Writing events.jsonl: one whole line per write, and its binary index beside it."""
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from pathlib import Path
@@ -18,6 +19,7 @@ class EventWriter:
         self.path = Path(path)
         self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)  # RDWR: to look at the last byte
         _end_torn_line(self._fd)
+        self._torn = False  # a rolled-back write's fragment could not be removed
         self._index = open_index(self.path) if index else None
         self._lock = threading.Lock()  # a script's heartbeat thread may write too: line and index stay paired
 
@@ -25,10 +27,9 @@ class EventWriter:
         event = make_event(kind, **fields)
         line = (dumps(event) + "\n").encode()
         with self._lock:
-            os.write(self._fd, line)
+            end = self._append(line)
             if self._index is not None:
-                # with O_APPEND the offset now sits just past our line
-                self._index.add(event, os.lseek(self._fd, 0, os.SEEK_CUR))
+                self._index.add(event, end)
         return event
 
     def emit_lines(self, lines: list[bytes], rows: list[tuple[float, ...] | None]) -> None:
@@ -37,14 +38,32 @@ class EventWriter:
         if not lines:
             return
         with self._lock:
-            os.write(self._fd, b"".join(lines))
+            end = self._append(b"".join(lines))
             if self._index is not None:
-                end = os.lseek(self._fd, 0, os.SEEK_CUR)
                 ends = []
                 for line in reversed(lines):
                     ends.append(end)
                     end -= len(line)
                 self._index.add_lines(lines, rows, ends[::-1])
+
+    def _append(self, data: bytes) -> int:
+        """Append whole lines or none (OSError): a full disk takes part of a write, and the next line
+        would finish that fragment. Returns the end offset (with O_APPEND, just past our bytes)."""
+        if self._torn:
+            data = b"\n" + data
+        n = os.write(self._fd, data)
+        end = os.lseek(self._fd, 0, os.SEEK_CUR)
+        if n == len(data):
+            self._torn = False
+            return end
+        try:
+            if os.fstat(self._fd).st_size == end:  # the fragment is still the last thing in the file
+                os.ftruncate(self._fd, end - n)
+            self._torn = False
+        except OSError:
+            self._torn = True  # the next write ends it first
+        raise OSError(errno.ENOSPC, f"only {n} of {len(data)} bytes fit (rolled back): {os.strerror(errno.ENOSPC)}",
+                      str(self.path))
 
     def close(self) -> None:
         if self._fd >= 0:

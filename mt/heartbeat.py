@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from mt.space import allocate
+
 
 class Heartbeat:
     """Rewrites heartbeat/rank<N> each optimizer step, so a stuck rank is visible from outside.
@@ -22,19 +24,26 @@ class Heartbeat:
 
     def __init__(self, path: Path, rank: int, attempt: int) -> None:
         self.path, self.rank, self.attempt = path, rank, attempt
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            os.ftruncate(fd, self.WIDTH + 1)
-            self._map = mmap.mmap(fd, self.WIDTH + 1)
-        finally:
-            os.close(fd)
         self._tail = f',"pid":{os.getpid()},"rank":{int(rank)},"attempt":{int(attempt)},"phase":"'
+        self._map = _mapped(path, self.WIDTH + 1)
 
     def beat(self, step: int, phase: str = "train") -> None:
         """`phase` says what the rank does next (train, eval, checkpoint), so a long pause is explained."""
         record = f'{{"step":{int(step)},"t":{time.time()!r}{self._tail}{phase}"}}'.ljust(self.WIDTH) + "\n"
         self._map[:] = record.encode()[: self.WIDTH + 1]
+
+
+def _mapped(path: Path, size: int) -> mmap.mmap:
+    """The file's first `size` bytes, mapped, with blocks behind them: a page of a sparse file on a
+    full filesystem (a tmpfs) cannot be allocated when first written, and that write is a SIGBUS."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.ftruncate(fd, size)
+        allocate(fd, size)  # no room: OSError here, not a signal in the training loop
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
 
 
 class BackgroundHeartbeat(Heartbeat):
@@ -47,13 +56,24 @@ class BackgroundHeartbeat(Heartbeat):
     and each wake takes the GIL from the training thread (at 50 a second it cost the loop more).
     """
 
-    def __init__(self, path: Path, rank: int, attempt: int, every_s: float = 0.1,
+    def __init__(self, path: Path | None, rank: int, attempt: int, every_s: float = 0.1,
                  on_tick: Callable[[], None] | None = None, tick_s: float = 0.5) -> None:
-        super().__init__(path, rank, attempt)
+        """`path` None, or a file that cannot be made (`error` says why): no heartbeat, the ticks still run."""
+        self.error: OSError | None = None
+        try:
+            if path is None:
+                raise FileNotFoundError("no run directory")
+            super().__init__(path, rank, attempt)
+        except OSError as e:
+            self.path, self.rank, self.attempt, self._map, self.error = path, rank, attempt, None, e  # type: ignore[assignment]
         self._noted: tuple[int, str] = (0, "start")
         self._every_s = every_s
         self._thread: threading.Thread | None = None
         self._on_tick, self._tick_s = on_tick, tick_s
+
+    def beat(self, step: int, phase: str = "train") -> None:
+        if self._map is not None:
+            super().beat(step, phase)
 
     def note(self, step: int, phase: str = "train") -> None:
         self._noted = (step, phase)
@@ -64,7 +84,7 @@ class BackgroundHeartbeat(Heartbeat):
     def _pump(self) -> None:
         """Beat on every change; every tick_s call on_tick (rank 0 writes the batched steps there,
         off the training thread, and still writes them while that thread is blocked or hung)."""
-        written, due = None, time.monotonic() + self._tick_s
+        written, due, said = None, time.monotonic() + self._tick_s, ""
         while True:
             noted = self._noted
             if noted != written:
@@ -75,5 +95,7 @@ class BackgroundHeartbeat(Heartbeat):
                 try:
                     self._on_tick()
                 except Exception as e:  # noqa: BLE001 - the training thread's own writes will say more
-                    print(f"mt: background flush failed: {type(e).__name__}: {e}", file=sys.stderr)
+                    if f"{type(e).__name__}: {e}" != said:  # once, not every tick
+                        said = f"{type(e).__name__}: {e}"
+                        print(f"mt: background flush failed: {said}", file=sys.stderr)
             time.sleep(self._every_s)

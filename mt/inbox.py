@@ -47,6 +47,9 @@ class ControlInbox:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.done_dir.mkdir(exist_ok=True)
         self._stuck: set[str] = set()  # entries that could not be moved: rejected once, then ignored
+        # requests already returned, which stay in control/ until `done` moves them (a script's save
+        # may take many polls): each is returned once, or one request would be accepted and saved again
+        self._taken: set[str] = set()
 
     def poll(self) -> Polled:
         out = Polled()
@@ -55,7 +58,10 @@ class ControlInbox:
                        if not e.name.startswith(".") and e.path != str(self.done_dir) and e.name not in self._stuck]
         except OSError:
             return out
+        self._taken.intersection_update(e.name for e in entries)  # moved by `done`: a later file of that name is new
         for entry in entries:
+            if entry.name in self._taken:
+                continue
             path = Path(entry.path)
             raw, why = _read_request(path, self.MAX_BYTES)
             req = _parse_request(raw, path) if why is None else None
@@ -67,6 +73,7 @@ class ControlInbox:
                 out.rejected.append((rid[:128], str(action)[:64], f"{path.name}: {why}"))
                 self._move(path)
                 continue
+            self._taken.add(entry.name)
             out.requests.append(req)
         if out.rejected:
             self._prune_processed()  # once a poll, however many entries a flood brought

@@ -7,6 +7,7 @@ no supervisor, rank 0's own pid stands in for one: the run is live while rank 0 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -14,18 +15,21 @@ from typing import Any
 
 from mt.agree import process_group
 from mt.config import Config, LaunchConfig, RunConfig
+from mt.failsafe import WriteFailures
 from mt.jsonl import read_json, write_json_atomic
 from mt.paths import RunPaths, new_run_dir
 from mt.preset import script_run_name, write_script_preset
+from mt.space import ensure_reserve, is_disk_full
 
 
-def make_own_run(rank: int, world: int, name: str | None, runs_dir: Path) -> RunPaths:
-    """Rank 0 creates the run and tells the other ranks where it is (a broadcast)."""
-    made = _create(world, name, runs_dir) if rank == 0 else None
-    if world > 1:
-        made = _share(made)
-    assert made is not None
-    return made
+def make_own_run(rank: int, world: int, name: str | None, runs_dir: Path, failures: WriteFailures) -> RunPaths | None:
+    """Rank 0 creates the run and tells the other ranks where it is (a broadcast); None on every
+    rank when it cannot (a read-only folder, a full disk: said in `failures`, the script trains on)."""
+    made = None
+    if rank == 0:
+        with failures.guard(runs_dir):
+            made = _create(world, name, runs_dir)
+    return _share(made) if world > 1 else made
 
 
 def _create(world: int, name: str | None, runs_dir: Path) -> RunPaths:
@@ -36,6 +40,16 @@ def _create(world: int, name: str | None, runs_dir: Path) -> RunPaths:
                  launch=LaunchConfig(nproc_per_node=local, nnodes=max(1, world // max(1, local)),
                                      script=str(script or ""), script_args=list(sys.argv[1:])))
     paths = RunPaths(new_run_dir(runs_dir.expanduser(), base).resolve())
+    try:
+        _fill(paths, cfg, script)
+    except OSError:
+        shutil.rmtree(paths.root, ignore_errors=True)  # half a run directory would only confuse `mt ls`
+        raise
+    return paths
+
+
+def _fill(paths: RunPaths, cfg: Config, script: Path | None) -> None:
+    local = cfg.launch.nproc_per_node
     for sub in (paths.logs, paths.control, paths.checkpoints, paths.heartbeat_dir):
         sub.mkdir(mode=0o700, exist_ok=True)
     write_script_preset(paths.preset, cfg, "written by mt.init for a script started without mt launch")
@@ -49,17 +63,17 @@ def _create(world: int, name: str | None, runs_dir: Path) -> RunPaths:
         "attempts": [{"attempt": 1, "started": now, "torchrun_pid": None, "ended": None, "exit_code": None}],
         "owner_cmdline": _cmdline(),  # how `mt kill` knows the pid is still this run's rank 0
     })
-    return paths
+    ensure_reserve(paths.reserve)  # deleted to make room for the final status.json on a full disk
 
 
-def _share(made: RunPaths | None) -> RunPaths:
+def _share(made: RunPaths | None) -> RunPaths | None:
     dist = process_group()
     if dist is None:
         raise RuntimeError("mt.init: with WORLD_SIZE > 1 outside `mt launch`, call it after "
                            "torch.distributed.init_process_group, so that every rank joins the same run directory")
     box: list[Any] = [str(made.root) if made else None]
     dist.broadcast_object_list(box, src=0)
-    return RunPaths(Path(box[0]))
+    return RunPaths(Path(box[0])) if box[0] else None
 
 
 def record_end(paths: RunPaths, state: str, reason: str) -> None:
@@ -72,7 +86,14 @@ def record_end(paths: RunPaths, state: str, reason: str) -> None:
     for attempt in status.get("attempts") or []:
         if isinstance(attempt, dict) and attempt.get("ended") is None:
             attempt.update(ended=now, exit_code=status["exit_code"])
-    write_json_atomic(paths.status, status)
+    try:
+        write_json_atomic(paths.status, status)
+    except OSError as e:
+        if not is_disk_full(e) or not paths.reserve.exists():
+            raise
+        paths.reserve.unlink()  # what the reserve is for: the run's last state, on a full disk
+        write_json_atomic(paths.status, status)
+    paths.reserve.unlink(missing_ok=True)
 
 
 def _cmdline() -> list[str]:

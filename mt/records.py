@@ -152,29 +152,29 @@ class Unknown(Event):
 Record = Union[RunStart, Step, Eval, Metrics, Checkpoint, Incident, Control, RunEnd, Unknown]
 
 
-class _Bad(Exception):
-    pass
+class _Bad(ValueError):
+    """A value no line may hold; a ValueError, as the library's writer raises it at the call."""
 
 
-def _int(raw: dict[str, Any], key: str, lo: int = 0, required: bool = False) -> int | None:
-    v = raw.get(key)
-    if v is None:
-        if required:
-            raise _Bad(f"{key} is missing")
-        return None
+class _NotA(_Bad, TypeError):
+    """A value of the wrong type: a TypeError to the writer."""
+
+
+def whole(v: Any, key: str, lo: int = 0) -> int:
+    """`v` as the whole number a line may hold in `key`, else TypeError/ValueError saying why.
+
+    The parser's rule, and the check mt's writers apply before they write (mt/run.py)."""
     if isinstance(v, float) and v.is_integer():
         v = int(v)
     if isinstance(v, bool) or not isinstance(v, int):
-        raise _Bad(f"{key} {_show(v)} is not a whole number")
+        raise _NotA(f"{key} {_show(v)} is not a whole number")
     if not lo <= v < _INT_MAX:
         raise _Bad(f"{key} {_show(v)} is out of range")
     return v
 
 
-def _num(raw: dict[str, Any], key: str, nonneg: bool = False) -> float | None:
-    v = raw.get(key)
-    if v is None:
-        return None
+def number(v: Any, key: str, nonneg: bool = False) -> float:
+    """`v` as the number a line may hold in `key`, else TypeError/ValueError saying why."""
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         try:
             x = float(v)
@@ -183,10 +183,24 @@ def _num(raw: dict[str, Any], key: str, nonneg: bool = False) -> float | None:
     elif isinstance(v, str) and v in _SPECIAL:
         x = _SPECIAL[v]
     else:
-        raise _Bad(f"{key} {_show(v)} is not a number")
+        raise _NotA(f"{key} {_show(v)} is not a number")
     if nonneg and x < 0:
         raise _Bad(f"{key} {x:g} is negative")
     return x
+
+
+def _int(raw: dict[str, Any], key: str, lo: int = 0, required: bool = False) -> int | None:
+    v = raw.get(key)
+    if v is None:
+        if required:
+            raise _Bad(f"{key} is missing")
+        return None
+    return whole(v, key, lo)
+
+
+def _num(raw: dict[str, Any], key: str, nonneg: bool = False) -> float | None:
+    v = raw.get(key)
+    return None if v is None else number(v, key, nonneg)
 
 
 def _str(raw: dict[str, Any], key: str, required: bool = False) -> str | None:

@@ -21,9 +21,11 @@ from typing import Any, Mapping
 
 from mt.agree import Agreement
 from mt.eventlog import EventWriter
+from mt.failsafe import WriteFailures
 from mt.heartbeat import BackgroundHeartbeat
-from mt.inbox import ControlInbox, Request, StopSignals
+from mt.inbox import ControlInbox, Polled, Request, StopSignals
 from mt.paths import RunPaths
+from mt.records import number, whole
 from mt.stepbatch import StepBatch
 
 ENV_RUN_DIR, ENV_ATTEMPT = "MT_RUN_DIR", "MT_ATTEMPT"
@@ -31,6 +33,7 @@ _KNOWN = ("loss", "lr", "grad_norm", "tokens")
 # rank 0's heartbeat thread, not the training thread, looks into control/ and writes the batched
 # step events this often: a key press is seen within it, the viewer polls about as often
 _TICK_S = 0.25
+_WHOLE_MAX = 1 << 63  # a step the parser takes (mt/records.py `whole`): 0 <= step < 2**63
 
 
 @dataclass(frozen=True)
@@ -47,16 +50,25 @@ class Run:
     """One attempt of a script's run, as the script sees it; `mt.init` makes it."""
 
     def __init__(self, paths: RunPaths, rank: int, world_size: int, attempt: int, config: Mapping[str, Any] | None,
-                 max_steps: int | None, owned: bool) -> None:
+                 max_steps: int | None, owned: bool, usable: bool = True, failures: WriteFailures | None = None) -> None:
+        """`usable` False: no run directory could be made (said in `failures`); the script trains unwatched."""
         self.dir = paths.root
         self.rank, self.world_size, self.attempt = rank, world_size, attempt
-        self.paths, self.config, self.max_steps, self.owned = paths, dict(config or {}), max_steps, owned
+        self.paths, self.config, self.max_steps, self.owned = paths, dict(config or {}), max_steps, owned and usable
         self.resume_from: Path | None = None
-        self._events = EventWriter(paths.events) if rank == 0 else None
-        self._inbox = ControlInbox(paths.control) if rank == 0 else None
+        self.failures = failures or WriteFailures()  # mt's writes that failed: said once, never raised into the loop
+        self._events: EventWriter | None = None
+        self._inbox: ControlInbox | None = None
+        if rank == 0 and usable:
+            with self.failures.guard(paths.events):
+                self._events = EventWriter(paths.events)
+            with self.failures.guard(paths.control):
+                self._inbox = ControlInbox(paths.control)
         # rank 0's thread polls control/, writes the batched steps and runs the rules: a step only notes itself
-        self._heartbeat = BackgroundHeartbeat(paths.heartbeat(rank), rank, attempt, on_tick=self._tick if rank == 0 else None,
-                                              tick_s=_TICK_S)
+        self._heartbeat = BackgroundHeartbeat(paths.heartbeat(rank) if usable else None, rank, attempt,
+                                              on_tick=self._tick if self._events is not None else None, tick_s=_TICK_S)
+        if self._heartbeat.error is not None and usable:
+            self.failures.note(paths.heartbeat(rank), self._heartbeat.error)
         self._agree = Agreement(world_size)
         self._signals = StopSignals((signal.SIGTERM,))  # a handler that only sets a flag: the script saves at its next step
         if threading.current_thread() is threading.main_thread():
@@ -80,8 +92,17 @@ class Run:
         """Record optimizer step `step` (rank 0 writes it), beat this rank's heartbeat and say
         whether to checkpoint or stop now: one tiny collective keeps every rank in agreement."""
         now = time.perf_counter()
+        # checked before anything is noted, so a refused value changes nothing; a plain float
+        # passes on a type check (NaN too: the parser keeps it)
+        if type(loss) is not float and loss is not None:
+            loss = _number(loss, "loss")
+        if not (type(lr) is float and lr >= 0.0) and lr is not None:
+            lr = _number(lr, "lr", nonneg=True)
+        if not (type(grad_norm) is float and grad_norm >= 0.0) and grad_norm is not None:
+            grad_norm = _number(grad_norm, "grad_norm", nonneg=True)
+        extra = {k: _number(v, k) for k, v in metrics.items()} if metrics else None
         ctl, tokens_all = self._sync(step, tokens)
-        self._emit_step(self._step or 0, now, loss, lr, grad_norm, tokens_all, metrics)
+        self._emit_step(self._step or 0, now, loss, lr, grad_norm, tokens_all, extra)
         self._last_t = now
         return ctl
 
@@ -93,12 +114,13 @@ class Run:
         values = {str(k): _number(v, str(k)) for k, v in metrics.items()}
         self._ensure_started(at)
         self._flush()
-        self._events.emit("metrics", step=at, values=values)
+        with self.failures.guard(self.paths.events):
+            self._events.emit("metrics", step=at, values=values)
 
     def checkpoint_saved(self, path: str | os.PathLike[str], step: int | None = None) -> None:
         """The script saved a checkpoint at `path`: answer the requests waiting for one, and let
         later attempts find it in `resume_from`."""
-        if self._events is None or self._inbox is None:
+        if self._events is None:
             return
         at = _whole(step if step is not None else (self._step or 0), "step")
         where = Path(path).absolute()
@@ -106,12 +128,15 @@ class Run:
         self._flush()
         reqs, self._pending = self._pending, []  # what a step took: one asked later waits for a save after it
         reason = "stop" if self._stopping else "request" if reqs else "script"
-        self._events.emit("checkpoint", step=at, path=str(where), bytes=_size(where), seconds=None, reason=reason,
-                          request_id=reqs[0].id if reqs else None, request_ids=[r.id for r in reqs])
+        with self.failures.guard(self.paths.events):
+            self._events.emit("checkpoint", step=at, path=str(where), bytes=_size(where), seconds=None, reason=reason,
+                              request_id=reqs[0].id if reqs else None, request_ids=[r.id for r in reqs])
         for req in reqs:
-            self._events.emit("control", request_id=req.id, action=req.action, status="done",
-                              detail=f"checkpoint saved at step {at}: {where}")
-            self._inbox.done(req.path)
+            with self.failures.guard(self.paths.events):
+                self._events.emit("control", request_id=req.id, action=req.action, status="done",
+                                  detail=f"checkpoint saved at step {at}: {where}")
+            if self._inbox is not None:  # answered by the save, even if the answer could not be written
+                self._inbox.done(req.path)
 
     def finish(self, status: str | None = None, reason: str | None = None) -> None:
         """The run ended: `completed` (or `stopped` after a stop), or what `status` says."""
@@ -120,20 +145,27 @@ class Run:
         self._finished = True
         final = status or ("stopped" if self._stopping else "completed")
         why = reason or self._stopping or ("the script finished" if final == "completed" else final)
-        if self._events is not None and self._inbox is not None:
+        if self.owned and self.rank == 0 and self.failures.count:
+            with self.failures.guard(self.paths.reserve):  # room for the run's end, on a full disk
+                self.paths.reserve.unlink(missing_ok=True)
+        if self._events is not None:
             self._ensure_started(self._step or 0)
             with self._lock:  # a tick after this finds the run finished
                 self._flush()
                 for req in self._pending + self._asked:
                     done = req.action == "stop" and final == "stopped"
-                    self._events.emit("control", request_id=req.id, action=req.action, status="done" if done else "rejected",
-                                      detail=f"stopped at step {self._step}" if done else f"the script ended ({final}) without saving a checkpoint")
-                    self._inbox.done(req.path)
+                    with self.failures.guard(self.paths.events):
+                        self._events.emit("control", request_id=req.id, action=req.action, status="done" if done else "rejected",
+                                          detail=f"stopped at step {self._step}" if done else f"the script ended ({final}) without saving a checkpoint")
+                    if self._inbox is not None:
+                        self._inbox.done(req.path)
                 self._pending, self._asked = [], []
-                self._events.emit("run_end", step=self._step or 0, status=final, reason=why)
+                with self.failures.guard(self.paths.events):
+                    self._events.emit("run_end", step=self._step or 0, status=final, reason=why + self.failures.summary())
         if self.owned and self.rank == 0:
             from mt.ownrun import record_end
-            record_end(self.paths, final, why)
+            with self.failures.guard(self.paths.status):
+                record_end(self.paths, final, why + self.failures.summary())
 
     # ---- machinery ----------------------------------------------------------------------
     # Right after a training step the interpreter runs cold (an empty call costs ~7 µs there, 0.1 µs
@@ -141,10 +173,10 @@ class Run:
     # plain number, and the common step (one rank, nothing asked, no poll due) asks no one.
     def _sync(self, step: int, tokens: Any) -> tuple[Control, float | None]:
         """The part of a step every rank does: heartbeat, control (rank 0), the agreement."""
-        if type(step) is not int:
+        if type(step) is not int or step < 0 or step >= _WHOLE_MAX:
             step = _whole(step, "step")
-        if type(tokens) is not int and type(tokens) is not float and tokens is not None:  # B * T is an int
-            tokens = _number(tokens, "tokens")
+        if tokens is not None and not ((type(tokens) is int or type(tokens) is float) and 0 <= tokens < _WHOLE_MAX):
+            tokens = _number(tokens, "tokens", nonneg=True, finite=True)
         self._heartbeat.note(step)
         if self._agree.alone and self._signals.received is None and not self._asked:
             ctl = _GO
@@ -155,18 +187,15 @@ class Run:
         self._step = step
         return ctl, tokens
 
-    def _emit_step(self, step: int, now: float, loss: Any, lr: Any, grad_norm: Any, tokens: float | None,
-                   metrics: Mapping[str, Any]) -> None:
-        """Rank 0: note the step for the next batched write; other ranks write nothing."""
+    def _emit_step(self, step: int, now: float, loss: float | None, lr: float | None, grad_norm: float | None,
+                   tokens: float | None, extra: Mapping[str, float] | None) -> None:
+        """Rank 0: note the step (values already checked) for the next batched write; other ranks write nothing."""
         if self._events is None:
             return
         if not self._started:
             self._ensure_started(step - 1)
         self._steps.note((step, time.time(), None if self._last_t is None else now - self._last_t,
-                          loss if type(loss) is float or loss is None else _number(loss, "loss"),
-                          lr if type(lr) is float or lr is None else _number(lr, "lr"),
-                          grad_norm if type(grad_norm) is float or grad_norm is None else _number(grad_norm, "grad_norm"),
-                          tokens, {k: _number(v, k) for k, v in metrics.items()} if metrics else None))
+                          loss, lr, grad_norm, tokens, extra))
 
     def _decide(self, step: int, tokens: float | None) -> tuple[Control, float | None]:
         """Control (rank 0) and the agreement of every rank: checkpoint now, stop, tokens summed."""
@@ -188,18 +217,19 @@ class Run:
     def _tick(self) -> None:
         """Rank 0's heartbeat thread, every _TICK_S: new requests in control/ (the next step takes
         them), then the waiting step events and the rules."""
-        assert self._inbox is not None and self._events is not None
+        assert self._events is not None
         with self._lock:
             if self._finished or not self._started:
                 return
-            polled = self._inbox.poll()
+            polled = self._inbox.poll() if self._inbox is not None else Polled()
             self._flush()  # the answers follow the steps before them
-            for rid, action, why in polled.rejected:
-                self._events.emit("control", request_id=rid, action=action, status="rejected", detail=why)
-            at = (self._step or 0) + 1
-            for req in polled.requests:
-                self._events.emit("control", request_id=req.id, action=req.action, status="accepted", detail=f"at step {at}")
-            self._asked += polled.requests
+            self._asked += polled.requests  # taken even if their answers cannot be written
+            with self.failures.guard(self.paths.events):
+                for rid, action, why in polled.rejected:
+                    self._events.emit("control", request_id=rid, action=action, status="rejected", detail=why)
+                at = (self._step or 0) + 1
+                for req in polled.requests:
+                    self._events.emit("control", request_id=req.id, action=req.action, status="accepted", detail=f"at step {at}")
 
     def _flush(self) -> None:
         """Write the waiting step events in one go, then run the rank-0 rules over them.
@@ -214,8 +244,9 @@ class Run:
     def _flush_locked(self) -> None:
         assert self._events is not None
         lines, rows, fields = self._steps.drain()
-        self._events.emit_lines(lines, rows)
-        self._watch(fields)
+        with self.failures.guard(self.paths.events):  # steps that do not fit are lost, not retried
+            self._events.emit_lines(lines, rows)
+            self._watch(fields)
 
     def _watch(self, steps: list[dict[str, Any]]) -> None:
         """The engine's own rank-0 rules (NaN, loss spike, grad explosion) on the script's numbers."""
@@ -246,15 +277,16 @@ class Run:
         self._started = True
         local = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
         torch = sys.modules.get("torch")
-        self._events.emit(
-            "run_start", run_id=self.dir.name, attempt=self.attempt, world_size=self.world_size,
-            nnodes=max(1, self.world_size // max(1, local)), device=self._agree.device_name(), backend=self._agree.backend(),
-            precision=None, config=_plain(self.config), params_total=None, params_trainable=None, tokens_per_step=None,
-            effective_batch=None, static_mem_bytes=None, start_step=max(0, start_step), max_steps=self.max_steps,
-            resumed_from={"path": str(self.resume_from)} if self.resume_from else None,
-            torch_version=getattr(torch, "__version__", None), git_commit=None, source="script",
-            script=sys.argv[0] if sys.argv else None, pid=os.getpid(),
-        )
+        with self.failures.guard(self.paths.events):
+            self._events.emit(
+                "run_start", run_id=self.dir.name, attempt=self.attempt, world_size=self.world_size,
+                nnodes=max(1, self.world_size // max(1, local)), device=self._agree.device_name(), backend=self._agree.backend(),
+                precision=None, config=_plain(self.config), params_total=None, params_trainable=None, tokens_per_step=None,
+                effective_batch=None, static_mem_bytes=None, start_step=max(0, start_step), max_steps=self.max_steps,
+                resumed_from={"path": str(self.resume_from)} if self.resume_from else None,
+                torch_version=getattr(torch, "__version__", None), git_commit=None, source="script",
+                script=sys.argv[0] if sys.argv else None, pid=os.getpid(),
+            )
 
     def _excepthook(self, kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         """An exception escaping the script ends the run as failed, with its type and message."""
@@ -267,48 +299,71 @@ class Run:
     _previous_hook = staticmethod(sys.__excepthook__)
 
 
+# this process's unfinished run, by pid (a forked child is not it): a second mt.init returns it
+# rather than making a second run directory. A process has one run, as it has one sys.excepthook.
+_LIVE: dict[int, Run] = {}
+
+
 def init(config: Mapping[str, Any] | None = None, *, name: str | None = None, runs_dir: str | os.PathLike[str] = "runs",
          max_steps: int | None = None) -> Run:
     """Join this process's mt run (under `mt launch`), or make one under `runs_dir` (plain python/torchrun).
 
     Call it on every rank; with several ranks outside `mt launch`, after init_process_group."""
+    live = _LIVE.get(os.getpid())
+    if live is not None and not live._finished:
+        return live
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     if max_steps is None and config:
         guess = next((config[k] for k in ("max_steps", "max_iters") if k in config), None)
         max_steps = guess if isinstance(guess, int) and not isinstance(guess, bool) and guess > 0 else None
     joined = os.environ.get(ENV_RUN_DIR)
+    failures = WriteFailures()
     if joined:
-        paths, attempt, owned = RunPaths(Path(joined)), int(os.environ.get(ENV_ATTEMPT) or 1), False
+        paths, attempt, owned, usable = RunPaths(Path(joined)), int(os.environ.get(ENV_ATTEMPT) or 1), False, True
     else:
         from mt.ownrun import make_own_run
-        paths, attempt, owned = make_own_run(rank, world, name, Path(runs_dir)), 1, True
-    run = Run(paths, rank, world, attempt, config, max_steps, owned)
+        made = make_own_run(rank, world, name, Path(runs_dir), failures)
+        usable = made is not None
+        paths, attempt, owned = made if made is not None else RunPaths(Path(runs_dir).absolute()), 1, True
+    run = Run(paths, rank, world, attempt, config, max_steps, owned, usable, failures)
     from mt.resume import reported_checkpoint
-    run.resume_from = reported_checkpoint(paths.events)
+    run.resume_from = reported_checkpoint(paths.events) if usable else None
     run._previous_hook = sys.excepthook
     sys.excepthook = run._excepthook
     atexit.register(run._flush)  # a script that ends without run.finish() keeps its last steps
+    _LIVE[os.getpid()] = run
     return run
 
 
-def _number(value: Any, what: str) -> float | None:
-    """A metric as a float (a 0-d tensor too); None stays None."""
-    if type(value) is float:  # the common case first: once per metric per step
-        return value
+def _number(value: Any, what: str, nonneg: bool = False, finite: bool = False) -> float | None:
+    """A metric as a float (a 0-d tensor too) that the parser takes; None stays None.
+
+    Text is not a number, though float() would read it: docs/library.md says numbers only."""
     if value is None:
         return None
-    if isinstance(value, bool):
-        raise TypeError(f"mt: {what} must be a number, got {value!r}")
+    if isinstance(value, (bool, str, bytes, bytearray)):
+        raise TypeError(f"mt: {what} must be a number, got {type(value).__name__} {value!r:.40}")
     try:
-        return float(value)
+        x = float(value)
     except (TypeError, ValueError):
         raise TypeError(f"mt: {what} must be a number, got {type(value).__name__}") from None
+    try:
+        x = number(x, what, nonneg)
+    except ValueError as e:
+        raise ValueError(f"mt: {e}") from None
+    if finite and not math.isfinite(x):  # summed into tokens_seen, a whole number
+        raise ValueError(f"mt: {what} {x} is not finite")
+    return x
 
 
 def _whole(value: Any, what: str) -> int:
+    """A step as the whole number the parser takes (0 <= step < 2**63), else TypeError/ValueError."""
     if isinstance(value, bool) or not isinstance(value, int) and not (hasattr(value, "__index__")):
         raise TypeError(f"mt: {what} must be a whole number, got {type(value).__name__}")
-    return int(value)
+    try:
+        return whole(int(value), what)
+    except ValueError as e:
+        raise ValueError(f"mt: {e}") from None
 
 
 def _size(path: Path) -> int | None:

@@ -59,3 +59,8 @@ def fill(path: Path, name: str = "filler") -> Path:
     except OSError:
         pass
     return filler
+
+
+def read_only(path: Path) -> None:
+    """Remount the tmpfs read-only: a folder chmod'ed 0555 does not stop root."""
+    subprocess.run(["mount", "-o", "remount,ro", str(path)], check=True, capture_output=True)

@@ -13,6 +13,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 import mt
+from mt.run import _number
 
 _SKIP = ("epoch", "total_flos", "train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss")
 
@@ -60,8 +61,10 @@ class MtCallback(TrainerCallback):
             return  # the end-of-training summary
         extra = {k: v for k, v in logs.items()
                  if k not in (*_SKIP, "loss", "learning_rate", "grad_norm") and isinstance(v, (int, float)) and not isinstance(v, bool)}
-        self.run._emit_step(state.global_step, time.perf_counter(), logs.get("loss"), logs.get("learning_rate"),
-                            logs.get("grad_norm"), None, extra)
+        self.run._emit_step(state.global_step, time.perf_counter(), _number(logs.get("loss"), "loss"),
+                            _number(logs.get("learning_rate"), "learning_rate", nonneg=True),
+                            _number(logs.get("grad_norm"), "grad_norm", nonneg=True), None,
+                            {k: _number(v, k) for k, v in extra.items()} or None)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.run.checkpoint_saved(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"), state.global_step)

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,47 @@ def test_step_metrics_that_are_not_numbers_are_refused_in_the_script_and_by_the_
     line = {"v": 1, "t": 1.8e9, "kind": "step", "step": 3, "loss": 1.0, "extra": {"acc": [1]}}
     assert isinstance(parse_event(json.dumps(line)), Rejected)
     assert isinstance(parse_event(json.dumps({**line, "kind": "metrics", "values": "x"})), Rejected)
+
+
+REFUSED = """
+import mt
+run = mt.init(runs_dir="runs")
+assert mt.init(runs_dir="runs") is run  # the same run, not a second directory
+for kw in (dict(step=-1), dict(step=2**70), dict(step=True), dict(step=1, grad_norm=-1.0), dict(step=1, lr=-1e-3),
+           dict(step=1, loss="1.5"), dict(step=1, loss=b"1"), dict(step=1, tokens=-5), dict(step=1, tokens=float("inf")),
+           dict(step=1, acc="2")):
+    try:
+        run.step(**kw)
+        print("accepted", kw)
+    except (TypeError, ValueError) as e:
+        print(type(e).__name__, e)
+for call in (lambda: run.log({"v": 1.0}, step=-2), lambda: run.checkpoint_saved("x.pt", 2**64)):
+    try:
+        call()
+        print("accepted")
+    except ValueError as e:
+        print(type(e).__name__, e)
+run.step(1, loss=float("nan"), lr=0.0, grad_norm=float("nan"), tokens=8)
+run.finish()
+"""
+
+
+def test_values_the_parser_would_reject_are_refused_at_the_call_and_init_twice_is_one_run(tmp_path: Path) -> None:
+    (tmp_path / "refused.py").write_text(REFUSED)
+    proc = subprocess.run([sys.executable, "refused.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "ValueError mt: step -1 is out of range", "ValueError mt: step 1180591620717411303424 is out of range",
+        "TypeError mt: step must be a whole number, got bool", "ValueError mt: grad_norm -1 is negative",
+        "ValueError mt: lr -0.001 is negative", "TypeError mt: loss must be a number, got str '1.5'",
+        "TypeError mt: loss must be a number, got bytes b'1'", "ValueError mt: tokens -5 is negative",
+        "ValueError mt: tokens inf is not finite", "TypeError mt: acc must be a number, got str '2'",
+        "ValueError mt: step -2 is out of range", "ValueError mt: step 18446744073709551616 is out of range"]
+    [run_dir] = (tmp_path / "runs").iterdir()
+    lines = (run_dir / "events.jsonl").read_bytes().splitlines()
+    assert [r for r in map(parse_event, lines) if isinstance(r, Rejected)] == []
+    assert [e["step"] for e in events(run_dir, "step")] == [1] and events(run_dir, "run_end")[0]["step"] == 1
+    assert status(run_dir)["state"] == "completed"
 
 
 @pytest.mark.parametrize("chunk", [7, 64, 1 << 20])
@@ -221,10 +263,12 @@ for step in (1, 2, 3):
 print(run.dir, flush=True)
 while not Path("go").exists():  # a long step: the training thread does not call mt
     time.sleep(0.05)
-ctl = run.step(4, loss=0.25, lr=1e-3)
-if ctl.checkpoint:
-    Path("ck.pt").write_bytes(b"saved")
-    run.checkpoint_saved("ck.pt", 4)
+for step in (4, 5):
+    ctl = run.step(step, loss=0.25, lr=1e-3)
+    if ctl.checkpoint:
+        time.sleep(0.8)  # a save of several polls: the request stays in control/ until it is answered
+        Path(f"ck{step}.pt").write_bytes(b"saved")
+        run.checkpoint_saved(f"ck{step}.pt", step)
 run.finish()
 """
 
@@ -243,6 +287,7 @@ def test_a_request_is_seen_while_the_loop_is_blocked_and_answered_by_the_next_st
         tmp.rename(run_dir / "control" / "ck-1.json")
         accepted = wait_for(lambda: [e for e in events(run_dir, "control") if e["status"] == "accepted"], 10, "the request accepted")
         assert accepted[0]["request_id"] == "ck-1" and accepted[0]["detail"] == "at step 4"
+        time.sleep(0.8)  # a long step: several polls see the request file before a step takes it
         assert proc.poll() is None  # still blocked: no step has happened since
         (tmp_path / "go").touch()
         assert proc.wait(20) == 0
@@ -250,5 +295,5 @@ def test_a_request_is_seen_while_the_loop_is_blocked_and_answered_by_the_next_st
         proc.kill()
     kinds = [(e["kind"], e.get("step"), e.get("status")) for e in events(run_dir) if e["kind"] in ("step", "control", "checkpoint")]
     assert kinds == [("step", 1, None), ("step", 2, None), ("step", 3, None), ("control", None, "accepted"),
-                     ("step", 4, None), ("checkpoint", 4, None), ("control", None, "done")]
+                     ("step", 4, None), ("checkpoint", 4, None), ("control", None, "done"), ("step", 5, None)]
     assert events(run_dir, "checkpoint")[0]["request_id"] == "ck-1" and not list((run_dir / "control").glob("*.json"))

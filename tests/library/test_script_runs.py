@@ -166,6 +166,11 @@ def test_the_hf_trainer_adapter_saves_on_c_and_stops_on_s(tmp_path: Path) -> Non
     assert status(run_dir)["state"] == "stopped"
     final = events(run_dir, "checkpoint")[-1]
     assert final["reason"] == "stop" and Path(final["path"]).is_dir() and final["step"] > saved["step"]
+    # each request (2 s saves) accepted once, answered once, saved once
+    assert [(c["reason"], c["step"]) for c in events(run_dir, "checkpoint")] == [("request", saved["step"]), ("stop", final["step"])]
+    answers = [(c["request_id"], c["status"]) for c in events(run_dir, "control")]
+    assert sorted(answers) == sorted({(rid, s) for rid, _ in answers for s in ("accepted", "done")}), answers
+    assert sorted(p.name for p in (tmp_path / "hf-out").iterdir()) == sorted(Path(c["path"]).name for c in events(run_dir, "checkpoint"))
 
 
 def test_a_script_without_mt_calls_gets_the_stall_rule_from_proc(tmp_path: Path) -> None:
