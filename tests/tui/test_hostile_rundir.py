@@ -146,3 +146,21 @@ async def test_dashboard_opens_on_nested_json(tmp_path: Path) -> None:
         await loaded(pilot)
         assert "step 5/10" in text_of(app, "#header")
         assert os.path.getsize(run / "status.json") == len(NESTED)   # read, never rewritten
+
+
+async def test_markup_in_a_run_name_is_text_in_the_kill_dialog(tmp_path: Path) -> None:
+    """A name like `a[/x]b` is no Textual markup (that one would raise MarkupError)."""
+    r = SynthRun(tmp_path, name="a[/x]b[@click=app.quit]q")
+    r.run_start()
+    r.step(1)
+    r.flush()
+    r.status("running")
+    app = make_app(tmp_path)
+    async with app.run_test(size=(140, 44)) as pilot:
+        await loaded(pilot)
+        assert "a[/x]b[@click=app.quit]q" in text_of(app, "#header")
+        await pilot.press("k")
+        await pilot.pause(0.2)
+        question = app.screen.query_one("#question").render()
+        assert "Kill run a[/x]b[@click=app.quit]q?" in str(question), question
+        await pilot.press("n")
