@@ -49,9 +49,10 @@ def _attach(run_dir: Path, detach: bool, headless: bool, every: float = 1.0,
         typer.echo(str(run_dir))
         return
     if headless:
+        from tui.format import safe_text
         from tui.text.headless import follow_headless
 
-        typer.echo(f"run dir: {run_dir}")
+        typer.echo(f"run dir: {safe_text(run_dir)}")
         raise typer.Exit(follow_headless(run_dir, sys.stdout, every_s=every, since=since))
     from tui.app import run_app
 

@@ -48,7 +48,7 @@ def no_control_bytes(out: str) -> None:
 
 
 def test_text_views_print_edge_numbers_and_show_escapes(tmp_path: Path) -> None:
-    """`--once`, `mt ls` and `mt diff` on runs of +-1.8e308 losses, OSC in every text and in the
+    """`--once`, `--headless`, `mt ls` and `mt diff` on runs of +-1.8e308 losses, OSC in every text and in the
     folder's name: short numbers, the escapes visible, not a byte of them obeyed."""
     runs = tmp_path / "runs"
     a = hostile_run(runs / f"a{OSC}")
@@ -59,6 +59,10 @@ def test_text_views_print_edge_numbers_and_show_escapes(tmp_path: Path) -> None:
     for text in ("run", "title", "reason", "checkpoints/step-6"):
         assert f"{text}{SHOWN}" in once.stdout, once.stdout
     assert "loss -1.798e+308" in once.stdout and "tok/s 1.798e+308" in once.stdout
+    headless = mt("watch", "--headless", a)
+    assert headless.returncode == 0, headless.stderr
+    no_control_bytes(headless.stdout)
+    assert f"run dir: {runs}/a{SHOWN}" in headless.stdout and f"title{SHOWN}" in headless.stdout, headless.stdout
     ls = mt("ls", runs)
     assert ls.returncode == 0, ls.stderr
     no_control_bytes(ls.stdout)
