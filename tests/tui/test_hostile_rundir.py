@@ -72,6 +72,9 @@ def test_text_views_print_edge_numbers_and_show_escapes(tmp_path: Path) -> None:
     no_control_bytes(diff.stdout)
     assert "-1.798e+308" in diff.stdout and "1.798e+308 @1" in diff.stdout
     assert max(map(len, (once.stdout + ls.stdout + diff.stdout).splitlines())) < 200
+    missing = mt("watch", "--once", runs / f"gone{OSC}")   # an error line names the path safely too
+    assert missing.returncode == 2 and f"gone{SHOWN}: no such run directory" in missing.stderr, missing.stderr
+    no_control_bytes(missing.stderr)
 
 
 async def test_dashboard_draws_edge_numbers_and_shows_escapes(tmp_path: Path) -> None:
