@@ -349,7 +349,8 @@ class Trainer:
             peak_flops=self.peak, data_loss_floor=self.splits.loss_floor, pid=os.getpid(),
         )
         log(f"run_start attempt {self.attempt}: {self.n_params} params, world {env.world_size} on {env.device}, "
-            f"global batch {self.global_batch} x {self.sample_tokens or '?'} tokens, from step {self.start_step}")
+            f"global batch {self.global_batch}{f' x {self.sample_tokens} tokens' if self.sample_tokens else ' samples'}"
+            f", from step {self.start_step}")
 
     def _end(self, status: str, reason: str) -> int:
         self.checkpoints.collect(wait=True)  # a write in flight is finished (and reported) first

@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from mt.events import JSON_ERRORS
+
 FORMAT = "mt-checkpoint"
 FORMAT_VERSION = 1
 FILES = ("model.pt", "optim.pt", "train.pt")
@@ -28,7 +30,7 @@ def verify(path: Path) -> dict[str, Any]:
         manifest = json.loads((path / "manifest.json").read_text())
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no manifest.json (incomplete or not an mt checkpoint)") from None
-    except (OSError, ValueError) as e:
+    except (OSError, *JSON_ERRORS) as e:
         raise CheckpointError(f"{path}: unreadable manifest.json: {e}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise CheckpointError(f"{path}: manifest.json is not an {FORMAT} manifest")

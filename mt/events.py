@@ -10,6 +10,8 @@ import time
 from typing import Any
 
 SCHEMA_VERSION = 1
+# what json.loads raises on a file that is not JSON: RecursionError for deep nesting ([[[[...)
+JSON_ERRORS = (ValueError, RecursionError)
 T_MIN, T_MAX = 946_684_800.0, 4_102_444_800.0   # 2000-01-01 .. 2100-01-01 UTC: a line's `t` outside is not a time
 
 # kind -> fields every event of that kind carries (besides v, t, kind)
@@ -114,7 +116,7 @@ def parse_line(line: bytes) -> dict[str, Any] | None:
     """One JSONL line as a dict; None when it is not a JSON object (torn, garbage, a list)."""
     try:
         obj = json.loads(line)
-    except ValueError:
+    except JSON_ERRORS:
         return None
     return obj if isinstance(obj, dict) else None
 

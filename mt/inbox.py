@@ -13,7 +13,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from mt.events import CONTROL_ACTIONS
+from mt.events import CONTROL_ACTIONS, JSON_ERRORS
 
 
 @dataclass
@@ -135,7 +135,7 @@ def _read_request(path: Path, max_bytes: int) -> tuple[Any, str | None]:
         os.close(fd)
     try:
         return json.loads(data), None
-    except (ValueError, RecursionError) as e:
+    except JSON_ERRORS as e:
         return None, f"not valid JSON ({e})"
 
 

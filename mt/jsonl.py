@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
-from mt.events import dumps, parse_line
+from mt.events import JSON_ERRORS, dumps, parse_line
 
 
 def write_json_atomic(path: Path, obj: Any, mode: int = 0o600) -> None:
@@ -28,7 +28,7 @@ def read_json(path: Path) -> Any | None:
     """A small JSON file (status, heartbeat, control), or None if missing or unreadable."""
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, *JSON_ERRORS):
         return None
 
 

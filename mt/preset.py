@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from mt.config import Config, ConfigError
+from mt.events import JSON_ERRORS
 
 _RULE_TEXT = {"gt": "> {}", "ge": ">= {}", "lt": "< {}", "le": "<= {}"}
 _RULE_TEST = {
@@ -265,7 +266,7 @@ def load_config_json(path: str | Path) -> Config:
         raw = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(source, "", "no such file") from None
-    except (OSError, ValueError) as e:
+    except (OSError, *JSON_ERRORS) as e:
         raise ConfigError(source, "", f"not valid JSON: {e}") from None
     if not isinstance(raw, dict):
         raise ConfigError(source, "", "expected a JSON object")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Union
 
-from mt.events import SCHEMA_VERSION, SEVERITIES, T_MAX, T_MIN
+from mt.events import JSON_ERRORS, SCHEMA_VERSION, SEVERITIES, T_MAX, T_MIN
 from mt.jsonl import MAX_LINE_BYTES, JsonlTail
 
 _INT_MAX = 1 << 63
@@ -330,7 +330,7 @@ def _load(line: bytes | str | dict[str, Any]) -> dict[str, Any] | Rejected:
         return Rejected(f"a line of {len(line)} bytes (over {MAX_LINE_BYTES})")
     try:
         raw = json.loads(line)
-    except (ValueError, RecursionError):
+    except JSON_ERRORS:
         return Rejected("not JSON")
     return raw if isinstance(raw, dict) else Rejected("not a JSON object")
 

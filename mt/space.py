@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from mt.events import JSON_ERRORS
 from mt.paths import checkpoint_dirs
 
 # What the supervisor keeps allocated in every run directory (RunPaths.reserve) and deletes to
@@ -109,7 +110,7 @@ def checkpoint_bytes(folder: Path) -> int | None:
     try:
         manifest = json.loads((Path(folder) / "manifest.json").read_text())
         return sum(int(f["bytes"]) for f in manifest["files"].values())
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, KeyError, TypeError, AttributeError, *JSON_ERRORS):
         return None
 
 

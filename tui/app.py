@@ -18,6 +18,7 @@ from textual.worker import get_current_worker
 from mt.events import FINAL_STATES
 from mt.records import Checkpoint, Control, Record
 from tui.app_view import ViewKeys
+from tui.format import safe_text
 from tui.messages import ControlDone, RunUpdated
 from tui.plotkeys import HELP_BINDING, SMOOTHING_BINDINGS, PlotKeys
 from tui.read.follower import PollResult
@@ -102,7 +103,7 @@ class MtApp(ViewKeys, PlotKeys, App[int]):
     def compose(self) -> ComposeResult:
         series = self.watcher.follower.series
         st = self.watcher.follower.state
-        yield RunHeader(f"{self.run_dir.name}  reading the run…", id="header")
+        yield RunHeader(f"{safe_text(self.run_dir.name)}  reading the run…", id="header")
         yield Notice(id="notice")
         yield TabStrip("", id="tabstrip")
         with Horizontal(id="main"):
@@ -242,7 +243,7 @@ class MtApp(ViewKeys, PlotKeys, App[int]):
             self.call_after_refresh(self._redraw_plots)
             if self._dirty:
                 ended = st.state if st.state in FINAL_STATES else "lost" if st.supervisor_lost else None
-                self._system.show(self.watcher.system, ended, now)
+                self._system.show(self.watcher.system, ended, now, sampled=st.status.get("owner") != "script")
                 self._incidents.show(st.incidents, now)
                 self._show_strip()
                 self._dirty = False
@@ -271,6 +272,7 @@ class MtApp(ViewKeys, PlotKeys, App[int]):
     # ------------------------------------------------------------------ actions
     def say(self, text: str, severity: str = "information", title: str = "") -> None:
         """Notify, and remember it (the help of a key that did nothing must be visible)."""
+        text = safe_text(text, lines=True)   # control answers carry the run's own words
         self.said.append((severity, text))
         self.notify(text, severity=severity, title=title)  # type: ignore[arg-type]
 
@@ -317,7 +319,7 @@ class MtApp(ViewKeys, PlotKeys, App[int]):
                 self.say("killing the run: SIGTERM, then SIGKILL after the grace period")
                 self._kill()
 
-        self.push_screen(ConfirmScreen(f"Kill run {self.watcher.follower.state.name}?\n"
+        self.push_screen(ConfirmScreen(f"Kill run {safe_text(self.watcher.follower.state.name)}?\n"
                                        "SIGTERM to torchrun and every worker, SIGKILL after 10 s.\n"
                                        "Unsaved progress since the last checkpoint is lost."), answered)
 
@@ -373,5 +375,6 @@ def run_app(run_dir: Path) -> int:
     app = MtApp(run_dir)
     app.run()
     if liveness(read_status(run_dir)) in ("starting", "live"):  # the viewer quit, the run did not
-        print(f"run dir: {run_dir}\nthe run goes on; re-attach with: mt watch {run_dir}")
+        shown = safe_text(run_dir)
+        print(f"run dir: {shown}\nthe run goes on; re-attach with: mt watch {shown}")
     return app.return_code or 0  # 1 when the app died of an error (Textual printed it)

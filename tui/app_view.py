@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tui.format import safe_text
 from tui.state.layout import MIN_H, MIN_W, choose_layout, strip_items
 from tui.state.window import narrow, next_window, widen
 from tui.widgets.plots import Curve, MetricPlot
@@ -67,7 +68,7 @@ class ViewKeys:
                 for plot in self._extra_hid:
                     plot.display = False
             self._extra_at = later[0]
-            extra.title, extra.ylabel = f"{later[0]}  (x: next)", later[0]
+            extra.title, extra.ylabel = f"{safe_text(later[0])}  (x: next)", safe_text(later[0])
             extra.curves = [Curve(later[0], series[later[0]], "blue")]
             extra.display = True
             extra.redraw(self.smoothing, self.logy, self.window, force=True)

@@ -37,8 +37,10 @@ NprocOpt = Annotated[Optional[int], typer.Option("--nproc", help="Worker process
 
 
 def fail(message: str, code: int = BAD_INPUT) -> NoReturn:
-    """One clear line on stderr, then exit with code."""
-    typer.echo(f"mt: {message}", err=True)
+    """One clear line on stderr, then exit with code (a path or reason from a run shown safely)."""
+    from tui.format import safe_text
+
+    typer.echo(f"mt: {safe_text(message, lines=True)}", err=True)
     raise typer.Exit(code)
 
 
@@ -49,9 +51,10 @@ def _attach(run_dir: Path, detach: bool, headless: bool, every: float = 1.0,
         typer.echo(str(run_dir))
         return
     if headless:
+        from tui.format import safe_text
         from tui.text.headless import follow_headless
 
-        typer.echo(f"run dir: {run_dir}")
+        typer.echo(f"run dir: {safe_text(run_dir)}")
         raise typer.Exit(follow_headless(run_dir, sys.stdout, every_s=every, since=since))
     from tui.app import run_app
 
@@ -282,7 +285,9 @@ def ckpt(
     request_id, answer = _ask(run_dir, "checkpoint", timeout)
     if answer.status == "timeout":
         fail(f"{run_dir}: no answer to {request_id} within {timeout:g} s", RUN_FAILED)
-    typer.echo(_answer_line(answer))
+    from tui.format import safe_text
+
+    typer.echo(safe_text(_answer_line(answer)))
     if answer.status != "done":
         raise typer.Exit(RUN_FAILED)
 
@@ -301,6 +306,7 @@ def stop(
     """
     import time
 
+    from tui.format import safe_text
     from tui.run.control import wait_final
     from tui.text.runs import last_checkpoint_line
 
@@ -314,7 +320,7 @@ def stop(
         fail(f"{run_dir}: the run ended {state}: {status.get('reason')}", RUN_FAILED)
     if state not in ("stopped", "completed"):
         fail(f"{run_dir}: the run did not stop within {timeout:g} s (state {state})", RUN_FAILED)
-    typer.echo(f"run {state}; {last_checkpoint_line(run_dir)}")
+    typer.echo(safe_text(f"run {state}; {last_checkpoint_line(run_dir)}"))
 
 
 @app.command()
@@ -329,6 +335,7 @@ def kill(
     \b
         mt kill runs/tiny-cpu-20260101-120000 --grace 5
     """
+    from tui.format import safe_text
     from tui.run.control import ControlError, kill_run
     from tui.rundir import NotARunError
 
@@ -340,7 +347,7 @@ def kill(
     forced = f", {len(result.killed)} needed SIGKILL" if result.killed else ""
     if result.survivors:
         fail(f"{run_dir}: processes still alive after SIGKILL: {result.survivors}", RUN_FAILED)
-    typer.echo(f"killed: {n} process(es) terminated{forced}; state {result.state}")
+    typer.echo(f"killed: {n} process(es) terminated{forced}; state {safe_text(result.state)}")
 
 
 @app.command()

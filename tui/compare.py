@@ -17,6 +17,7 @@ from textual.reactive import reactive
 from textual.widgets import Footer
 from textual.worker import get_current_worker
 
+from tui.format import safe_text
 from tui.plotkeys import HELP_BINDING, SMOOTHING_BINDINGS, PlotKeys
 from tui.read.watcher import Watcher
 from tui.state.compare import run_color, run_line, x_series
@@ -58,7 +59,7 @@ class CompareApp(PlotKeys, App[int]):
         self.run_dirs = [Path(d) for d in run_dirs]
         names = [d.name for d in self.run_dirs]
         # two runs of one name (runs/a/x, runs/b/x) are told apart by their paths
-        self.names = names if len(set(names)) == len(names) else [str(d) for d in self.run_dirs]
+        self.names = [safe_text(n) for n in (names if len(set(names)) == len(names) else map(str, self.run_dirs))]
         self.clock = clock
         self.poll_s, self.redraw_s = poll_s, redraw_s
         self.watchers = [Watcher(d) for d in self.run_dirs]

@@ -1,7 +1,11 @@
-"""Every number, byte count and duration the viewer prints, and one meaning of "not available"."""
+"""Every number, byte count, duration and run-directory text the viewer prints, and one meaning of
+"not available"."""
 from __future__ import annotations
 
 import math
+import re
+
+_WIDE = 16   # a number printed wider than this (1e308 with ",.0f" is 400 characters) goes to ".4g"
 
 
 def fmt_num(v: float | None, spec: str = ".4g") -> str:
@@ -9,7 +13,8 @@ def fmt_num(v: float | None, spec: str = ".4g") -> str:
         return "N/A"
     if not math.isfinite(v):
         return str(v)
-    return format(v, spec)
+    text = format(v, spec)
+    return text if len(text) <= _WIDE else format(v, ".4g")
 
 
 def fmt_loss(loss: float | None, floor: float | None) -> str:
@@ -18,8 +23,11 @@ def fmt_loss(loss: float | None, floor: float | None) -> str:
 
 
 def fmt_loss_cell(v: float | None) -> str:
-    """A loss in a table (`mt ls`, `mt diff`, the compare view): four decimals, `-` when there is none."""
-    return "-" if v is None else fmt_num(v, ".4f")
+    """A loss in a table (`mt ls`, `mt diff`, the compare view): four decimals, or four significant
+    digits where decimals would hide it (7.456e-05, 1e+308); `-` when there is none."""
+    if v is None:
+        return "-"
+    return fmt_num(v, ".4f" if v == 0 or 1e-3 <= abs(v) < 1e6 else ".4g")
 
 
 def fmt_best(best: float | None, step: int | None, partial: bool = False) -> str:
@@ -27,12 +35,14 @@ def fmt_best(best: float | None, step: int | None, partial: bool = False) -> str
     true best may be lower); `-` when there is none."""
     if best is None:
         return "-"
-    return f"{'≤' if partial else ''}{best:.4f}{'' if step is None else f' @{step}'}"
+    return f"{'≤' if partial else ''}{fmt_loss_cell(best)}{'' if step is None else f' @{step}'}"
 
 
 def fmt_duration(s: float | None) -> str:
     if s is None or not math.isfinite(s):
         return "N/A"
+    if abs(s) >= 1e9:   # 30 years: a time from elsewhere, not a count of hours to print whole
+        return f"{fmt_num(s / 3600, '.3g')}h"
     s = int(round(s))
     if s < 60:
         return f"{s}s"
@@ -45,8 +55,8 @@ def fmt_write_time(seconds: float | None, blocking_s: float | None) -> str:
     """A checkpoint's write time and what the loop waited of it: `0.94 s, loop waited 0.18 s`."""
     if seconds is None:
         return ""
-    waited = "" if blocking_s is None or blocking_s >= seconds else f", loop waited {blocking_s:.2f} s"
-    return f"{seconds:.2f} s{waited}"
+    waited = "" if blocking_s is None or blocking_s >= seconds else f", loop waited {fmt_num(blocking_s, '.2f')} s"
+    return f"{fmt_num(seconds, '.2f')} s{waited}"
 
 
 _SUFFIXES = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
@@ -64,6 +74,8 @@ def fmt_compact(v: float | None, sig: int = 3) -> str:
     if abs(v) < 1e4 and abs(v) == int(abs(v)):
         return f"{sign}{int(abs(v))}"   # whole numbers below 10k as they are: step 1234, 8200 tok/s
     a = float(f"{abs(v):.{sig - 1}e}")   # rounded first: 999,950 is 1M, not 1000k
+    if not math.isfinite(a):             # the largest floats round past the float range
+        a = abs(v)
     for scale, suffix in _SUFFIXES:
         if a >= scale and a < scale * 1000:
             return f"{sign}{a / scale:.{sig}g}{suffix}"
@@ -84,3 +96,22 @@ def fmt_rate(tokens_per_s: float | None, samples_per_s: float | None) -> str:
 def fmt_parallel(strategy: str | None, compiled: bool, activation_checkpointing: bool) -> str:
     """How the model is spread, compiled and recomputed, e.g. "fsdp + compile + act. ckpt"; "" when the run does not say."""
     return " + ".join(p for p, on in ((strategy, bool(strategy)), ("compile", compiled), ("act. ckpt", activation_checkpointing)) if on)
+
+
+# C0 and C1 controls (ESC starts every terminal sequence; CSI is \x9b on its own) and the bidi
+# overrides that reorder what a line seems to say
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def safe_text(text: object, lines: bool = False) -> str:
+    """Text from the run directory as it may reach a terminal: every control character shown as
+    `\\x1b`, never obeyed (an OSC sequence in a run name would retitle the terminal); `lines`
+    keeps newlines and tabs, for a block of text."""
+    s = str(text)
+    if not _CONTROL.search(s):
+        return s
+    return _CONTROL.sub(lambda m: m[0] if lines and m[0] in "\n\t" else _visible(m[0]), s)
+
+
+def _visible(ch: str) -> str:
+    return f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Iterator, TextIO
 
+from mt.events import JSON_ERRORS
 from mt.jsonl import write_json_atomic
 from tui.run.torchrun import usable_cores
 
@@ -231,7 +232,7 @@ def read_cache(path: str | Path) -> Tokens | None:
         meta = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
         size = path.stat().st_size
         dtype, n = meta["dtype"], meta["tokens"]
-    except (OSError, ValueError, TypeError, KeyError):
+    except (OSError, TypeError, KeyError, *JSON_ERRORS):
         return None
     if dtype not in ("uint16", "uint32") or not isinstance(n, int) or size != n * (2 if dtype == "uint16" else 4):
         return None

@@ -1,6 +1,10 @@
 """hang and straggler from heartbeats and rank processes."""
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 from mt.config import MonitorConfig
@@ -145,3 +149,26 @@ def test_brief_lag_is_no_straggler(tmp_path: Path) -> None:
     for _ in range(10):
         run.do_step(step_time=0.5)
     assert run.records == []
+
+
+def test_a_nested_heartbeat_file_costs_only_its_own_reading(tmp_path: Path) -> None:
+    """heartbeat/rank9 nested past json's recursion limit (and one with an infinite step): the
+    monitor still polls and names the SIGSTOPped rank 1 as the hang's suspect."""
+    m = MonitorConfig(hang_floor_s=10.0)
+    stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        run = FakeRun(tmp_path / "r", monitor=m)
+        run.pids[1] = stopped.pid
+        warm(run)
+        run.paths.heartbeat(9).write_text("[" * 100_000 + "]" * 100_000)
+        run.paths.heartbeat(8).write_text('{"step": 1e999, "t": 1e999, "pid": 1}')
+        os.kill(stopped.pid, signal.SIGSTOP)
+        run.heartbeat(0, run.step + 1)  # rank 0 went on; the stopped rank 1 did not
+        run.idle(m.hang_floor_s + 5)
+        (inc,) = run.opened("hang")
+        assert inc["evidence"]["suspect_ranks"] == [1] and "rank 1" in inc["detail"]
+        assert inc["evidence"]["ranks"]["1"]["state"] == "T"   # /proc says stopped: it is the real process
+        assert set(inc["evidence"]["ranks"]) == {"0", "1"}     # the bad files named no rank
+    finally:
+        stopped.kill()
+        stopped.wait()

@@ -35,6 +35,8 @@ def test_samples_without_tokens_are_counted_as_samples(tmp_path):
     assert step["tokens_per_s"] is None and step["samples_per_s"] > 0 and "mfu" not in step
     header = render_header(load_run_state(run), step["t"], 200, 0.0, False).plain
     assert "samples/s " in header and "tok/s" not in header and "params 161" in header
+    log = (run / "logs" / "rank0.log").read_text()
+    assert "global batch 4 samples, from step 0" in log and "? tokens" not in log, log
 
 
 def test_init_from_continues_at_the_earlier_runs_loss_and_refuses_weights_that_do_not_fit(tmp_path):

@@ -327,7 +327,8 @@ async def test_answers_to_our_requests_are_notified_in_any_order(tmp_path):
                 ("checkpoint", dict(step=7, path="c/7", bytes=1, seconds=0.1, reason="request", request_id="ck-1")),
                 ("checkpoint", dict(step=8, path="c/8", bytes=1, seconds=0.1, reason="request", request_id="ck-2")),
                 ("control", dict(request_id="ck-2", action="checkpoint", status="done", detail="")),
-                ("control", dict(request_id="st-1", action="stop", status="rejected", detail="already stopping")),
+                ("control", dict(request_id="st-1", action="stop", status="rejected",
+                                 detail="already stopping [/x]\x1b]0;T\x07")),   # no escape obeyed
                 ("checkpoint", dict(step=9, path="c/9", bytes=1, seconds=0.1, reason="interval", request_id=None)),
             ):
                 r.event(kind, **fields)
@@ -335,7 +336,7 @@ async def test_answers_to_our_requests_are_notified_in_any_order(tmp_path):
         await wait_for(pilot, lambda: not app.pending)
         texts = [t for _, t in app.said]
         assert "checkpoint saved at step 7" in texts and "checkpoint saved at step 8" in texts
-        assert "stop rejected: already stopping" in texts
+        assert "stop rejected: already stopping [/x]\\x1b]0;T\\x07" in texts
         assert "checkpoint saved at step 9" not in texts     # not ours: no notification
 
 

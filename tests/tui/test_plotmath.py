@@ -7,7 +7,18 @@ import numpy as np
 import pytest
 
 from tui.format import fmt_compact
-from tui.state.plotmath import fit_rows, linear_ticks, log_points, log_ticks, step_ticks, tick_labels, tick_row, window_slice, y_axis
+from tui.state.plotmath import (
+    fit_rows,
+    linear_ticks,
+    log_points,
+    log_ticks,
+    plot_scale,
+    step_ticks,
+    tick_labels,
+    tick_row,
+    window_slice,
+    y_axis,
+)
 from tui.state.window import XWindow, narrow, next_window, widen, window_range
 
 
@@ -15,7 +26,7 @@ from tui.state.window import XWindow, narrow, next_window, widen, window_range
     (0, "0"), (1, "1"), (67, "67"), (1234, "1234"), (8259, "8259"), (34_600, "34.6k"), (34_612.3, "34.6k"),
     (999_950, "1M"), (1.5e6, "1.5M"), (2e9, "2G"), (2.5, "2.5"), (0.25, "0.25"), (0.0125, "0.0125"),
     (3e-4, "3e-4"), (2.5e-4, "2.5e-4"), (1e-5, "1e-5"), (-34_600, "-34.6k"), (123.4, "123"),
-    (None, "N/A"), (math.inf, "inf"),
+    (None, "N/A"), (math.inf, "inf"), (1.7976931348623157e308, "1.8e308"), (5e-324, "4.94e-324"),
 ])
 def test_fmt_compact(v, want):
     assert fmt_compact(v) == want
@@ -114,3 +125,21 @@ def test_window_cycle_narrow_widen_and_range():
     assert widen(XWindow(), 5000) == XWindow()
     x = np.arange(1.0, 101.0)
     assert x[window_slice(x, 90.5, 100)].tolist() == list(range(91, 101))
+
+
+BIG, TINY = 1.7976931348623157e308, 5e-324
+
+
+@pytest.mark.parametrize("lo, hi, logy", [
+    (-BIG, BIG, False), (BIG, BIG, False), (-BIG, -BIG, False), (1e300, 1e300, False), (0.0, BIG, False),
+    (math.log10(BIG), math.log10(BIG), True), (math.log10(TINY), math.log10(TINY), True),
+    (math.log10(TINY), math.log10(BIG), True),
+])
+def test_y_axis_at_the_edges_of_the_float_range(lo, hi, logy):
+    """Values the event parser accepts: an axis with finite ticks inside it, each labelled."""
+    scale = 1.0 if logy else plot_scale(lo, hi)
+    ax = y_axis(lo / scale, hi / scale, 20, logy, scale)
+    assert ax.ticks and all(ax.lo <= t <= ax.hi for t in ax.ticks) and math.isfinite(ax.hi - ax.lo)
+    assert all(math.isfinite(float(label)) for label in ax.labels), ax.labels
+    real = [10 ** t if logy else t * scale for t in ax.ticks]
+    assert [float(label) for label in ax.labels] == pytest.approx(real, rel=0.05)

@@ -58,12 +58,11 @@ def _apply_rows(st: RunState, series: RunSeries | None, rows: np.ndarray) -> Non
         plotted = rows if np.isfinite(x).all() else rows[np.isfinite(x)]  # as RunSeries.add_step
         for j, name in enumerate(COLS[1:], start=1):
             getattr(series, name).extend(plotted[:, 0], plotted[:, j])
-    loss = rows[:, 1]
-    fin = np.isfinite(loss)
-    if fin.any():
-        i = int(np.argmin(np.where(fin, loss, np.inf)))
-        if st.best_loss is None or loss[i] < st.best_loss:
-            st.best_loss, st.best_loss_step = float(loss[i]), _step(x[i])
+    loss = np.where(np.isfinite(rows[:, 1]), rows[:, 1], np.inf)
+    best = np.minimum.accumulate(np.concatenate(([np.inf if st.best_loss is None else st.best_loss], loss)))
+    before, best = best[:-1], best[1:]
+    for i in np.flatnonzero(best < before):   # each new best, as reduce_step notes it
+        st.note_best(_step(x[i]), float(loss[i]))
     last = rows[-1]
     st.n_steps += len(rows)
     st.step = _step(last[0])

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mt.events import JSON_ERRORS
 from mt.jsonl import MAX_LINE_BYTES, write_json_atomic
 from mt.paths import RunPaths
 from mt.records import Record, Rejected, Step, parse_event
@@ -30,7 +31,7 @@ def has_cache(paths: RunPaths) -> bool:
         st = os.stat(paths.events)
         return (meta.get("version") == CACHE_VERSION and meta["ino"] == st.st_ino
                 and meta["end"] <= st.st_size and meta["head"] == _head_hash(paths.events))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, KeyError, TypeError, AttributeError, *JSON_ERRORS):
         return False
 
 
@@ -57,7 +58,7 @@ def load_cache(paths: RunPaths) -> tuple[Columns, int] | None:
         if cols.events is None:
             return None
         return cols, int(meta["end"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, KeyError, TypeError, AttributeError, *JSON_ERRORS):
         return None
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mt.events import JSON_ERRORS
 from mt.jsonl import MAX_LINE_BYTES, next_newline
 from mt.records import Record, Rejected, Step, parse_event
 
@@ -65,7 +66,7 @@ def _step_pattern(line: bytes) -> re.Pattern[bytes] | None:
     """A regex for whole step lines with the key order of `line`, capturing COLS in key order."""
     try:
         ev = json.loads(line)
-    except ValueError:
+    except JSON_ERRORS:
         return None
     if not isinstance(ev, dict) or ev.get("kind") != "step" or "step" not in ev:
         return None

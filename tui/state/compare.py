@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tui.format import fmt_best, fmt_loss_cell
+from tui.format import fmt_best, fmt_loss_cell, safe_text
 from tui.state.run import RunState
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ def run_line(name: str, st: RunState) -> RunLine:
 
 def table_rows(lines: list[RunLine]) -> list[list[str]]:
     """The header row and the runs' rows, each cell padded to its column's width."""
-    rows = [list(vars(r).values()) for r in (HEADER, *lines)]
+    rows = [[safe_text(c) for c in vars(r).values()] for r in (HEADER, *lines)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return [[c.ljust(w) for c, w in zip(r, widths)] for r in rows]
 

@@ -3,6 +3,7 @@ points inside an x window (zoom). Pure."""
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Iterable
@@ -180,7 +181,8 @@ def linear_ticks(lo: float, hi: float, n: int, integer: bool = False) -> list[fl
     step = nice_step(hi - lo, n, integer)
     k0, k1 = math.ceil(lo / step - 1e-9), math.floor(hi / step + 1e-9)
     # through a decimal string: 3 * 0.1 is 0.30000000000000004, its label would be too
-    return [float(f"{k * step:.12g}") for k in range(k0, k1 + 1)]
+    ticks = (float(f"{k * step:.12g}") for k in range(k0, k1 + 1))
+    return [t for t in ticks if math.isfinite(t)]   # the top one near the float range rounds past it
 
 
 def log_ticks(lo: float, hi: float, n: int) -> list[float]:
@@ -192,7 +194,8 @@ def log_ticks(lo: float, hi: float, n: int) -> list[float]:
     best: list[float] = []
     for digits in ((1,), (1, 2, 5), range(1, 10)):
         ticks = [float(f"{d}e{e}") for e in range(e0, e1 + 1) for d in digits]
-        ticks = [t for t in ticks if lo - eps <= t <= hi + eps]
+        # past the float range 2e308 is inf and 1e-324 is 0: neither is a tick
+        ticks = [t for t in ticks if lo - eps <= t <= hi + eps and 0 < t < math.inf]
         if len(ticks) > max(n, 2):
             # too dense: keep the sparser set, or thin this one if it is the first with two
             return best or ticks[:: math.ceil(len(ticks) / max(n, 2))]
@@ -212,29 +215,51 @@ def tick_labels(values: list[float]) -> list[str]:
 
 @dataclass
 class YAxis:
-    """A y axis in plot units (log10 of the values on a log axis) and its labels in real units."""
+    """A y axis in plot units (log10 of the values on a log axis; value / scale on a linear one)
+    and its labels in real units."""
 
     lo: float
     hi: float
     ticks: list[float]
     labels: list[str]
+    scale: float = 1.0
 
 
-def y_axis(lo: float, hi: float, rows: int, logy: bool) -> YAxis:
-    """The y axis for shown values lo..hi (in plot units) on `rows` rows: a tick every 2 rows or more."""
+_HUGE = 1e300   # beyond this, spans and row arithmetic overflow (1e308 - -1e308 is inf)
+_LOG_MAX = math.log10(sys.float_info.max)
+_LOG_MIN = math.log10(5e-324)   # the smallest float above 0
+
+
+def plot_scale(lo: float, hi: float) -> float:
+    """The unit a linear axis over lo..hi (finite) is drawn in: 1, or a power of ten that brings
+    values near the float range (a loss of 1e308) down to a few units."""
+    top = max(abs(lo), abs(hi))
+    return 1.0 if top < _HUGE else 10.0 ** math.floor(math.log10(top))
+
+
+def _pow10(v: float) -> float:
+    """10 ** v, the largest float where that overflows (log10 of the largest float rounds up)."""
+    return 10.0 ** v if v < _LOG_MAX else sys.float_info.max
+
+
+def y_axis(lo: float, hi: float, rows: int, logy: bool, scale: float = 1.0) -> YAxis:
+    """The y axis for shown values lo..hi (in plot units: see `plot_scale`) on `rows` rows: a tick
+    every 2 rows or more."""
     if hi <= lo:  # a flat curve: a band around it (a decade on a log axis)
         pad = 0.5 if logy else (abs(lo) * 0.5 or 1.0)
-        lo, hi = lo - pad, hi + pad
+        top = _LOG_MAX if logy else sys.float_info.max / scale   # the band stays inside the float range
+        bottom = _LOG_MIN if logy else -top
+        lo, hi = max(lo - pad, bottom), min(hi + pad, top)
     n = max(2, rows // 2)
     if logy:
-        real = fit_rows([math.log10(v) for v in log_ticks(10.0 ** lo, 10.0 ** hi, n)], lo, hi, rows)
-        return YAxis(lo, hi, real, tick_labels([10.0 ** v for v in real]))
+        real = fit_rows([math.log10(v) for v in log_ticks(_pow10(lo), _pow10(hi), n)], lo, hi, rows)
+        return YAxis(lo, hi, real, tick_labels([_pow10(v) for v in real]))
     # the evenly spaced set with the most ticks that all get a row of their own (the roundest
     # step of those: fewer asked for first); a tick dropped from the middle would break the spacing
     sets = [linear_ticks(lo, hi, k) for k in range(1, 2 * n + 1)]
     fitting = [t for t in sets if fit_rows(t, lo, hi, rows) == t and len(t) <= n + 1]
     ticks = max(fitting, key=len) if fitting else fit_rows(sets[0], lo, hi, rows)
-    return YAxis(lo, hi, ticks, tick_labels(ticks))
+    return YAxis(lo, hi, ticks, tick_labels([t * scale for t in ticks]), scale)
 
 
 def tick_row(t: float, lo: float, hi: float, rows: int) -> int:

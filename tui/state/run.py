@@ -143,6 +143,8 @@ class RunState:
     best_loss: float | None = None
     best_loss_step: int | None = None
     best_loss_partial: bool = False    # best_loss covers only the newest steps (quick read)
+    # (step, loss) each time the best improved, so a resume that rolls back drops the bests after it
+    best_history: list[tuple[int | None, float]] = field(default_factory=list, repr=False)
     val_loss: float | None = None
     val_loss_step: int | None = None
     lr: float | None = None
@@ -200,9 +202,21 @@ class RunState:
         return ("this script reports nothing through mt: `run = mt.init()` and `run.step(step, loss=...)` "
                 "add loss/lr plots, hang and NaN diagnosis, and the c/s keys (docs/library.md)")
 
+    def note_best(self, step: int | None, loss: float) -> None:
+        """A new best loss at `step`."""
+        self.best_loss, self.best_loss_step = loss, step
+        self.best_history.append((step, loss))
+
+    def roll_back_best(self, start_step: int) -> None:
+        """A new attempt from `start_step`: the best is the best of the steps up to it (a killed
+        attempt's later steps are gone from the run, and from its plots)."""
+        while self.best_history and (self.best_history[-1][0] or 0) > start_step:
+            self.best_history.pop()
+        self.best_loss_step, self.best_loss = self.best_history[-1] if self.best_history else (None, None)
+
     def eta_s(self) -> float | None:
         """Seconds to max_steps at the recent wall-clock rate; None when unknown or finished."""
-        if self.is_final or self.step is None or not self.max_steps or len(self.recent) < 2:
+        if self.is_final or self.supervisor_lost or self.step is None or not self.max_steps or len(self.recent) < 2:
             return None
         (t0, s0), (t1, s1) = self.recent[0], self.recent[-1]
         if s1 <= s0 or t1 <= t0:
@@ -271,9 +285,9 @@ def new_state(run_dir: Path) -> RunState:
     st = RunState(run_dir=paths.root, name=paths.root.name)
     cfg = read_json(paths.config)
     if isinstance(cfg, dict):
-        run, train, launch = cfg.get("run") or {}, cfg.get("train") or {}, cfg.get("launch") or {}
+        run, train, launch = (t if isinstance(t := cfg.get(k), dict) else {} for k in ("run", "train", "launch"))
         st.name = str(run.get("name") or st.name)
-        script = launch.get("script") if isinstance(launch, dict) else None
+        script = launch.get("script")
         st.script = script if isinstance(script, str) and script else None
         if st.script is None:  # [train] is the engine's; a script says its own max_steps in run_start
             st.max_steps = _int(train.get("max_steps"))
@@ -300,7 +314,7 @@ def reduce_step(st: RunState, ev: Step) -> None:
     st.n_steps += 1
     st.loss = ev.loss
     if ev.loss is not None and math.isfinite(ev.loss) and (st.best_loss is None or ev.loss < st.best_loss):
-        st.best_loss, st.best_loss_step = ev.loss, ev.step
+        st.note_best(ev.step, ev.loss)
     st.lr, st.grad_norm, st.tokens_per_s, st.step_time_s = ev.lr, ev.grad_norm, ev.tokens_per_s, ev.step_time_s
     st.samples_per_s = ev.samples_per_s
     if ev.mfu is not None:
@@ -327,6 +341,7 @@ def reduce_event(st: RunState, ev: Record) -> None:
         st.max_steps = ev.max_steps or st.max_steps
         st.start_step = ev.start_step
         st.step = st.start_step if st.start_step else st.step
+        st.roll_back_best(ev.start_step)
         st.run_end_status = st.run_end_reason = None
         st.attempt_t = ev.t
         st.recent.clear()

@@ -6,8 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mt.events import JSON_ERRORS
 from mt.paths import RunPaths
-from tui.format import fmt_best, fmt_loss_cell
+from tui.format import fmt_best, fmt_loss_cell, safe_text
 from tui.read.follower import load_run_state
 from tui.state.run import RunState
 
@@ -52,11 +53,28 @@ def read_config(run_dir: Path) -> dict[str, Any]:
         cfg = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise DiffError(f"{run_dir}: not an mt run directory (no config.json)") from None
-    except (OSError, ValueError) as e:
+    except (OSError, *JSON_ERRORS) as e:
         raise DiffError(f"{path}: cannot read the run's config ({type(e).__name__})") from None
     if not isinstance(cfg, dict):
         raise DiffError(f"{path}: not a config (expected a JSON object)")
+    if _depth(cfg) > MAX_DEPTH:
+        raise DiffError(f"{path}: not a config (nested deeper than {MAX_DEPTH} levels)")
     return cfg
+
+
+MAX_DEPTH = 32   # mt writes 3; comparing deeper values would recurse past Python's limit
+
+
+def _depth(obj: Any) -> int:
+    """How deeply lists and objects nest in `obj` (without recursion)."""
+    deepest, todo = 0, [(obj, 1)]
+    while todo:
+        v, d = todo.pop()
+        if isinstance(v, (dict, list)):
+            deepest = max(deepest, d)
+            if d <= MAX_DEPTH:
+                todo += [(c, d + 1) for c in (v.values() if isinstance(v, dict) else v)]
+    return deepest
 
 
 @dataclass
@@ -93,8 +111,9 @@ def diff_text(run_a: Path, run_b: Path) -> str:
     keys = config_diff(cfg_a, cfg_b)
     rows = [("", fa.name, fb.name), *keys, ("world size", fa.world, fb.world),
             ("final loss", fa.final, fb.final), ("best loss", fa.best, fb.best)]
+    rows = [tuple(safe_text(c) for c in r) for r in rows]   # keys and names come from the runs
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     n = len(keys)
     head = f"config: {n} key{' differs' if n == 1 else 's differ'}" if n else "config: identical"
-    return "\n".join([f"A: {run_a}", f"B: {run_b}", head,
+    return "\n".join([f"A: {safe_text(run_a)}", f"B: {safe_text(run_b)}", head,
                       *("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)])

@@ -15,7 +15,7 @@ from typing import Callable, TextIO
 from mt.events import FINAL_STATES
 from mt.records import Checkpoint, Control, Eval, Metrics, Record, RunEnd, RunStart, Step
 from mt.records import Incident as IncidentRecord
-from tui.format import fmt_duration, fmt_num, fmt_rate, fmt_write_time
+from tui.format import fmt_duration, fmt_num, fmt_rate, fmt_write_time, safe_text
 from tui.read.follower import PollResult, RunFollower
 from tui.rundir import liveness, read_status
 from tui.state.run import Incident, RunState
@@ -104,7 +104,7 @@ class _Printer:
         self.pending_end: tuple[RunEnd, float] | None = None   # a failed run_end waiting for its exit incident
 
     def write(self, line: str) -> None:
-        self.out.write(line + "\n")
+        self.out.write(safe_text(line) + "\n")   # every line holds the run's own names and reasons
 
     def step(self, st: RunState, now: float) -> None:
         if st.step is not None and st.step != self.printed_step:

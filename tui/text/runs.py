@@ -5,9 +5,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tui.format import fmt_best, fmt_duration, fmt_loss_cell
+from tui.format import fmt_best, fmt_duration, fmt_loss_cell, safe_text
 from tui.read.follower import load_run_state
-from tui.rundir import effective_state, is_run_dir, read_status, run_dirs
+from tui.rundir import effective_state, is_run_dir, run_dirs
 from tui.text.summary import format_summary
 
 
@@ -73,18 +73,18 @@ def runs_table(runs_dir: Path, sort: str = "started") -> str:
     if not rows:
         return f"no runs in {runs_dir}"
     header = RunRow("NAME", "STATE", "ATTEMPT", "STEP", "LOSS", "BEST", "STARTED", "DURATION")
-    table = [header, *rows]
-    widths = {c: max(len(getattr(r, c)) for r in table) for c in COLUMNS}
-    return "\n".join("  ".join(getattr(r, c).ljust(widths[c]) for c in COLUMNS).rstrip() for r in table)
+    table = [{c: safe_text(getattr(r, c)) for c in COLUMNS} for r in (header, *rows)]   # a folder's name is anyone's
+    widths = {c: max(len(r[c]) for r in table) for c in COLUMNS}
+    return "\n".join("  ".join(r[c].ljust(widths[c]) for c in COLUMNS).rstrip() for r in table)
 
 
 def run_summary(run_dir: Path) -> str:
     """`mt watch --once`: the dashboard's facts as plain text."""
     st = load_run_state(Path(run_dir))
+    st.supervisor_lost = effective_state(st.status) == "lost"   # no ETA, and `lost` in place of its state
     text = format_summary(st)
-    state = effective_state(read_status(Path(run_dir)))
-    if state == "lost":
-        text += f"\nwarning: status says {st.state}, but its supervisor is gone (state lost)"
+    if st.supervisor_lost:
+        text += f"\nwarning: status says {safe_text(st.state)}, but its supervisor is gone (state lost)"
     return text
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from tui.format import fmt_duration, fmt_loss, fmt_num, fmt_parallel, fmt_rate, fmt_write_time
+from tui.format import fmt_duration, fmt_loss, fmt_num, fmt_parallel, fmt_rate, fmt_write_time, safe_text
 
 if TYPE_CHECKING:
     from tui.state.run import RunState
@@ -17,7 +17,7 @@ def format_summary(st: "RunState", now: float | None = None) -> str:
     total = "?" if st.max_steps is None else str(st.max_steps)
     parallel = fmt_parallel(st.strategy, st.compile, st.activation_checkpointing)
     lines = [
-        f"{st.name}  [{st.state}]  attempt {st.attempt}  step {step}/{total}"
+        f"{st.name}  [{'lost' if st.supervisor_lost else st.state}]  attempt {st.attempt}  step {step}/{total}"
         f"  elapsed {fmt_duration(st.elapsed_s(now))}  ETA {fmt_duration(st.eta_s())}",
         f"loss {fmt_loss(st.loss, st.loss_floor)}  best {fmt_num(st.best_loss)}"
         f"{'' if st.best_loss_step is None else f' @{st.best_loss_step}'}"
@@ -46,4 +46,4 @@ def format_summary(st: "RunState", now: float | None = None) -> str:
     if st.bad_lines:
         why = f" (newest: {st.bad_reason})" if st.bad_reason else ""
         lines.append(f"skipped {st.bad_lines} unreadable event line(s){why}")
-    return "\n".join(lines)
+    return safe_text("\n".join(lines), lines=True)   # names, titles, reasons and paths are the run's

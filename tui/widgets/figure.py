@@ -12,7 +12,7 @@ from textual.color import Color
 from textual_plotext import Plot
 from textual_plotext.plot import _rgbify_theme, _sequence  # what its PlotextPlot widget uses
 
-from tui.state.plotmath import SmoothCache, YAxis, log_points, minmax_downsample, step_ticks, window_slice, y_axis
+from tui.state.plotmath import SmoothCache, YAxis, log_points, minmax_downsample, plot_scale, step_ticks, window_slice, y_axis
 from tui.state.window import XWindow, window_range
 from tui.widgets.plots import ROWS_SPENT
 
@@ -85,11 +85,17 @@ def draw(plt: Plot, title: str, ylabel: str, curves: list[Curve], width: int, he
         return
     lo_x, hi_x = xr or (int(min(p.x[0] for p in drawn)), int(max(p.x[-1] for p in drawn)))
     ys = [float(v) for p in drawn for v in _extremes(p.y)]
-    if hline is not None and (not logy or hline > 0):
-        hline = math.log10(hline) if logy else hline
-        plt.hline(hline, "red")
-        ys.append(hline)
-    ax = y_axis(min(ys), max(ys), rows, logy) if ys else YAxis(0.0, 1.0, [], [])
+    line = None if hline is None or logy and hline <= 0 else math.log10(hline) if logy else hline
+    if line is not None:
+        ys.append(line)
+    scale = plot_scale(min(ys), max(ys)) if ys and not logy else 1.0
+    if scale != 1.0:   # values near the float range: drawn in units of `scale`
+        drawn = [_scaled(p, scale) for p in drawn]
+        ys = [v / scale for v in ys]
+        line = None if line is None else line / scale
+    if line is not None:
+        plt.hline(line, "red")
+    ax = y_axis(min(ys), max(ys), rows, logy, scale) if ys else YAxis(0.0, 1.0, [], [])
     cols = max(1, width - 2 - max((len(label) for label in ax.labels), default=1))
     plt.title(fit_title(titles, cols))
     for p in drawn:
@@ -129,6 +135,11 @@ def _cut(p: Shown, lo: float, hi: float) -> Shown:
         return Shown(p.curve, p.x[keep], p.y[keep])
     ks = window_slice(p.smooth_x, lo, hi)
     return Shown(p.curve, p.x[keep], p.y[keep], p.smooth_x[ks], p.smooth_y[ks])
+
+
+def _scaled(p: Shown, scale: float) -> Shown:
+    """A curve's points in units of `scale` (see plotmath.plot_scale)."""
+    return Shown(p.curve, p.x, p.y / scale, p.smooth_x, None if p.smooth_y is None else p.smooth_y / scale)
 
 
 def _extremes(y: np.ndarray) -> list[float]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from tui.format import fmt_compact, fmt_duration, fmt_loss, fmt_num, fmt_parallel, fmt_rate
+from tui.format import fmt_compact, fmt_duration, fmt_loss, fmt_num, fmt_parallel, fmt_rate, safe_text
 from tui.state.run import RunState
 
 STATE_STYLE = {
@@ -30,7 +30,7 @@ def render_header(st: RunState, now: float, width: int, smoothing: float, logy: 
     pct = f" {100 * st.step / st.max_steps:.0f}%" if st.step and st.max_steps else ""
     state = "lost" if st.supervisor_lost else st.state
     line1 = Text.assemble(
-        (st.name, "bold"), "  ", (f" {state.upper()} ", STATE_STYLE.get(state, "bold red") + " reverse"),
+        (safe_text(st.name), "bold"), "  ", (f" {state.upper()} ", STATE_STYLE.get(state, "bold red") + " reverse"),
         f"  attempt {st.attempt}  step {step}/{total}{pct} ")
     bar_w = max(0, min(30, width - line1.cell_len - 2))
     line1.append_text(progress_bar(st.step, st.max_steps, bar_w))

@@ -10,7 +10,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
-from tui.format import fmt_duration, fmt_num
+from tui.format import fmt_duration, fmt_num, safe_text
 from tui.state.run import Incident
 
 MAX_VALUE_CHARS = 300  # an evidence value longer than this (a whole traceback line) is cut
@@ -24,7 +24,7 @@ def incident_line(inc: Incident, now: float) -> Text:
     t.append(f"{inc.severity.upper():5} ", style=style)
     t.append(f"@{inc.step if inc.step is not None else '?'} ")
     t.append(f"{fmt_duration(now - inc.t) if inc.t else 'N/A'} ago ", style="dim")
-    t.append(inc.title, style="" if inc.status == "open" else "dim strike")
+    t.append(safe_text(inc.title), style="" if inc.status == "open" else "dim strike")
     return t
 
 
@@ -33,29 +33,29 @@ def evidence_value(v: Any) -> str:
     if v is None or isinstance(v, float):
         out = fmt_num(v)
     elif isinstance(v, (bool, int, str)):
-        out = str(v)
+        out = safe_text(v)
     elif isinstance(v, dict):
-        out = ", ".join(f"{k}={evidence_value(x)}" for k, x in v.items())
+        out = ", ".join(f"{safe_text(k)}={evidence_value(x)}" for k, x in v.items())
     elif isinstance(v, (list, tuple)):
         out = ", ".join(evidence_value(x) for x in v)
     else:
-        out = str(v)
+        out = safe_text(v)
     return out if len(out) <= MAX_VALUE_CHARS else out[: MAX_VALUE_CHARS - 1] + "…"
 
 
 def incident_detail(inc: Incident) -> Text:
     """The detail, the advice, then the evidence as `key: value` lines (Static wraps them)."""
     t = Text()
-    t.append(f"{inc.code} ({inc.status}, from {inc.source})\n", style="bold")
+    t.append(f"{safe_text(inc.code)} ({inc.status}, from {safe_text(inc.source)})\n", style="bold")
     if inc.detail:
-        t.append(inc.detail + "\n")
+        t.append(safe_text(inc.detail, lines=True) + "\n")
     if inc.advice:  # what to do comes before the numbers that show why
         t.append("advice: ", style="green")
-        t.append(inc.advice + "\n")
+        t.append(safe_text(inc.advice, lines=True) + "\n")
     if inc.evidence:
         t.append("evidence:\n", style="dim")
         for k, v in inc.evidence.items():
-            t.append(f"  {k}: ", style="dim")
+            t.append(f"  {safe_text(k)}: ", style="dim")
             t.append(evidence_value(v) + "\n")
     t.rstrip()
     return t

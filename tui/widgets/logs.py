@@ -5,6 +5,8 @@ from collections import deque
 
 from textual.widgets import RichLog
 
+from tui.format import safe_text
+
 MAX_LINES = 500
 
 
@@ -30,6 +32,7 @@ class LogsPanel(RichLog):
             self.clear()
             self._raw.clear()
             self.border_title = f"4 logs: rank{rank}.log  (g: next rank)"
+        lines = [safe_text(line, lines=True) for line in lines]   # a program's colours and \r bars too
         self._raw.extend(lines)
         for line in lines:
             self.write(line, scroll_end=False)

@@ -5,13 +5,14 @@ from rich.text import Text
 from textual.widgets import Static
 
 from mt.events import FAILURE_CODES
+from tui.format import safe_text
 from tui.state.run import RunState
 
 
 def notice_text(st: RunState, log_tail: list[str], failing_rank: int | None) -> Text | None:
     """What to tell the user about the state right now (None: nothing to say)."""
     if st.supervisor_lost:
-        return Text(f"status.json says {st.state}, but its supervisor (pid {st.status.get('supervisor_pid')})"
+        return Text(f"status.json says {_plain(st.state)}, but its supervisor (pid {st.status.get('supervisor_pid')})"
                     " is gone: the run is lost. Press r to resume from the newest checkpoint.", style="bold red")
     hint = st.script_hint()
     if hint and st.state == "running":
@@ -28,7 +29,7 @@ def notice_text(st: RunState, log_tail: list[str], failing_rank: int | None) -> 
         first = next((i for i in reversed(st.incidents)
                       if i.code in FAILURE_CODES and i.status == "open"), None)
         if first is not None:
-            t.append(f"\nfirst failure: {first.title}", style="red")
+            t.append(f"\nfirst failure: {_plain(first.title)}", style="red")
         if log_tail:
             who = f"rank{failing_rank}.log" if failing_rank is not None else "log"
             t.append(f"\nlast lines of {who}:", style="red")
@@ -37,14 +38,15 @@ def notice_text(st: RunState, log_tail: list[str], failing_rank: int | None) -> 
         t.append("\npress r to resume from the newest checkpoint", style="dim")
         return t
     if st.state == "stopped":
-        return Text(f"Run stopped: {st.reason or st.run_end_reason or 'on request'}"
+        return Text(f"Run stopped: {_plain(st.reason or st.run_end_reason or 'on request')}"
                     "  (press r to resume)", style="magenta")
     return None
 
 
 def _plain(s: str) -> str:
-    """Drop emoji variation selectors, whose width terminals disagree on (a torn border)."""
-    return "".join(ch for ch in s if ch != "\ufe0f" and ord(ch) < 0x1F000)
+    """The run's text with its control characters made visible, without emoji variation
+    selectors, whose width terminals disagree on (a torn border)."""
+    return "".join(ch for ch in safe_text(s) if ch != "\ufe0f" and ord(ch) < 0x1F000)
 
 
 class Notice(Static):

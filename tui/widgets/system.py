@@ -7,7 +7,7 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import Static
 
-from tui.format import fmt_duration
+from tui.format import fmt_duration, safe_text
 from tui.read.watcher import SystemView
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -53,10 +53,14 @@ def not_live_note(view: SystemView, ended: str | None, now: float) -> str:
     return f"not live (run {ended}): last sample{age}"
 
 
-def render_system(view: SystemView, ended: str | None = None) -> Text:
+def render_system(view: SystemView, ended: str | None = None, sampled: bool = True) -> Text:
     """The panel text for the newest sample (or a note that none arrived yet). `ended` (the
-    run's final state, or `lost`): rank readings are marked as the last ones seen."""
+    run's final state, or `lost`): rank readings are marked as the last ones seen. `sampled`
+    False: no supervisor samples this run (a script started without mt launch)."""
     s = view.sample
+    if s is None and not sampled:
+        return Text("no system samples: this run was started without mt launch, whose supervisor samples the "
+                    "GPUs, ranks and host (system.jsonl); start it with `mt launch` to get them", style="dim")
     if s is None:
         return Text("no system samples yet (system.jsonl is written by the supervisor)", style="dim")
     t = Text()
@@ -75,7 +79,7 @@ def render_system(view: SystemView, ended: str | None = None) -> Text:
         for g in gpus:
             idx = g.get("index")
             t.append(f"GPU{idx} ", style="bold")
-            t.append(f"{str(g.get('name') or 'N/A')[:22]}\n", style="dim")
+            t.append(f"{safe_text(g.get('name') or 'N/A')[:22]}\n", style="dim")
             t.append(f" util {_na(g.get('util_pct'), '>3.0f', '%')} ")
             t.append(sparkline(view.gpu_util.get(idx, ())), style="cyan")
             t.append("\n mem ")
@@ -84,7 +88,7 @@ def render_system(view: SystemView, ended: str | None = None) -> Text:
             t.append(f" {_na(g.get('temp_c'), '.0f', '°C')}  {_na(g.get('power_w'), '.0f', ' W')}\n")
     else:
         why = s.get("nvml_error") or ("no GPUs" if s.get("nvml") else "NVML not available")
-        t.append(f"GPUs: none ({why})\n", style="dim")
+        t.append(f"GPUs: none ({safe_text(why)})\n", style="dim")
     ranks = s.get("ranks") or []
     for r in ranks:
         alive = r.get("alive")
@@ -109,9 +113,9 @@ class SystemPanel(Static, can_focus=True):
 
     _last: Text | None = None
 
-    def show(self, view: SystemView, ended: str | None = None, now: float = 0.0) -> None:
+    def show(self, view: SystemView, ended: str | None = None, now: float = 0.0, sampled: bool = True) -> None:
         self.border_subtitle = not_live_note(view, ended, now)
-        text = render_system(view, ended)
+        text = render_system(view, ended, sampled)
         if text != self._last:
             # a relayout only when the number of lines changes (the panel is height: auto)
             relayout = self._last is None or len(text.split()) != len(self._last.split())
