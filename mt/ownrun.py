@@ -22,9 +22,11 @@ from mt.preset import script_run_name, write_script_preset
 from mt.space import ensure_reserve, is_disk_full
 
 
-def make_own_run(rank: int, world: int, name: str | None, runs_dir: Path, failures: WriteFailures) -> RunPaths | None:
+def make_own_run(rank: int, world: int, name: str | None, runs_dir: Path,
+                 failures: WriteFailures | None = None) -> RunPaths | None:
     """Rank 0 creates the run and tells the other ranks where it is (a broadcast); None on every
     rank when it cannot (a read-only folder, a full disk: said in `failures`, the script trains on)."""
+    failures = failures or WriteFailures()
     made = None
     if rank == 0:
         with failures.guard(runs_dir):
