@@ -5,13 +5,13 @@ Stdlib only: the supervisor and `mt resume` use it as well as the engine's check
 from __future__ import annotations
 
 import errno
-import json
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from mt.ckptfile import listed_bytes as checkpoint_bytes  # a checkpoint's size: what its verified manifest lists
 from mt.paths import checkpoint_dirs
 
 # What the supervisor keeps allocated in every run directory (RunPaths.reserve) and deletes to
@@ -102,15 +102,6 @@ def disk_usage(path: Path) -> int:
         for child in os.scandir(path):
             total += disk_usage(Path(child.path))
     return total
-
-
-def checkpoint_bytes(folder: Path) -> int | None:
-    """The size of a finished checkpoint from its manifest (None without a readable one)."""
-    try:
-        manifest = json.loads((Path(folder) / "manifest.json").read_text())
-        return sum(int(f["bytes"]) for f in manifest["files"].values())
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
 
 
 TEMP_PREFIXES = (".tmp-step-", ".trash-step-")

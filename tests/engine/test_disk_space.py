@@ -38,14 +38,14 @@ def with_free(monkeypatch, free: int) -> None:
 
 def test_room_enough_prunes_nothing(three, monkeypatch):
     with_free(monkeypatch, 10 * 1024 * KIB)
-    room = space.plan_room(three, 4, 2, checkpoint._intact)
+    room = space.plan_room(three, 4, 2, checkpoint.intact)
     last = space.checkpoint_bytes(three / "step-3")
     assert room.fits and room.prune_first == [] and room.needed == last + space.SLACK_BYTES
 
 
 def test_tight_room_prunes_first_only_what_retention_would(three, monkeypatch):
     with_free(monkeypatch, 20 * KIB)  # far too little on its own; step-1 and step-2 give back enough
-    room = space.plan_room(three, 4, 2, checkpoint._intact)
+    room = space.plan_room(three, 4, 2, checkpoint.intact)
     assert room.fits and [p.name for p in room.prune_first] == ["step-2", "step-1"] and room.kept == 1
     saved = checkpoint.save_and_prune(three, 4, parts(32 * KIB), {}, keep_last=2)
     assert saved_steps(three) == [3, 4] and {p.name for p in saved.pruned} == {"step-1", "step-2"}
@@ -53,7 +53,7 @@ def test_tight_room_prunes_first_only_what_retention_would(three, monkeypatch):
 
 def test_keep_last_one_never_prunes_the_newest_intact_first(three, monkeypatch):
     with_free(monkeypatch, 10 * KIB)
-    room = space.plan_room(three, 4, 1, checkpoint._intact)
+    room = space.plan_room(three, 4, 1, checkpoint.intact)
     assert "step-3" not in [p.name for p in room.prune_first]
     monkeypatch.setattr(space, "SLACK_BYTES", 1024 * KIB)  # even all the older ones would not make room
     with pytest.raises(DiskFullError, match="keep_last = 1 keeps the newest intact checkpoint"):
@@ -64,7 +64,7 @@ def test_keep_last_one_never_prunes_the_newest_intact_first(three, monkeypatch):
 def test_a_damaged_newest_is_no_reason_to_drop_the_intact_one(three, monkeypatch):
     (three / "step-3" / "model.pt").write_bytes(b"torn")
     with_free(monkeypatch, 10 * KIB)
-    room = space.plan_room(three, 4, 1, checkpoint._intact)
+    room = space.plan_room(three, 4, 1, checkpoint.intact)
     assert "step-2" not in [p.name for p in room.prune_first]
 
 
