@@ -114,8 +114,11 @@ def commit(root: Path, step: int, tmp: Path, write: Callable[[Path], dict[str, A
 def discard(tmp: Path, root: Path, step: int, e: BaseException, needed: int | None = None) -> BaseException:
     """Remove a half-written checkpoint; the error to raise (a full disk becomes DiskFullError)."""
     written = space.disk_usage(tmp)
+    # measured before the removal: torch's C++ writer (DCP's shards) loses the ENOSPC and says
+    # only "unexpected pos", but a filesystem left without room by this write is a full disk
+    full = space.is_disk_full(e) or space.no_room_left(root)
     shutil.rmtree(tmp, ignore_errors=True)  # a half-written folder would keep the space
-    if space.is_disk_full(e):
+    if full:
         wrote = f" ({space.human(written)} written when the disk filled)" if written else ""
         return space.disk_full(f"checkpoint step-{step}{wrote}", root, needed)
     return e

@@ -229,16 +229,17 @@ class ShardedWriter:
         `t0`: when the loop began to save (the times reported count from it)."""
         t0 = time.perf_counter() if t0 is None else t0
         decision: list[Any] = [None, None]
+        full: checkpoint.DiskFullError | None = None
         if self.is_main:
             try:
                 room = checkpoint.make_room(self.root, step, self.keep_last)
                 decision = [str(checkpoint.begin(self.root, step)), room.needed]
             except checkpoint.DiskFullError as e:
-                decision = [None, e]
+                full = e  # stays on rank 0, which reports it: the others need only "skip"
         dist.broadcast_object_list(decision, src=0)
         if decision[0] is None:
-            if self.is_main:
-                raise decision[1]
+            if full is not None:
+                raise full
             return None
         tmp, needed = Path(decision[0]), decision[1]
         writer = FileSystemWriter(tmp, sync_files=True)

@@ -32,15 +32,32 @@ class DiskFullError(OSError):
     def __str__(self) -> str:
         return self.message
 
+    def __reduce__(self) -> tuple:
+        # pickled across ranks (torch.distributed's *_object collectives): OSError's own reduce
+        # would call __init__ with (errno, message)
+        return type(self), (self.message, self.path, self.free, self.needed)
 
-def is_disk_full(exc: BaseException | None) -> bool:
-    """Whether exc, or an error it was raised from (torch wraps write errors), is ENOSPC/EDQUOT."""
+
+def is_disk_full(exc: BaseException | None, _depth: int = 0) -> bool:
+    """Whether exc, or an error it was raised from (torch wraps write errors), is ENOSPC/EDQUOT;
+    DCP's CheckpointException counts when any rank's failure it gathered is."""
     seen = 0
     while exc is not None and seen < 8:
         if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:
             return True
+        failures = getattr(exc, "failures", None)  # {rank: (exception, traceback)}
+        if isinstance(failures, dict) and _depth < 2:
+            for failure in failures.values():
+                if is_disk_full(failure[0] if isinstance(failure, tuple) and failure else failure, _depth + 1):
+                    return True
         exc, seen = exc.__cause__ or exc.__context__, seen + 1
     return False
+
+
+def no_room_left(path: Path) -> bool:
+    """Whether path's filesystem has less room left than any write needs (SLACK_BYTES)."""
+    free = free_bytes(path)
+    return free is not None and free < SLACK_BYTES
 
 
 def _existing(path: Path) -> Path:

@@ -9,7 +9,9 @@ import torch
 from engine import checkpoint
 from mt import space
 from mt.space import DiskFullError
-from tests.tmpfs import tmpfs
+from tests.tmpfs import resize, tmpfs
+
+from .runner import events, finish, logs, make_run, start, wait_for
 
 KIB = 1024
 
@@ -113,4 +115,59 @@ def test_is_disk_full_sees_through_torchs_wrapping():
             raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos") from e
     except RuntimeError as wrapped:
         assert space.is_disk_full(wrapped)
+    from torch.distributed.checkpoint.api import CheckpointException  # every rank's failure, gathered by DCP
+    assert space.is_disk_full(CheckpointException("write", {0: (ValueError("x"), None), 1: (OSError(errno.ENOSPC, "full"), None)}))
+    assert not space.is_disk_full(CheckpointException("write", {0: (OSError(errno.EACCES, "denied"), None)}))
     assert not space.is_disk_full(OSError(errno.EACCES, "denied")) and not space.is_disk_full(None)
+
+
+@pytest.mark.slow
+def test_fsdp_checkpoint_skipped_for_a_full_disk_trains_on_to_the_end():
+    # issue #22 item 3: rank 0's "no room" used to reach rank 1 as an exception it could not
+    # unpickle; now every rank skips, and the final checkpoint is written once there is room.
+    # ~409k parameters: a sharded checkpoint is about 4.8 MiB, so 7 MiB holds one, never two.
+    with tmpfs("7m") as mnt:
+        run = make_run(mnt, model={"n_layer": 2, "d_model": 128}, train={"strategy": "fsdp", "max_steps": 8},
+                       checkpoint={"every_steps": 2, "keep_last": 1}, faults={"step_sleep_s": 0.5})
+        proc = start(run, nproc=2)
+        full = wait_for(lambda: [e for e in events(run, "incident") if e["code"] == "disk_full"], 120, "a skipped checkpoint")
+        resize(mnt, "32m")  # room again before the final checkpoint (steps 5 to 8 take 2 s or more)
+        assert finish(proc, run) == 0, logs(run)
+        assert full[0]["step"] == 4 and full[0]["title"] == "Checkpoint at step 4 skipped: disk full"
+        assert [e["step"] for e in events(run, "step")] == list(range(1, 9))
+        saved = [c["step"] for c in events(run, "checkpoint")]
+        assert saved[0] == 2 and saved[-1] == 8 and 4 not in saved
+        assert events(run, "run_end")[-1]["status"] == "completed"
+        text = logs(run)
+        assert "checkpoint (interval) step 4 skipped: disk full" in text and "Traceback" not in text
+        checkpoint.verify(run / "checkpoints/step-8")
+
+
+@pytest.fixture
+def world_of_one():
+    """A gloo process group of this process alone (what ShardedWriter's collectives need)."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("background", [True, False], ids=["async", "blocking"])
+def test_disk_filling_during_a_sharded_write_is_disk_full(world_of_one, background):
+    # issue #22 item 18: DCP gathers the ENOSPC into a CheckpointException; it was reported as
+    # checkpoint_failed (and a blocking write ended the run) instead of disk_full
+    from engine import sharded
+    with tmpfs("1m") as mnt:
+        root = mnt / "checkpoints"
+        def save(step: int, n: int) -> sharded.Pending:
+            # a writer each: the async one's staging copy has the shapes of its first save
+            writer = sharded.ShardedWriter(root, keep_last=2, is_main=True, background=background)
+            done = writer.save(step, {"w": torch.ones(n)}, {"step": step}, {}, {"reason": "interval", "reqs": []})
+            return done if done is not None else writer.wait()
+
+        assert save(1, 16 * KIB).saved is not None
+        failed = save(2, 512 * KIB)  # 2 MiB: passes the check (step-1's size), then fills the disk
+        assert isinstance(failed.error, DiskFullError), repr(failed.error)
+        assert str(failed.error).startswith("disk full: no room for checkpoint step-2") and f"filesystem {mnt}" in str(failed.error)
+        assert not list(root.glob(".tmp-*")) and [p.name for p in checkpoint.candidates(root)] == ["step-1"]
+        checkpoint.verify(root / "step-1")
