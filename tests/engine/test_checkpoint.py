@@ -171,12 +171,17 @@ def _damage(newest: Path, how: str, elsewhere: Path) -> None:
         (newest / "model.pt").unlink()
         (newest / "model.pt").symlink_to("/dev/zero")
         _set_listed(newest, "model.pt", 0)
+    elif how == "symlinked_shard":  # sharded: a shard file linked from outside, hashes matching
+        (newest / ".metadata").write_bytes(b"x")
+        (elsewhere / "__0_0.distcp").write_bytes(b"shard")
+        (newest / "__0_0.distcp").symlink_to(elsewhere / "__0_0.distcp")
+        _sharded_manifest(newest)
     else:  # "symlinked_file": the same bytes, hashes matching, but a link to a file outside the folder
         shutil.move(newest / "model.pt", elsewhere / "model.pt")
         (newest / "model.pt").symlink_to(elsewhere / "model.pt")
 
 
-DAMAGE = ["layout_list", "nul_name", "deep", "folder", "fifo", "dev_zero", "symlinked_file"]
+DAMAGE = ["layout_list", "nul_name", "deep", "folder", "fifo", "dev_zero", "symlinked_file", "symlinked_shard"]
 
 
 @pytest.fixture
