@@ -26,7 +26,7 @@ import torch
 from mt import space
 
 # the format and its check live in mt (stdlib only), so `mt resume` verifies without torch
-from mt.ckptfile import FILES, FORMAT, FORMAT_VERSION, CheckpointError, verify
+from mt.ckptfile import FILES, FORMAT, FORMAT_VERSION, CheckpointError, intact, verify
 from mt.paths import checkpoint_dirs, checkpoint_step
 from mt.space import DiskFullError, clean_temporaries  # noqa: F401 - clean_temporaries: part of this API
 
@@ -114,8 +114,11 @@ def commit(root: Path, step: int, tmp: Path, write: Callable[[Path], dict[str, A
 def discard(tmp: Path, root: Path, step: int, e: BaseException, needed: int | None = None) -> BaseException:
     """Remove a half-written checkpoint; the error to raise (a full disk becomes DiskFullError)."""
     written = space.disk_usage(tmp)
+    # measured before the removal: torch's C++ writer (DCP's shards) loses the ENOSPC and says
+    # only "unexpected pos", but a filesystem left without room by this write is a full disk
+    full = space.is_disk_full(e) or space.no_room_left(root)
     shutil.rmtree(tmp, ignore_errors=True)  # a half-written folder would keep the space
-    if space.is_disk_full(e):
+    if full:
         wrote = f" ({space.human(written)} written when the disk filled)" if written else ""
         return space.disk_full(f"checkpoint step-{step}{wrote}", root, needed)
     return e
@@ -164,14 +167,6 @@ def _write_manifest(tmp: Path, step: int, files: dict[str, Any], meta: dict[str,
     _fsync_dir(tmp)
 
 
-def _intact(path: Path) -> bool:
-    try:
-        verify(path)
-        return True
-    except CheckpointError:
-        return False
-
-
 def save_and_prune(root: Path, step: int, parts: dict[str, Any], meta: dict[str, Any], keep_last: int,
                    after_file: Callable[[str], None] | None = None) -> Saved:
     """save() with retention: make room first if the disk needs it, prune after.
@@ -187,7 +182,7 @@ def save_and_prune(root: Path, step: int, parts: dict[str, Any], meta: dict[str,
 def make_room(root: Path, step: int, keep_last: int) -> space.Room:
     """Delete early what retention would delete after this save when the disk needs it; raises
     DiskFullError, having deleted nothing, when even that would not make room."""
-    room = space.plan_room(root, step, keep_last, _intact)
+    room = space.plan_room(root, step, keep_last, intact)
     if not room.fits:
         kept = f"keep_last = {keep_last} keeps {room.kept} older checkpoint{'s' * (room.kept != 1)} beside it"
         if keep_last == 1:
@@ -219,17 +214,19 @@ def load(path: Path, map_location: torch.device | str = "cpu") -> dict[str, Any]
     """Every part of a verified checkpoint; anything that would need unpickling code is refused.
 
     A sharded checkpoint gives train.pt and `sharded`, its DCP metadata (read without running
-    code); the shards themselves are read by every rank (engine/sharded.py `load`)."""
+    code) after its byte items passed weights_only here, so one refused is a checkpoint skipped
+    while choosing; the shards themselves are read by every rank (engine/sharded.py `load`)."""
     if verify_layout(path) == "sharded":
         from engine import sharded  # DCP is imported only where a sharded checkpoint is read
-        return {"train.pt": _load_file(path, "train.pt", "cpu"), "sharded": sharded.read_metadata(path)}
+        md = sharded.read_metadata(path)
+        sharded.read_byte_items(path, md)
+        return {"train.pt": _load_file(path, "train.pt", "cpu"), "sharded": md}
     return {name: _load_file(path, name, map_location) for name in FILES}
 
 
 def verify_layout(path: Path) -> str:
     """The layout a checkpoint's manifest names ("full" for manifests written before there were two)."""
-    manifest = json.loads((path / "manifest.json").read_text())
-    return manifest.get("layout", "full")
+    return verify(path, hashes=False)["layout"]
 
 
 def _load_file(path: Path, name: str, map_location: torch.device | str) -> Any:

@@ -9,7 +9,6 @@ import torch.distributed as dist
 
 from engine import checkpoint
 from engine.dist import DistEnv, log
-from mt.jsonl import read_json
 from mt.paths import RunPaths
 
 
@@ -24,7 +23,7 @@ def find_checkpoint(paths: RunPaths, env: DistEnv, events: Any, where: torch.dev
     if env.is_main:
         checkpoint.clean_temporaries(paths.checkpoints)
         path, parts, skipped = checkpoint.find_latest(paths.checkpoints, where)
-        manifest = checkpoint.verify(path)["files"] if path else None  # cached by the OS: just read
+        manifest = checkpoint.verify(path, hashes=False)["files"] if path else None  # just verified: sizes suffice
         found = [str(path) if path else None, [(str(p), why) for p, why in skipped], path.name if path else None, manifest]
         for p, why in skipped:
             log(f"skipping checkpoint {p}: {why}")
@@ -40,8 +39,10 @@ def find_checkpoint(paths: RunPaths, env: DistEnv, events: Any, where: torch.dev
 def _share(path: Path, files: dict[str, Any], parts: dict[str, Any] | None, env: DistEnv, where: torch.device) -> dict[str, Any]:
     """Every rank's copy of the checkpoint rank 0 chose: read from its own run directory where
     the same checkpoint is there (one node, shared filesystem), else sent by rank 0."""
-    local = read_json(path / "manifest.json")
-    same = isinstance(local, dict) and local.get("files") == files
+    try:
+        same = checkpoint.verify(path, hashes=False)["files"] == files
+    except checkpoint.CheckpointError:  # not here, or not the same: rank 0 sends it
+        same = False
     visible = torch.tensor([float(same)], device=env.device)
     dist.all_reduce(visible, op=dist.ReduceOp.MIN)
     if bool(visible.item()):

@@ -26,7 +26,7 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint._traverse import set_element  # what DefaultLoadPlanner.load_bytes uses
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
@@ -107,6 +107,14 @@ class SafePlanner(DefaultLoadPlanner):
 def read_metadata(path: Path) -> Metadata:
     """The DCP metadata of checkpoint folder `path`, read without running code."""
     return unpickle_metadata((path / ".metadata").read_bytes(), f"{path}/.metadata")
+
+
+def read_byte_items(path: Path, md: Metadata) -> None:
+    """Every non-tensor item (the param groups, a few bytes each) through SafePlanner in this one
+    process: CheckpointError for one that weights_only refuses."""
+    items = {k: None for k, v in md.state_dict_metadata.items() if isinstance(v, BytesStorageMetadata)}
+    if items:
+        read_into(items, path, no_dist=True)
 
 
 def model_shapes(md: Metadata) -> dict[str, torch.Tensor]:
@@ -221,16 +229,17 @@ class ShardedWriter:
         `t0`: when the loop began to save (the times reported count from it)."""
         t0 = time.perf_counter() if t0 is None else t0
         decision: list[Any] = [None, None]
+        full: checkpoint.DiskFullError | None = None
         if self.is_main:
             try:
                 room = checkpoint.make_room(self.root, step, self.keep_last)
                 decision = [str(checkpoint.begin(self.root, step)), room.needed]
             except checkpoint.DiskFullError as e:
-                decision = [None, e]
+                full = e  # stays on rank 0, which reports it: the others need only "skip"
         dist.broadcast_object_list(decision, src=0)
         if decision[0] is None:
-            if self.is_main:
-                raise decision[1]
+            if full is not None:
+                raise full
             return None
         tmp, needed = Path(decision[0]), decision[1]
         writer = FileSystemWriter(tmp, sync_files=True)

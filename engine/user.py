@@ -29,6 +29,9 @@ class UserCodeError(ValueError):
         self.key, self.message = key, message
         super().__init__(f"{key}: {message}")
 
+    def __reduce__(self) -> tuple:
+        return type(self), (self.key, self.message)  # args holds the joined line only
+
 
 class ModelOutputError(ValueError):
     """The model returned no usable loss: a bug in the user's code, found at the first step."""

@@ -29,7 +29,7 @@ def read_state(path: Path) -> tuple[dict[str, torch.Tensor], str]:
         folder = path
         if RunPaths(path).checkpoints.is_dir():
             found = checkpoint.candidates(RunPaths(path).checkpoints)
-            intact = [p for p in found if _intact(p)]
+            intact = [p for p in found if checkpoint.intact(p)]
             if not intact:
                 raise InitFromError(f"model.init_from: {path}: the run has no intact checkpoint")
             folder = intact[0]
@@ -55,14 +55,6 @@ def read_state(path: Path) -> tuple[dict[str, torch.Tensor], str]:
         except Exception as e:  # noqa: BLE001 - a damaged file raises one of several types
             raise InitFromError(f"model.init_from: {path}: not a readable safetensors file: {e}") from None
     return _torch_load(path), str(path)
-
-
-def _intact(folder: Path) -> bool:
-    try:
-        checkpoint.verify(folder)
-        return True
-    except checkpoint.CheckpointError:
-        return False
 
 
 def _torch_load(path: Path) -> dict[str, torch.Tensor]:

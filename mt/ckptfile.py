@@ -1,13 +1,16 @@
 """What makes a checkpoint folder intact: its manifest's format, and each file's size and sha256.
 
-Stdlib only: the engine checks before it loads, `mt resume` before it starts anything. Two
-layouts: "full" (model.pt, optim.pt, train.pt) and "sharded" (train.pt beside the files of
-torch.distributed.checkpoint: `.metadata` and one `__<rank>_0.distcp` per writing rank).
+Stdlib only: the engine checks before it loads, `mt resume` before it starts anything, the room
+planning and the listing too, all through `verify`. Two layouts: "full" (model.pt, optim.pt,
+train.pt) and "sharded" (train.pt beside the files of torch.distributed.checkpoint: `.metadata`
+and one `__<rank>_0.distcp` per writing rank).
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -18,53 +21,135 @@ FORMAT_VERSION = 1
 FILES = ("model.pt", "optim.pt", "train.pt")
 SHARDED_FILES = ("train.pt", ".metadata")  # and every shard file the manifest lists
 LAYOUTS = {"full": FILES, "sharded": SHARDED_FILES}
+# one entry per file, one shard file per writing rank: far below this even on thousands of ranks
+MAX_MANIFEST_BYTES = 16 << 20
+_BLOCK = 1 << 20
 
 
 class CheckpointError(ValueError):
     """A checkpoint folder that is not a complete, intact checkpoint of this format."""
 
 
-def verify(path: Path) -> dict[str, Any]:
-    """The manifest of an intact checkpoint; raises CheckpointError saying what is wrong."""
+def _open_regular(path: Path, what: str) -> tuple[int, int]:
+    """(fd, size) of a regular file opened without following a symlink and without blocking (a
+    FIFO, a device or a folder is refused before anything is read); FileNotFoundError passes."""
     try:
-        manifest = json.loads((path / "manifest.json").read_text())
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        kind = "a symlink" if os.path.islink(path) else (e.strerror or type(e).__name__)
+        raise CheckpointError(f"{what}: not a regular file of the checkpoint ({kind})") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a special file"
+        raise CheckpointError(f"{what}: not a regular file of the checkpoint ({kind})")
+    return fd, st.st_size
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    """The manifest's structure checked: format, version, layout, and {name: {sha256, bytes}} files."""
+    try:
+        fd, size = _open_regular(path / "manifest.json", f"{path}/manifest.json")
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no manifest.json (incomplete or not an mt checkpoint)") from None
-    except (OSError, *JSON_ERRORS) as e:
-        raise CheckpointError(f"{path}: unreadable manifest.json: {e}") from None
+    try:
+        if size > MAX_MANIFEST_BYTES:
+            raise CheckpointError(f"{path}: unreadable manifest.json: {size} bytes (more than any manifest)")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            manifest = json.loads(f.read(MAX_MANIFEST_BYTES + 1).decode("utf-8"))
+    except CheckpointError:
+        raise
+    except (OSError, *JSON_ERRORS) as e:  # RecursionError: nesting too deep for the parser
+        raise CheckpointError(f"{path}: unreadable manifest.json: {type(e).__name__}: {e}") from None
+    finally:
+        os.close(fd)
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise CheckpointError(f"{path}: manifest.json is not an {FORMAT} manifest")
     if manifest.get("version") != FORMAT_VERSION:
-        raise CheckpointError(f"{path}: checkpoint format version {manifest.get('version')!r}, expected {FORMAT_VERSION}")
+        raise CheckpointError(f"{path}: checkpoint format version {_short(manifest.get('version'))}, expected {FORMAT_VERSION}")
     layout = manifest.get("layout", "full")  # manifests before sharded checkpoints have none
-    if layout not in LAYOUTS:
-        raise CheckpointError(f"{path}: unknown checkpoint layout {layout!r} (expected full or sharded)")
+    if not isinstance(layout, str) or layout not in LAYOUTS:
+        raise CheckpointError(f"{path}: unknown checkpoint layout {_short(layout)} (expected full or sharded)")
     listed = manifest.get("files")
     if not isinstance(listed, dict):
         raise CheckpointError(f"{path}: manifest lists no files")
     for name in LAYOUTS[layout]:
-        if not isinstance(listed.get(name), dict):
+        if name not in listed:
             raise CheckpointError(f"{path}: manifest lists no {name}")
-    names = list(LAYOUTS[layout])
-    if layout == "sharded":  # every file DCP wrote is listed, and nothing else lies beside them
-        names += sorted(set(listed) - set(names))
-        unlisted = sorted({p.name for p in path.iterdir()} - set(listed) - {"manifest.json"})
-        if unlisted:
-            raise CheckpointError(f"{path}/{unlisted[0]}: not in the manifest (an extra file in a sharded checkpoint)")
-    for name in names:
-        want = listed[name]
-        if not isinstance(want, dict) or not isinstance(name, str) or "/" in name or name in (".", "..", "manifest.json"):
-            raise CheckpointError(f"{path}: manifest lists {name!r}, not a file of this folder")
-        try:
-            size = (path / name).stat().st_size
-        except FileNotFoundError:
-            raise CheckpointError(f"{path}/{name}: missing") from None
-        if size != want.get("bytes"):
-            raise CheckpointError(f"{path}/{name}: {size} bytes, manifest says {want.get('bytes')} (truncated?)")
-        sha = hashlib.sha256()
-        with open(path / name, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                sha.update(block)
-        if sha.hexdigest() != want.get("sha256"):
-            raise CheckpointError(f"{path}/{name}: sha256 mismatch (corrupted)")
+    # full: its three files (older manifests may list more); sharded: every file DCP wrote
+    files = {n: listed[n] for n in FILES} if layout == "full" else listed
+    for name, want in files.items():
+        if "/" in name or "\0" in name or name in ("", ".", "..", "manifest.json"):
+            raise CheckpointError(f"{path}: manifest lists {_short(name)}, not a file of this folder")
+        size, sha = (want.get("bytes"), want.get("sha256")) if isinstance(want, dict) else (None, None)
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or not isinstance(sha, str):
+            raise CheckpointError(f"{path}: manifest's entry for {_short(name)} is not {{sha256, bytes}}")
+    return {**manifest, "layout": layout, "files": files}
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def verify(path: Path, hashes: bool = True) -> dict[str, Any]:
+    """The manifest of an intact checkpoint (its `layout` filled in); raises CheckpointError saying
+    what is wrong. `hashes=False`: sizes only, no file read (listings)."""
+    path = Path(path)
+    try:
+        manifest = _read_manifest(path)
+        listed = manifest["files"]
+        if manifest["layout"] == "sharded":  # every file DCP wrote is listed, and nothing else lies beside them
+            unlisted = sorted({p.name for p in path.iterdir()} - set(listed) - {"manifest.json"})
+            if unlisted:
+                raise CheckpointError(f"{path}/{unlisted[0]}: not in the manifest (an extra file in a sharded checkpoint)")
+        for name, want in listed.items():
+            _check_file(path, name, want["bytes"], want["sha256"] if hashes else None)
+    except CheckpointError:
+        raise
+    except Exception as e:  # noqa: BLE001 - whatever a damaged folder raises, it is not intact
+        raise CheckpointError(f"{path}: cannot verify: {type(e).__name__}: {e}") from None
     return manifest
+
+
+def _check_file(folder: Path, name: str, size: int, sha256: str | None) -> None:
+    """The listed size, then (sha256 given) the hash of exactly that many bytes."""
+    try:
+        fd, actual = _open_regular(folder / name, f"{folder}/{name}")
+    except FileNotFoundError:
+        raise CheckpointError(f"{folder}/{name}: missing") from None
+    try:
+        if actual != size:
+            raise CheckpointError(f"{folder}/{name}: {actual} bytes, manifest says {size} (truncated?)")
+        if sha256 is None:
+            return
+        sha, left = hashlib.sha256(), size
+        while left > 0:  # never more than the listed size: a file that grows is not read forever
+            block = os.read(fd, min(_BLOCK, left))
+            if not block:
+                break
+            sha.update(block)
+            left -= len(block)
+        if left or sha.hexdigest() != sha256:
+            raise CheckpointError(f"{folder}/{name}: sha256 mismatch (corrupted)")
+    finally:
+        os.close(fd)
+
+
+def intact(path: Path, hashes: bool = True) -> bool:
+    """Whether `verify` passes (the room planning's and the listing's question)."""
+    try:
+        verify(path, hashes)
+        return True
+    except CheckpointError:
+        return False
+
+
+def listed_bytes(path: Path) -> int | None:
+    """The bytes of a checkpoint whose files have the sizes its manifest lists (None otherwise)."""
+    try:
+        return sum(f["bytes"] for f in verify(path, hashes=False)["files"].values())
+    except CheckpointError:
+        return None

@@ -22,6 +22,9 @@ class ConfigError(ValueError):
         where = f"{source}: {key}: " if key else f"{source}: "
         super().__init__(where + message)
 
+    def __reduce__(self) -> tuple:
+        return type(self), (self.source, self.key, self.message)  # args holds the joined line only
+
 
 def _c(default: Any = dataclasses.MISSING, **rules: Any) -> Any:
     """A field with validation rules (gt, ge, le, lt) kept in its metadata."""

@@ -5,14 +5,13 @@ Stdlib only: the supervisor and `mt resume` use it as well as the engine's check
 from __future__ import annotations
 
 import errno
-import json
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from mt.events import JSON_ERRORS
+from mt.ckptfile import listed_bytes as checkpoint_bytes  # a checkpoint's size: what its verified manifest lists
 from mt.paths import checkpoint_dirs
 
 # What the supervisor keeps allocated in every run directory (RunPaths.reserve) and deletes to
@@ -33,15 +32,32 @@ class DiskFullError(OSError):
     def __str__(self) -> str:
         return self.message
 
+    def __reduce__(self) -> tuple:
+        # pickled across ranks (torch.distributed's *_object collectives): OSError's own reduce
+        # would call __init__ with (errno, message)
+        return type(self), (self.message, self.path, self.free, self.needed)
 
-def is_disk_full(exc: BaseException | None) -> bool:
-    """Whether exc, or an error it was raised from (torch wraps write errors), is ENOSPC/EDQUOT."""
+
+def is_disk_full(exc: BaseException | None, _depth: int = 0) -> bool:
+    """Whether exc, or an error it was raised from (torch wraps write errors), is ENOSPC/EDQUOT;
+    DCP's CheckpointException counts when any rank's failure it gathered is."""
     seen = 0
     while exc is not None and seen < 8:
         if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:
             return True
+        failures = getattr(exc, "failures", None)  # {rank: (exception, traceback)}
+        if isinstance(failures, dict) and _depth < 2:
+            for failure in failures.values():
+                if is_disk_full(failure[0] if isinstance(failure, tuple) and failure else failure, _depth + 1):
+                    return True
         exc, seen = exc.__cause__ or exc.__context__, seen + 1
     return False
+
+
+def no_room_left(path: Path) -> bool:
+    """Whether path's filesystem has less room left than any write needs (SLACK_BYTES)."""
+    free = free_bytes(path)
+    return free is not None and free < SLACK_BYTES
 
 
 def _existing(path: Path) -> Path:
@@ -105,15 +121,6 @@ def disk_usage(path: Path) -> int:
     return total
 
 
-def checkpoint_bytes(folder: Path) -> int | None:
-    """The size of a finished checkpoint from its manifest (None without a readable one)."""
-    try:
-        manifest = json.loads((Path(folder) / "manifest.json").read_text())
-        return sum(int(f["bytes"]) for f in manifest["files"].values())
-    except (OSError, KeyError, TypeError, AttributeError, *JSON_ERRORS):
-        return None
-
-
 TEMP_PREFIXES = (".tmp-step-", ".trash-step-")
 
 
@@ -140,7 +147,13 @@ def ensure_reserve(path: Path, size: int = RESERVE_BYTES) -> bool:
     except OSError:
         return False
     try:
-        allocate(fd, size)
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            os.pwrite(fd, b"\0" * size, 0)  # a filesystem without fallocate
+            os.fsync(fd)
         return True
     except OSError:
         os.close(fd)
@@ -150,17 +163,6 @@ def ensure_reserve(path: Path, size: int = RESERVE_BYTES) -> bool:
     finally:
         if fd >= 0:
             os.close(fd)
-
-
-def allocate(fd: int, size: int) -> None:
-    """Give the first `size` bytes of an open file real blocks (not a sparse hole); OSError if no room."""
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError as e:
-        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-            raise
-        os.pwrite(fd, b"\0" * size, 0)  # a filesystem without fallocate
-        os.fsync(fd)
 
 
 @dataclass

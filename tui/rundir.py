@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from mt.ckptfile import CheckpointError, verify
+from mt.ckptfile import CheckpointError, intact, verify
 from mt.events import FINAL_STATES
 from mt.jsonl import read_json
 from mt.paths import RunPaths, checkpoint_dirs
@@ -71,10 +71,10 @@ def effective_state(status: dict[str, Any]) -> str:
 
 
 def checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
-    """Finished checkpoint folders (step-<S> with a manifest), oldest first."""
-    # the engine writes manifest.json last; without it the folder is not a checkpoint
-    # (the engine verifies sizes and hashes on load; torch-free code cannot do more cheaply)
-    found = [(s, p) for s, p in checkpoint_dirs(RunPaths(Path(run_dir)).checkpoints) if (p / "manifest.json").is_file()]
+    """Finished checkpoint folders (step-<S> whose manifest and file sizes check out), oldest first."""
+    # the engine writes manifest.json last; without it the folder is not a checkpoint (hashes
+    # are left to the engine's load and `mt resume`: a listing must stay cheap)
+    found = [(s, p) for s, p in checkpoint_dirs(RunPaths(Path(run_dir)).checkpoints) if intact(p, hashes=False)]
     return found[::-1]
 
 

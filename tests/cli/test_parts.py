@@ -135,13 +135,17 @@ def test_worker_exit_code_is_the_root_cause(tmp_path: Path) -> None:
     assert worker_exit_code(log, log.stat().st_size) is None
 
 
-def test_only_checkpoints_with_a_manifest_count(tmp_path: Path) -> None:
+def test_only_checkpoints_with_a_well_formed_manifest_count(tmp_path: Path) -> None:
     root = tmp_path / "checkpoints"
-    for name, manifest in (("step-10", True), ("step-30", False), ("step-20", True), (".tmp-step-40-1", True)):
+    files = {n: {"sha256": "0" * 64, "bytes": 1} for n in ("model.pt", "optim.pt", "train.pt")}
+    good = json.dumps({"format": "mt-checkpoint", "version": 1, "files": files})  # sizes checked, not hashes
+    for name, manifest in (("step-10", good), ("step-30", None), ("step-20", good), (".tmp-step-40-1", good),
+                           ("step-50", "{}"), ("step-60", good.replace('"bytes": 1}}', '"bytes": 2}}'))):
         (root / name).mkdir(parents=True)
-        (root / name / "model.pt").write_bytes(b"x")
+        for f in files:
+            (root / name / f).write_bytes(b"x")
         if manifest:
-            (root / name / "manifest.json").write_text("{}")
+            (root / name / "manifest.json").write_text(manifest)
     assert [s for s, _ in checkpoints(tmp_path)] == [10, 20]
     assert newest_checkpoint(tmp_path) == root / "step-20"
 

@@ -5,6 +5,7 @@ import json
 import os
 import pickle
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -128,3 +129,91 @@ def test_a_symlinked_step_folder_is_never_a_checkpoint(finished, tmp_path):
     assert newest_checkpoint_dir(RunPaths(finished)).step == 9
     start = resume_and_get_start(finished)
     assert start["start_step"] == 9 and start["resumed_from"]["path"].endswith("step-9")
+
+
+def _sharded_manifest(folder: Path) -> None:
+    """Rewrite `folder`'s manifest as a sharded one listing every file in it (hashes matching)."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    names = sorted(p.name for p in folder.iterdir() if p.name != "manifest.json")
+    manifest.update(layout="sharded", files=checkpoint.hash_files(folder, names))
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _set_listed(folder: Path, name: str, size: int) -> None:
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["files"][name]["bytes"] = size
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _damage(newest: Path, how: str, elsewhere: Path) -> None:
+    """The structurally bad checkpoints of issue #22 item 5 (and a symlinked file, item 18)."""
+    manifest = json.loads((newest / "manifest.json").read_text())
+    if how == "layout_list":
+        manifest["layout"] = ["sharded"]
+        (newest / "manifest.json").write_text(json.dumps(manifest))
+    elif how == "nul_name":
+        (newest / ".metadata").write_bytes(b"x")
+        _sharded_manifest(newest)
+        manifest = json.loads((newest / "manifest.json").read_text())
+        manifest["files"]["a\u0000b"] = {"sha256": "0" * 64, "bytes": 1}
+        (newest / "manifest.json").write_text(json.dumps(manifest))
+    elif how == "deep":
+        (newest / "manifest.json").write_text('{"a": ' * 200_000 + "1" + "}" * 200_000)
+    elif how == "folder":
+        (newest / "model.pt").unlink()
+        (newest / "model.pt").mkdir()
+        _set_listed(newest, "model.pt", (newest / "model.pt").stat().st_size)
+    elif how == "fifo":
+        (newest / "model.pt").unlink()
+        os.mkfifo(newest / "model.pt")
+        _set_listed(newest, "model.pt", 0)
+    elif how == "dev_zero":
+        (newest / "model.pt").unlink()
+        (newest / "model.pt").symlink_to("/dev/zero")
+        _set_listed(newest, "model.pt", 0)
+    elif how == "symlinked_shard":  # sharded: a shard file linked from outside, hashes matching
+        (newest / ".metadata").write_bytes(b"x")
+        (elsewhere / "__0_0.distcp").write_bytes(b"shard")
+        (newest / "__0_0.distcp").symlink_to(elsewhere / "__0_0.distcp")
+        _sharded_manifest(newest)
+    else:  # "symlinked_file": the same bytes, hashes matching, but a link to a file outside the folder
+        shutil.move(newest / "model.pt", elsewhere / "model.pt")
+        (newest / "model.pt").symlink_to(elsewhere / "model.pt")
+
+
+DAMAGE = ["layout_list", "nul_name", "deep", "folder", "fifo", "dev_zero", "symlinked_file", "symlinked_shard"]
+
+
+@pytest.fixture
+def alarm():
+    """A hang (a FIFO opened, /dev/zero hashed) fails the test after 10 s instead of blocking it."""
+    def expired(*_):
+        raise TimeoutError("verification hung")
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(10)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize("how", DAMAGE)
+def test_a_structurally_bad_newest_checkpoint_is_not_intact_for_any_reader(tmp_path, how, alarm):
+    from mt import space
+    from tui.rundir import checkpoints, intact_checkpoint
+
+    (tmp_path / "run").mkdir()
+    root = tmp_path / "run" / "checkpoints"
+    parts = {"model.pt": {"w": torch.ones(64)}, "optim.pt": {}, "train.pt": {"step": 1}}
+    older = checkpoint.save(root, 1, parts, {}).path
+    newest = checkpoint.save(root, 2, {**parts, "train.pt": {"step": 2}}, {}).path
+    (tmp_path / "elsewhere").mkdir()
+    _damage(newest, how, tmp_path / "elsewhere")
+    with pytest.raises(checkpoint.CheckpointError) as err:
+        checkpoint.verify(newest)
+    assert str(err.value).startswith(str(newest)) and "\n" not in str(err.value)
+    path, found, skipped = checkpoint.find_latest(root)  # the engine's resume
+    assert path == older and found["train.pt"]["step"] == 1 and [p for p, _ in skipped] == [newest]
+    assert intact_checkpoint(tmp_path / "run") == (older, [(newest, skipped[0][1].replace(f"{newest}/", "").replace(f"{newest}: ", ""))])
+    assert [p for _, p in checkpoints(tmp_path / "run")] == [older]  # the listing
+    room = space.plan_room(root, 3, 1, checkpoint.intact)  # the room planning judges by the intact one
+    assert room.needed == space.checkpoint_bytes(older) + space.SLACK_BYTES and space.checkpoint_bytes(newest) is None

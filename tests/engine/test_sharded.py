@@ -150,6 +150,23 @@ def test_hostile_metadata_and_byte_items_are_refused_and_run_nothing(tmp_path):
     with pytest.raises(CheckpointError, match="item evil: refused by weights_only load: .*GLOBAL posix.system") as refused:
         sharded.read_into(state, real, no_dist=True)
     assert "\n" not in str(refused.value) and not marker.exists()
+
+    # the same files as a newest checkpoint whose hashes match: passed over while choosing (an
+    # incident, the older one used), never a failed collective load that ends the run
+    tmp = checkpoint.begin(root, 3)
+    for f in real.iterdir():
+        shutil.copy(f, tmp / f.name)
+
+    def write_real(folder: Path) -> dict:
+        names = sorted(p.name for p in folder.iterdir())
+        return {**checkpoint.write_parts(folder, {"train.pt": {"step": 3}}), **checkpoint.hash_files(folder, names)}
+
+    checkpoint.commit(root, 3, tmp, write_real, {"layout": "sharded"})
+    checkpoint.verify(root / "step-3")
+    path, _parts, skipped = checkpoint.find_latest(root)
+    assert path == older.path and [p.name for p, _ in skipped] == ["step-3", "step-2"]
+    assert "item evil: refused by weights_only load" in skipped[0][1] and not marker.exists()
+
     dcp.load(state, checkpoint_id=real, no_dist=True)  # DCP's own reader would have run it
     assert marker.exists()
 

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from mt import space
+from mt import ckptfile, space
 from mt.config import Config, ConfigError
 from mt.jsonl import read_json, write_json_atomic
 from mt.paths import RunPaths, new_run_dir
@@ -385,7 +385,7 @@ def _check_room(paths: RunPaths, keep_last: int) -> None:
     # no process of the run is alive (checked before): a writer's leftovers are only garbage
     space.clean_temporaries(paths.checkpoints)
     reserve = 0 if paths.reserve.exists() else space.RESERVE_BYTES  # the supervisor makes it first
-    room = space.plan_room(paths.checkpoints, None, keep_last, lambda p: (p / "manifest.json").is_file(), reserve)
+    room = space.plan_room(paths.checkpoints, None, keep_last, ckptfile.intact, reserve)
     if room.fits or room.free is None or room.needed is None:
         return
     gained = sum(space.disk_usage(p) for p in room.prune_first)
