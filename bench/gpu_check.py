@@ -3,13 +3,14 @@
     python3 bench/gpu_check.py [--out DIR] [--gpt2-steps 200] [--fsdp-steps 60] [--dry]
 
 1. the tiny GPT on CUDA through torchrun (NCCL), bf16 and fp16 (with a forced overflow);
-2. checkpoint + SIGKILL + resume on CUDA: later losses compared with an uninterrupted run;
+2. checkpoint + SIGKILL + resume on CUDA: later losses compared with the uninterrupted bf16 run;
 3. MFU of gpt2-small (124M, seq 1024, bf16) on one GPU for a few hundred steps;
 4. gpt2-small under fsdp, eager then `train.compile = true` (MFU of each, the ratio, the first
-   step's compile time, recompiles), both checkpointing every 20 steps with `[checkpoint] async =
-   true` where this mt accepts the key (else a printed note, and blocking checkpoints).
-Needs only torch, numpy and psutil (no TUI packages). `--dry`: the same code on CPU with tiny
-models and a few steps (checks the script itself on a machine without a GPU; numbers mean nothing).
+   step's compile time, recompiles), both with sharded `[checkpoint] async = true` checkpoints.
+OUT/gpu_check.json is rewritten after every part; a part that failed, compared nothing or was
+skipped is listed under "problems" and the script exits 1. Needs only torch, numpy and psutil.
+`--dry`: the same code on CPU with tiny models and a few steps (checks the script itself on a
+machine without a GPU; numbers mean nothing).
 """
 from __future__ import annotations
 
@@ -22,13 +23,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from mt.config import ConfigError
 from mt.jsonl import read_events
 from mt.preset import config_from_dict
 
@@ -47,6 +49,36 @@ GPT2 = {
     "data": {"source": "synthetic", "synthetic_samples": 8192, "num_workers": 4, "val_fraction": 0.0},
     "train": {"micro_batch_size": 16, "grad_accum_steps": 4, "lr": 6e-4, "min_lr": 6e-5, "warmup_steps": 20, "precision": "bf16", "log_every": 1},
 }
+OVERFLOW_AT = 20
+KILL_AT = 25  # the killed run hangs here ([faults] hang_at_step), so the SIGKILL lands before its end
+# async needs sharded checkpoints (docs/checkpoints.md); "sharded" says so under any strategy
+ASYNC_CKPT = {"format": "sharded", "async": True}
+
+
+@dataclass
+class Report:
+    """The parts' results, rewritten to OUT/gpu_check.json after each, so a later failure loses nothing."""
+
+    path: Path
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.data.setdefault("problems", [])
+        self.write()
+
+    def add(self, name: str, result: dict[str, Any], problems: list[str]) -> None:
+        self.data[name] = result
+        self.data["problems"] += [f"{name}: {p}" for p in problems]
+        print(name, result, flush=True)
+        for p in problems:
+            print(f"PROBLEM {name}: {p}", flush=True)
+        self.write()
+
+    def write(self) -> None:
+        tmp = self.path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.data, indent=1))
+        tmp.replace(self.path)
 
 
 def merged(raw: dict, **over: dict) -> dict:
@@ -77,6 +109,26 @@ def start(run: Path, attempt: int = 1) -> subprocess.Popen:
                             stdout=open(run / "torchrun.log", "ab"), stderr=subprocess.STDOUT)
 
 
+def kill(proc: subprocess.Popen) -> None:
+    """SIGKILL torchrun and every rank under it, as a lost node would."""
+    try:
+        parent = psutil.Process(proc.pid)
+        for p in [parent] + parent.children(recursive=True):
+            p.send_signal(signal.SIGKILL)
+    except psutil.NoSuchProcess:
+        pass
+    proc.wait()
+
+
+def finish(proc: subprocess.Popen, timeout: float) -> int:
+    """The run's exit code; one still going after `timeout` is killed and named, not waited on forever."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill(proc)
+        raise RuntimeError(f"still running after {timeout:.0f} s (killed)") from None
+
+
 def steps(run: Path, attempt: int | None = None) -> list[dict]:
     out, cur = [], 0
     for e in read_events(run / "events.jsonl"):
@@ -86,36 +138,120 @@ def steps(run: Path, attempt: int | None = None) -> list[dict]:
     return out
 
 
-def async_checkpoints() -> dict:
-    """{"async": True} where this mt takes `[checkpoint] async = true`, else {} and a note."""
-    try:
-        config_from_dict(merged(GPT2, checkpoint={"async": True}), "gpu_check")
-    except ConfigError as e:
-        print(f"note: async checkpoints skipped, [checkpoint] async is not accepted here ({e})", flush=True)
-        return {}
-    return {"async": True}
+def exited_ok(rc: int | None) -> list[str]:
+    return [] if rc == 0 else [f"exit code {rc} (see its torchrun.log)"]
 
 
-def fsdp_compile(root: Path, steps_n: int, gpt2: dict) -> dict:
-    """gpt2-small under fsdp, eager then compiled: MFU side by side, and what checkpoints cost the loop."""
-    ckpt = {"every_steps": 20, **async_checkpoints()}
-    out: dict = {"async_checkpoint": bool(ckpt.get("async"))}
+def ran_all(rc: int | None, got: int, want: int) -> list[str]:
+    """The problems of a run that should have exited 0 after `want` steps."""
+    return exited_ok(rc) + ([] if got == want else [f"{got} steps of {want}"])
+
+
+def precision_part(root: Path, tiny: dict, precision: str) -> tuple[dict, list[str]]:
+    faults = {"overflow_at_step": OVERFLOW_AT} if precision == "fp16" else {}
+    run = make(root, precision, tiny, train={"precision": precision}, faults=faults)
+    rc = finish(start(run), 600)
+    s = steps(run)
+    res = {"rc": rc, "steps": len(s), "first_loss": s[0]["loss"] if s else None, "last_loss": s[-1]["loss"] if s else None,
+           "skipped_steps": [e["step"] for e in s if e["skipped"]],
+           "median_tok_s": statistics.median(e["tokens_per_s"] for e in s[5:]) if len(s) > 5 else None}
+    problems = ran_all(rc, len(s), tiny["train"]["max_steps"])
+    want_skipped = [OVERFLOW_AT] if faults else []
+    if res["skipped_steps"] != want_skipped:
+        problems.append(f"skipped steps {res['skipped_steps']}, expected {want_skipped}")
+    return res, problems
+
+
+def resume_part(root: Path, tiny: dict, ref: Path, ref_rc: int | None) -> tuple[dict, list[str]]:
+    """SIGKILL mid-run after a checkpoint, resume, and compare every later loss with `ref`, the same
+    config uninterrupted (the bf16 part's run: one launch fewer)."""
+    max_steps, every = tiny["train"]["max_steps"], tiny["checkpoint"]["every_steps"]
+    run = make(root, "killed", tiny, train={"precision": "bf16"}, faults={"hang_at_step": KILL_AT})
+    proc = start(run)
+    deadline = time.monotonic() + 600
+    while not any(e["step"] >= KILL_AT - 1 for e in steps(run)):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            kill(proc)
+            raise RuntimeError(f"the run to kill never reached step {KILL_AT - 1} (exit code {proc.returncode})")
+        time.sleep(0.2)
+    kill(proc)
+    resumed_rc = finish(start(run, attempt=2), 600)
+    res, problems = resume_verdict({e["step"]: e["loss"] for e in steps(ref)}, steps(run, 2), max_steps, every)
+    res = {"ref_rc": ref_rc, "killed_rc": proc.returncode, "resumed_rc": resumed_rc, **res}
+    problems += [f"reference run: {p}" for p in exited_ok(ref_rc)] + [f"resumed attempt: {p}" for p in exited_ok(resumed_rc)]
+    return res, problems
+
+
+def resume_verdict(refs: dict[int, float], after: list[dict], max_steps: int, every: int) -> tuple[dict, list[str]]:
+    """The resumed attempt's steps against the uninterrupted run's losses: every step after the last
+    checkpoint before KILL_AT must be there and equal, bit for bit (none compared is a failure)."""
+    want_at = (KILL_AT - 1) // every * every
+    diffs = [abs(e["loss"] - refs[e["step"]]) for e in after if e["step"] in refs]
+    resumed_at = after[0]["step"] - 1 if after else None
+    res = {"resumed_at": resumed_at, "steps_compared": len(diffs), "bitwise_equal": bool(diffs) and all(d == 0 for d in diffs),
+           "max_abs_loss_diff": max(diffs) if diffs else None}
+    problems = []
+    if len(refs) != max_steps:
+        problems.append(f"the uninterrupted run logged {len(refs)} steps of {max_steps}")
+    if resumed_at != want_at:
+        problems.append(f"resumed at step {resumed_at}, expected the checkpoint of step {want_at}")
+    if len(diffs) != max_steps - want_at:
+        problems.append(f"{len(diffs)} steps compared, expected {max_steps - want_at}: the check compared too little")
+    elif not res["bitwise_equal"]:
+        problems.append(f"losses after the resume differ from the uninterrupted run (max {res['max_abs_loss_diff']})")
+    return res, problems
+
+
+def gpt2_part(root: Path, gpt2: dict, n: int, dry_run: bool) -> tuple[dict, list[str]]:
+    run = make(root, "gpt2", gpt2, train={"max_steps": n})
+    rc = finish(start(run), 540)
+    every = steps(run)
+    s = every[min(20, n // 2):]  # past warm-up
+    res = {"rc": rc, "steps": len(every), "median_tok_s": statistics.median(e["tokens_per_s"] for e in s) if s else None,
+           "median_mfu": statistics.median(e.get("mfu") or 0 for e in s) if s else None,
+           "peak_mem_gib": max(e["mem_peak_bytes"] for e in s) / 2**30 if s else None}
+    problems = ran_all(rc, len(every), n)
+    if not dry_run and not res["median_mfu"]:
+        problems.append("no MFU measured on the GPU")
+    return res, problems
+
+
+def fsdp_part(root: Path, gpt2: dict, n: int, dry_run: bool) -> tuple[dict, list[str]]:
+    """gpt2-small under fsdp, eager then compiled: MFU side by side, and what async checkpoints cost the loop."""
+    ckpt = {"every_steps": max(1, min(20, n // 2)), **ASYNC_CKPT}
+    out: dict = {}
+    problems: list[str] = []
     for name, compiled in (("fsdp_eager", False), ("fsdp_compile", True)):
-        run = make(root, name, gpt2, train={"max_steps": steps_n, "strategy": "fsdp", "compile": compiled}, checkpoint=ckpt)
-        rc = start(run).wait(timeout=300)
+        run = make(root, name, gpt2, train={"max_steps": n, "strategy": "fsdp", "compile": compiled}, checkpoint=ckpt)
+        rc = finish(start(run), 300)
         s = steps(run)
-        later = s[10:]
+        later = s[min(10, n // 2):]
         cks = [e for e in read_events(run / "events.jsonl") if e["kind"] == "checkpoint"]
         out[name] = {"rc": rc, "steps": len(s), "first_step_s": s[0]["step_time_s"] if s else None,
                      "median_tok_s": statistics.median(e["tokens_per_s"] for e in later) if later else None,
                      "median_mfu": statistics.median(e.get("mfu") or 0 for e in later) if later else None,
                      "recompiles": sum(e.get("recompiles") or 0 for e in s),
+                     "async_checkpoint": json.loads((run / "config.json").read_text())["checkpoint"]["async"],
                      "checkpoints": [{"step": e["step"], "seconds": e.get("seconds"), "blocking_s": e.get("blocking_s")} for e in cks]}
-        print(name, out[name], flush=True)
+        problems += [f"{name}: {p}" for p in ran_all(rc, len(s), n)]
+        if not out[name]["checkpoints"] or any(c["blocking_s"] is None for c in out[name]["checkpoints"]):
+            problems.append(f"{name}: no async checkpoint measured (blocking_s)")
+        if not dry_run and not out[name]["median_mfu"]:
+            problems.append(f"{name}: no MFU measured on the GPU")
     eager, comp = out["fsdp_eager"], out["fsdp_compile"]
     if eager["median_tok_s"] and comp["median_tok_s"]:
         out["compile_speedup"] = comp["median_tok_s"] / eager["median_tok_s"]
-    return out
+    return out, problems
+
+
+def run_part(report: Report, name: str, part: Callable[[], tuple[dict, list[str]]]) -> None:
+    """One part into the report; one that raises is a problem, and the parts after it still run."""
+    t0 = time.monotonic()
+    try:
+        res, problems = part()
+    except Exception as e:  # noqa: BLE001 - a bug in one part must not cost the lent GPU's other parts
+        res, problems = {}, [f"raised {type(e).__name__}: {e}"]
+    report.add(name, {**res, "seconds": round(time.monotonic() - t0, 1)}, problems)
 
 
 def main() -> None:
@@ -129,47 +265,22 @@ def main() -> None:
     if a.dry:
         tiny["train"]["max_steps"] = 30
         gpt2["train"]["precision"] = "fp32"  # bf16 autocast on CPU is slow and says nothing here
+        gpt2["train"]["warmup_steps"] = 2
         a.gpt2_steps, a.fsdp_steps = min(a.gpt2_steps, 25), min(a.fsdp_steps, 25)
-    report: dict = {"dry": a.dry}
+    report = Report(Path(a.out) / "gpu_check.json", {"dry": a.dry})
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        for precision, faults in [("bf16", {}), ("fp16", {"overflow_at_step": 20})]:
-            run = make(root, precision, tiny, train={"precision": precision}, faults=faults)
-            rc = start(run).wait(timeout=600)
-            s = steps(run)
-            report[precision] = {"rc": rc, "first_loss": s[0]["loss"] if s else None, "last_loss": s[-1]["loss"] if s else None,
-                                 "skipped_steps": [e["step"] for e in s if e["skipped"]],
-                                 "median_tok_s": statistics.median(e["tokens_per_s"] for e in s[5:]) if len(s) > 5 else None}
-            print(precision, report[precision], flush=True)
-
-        ref = make(root, "ref", tiny)
-        start(ref).wait(timeout=600)
-        run = make(root, "killed", tiny)
-        proc = start(run)
-        while not any(e["step"] >= 25 for e in steps(run)):
-            time.sleep(0.2)
-        parent = psutil.Process(proc.pid)
-        for p in [parent] + parent.children(recursive=True):
-            p.send_signal(signal.SIGKILL)
-        proc.wait()
-        start(run, attempt=2).wait(timeout=600)
-        refs = {e["step"]: e["loss"] for e in steps(ref)}
-        after = steps(run, 2)
-        diffs = [abs(e["loss"] - refs[e["step"]]) for e in after]
-        report["resume"] = {"resumed_at": after[0]["step"] - 1 if after else None, "steps_compared": len(diffs),
-                            "bitwise_equal": all(d == 0 for d in diffs), "max_abs_loss_diff": max(diffs) if diffs else None}
-        print("resume", report["resume"], flush=True)
-
-        run = make(root, "gpt2", gpt2, train={"max_steps": a.gpt2_steps})
-        rc = start(run).wait(timeout=540)
-        s = steps(run)[20:]
-        report["gpt2_small"] = {"rc": rc, "steps": len(s) + 20, "median_tok_s": statistics.median(e["tokens_per_s"] for e in s) if s else None,
-                                "median_mfu": statistics.median(e.get("mfu") or 0 for e in s) if s else None,
-                                "peak_mem_gib": max(e["mem_peak_bytes"] for e in s) / 2**30 if s else None}
-        print("gpt2_small", report["gpt2_small"], flush=True)
-
-        report["gpt2_fsdp"] = fsdp_compile(root, a.fsdp_steps, gpt2)
-    Path(a.out, "gpu_check.json").write_text(json.dumps(report, indent=1))
+        for precision in ("bf16", "fp16"):
+            run_part(report, precision, lambda p=precision: precision_part(root, tiny, p))
+        run_part(report, "resume", lambda: resume_part(root, tiny, root / "bf16", report.data["bf16"].get("rc")))
+        run_part(report, "gpt2_small", lambda: gpt2_part(root, gpt2, a.gpt2_steps, a.dry))
+        run_part(report, "gpt2_fsdp", lambda: fsdp_part(root, gpt2, a.fsdp_steps, a.dry))
+    if report.data["problems"]:
+        print(f"gpu_check FAILED, {len(report.data['problems'])} problem(s) (in {report.path}):", file=sys.stderr)
+        for p in report.data["problems"]:
+            print(f"  {p}", file=sys.stderr)
+        sys.exit(1)
+    print(f"gpu_check passed: {report.path}")
 
 
 if __name__ == "__main__":

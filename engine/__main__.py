@@ -5,6 +5,7 @@ import argparse
 import faulthandler
 import signal
 import sys
+import traceback
 from pathlib import Path
 
 from engine import exit_now
@@ -63,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         return trainer.train()
     except (ResumeRefused, UserCodeError, InitFromError) as e:
         why = f"resume refused: {e}" if isinstance(e, ResumeRefused) else str(e)
+        if isinstance(e, UserCodeError) and e.__cause__ is not None:
+            traceback.print_exception(e.__cause__)  # where in the user's code it raised, into the rank log
         dist.log(why)
         if rank == 0:
             EventWriter(paths.events).emit("run_end", step=0, status="failed", reason=why)

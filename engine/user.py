@@ -43,13 +43,19 @@ def add_workdir(cfg: Config) -> None:
         sys.path.insert(0, cfg.run.workdir)
 
 
-def import_callable(spec: str, key: str) -> Callable[..., Any]:
-    """`module:attr.path` as a callable, or UserCodeError saying which part is wrong."""
+def import_callable(spec: str, key: str, workdir: str = "") -> Callable[..., Any]:
+    """`module:attr.path` as a callable, or UserCodeError saying which part is wrong (and, for a
+    module not found, where it was looked for: `workdir` is the folder mt launch ran in)."""
     module_name, _, attr_path = spec.partition(":")
     try:
         obj: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
-        where = "" if e.name == module_name else f" (it imports {e.name!r}, which is not installed)"
+        if e.name != module_name:
+            where = f" (it imports {e.name!r}, which is not installed)"
+        else:
+            folder = workdir or os.getcwd()
+            where = (f": looked in {folder} (where mt launch ran) and the installed packages; run mt launch from the"
+                     f" folder that holds {module_name.replace('.', '/')}.py, or set [run] workdir to it")
         raise UserCodeError(key, f"cannot import module {module_name!r}{where}") from None
     except Exception as e:  # noqa: BLE001 - whatever the user's module raises while importing
         raise UserCodeError(key, f"importing {module_name!r} failed: {type(e).__name__}: {e}") from None
@@ -74,17 +80,25 @@ def check_args(fn: Callable[..., Any], spec: str, key: str, *args: Any, **kwargs
         raise UserCodeError(key, f"{spec}{sig} does not accept {_describe(args, kwargs)}: {e}") from None
 
 
-def _describe(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+def call_factory(fn: Callable[..., Any], spec: str, key: str, *args: Any, **kwargs: Any) -> Any:
+    """fn(*args, **kwargs); what it raises becomes a UserCodeError naming the factory and its call."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:  # whatever the user's factory raises is theirs to fix
+        raise UserCodeError(key, f"{spec}{_describe(args, kwargs, '()')} raised {type(e).__name__}: {e}") from e
+
+
+def _describe(args: tuple[Any, ...], kwargs: dict[str, Any], empty: str = "no arguments") -> str:
     parts = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
-    return f"({', '.join(parts)})" if parts else "no arguments"
+    return f"({', '.join(parts)})" if parts else empty
 
 
 def build_model(cfg: Config) -> nn.Module:
     """`[model] factory(**args)`, checked to be an nn.Module."""
     m = cfg.model
-    fn = import_callable(m.factory, "model.factory")
+    fn = import_callable(m.factory, "model.factory", cfg.run.workdir)
     check_args(fn, m.factory, "model.args", **m.args)
-    model = fn(**m.args)
+    model = call_factory(fn, m.factory, "model.factory", **m.args)
     if not isinstance(model, nn.Module):
         raise UserCodeError("model.factory", f"{m.factory} returned a {type(model).__name__}, not a torch.nn.Module")
     return model
@@ -93,9 +107,9 @@ def build_model(cfg: Config) -> nn.Module:
 def build_dataset(cfg: Config, split: str) -> Any:
     """`[data] factory(split, **args)`: a map-style dataset (len and indexing), or None."""
     d = cfg.data
-    fn = import_callable(d.factory, "data.factory")
+    fn = import_callable(d.factory, "data.factory", cfg.run.workdir)
     check_args(fn, d.factory, "data.args", split, **d.args)
-    ds = fn(split, **d.args)
+    ds = call_factory(fn, d.factory, "data.factory", split, **d.args)
     if ds is None:
         return None
     if not (hasattr(ds, "__len__") and hasattr(ds, "__getitem__")):
@@ -108,11 +122,42 @@ def build_dataset(cfg: Config, split: str) -> Any:
 
 def call_model(model: nn.Module, batch: Any) -> Any:
     """`model(*batch)` for a tuple or list, `model(**batch)` for a dict, `model(batch)` otherwise."""
-    if isinstance(batch, (tuple, list)):
-        return model(*batch)
+    try:
+        if isinstance(batch, (tuple, list)):
+            return model(*batch)
+        if isinstance(batch, dict):
+            return model(**batch)
+        return model(batch)
+    except TypeError as e:
+        problem = batch_mismatch(model, batch)  # only looked for once the call failed: nothing per step
+        if problem:
+            raise UserCodeError("model.factory", problem) from e
+        raise
+
+
+def batch_mismatch(model: nn.Module, batch: Any) -> str | None:
+    """Why call_model cannot pass this batch to the model's forward (None: its signature takes it)."""
+    inner = getattr(model, "_orig_mod", model)  # torch.compile's wrapper, then DDP's: their forward takes anything
+    inner = inner.module if isinstance(inner, nn.parallel.DistributedDataParallel) else inner
+    model = getattr(inner, "_orig_mod", inner)
+    forward = getattr(model, "forward", None)
+    try:
+        sig = inspect.signature(forward)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
     if isinstance(batch, dict):
-        return model(**batch)
-    return model(batch)
+        args, kwargs, how = (), batch, f"a dict with keys {sorted(map(str, batch))}, passed as keywords"
+    elif isinstance(batch, (tuple, list)):
+        args, kwargs, how = tuple(batch), {}, f"a {type(batch).__name__} of {len(batch)}, passed by position"
+    else:
+        args, kwargs, how = (batch,), {}, f"a {type(batch).__name__}, passed as one argument"
+    try:
+        sig.bind(*args, **kwargs)
+    except TypeError as e:
+        name = type(model).__name__
+        return (f"each batch is {how}, but {name}.forward{sig} does not take it ({e}); return samples"
+                " that match forward's parameters (a dict for keyword ones, a tuple for positional-only ones)")
+    return None
 
 
 def loss_of(out: Any, what: str) -> torch.Tensor:
@@ -156,26 +201,45 @@ def tokens_per_sample(sample: Any) -> int | None:
 
 
 def check(cfg: Config) -> dict[str, Any]:
-    """What `mt launch` wants known before it starts: every factory imports and takes its args.
+    """What `mt launch` wants known before it starts: every factory imports, takes its args and
+    returns what it should, and the model takes a sample the way call_model passes it.
 
     Returns the files the answer depends on (for the CLI's cache) and an HF config's vocab_size."""
     before = set(sys.modules)
     add_workdir(cfg)
-    vocab = None
+    vocab, model, sample = None, None, None
     read: list[str] = []
     if cfg.model.kind == "python":
-        fn = import_callable(cfg.model.factory, "model.factory")
-        check_args(fn, cfg.model.factory, "model.args", **cfg.model.args)
+        model = _model_on_meta(cfg)
     if cfg.data.source == "python":
-        fn = import_callable(cfg.data.factory, "data.factory")
-        check_args(fn, cfg.data.factory, "data.args", "train", **cfg.data.args)
+        sample = _first_sample(cfg)
     if cfg.data.collate:
-        fn = import_callable(cfg.data.collate, "data.collate")
+        fn = import_callable(cfg.data.collate, "data.collate", cfg.run.workdir)
         check_args(fn, cfg.data.collate, "data.collate", [])
+    elif model is not None and sample is not None and (problem := batch_mismatch(model, sample)):
+        raise UserCodeError("model.factory", problem)  # the default collate keeps a sample's dict or tuple
     if cfg.model.kind == "hf":
         from engine.hf import check_hf
         vocab, read = check_hf(cfg)
     return {"files": depends_on([sys.modules[m] for m in set(sys.modules) - before]) + read, "model_vocab": vocab}
+
+
+def _model_on_meta(cfg: Config) -> nn.Module:
+    """The factory's model on the meta device (no memory, no init); on the CPU for a factory that
+    needs real tensors, whose error then is the one to report."""
+    try:
+        with torch.device("meta"):
+            return build_model(cfg)
+    except UserCodeError:
+        return build_model(cfg)
+
+
+def _first_sample(cfg: Config) -> Any:
+    ds = build_dataset(cfg, "train")
+    try:
+        return ds[0]
+    except Exception as e:  # whatever the user's dataset raises is theirs to fix
+        raise UserCodeError("data.factory", f"{cfg.data.factory}('train')[0] raised {type(e).__name__}: {e}") from e
 
 
 def depends_on(modules: list[Any]) -> list[str]:
@@ -213,4 +277,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    exit_now(main())
+    # `python -m engine.user` runs this file as __main__: main() must be engine.user's own, so that it
+    # catches the UserCodeError that engine.hf and engine.parallel import from engine.user
+    from engine.user import main as imported_main
+    exit_now(imported_main())

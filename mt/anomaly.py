@@ -220,7 +220,7 @@ class StepAnomalies:
         if loss is None or skipped or len(self.loss_diffs) + 1 < self.m.spike_min_history:
             return None
         med = self.losses.median()
-        floor = med + self.m.spike_min_jump * abs(med)
+        floor = med + max(self.m.spike_min_jump * abs(med), self.m.spike_min_abs)
         if loss <= floor:
             return None
         scale = max(self.loss_diffs.median() * _DIFF_MAD_TO_SIGMA, 1e-12)
@@ -246,15 +246,15 @@ class StepAnomalies:
         if gn is None or skipped or len(self.grads) < self.m.spike_min_history:
             return None
         med = self.grads.median()
-        if med > 0 and gn > self.m.grad_explosion_factor * med:
+        threshold = max(self.m.grad_explosion_factor * med, self.m.grad_explosion_min_norm)
+        if med > 0 and gn > threshold:
             lr = _finite(step.get("lr"))
-            threshold = self.m.grad_explosion_factor * med
             evidence = {"reason": "norm", "grad_norm": _r(gn), "median": _r(med),
                         "factor": _r(gn / med, 3), "threshold": _r(threshold, 6),
                         "window_steps": len(self.grads), "lr": _r(lr),
                         "loss": _r(_finite(step.get("loss"))), "grad_clip": self.grad_clip}
             detail = (f"grad norm {gn:.4g} at step {s} is {gn / med:.1f}x its rolling median {med:.4g} "
-                      f"(threshold {self.m.grad_explosion_factor:g}x); lr {_fmt(lr)}")
+                      f"(threshold {self.m.grad_explosion_factor:g}x, at least {self.m.grad_explosion_min_norm:g}); lr {_fmt(lr)}")
             return _incident(s, "grad_explosion", "warn", f"Gradient explosion at step {s}", detail,
                              ADVICE["grad_explosion"], evidence)
         return None

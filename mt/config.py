@@ -179,12 +179,16 @@ class MonitorConfig:
     """A loss spike is this many noise sigmas (robust, from step-to-step differences) above the median."""
     spike_min_jump: float = _c(0.5, gt=0)
     """Relative jump over the rolling median a spike must also exceed."""
+    spike_min_abs: float = _c(0.05, ge=0)
+    """And its rise over the median in loss units: near zero loss a relative jump is noise."""
     spike_min_history: int = _c(20, ge=3)
     """Steps of history before loss and grad-norm spikes are judged (per attempt)."""
     spike_window: int = _c(100, ge=5)
     """Steps in the loss-noise estimate and in the grad-norm rolling median."""
     grad_explosion_factor: float = _c(10.0, gt=1)
     """Grad norm this many times its rolling median is an explosion."""
+    grad_explosion_min_norm: float = _c(0.1, ge=0)
+    """A grad norm at or below this is never an explosion (a converged run's norms jump 10x at 1e-3)."""
     clip_active_share: float = _c(0.9, gt=0, le=1)
     """Clipping on this share of the last clip_window steps is reported (info)."""
     clip_window: int = _c(50, ge=1)

@@ -41,6 +41,12 @@ CASES = [
      ["model.init_from", "no such file or run directory"]),
     ("args-date", GOOD_MODEL + "\nwhen = 2026-12-01", GOOD_DATA, ["model.args.when", "expected a string, number"]),
     ("import-raises", 'kind = "python"\nfactory = "broken:build"', GOOD_DATA, ["model.factory", "importing 'broken' failed", "ZeroDivisionError"]),
+    ("factory-raises", 'kind = "python"\nfactory = "my_models:raises"\n[model.args]\nhidden = 16', GOOD_DATA,
+     ["model.factory: my_models:raises(hidden=16) raised ValueError: hidden = 16 is not a multiple of 64"]),
+    ("data-factory-raises", GOOD_MODEL, 'source = "python"\nfactory = "my_data:unreadable"',
+     ["data.factory: my_data:unreadable('train') raised ValueError: no shards under /data/shards"]),
+    ("dict-to-positional", 'kind = "python"\nfactory = "my_models:positional"', GOOD_DATA,
+     ["model.factory", "a dict with keys ['input_ids', 'labels']", "Positional.forward(input_ids, labels, /)"]),
 ]
 
 
@@ -52,7 +58,7 @@ def test_bad_user_code_is_rejected_before_anything_exists(tmp_path: Path, case: 
     assert_refused(tmp_path, work, model, data, words)
 
 
-def assert_refused(tmp_path: Path, work: Path | None, model: str, data: str, words: list[str]) -> None:
+def assert_refused(tmp_path: Path, work: Path | None, model: str, data: str, words: list[str]) -> str:
     """`mt launch` exits 2 with one line naming the preset and every word, and makes no run."""
     runs = tmp_path / "runs"
     path = tmp_path / "p.toml"
@@ -64,6 +70,13 @@ def assert_refused(tmp_path: Path, work: Path | None, model: str, data: str, wor
     for w in words:
         assert w in err, f"{w!r} not in {err!r}"
     assert not runs.exists(), "a run directory was created for bad input"
+    return err
+
+
+def test_a_factory_not_found_says_where_it_was_looked_for(tmp_path: Path) -> None:
+    work_folder(tmp_path)  # my_models.py is there, but mt launch runs here, with no [run] workdir
+    assert_refused(tmp_path, None, GOOD_MODEL, GOOD_DATA, ["model.factory", "cannot import module 'my_models'",
+                                                           f"looked in {Path.cwd()} (where mt launch ran)", "[run] workdir"])
 
 
 @pytest.mark.slow
@@ -91,4 +104,5 @@ HF_CASES = [
 
 @pytest.mark.parametrize("case, model, words", HF_CASES, ids=[c[0] for c in HF_CASES])
 def test_bad_hf_model_is_rejected_before_anything_exists(tmp_path: Path, case: str, model: str, words: list[str]) -> None:
-    assert_refused(tmp_path, None, model, 'source = "synthetic"', words)
+    err = assert_refused(tmp_path, None, model, 'source = "synthetic"', words)
+    assert "factor" not in err and "engine." not in err and "Error:" not in err, err  # no factory here, nor mt's internals

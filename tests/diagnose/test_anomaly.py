@@ -211,3 +211,24 @@ def test_math_sanity_of_streams() -> None:
     # the synthetic curve really has the early fall the rules must tolerate
     s = steps(100, 0)
     assert s[0]["loss"] > 1.5 * s[-1]["loss"] and all(math.isfinite(x["loss"]) for x in s)
+
+
+def converged(seed: int) -> list[dict]:
+    """A run that converges to ~1e-4: noise and 10-30x grad-norm jumps that are large only relatively."""
+    stream = steps(400, seed, start=3.0, floor=1e-4, tau=15, noise=0.6)
+    for k, s in enumerate(stream[150:], 150):
+        s["grad_norm"] *= 1e-3 * (25 if k % 37 == 0 else 1)
+        s["clipped"] = False
+        if k % 41 == 0:
+            s["loss"] *= 12
+    return stream
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_near_zero_loss_jumps_are_no_incidents_but_real_ones_are(seed: int) -> None:
+    stream = converged(seed)
+    assert run(stream) == []
+    stream[300]["loss"], stream[350]["grad_norm"] = 0.8, 2.0  # above both floors: a spike and an explosion
+    assert [(i["code"], i["step"]) for i in run(stream)] == [("loss_spike", 301), ("grad_explosion", 351)]
+    floors = MonitorConfig(spike_min_abs=0.0, grad_explosion_min_norm=0.0)  # the rules without them: the noise fires
+    assert {i["code"] for i in run(converged(seed), floors)} == {"loss_spike", "grad_explosion"}

@@ -97,3 +97,29 @@ def test_a_model_that_returns_no_loss_fails_at_the_first_step_saying_what_came_b
     assert "my_models:logits_only(...) returned a Tensor of shape [4, 16, 32]" in end["reason"], end["reason"]
     assert "scalar loss" in end["reason"]
     assert all("returned a Tensor" in (run / "logs" / f"rank{r}.log").read_text() for r in (0, 1))
+
+
+@pytest.mark.slow
+def test_a_batch_the_models_forward_cannot_take_names_the_batch_and_the_signature(tmp_path):
+    base = user_base(tmp_path)  # mt's token windows come as (x, y); this forward takes keywords only
+    run = make_run(tmp_path, "kwonly", base, **SHORT, model={**base["model"], "factory": "my_models:keywords_only", "args": {}},
+                   data={"source": "synthetic", "synthetic_samples": 256, "factory": "", "args": {}})
+    assert run_engine(run) == 2, logs(run)
+    end = events(run, "run_end")[-1]
+    assert end["status"] == "failed" and not events(run, "step")
+    assert end["reason"].startswith("model.factory: each batch is a list of 2, passed by position"), end["reason"]
+    assert "KeywordsOnly.forward(*, input_ids, labels) does not take it" in end["reason"], end["reason"]
+    assert "TypeError" in (run / "logs" / "rank0.log").read_text()  # the call that failed, for the user
+
+
+@pytest.mark.slow
+def test_a_run_converging_to_1e_4_raises_no_loss_spike_or_grad_explosion(tmp_path):
+    # the tagger learns its mapping exactly: losses ~1e-4 with dropout noise, grad norms ~1e-4 that jump 20x
+    base = user_base(tmp_path)
+    run = make_run(tmp_path, "converge", base, checkpoint={"every_steps": 0}, data={**base["data"], "args": {"n": 512, "seq_len": 16}},
+                   train={"max_steps": 300, "grad_accum_steps": 1, "micro_batch_size": 8, "lr": 3e-2, "min_lr": 3e-2,
+                          "warmup_steps": 0, "weight_decay": 0.0})
+    assert run_engine(run) == 0, logs(run)
+    losses = [s["loss"] for s in events(run, "step")]
+    assert len(losses) == 300 and max(losses[-100:]) < 2e-3 and min(losses[-100:]) < 1e-4, losses[-100:]
+    assert [(i["step"], i["code"]) for i in events(run, "incident")] == []

@@ -67,6 +67,28 @@ def regressor():
 
 
 not_callable = 3
+
+
+def raises(hidden=16):
+    raise ValueError(f"hidden = {hidden} is not a multiple of 64")
+
+
+class Positional(Tagger):           # a dict batch cannot reach it: its parameters are positional-only
+    def forward(self, input_ids, labels, /):
+        return Tagger.forward(self, input_ids, labels)
+
+
+def positional(vocab=32, hidden=32):
+    return Positional(vocab, hidden, 0.0)
+
+
+class KeywordsOnly(Tagger):         # mt's token windows come as (x, y): they cannot reach it
+    def forward(self, *, input_ids, labels):
+        return Tagger.forward(self, input_ids, labels)
+
+
+def keywords_only(vocab=64, hidden=32):
+    return KeywordsOnly(vocab, hidden, 0.0)
 '''
 
 DATA = '''
@@ -100,6 +122,10 @@ class Points(Dataset):
 
 def points(split):
     return Points() if split == "train" else None
+
+
+def unreadable(split):
+    raise ValueError("no shards under /data/shards")
 
 
 def build(split, n=512, seq_len=16, val_n=0):

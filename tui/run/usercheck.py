@@ -93,15 +93,25 @@ def check_user_code(cfg: Config, source: str) -> UserCheck | None:
         proc = subprocess.run([sys.executable, "-P", "-m", "engine.user", "--check"], input=json.dumps(cfg.to_dict()),
                               capture_output=True, text=True, cwd=cfg.run.workdir or None, timeout=300, check=False)
     except subprocess.TimeoutExpired:
-        raise ConfigError(source, "model.factory", "importing the factories took over 300 s") from None
+        raise ConfigError(source, checked_key(cfg), "checking the preset's code took over 300 s") from None
     last = (proc.stdout.strip().splitlines() or ["\t"])[-1]
     if proc.returncode == 0:
         return _passed(last)
     key, _, message = last.partition("\t")
     if not message:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ConfigError(source, "model.factory", f"checking the factories failed: {tail}")
+        raise ConfigError(source, checked_key(cfg), f"checking the preset's code failed: {tail}")
     raise ConfigError(source, key, message)
+
+
+def checked_key(cfg: Config) -> str:
+    """The preset key a check that ended without naming one is about (a preset without a factory
+    must not hear of one)."""
+    if cfg.model.kind == "python":
+        return "model.factory"
+    if cfg.model.kind == "hf":
+        return "model.hf"
+    return "data.factory" if cfg.data.source == "python" else "data.collate"
 
 
 def _passed(line: str) -> UserCheck:

@@ -1,0 +1,49 @@
+"""bench/gpu_check.py --dry: every part of the GPU check runs on the CPU and checks something."""
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .runner import REPO
+
+SCRIPT = REPO / "bench" / "gpu_check.py"
+
+
+def test_a_resume_check_that_compared_nothing_or_differs_is_a_problem() -> None:
+    verdict = runpy.run_path(str(SCRIPT), run_name="gpu_check")["resume_verdict"]
+    refs = {s: 1.0 / s for s in range(1, 31)}
+    resumed = [{"step": s, "loss": 1.0 / s} for s in range(21, 31)]
+    assert verdict(refs, resumed, 30, 10)[1] == []
+    res, problems = verdict(refs, [], 30, 10)  # the old check: 0 steps, "bitwise_equal: True"
+    assert res["steps_compared"] == 0 and res["bitwise_equal"] is False
+    assert any("0 steps compared, expected 10" in p for p in problems)
+    off = resumed[:3] + [{"step": 24, "loss": 0.5}] + resumed[4:]
+    assert any("differ from the uninterrupted run" in p for p in verdict(refs, off, 30, 10)[1])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_dry_gpu_check_runs_every_part_and_writes_its_report_into_a_new_folder(tmp_path: Path) -> None:
+    out = tmp_path / "not" / "yet"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    p = subprocess.run([sys.executable, str(SCRIPT), "--dry", "--out", str(out), "--gpt2-steps", "6", "--fsdp-steps", "6"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=560)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    report = json.loads((out / "gpu_check.json").read_text())
+    assert report["problems"] == []
+    assert report["fp16"]["skipped_steps"] == [20] and report["bf16"]["steps"] == 30
+    resume = report["resume"]
+    assert resume["killed_rc"] == -9 and resume["resumed_at"] == 20
+    assert resume["steps_compared"] == 10 and resume["bitwise_equal"] is True
+    assert report["gpt2_small"]["steps"] == 6
+    for name in ("fsdp_eager", "fsdp_compile"):
+        part = report["gpt2_fsdp"][name]
+        assert part["steps"] == 6 and part["async_checkpoint"] is True
+        assert [c["step"] for c in part["checkpoints"]] == [3, 6]
+        assert all(c["blocking_s"] is not None for c in part["checkpoints"])
