@@ -147,13 +147,7 @@ def ensure_reserve(path: Path, size: int = RESERVE_BYTES) -> bool:
     except OSError:
         return False
     try:
-        try:
-            os.posix_fallocate(fd, 0, size)
-        except OSError as e:
-            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                raise
-            os.pwrite(fd, b"\0" * size, 0)  # a filesystem without fallocate
-            os.fsync(fd)
+        allocate(fd, size)
         return True
     except OSError:
         os.close(fd)
@@ -163,6 +157,17 @@ def ensure_reserve(path: Path, size: int = RESERVE_BYTES) -> bool:
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+def allocate(fd: int, size: int) -> None:
+    """Give the first `size` bytes of an open file real blocks (not a sparse hole); OSError if no room."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+        os.pwrite(fd, b"\0" * size, 0)  # a filesystem without fallocate
+        os.fsync(fd)
 
 
 @dataclass
