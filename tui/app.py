@@ -294,11 +294,17 @@ class MtApp(ViewKeys, PlotKeys, App[int]):
         self._send("stop", "stop requested: final checkpoint, then the run ends")
 
     def _send(self, action: str, text: str) -> None:
+        from tui.run.control import NotReporting, request_stop, send_request  # import lazily
         try:
-            from tui.run.control import send_request  # the CLI engineer's module; import lazily
-            rid = send_request(self.run_dir, action)
+            rid = request_stop(self.run_dir) if action == "stop" else send_request(self.run_dir, action)
+        except NotReporting as e:  # a script with no run.step: no one would read the request
+            self.say(str(e), severity="warning")
+            return
         except Exception as e:  # noqa: BLE001 - a failed request is said in the UI, never a crash
             self.say(f"could not send {action}: {e}", severity="error")
+            return
+        if rid is None:  # stop for a script that reports nothing through mt: its supervisor got SIGTERM
+            self.say("stop: SIGTERM sent (the script reports nothing through mt: no final checkpoint)", title=action)
             return
         self.pending[rid] = action
         self.sent.append((rid, action))

@@ -301,12 +301,17 @@ def stop(
     """
     import time
 
-    from tui.run.control import wait_final
+    from tui.run.control import ControlError, request_stop, wait_answer, wait_final
+    from tui.rundir import NotARunError
     from tui.text.runs import last_checkpoint_line
 
     t0 = time.monotonic()
-    _, answer = _ask(run_dir, "stop", timeout)
-    if answer.status == "rejected":
+    try:
+        request_id = request_stop(run_dir)  # None: a script with no mt calls got SIGTERM instead
+    except (NotARunError, ControlError) as e:
+        fail(str(e))
+    answer = wait_answer(run_dir, request_id, timeout) if request_id is not None else None
+    if answer is not None and answer.status == "rejected":
         fail(f"stop rejected: {answer.detail}", RUN_FAILED)
     status = wait_final(run_dir, max(1.0, timeout - (time.monotonic() - t0)))
     state = status.get("state")

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -175,6 +176,15 @@ def test_a_script_without_mt_calls_gets_the_stall_rule_from_proc(tmp_path: Path)
     run_dir = Path(launch.stdout.strip().splitlines()[-1])
     try:
         found = wait_for(lambda: _incidents(run_dir, "dataloader_stall"), 90, "a dataloader_stall incident")
+        # nobody reads control/: checkpoint-now is refused at once, stop is a SIGTERM
+        t0 = time.monotonic()
+        ckpt = mt("ckpt", run_dir, "--timeout", "60")
+        assert ckpt.returncode == 2 and time.monotonic() - t0 < 20, ckpt.stdout + ckpt.stderr
+        assert "checkpoint now needs run.step" in ckpt.stderr and len(ckpt.stderr.splitlines()) == 1, ckpt.stderr
+        assert not [p for p in (run_dir / "control").iterdir() if p.suffix == ".json"]
+        stop = mt("stop", run_dir, "--timeout", "60")
+        assert stop.returncode == 0 and status(run_dir)["state"] == "stopped", stop.stdout + stop.stderr + str(status(run_dir))
+        assert status(run_dir)["reason"].startswith("stopped by SIGTERM"), status(run_dir)
     finally:
         mt("kill", run_dir)
     ev = found[0]["evidence"]
