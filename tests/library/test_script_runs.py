@@ -213,3 +213,5 @@ def test_a_one_process_script_gets_what_torchrun_gives_and_resumes(tmp_path: Pat
     assert bare.returncode == 1, bare.stdout + bare.stderr
     assert status(bare_dir)["reason"] == "the script faulty.py exited with code 1; see logs/rank0.log", status(bare_dir)
     assert "injected crash on rank 0 at step 2" in (bare_dir / "logs" / "rank0.log").read_text()
+    # it reported no step, so the incident names none (it said "at step 1")
+    assert "incident [error] crash before the first step: Worker crashed: rank 0 before the first step" in bare.stdout, bare.stdout
