@@ -203,8 +203,9 @@ class MtApp(ViewKeys, PlotKeys, App[int]):
             self._maybe_notify(ev)
         st = self.watcher.follower.state
         if st.state in ("failed", "killed") and not self._auto_rank_done:
-            # show the failing rank's log without being asked
-            self._auto_rank_done = True
+            # show the failing rank's log without being asked; until the rules' exit incident
+            # names it (it may come after the state), the reason's rank may only have lost its peer
+            self._auto_rank_done = st.exit_incident() is not None
             rank = st.failing_rank()
             if rank is not None and rank != self.watcher.log_rank:
                 self.watcher.set_log_rank(rank)
@@ -358,6 +359,7 @@ class MtApp(ViewKeys, PlotKeys, App[int]):
         self._auto_rank_done = False
 
     def action_next_rank(self) -> None:
+        self._auto_rank_done = True  # the user picks the log from now on
         self.watcher.set_log_rank((self.watcher.log_rank + 1) % self.watcher.ranks())
 
 
