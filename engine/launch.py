@@ -18,18 +18,23 @@ LOOPBACK = "127.0.0.1"
 
 def loopback_store(port: int = 0, timeout_s: float = 60.0):  # -> torch.distributed.TCPStore
     """A TCPStore server that listens on 127.0.0.1:port only (0: a free port)."""
-    import torch.distributed as dist
-
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.bind((LOOPBACK, port))
         sock.listen(256)
-        bound = sock.getsockname()[1]
-        # the store serves on the socket we bound (master_listen_fd) instead of binding `::` itself
-        return dist.TCPStore(LOOPBACK, bound, is_master=True, master_listen_fd=sock.detach(),
-                             use_libuv=True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+        return serve_store(sock, timeout_s)
     finally:
         sock.close()  # a no-op once detached; closes the socket if the store could not start
+
+
+def serve_store(sock: socket.socket, timeout_s: float = 60.0):  # -> torch.distributed.TCPStore
+    """A TCPStore server on `sock`, a listening socket bound to 127.0.0.1 (it takes the socket over)."""
+    import torch.distributed as dist
+
+    port = sock.getsockname()[1]
+    # the store serves on the socket we bound (master_listen_fd) instead of binding `::` itself
+    return dist.TCPStore(LOOPBACK, port, is_master=True, master_listen_fd=sock.detach(),
+                         use_libuv=True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
 
 
 def _handler(params):  # RendezvousParameters -> RendezvousHandler

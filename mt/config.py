@@ -13,6 +13,10 @@ from typing import Any, Literal
 HF_OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
               "HF_HUB_DISABLE_TELEMETRY": "1"}
 
+# A worker started without torchrun (one process) serves its process group's store on the
+# loopback socket its supervisor bound and handed down as this descriptor (engine/direct.py).
+STORE_FD_ENV = "MT_STORE_FD"
+
 
 class ConfigError(ValueError):
     """A preset or config.json that cannot be used; str() is the one line to show the user."""

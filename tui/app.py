@@ -204,8 +204,9 @@ class MtApp(ViewKeys, PlotKeys, App[int]):
             self._maybe_notify(ev)
         st = self.watcher.follower.state
         if st.state in ("failed", "killed") and not self._auto_rank_done:
-            # show the failing rank's log without being asked
-            self._auto_rank_done = True
+            # show the failing rank's log without being asked; until the rules' exit incident
+            # names it (it may come after the state), the reason's rank may only have lost its peer
+            self._auto_rank_done = st.exit_incident() is not None
             rank = st.failing_rank()
             if rank is not None and rank != self.watcher.log_rank:
                 self.watcher.set_log_rank(rank)
@@ -300,11 +301,17 @@ class MtApp(ViewKeys, PlotKeys, App[int]):
         self._send("stop", "stop requested: final checkpoint, then the run ends")
 
     def _send(self, action: str, text: str) -> None:
+        from tui.run.control import NotReporting, request_stop, send_request  # import lazily
         try:
-            from tui.run.control import send_request  # the CLI engineer's module; import lazily
-            rid = send_request(self.run_dir, action)
+            rid = request_stop(self.run_dir) if action == "stop" else send_request(self.run_dir, action)
+        except NotReporting as e:  # a script with no run.step: no one would read the request
+            self.say(str(e), severity="warning")
+            return
         except Exception as e:  # noqa: BLE001 - a failed request is said in the UI, never a crash
             self.say(f"could not send {action}: {e}", severity="error")
+            return
+        if rid is None:  # stop for a script that reports nothing through mt: its supervisor got SIGTERM
+            self.say("stop: SIGTERM sent (the script reports nothing through mt: no final checkpoint)", title=action)
             return
         self.pending[rid] = action
         self.sent.append((rid, action))
@@ -358,6 +365,7 @@ class MtApp(ViewKeys, PlotKeys, App[int]):
         self._auto_rank_done = False
 
     def action_next_rank(self) -> None:
+        self._auto_rank_done = True  # the user picks the log from now on
         self.watcher.set_log_rank((self.watcher.log_rank + 1) % self.watcher.ranks())
 
 

@@ -44,13 +44,23 @@ def fail(message: str, code: int = BAD_INPUT) -> NoReturn:
     raise typer.Exit(code)
 
 
+def _no_dashboard(headless: bool, instead: str = "following the run as with --headless") -> bool:
+    """True for --headless, and (said in one line) when stdin or stdout is not a terminal: the
+    dashboard would draw into a pipe and spin on a closed input."""
+    why = "" if headless else " and ".join(n for n, f in (("stdin", sys.stdin), ("stdout", sys.stdout))
+                                           if f is None or not f.isatty())
+    if why:
+        typer.echo(f"mt: {why} not a terminal: no dashboard; {instead}", err=True)
+    return headless or bool(why)
+
+
 def _attach(run_dir: Path, detach: bool, headless: bool, every: float = 1.0,
             since: tuple[int, float] | None = None) -> None:
     """After starting a run: print it (--detach), follow it (--headless) or open the dashboard."""
     if detach:
         typer.echo(str(run_dir))
         return
-    if headless:
+    if _no_dashboard(headless):
         from tui.format import safe_text
         from tui.text.headless import follow_headless
 
@@ -140,7 +150,7 @@ def watch(
         typer.echo(run_summary(run_dir))
         return
     _check_every(every)
-    if headless:
+    if _no_dashboard(headless):
         _attach(run_dir, False, True, every)
     from tui.app import run_app
 
@@ -151,6 +161,7 @@ def _compare(run_dirs: list[Path], once: bool, headless: bool) -> NoReturn:
     """`mt watch A B ...`: the overlay of their losses, or (--once) its header as text."""
     if headless:
         fail("--headless follows one run; give one RUN_DIR")
+    once = once or _no_dashboard(False, "the compare table, as with --once")
     if once:
         from tui.state.compare import compare_table
 
@@ -307,12 +318,17 @@ def stop(
     import time
 
     from tui.format import safe_text
-    from tui.run.control import wait_final
+    from tui.run.control import ControlError, request_stop, wait_answer, wait_final
+    from tui.rundir import NotARunError
     from tui.text.runs import last_checkpoint_line
 
     t0 = time.monotonic()
-    _, answer = _ask(run_dir, "stop", timeout)
-    if answer.status == "rejected":
+    try:
+        request_id = request_stop(run_dir)  # None: a script with no mt calls got SIGTERM instead
+    except (NotARunError, ControlError) as e:
+        fail(str(e))
+    answer = wait_answer(run_dir, request_id, timeout) if request_id is not None else None
+    if answer is not None and answer.status == "rejected":
         fail(f"stop rejected: {answer.detail}", RUN_FAILED)
     status = wait_final(run_dir, max(1.0, timeout - (time.monotonic() - t0)))
     state = status.get("state")

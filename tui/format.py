@@ -17,6 +17,11 @@ def fmt_num(v: float | None, spec: str = ".4g") -> str:
     return text if len(text) <= _WIDE else format(v, ".4g")
 
 
+def at_step(step: int | None) -> str:
+    """`at step S`; `before the first step` when no step ran (none, or 0: a run_end before any)."""
+    return f"at step {step}" if step else "before the first step"
+
+
 def fmt_loss(loss: float | None, floor: float | None) -> str:
     """The loss, with the data's floor (the best loss possible) beside it when the source has one."""
     return fmt_num(loss) + ("" if floor is None else f" (floor {fmt_num(floor)})")

@@ -5,9 +5,11 @@ import json
 import os
 import socket
 import subprocess
+import time
 from pathlib import Path
 from typing import Iterator
 
+import psutil
 import pytest
 
 from tests.cli.conftest import MT, REPO, events, mt, run_dir_from, status, wait_for, write_preset
@@ -148,3 +150,26 @@ def test_two_node_loopback_job_trains(two_node_job: list[subprocess.Popen[str]])
     assert events(holders[0], "run_end")[-1]["status"] == "completed"
     ranks = sorted(int(r) for d in dirs for r in status(d)["worker_pids"])
     assert ranks == [0, 1]
+
+
+def test_without_a_terminal_there_is_no_dashboard_and_no_spinning(tmp_path: Path, runs: Path) -> None:
+    # as `mt launch`/`mt resume` in a non-interactive shell or a batch job: stdin and stdout not a TTY
+    script = REPO / "tests" / "library" / "scripts" / "plain_loop.py"
+    proc = subprocess.Popen([*MT, "launch", str(script), "--nproc", "1", "--runs-dir", str(runs), "--",
+                             "--steps", "60", "--sleep", "0.1"], cwd=tmp_path, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        run_dir = wait_for(lambda: next(iter(runs.glob("plain_loop-*")), None), 60, "the run directory")
+        wait_for(lambda: events(run_dir, "step") or proc.poll() is not None, 120, "the first step")
+        me = psutil.Process(proc.pid)
+        before = sum(me.cpu_times()[:2])
+        time.sleep(3.0)
+        busy = sum(me.cpu_times()[:2]) - before
+        assert busy < 0.6, f"mt used {busy:.2f} s of CPU in 3 s with no terminal"
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and "run completed" in out, out + err
+    assert err.splitlines() == ["mt: stdin and stdout not a terminal: no dashboard; following the run as with --headless"]
+    watched = mt("watch", run_dir, timeout=60)  # a finished run: its lines, then the exit code
+    assert watched.returncode == 0 and "stdout not a terminal" in watched.stderr, watched.stdout + watched.stderr

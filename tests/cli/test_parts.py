@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +55,17 @@ def test_omp_threads_split_between_local_workers() -> None:
     assert env["OMP_NUM_THREADS"] == "7"  # the user's choice wins
     assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "lo"  # one node: loopback only
     assert "GLOO_SOCKET_IFNAME" not in worker_env(_cfg(nnodes=2, rdzv_endpoint="10.0.0.1:29500"), base={})
+
+
+def test_one_process_gets_what_torchrun_gives_its_worker() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as store:
+        env = worker_env(_cfg(nproc_per_node=1), base={"MASTER_ADDR": "10.1.1.1"}, store=store, attempt=3)
+        assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == str(store.getsockname()[1])
+        assert env["MT_STORE_FD"] == str(store.fileno()) and env["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+    assert {env[k] for k in ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK")} == {"0"}
+    assert {env[k] for k in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE")} == {"1"}
+    assert env["TORCHELASTIC_RUN_ID"] == "mt-t-a3"
+    assert "MASTER_ADDR" not in worker_env(_cfg(nproc_per_node=1), base={"MASTER_ADDR": "10.1.1.1"})  # not the shell's
 
 
 BUSY = "import time\nt = time.time()\nwhile time.time() - t < 60: pass\n"

@@ -281,3 +281,20 @@ def test_the_supervisors_tick_is_all_the_monitor_needs(tmp_path: Path) -> None:
     got = mon.observe(Tick(T0 + 13, status, [], [sample], {0: dead_pid(), 1: dead_pid()}))
     assert [(g["code"], g["evidence"]["rank"], g["evidence"]["signal"]) for g in got] == [("oom", 1, "SIGKILL")]
     assert not any((root / name).exists() for name in ("status.json", "events.jsonl", "system.jsonl", "config.json"))
+
+
+@pytest.mark.parametrize("before", ["no run_start", "attempt 2 before its run_start", "resumed, no step yet"])
+def test_a_crash_before_any_step_names_no_step(tmp_path: Path, before: str) -> None:
+    # a factory that raises, or a script that reports nothing through mt: no step ran in this attempt
+    run = FakeRun(tmp_path / "r")
+    if before != "no run_start":
+        run.start()
+        for _ in range(5):
+            run.do_step()
+    if before == "resumed, no step yet":
+        run.start(start_step=5)
+    run.paths.rank_log(0).write_text(TRACEBACK.format(r=0, last="ValueError: the model factory failed"))
+    run.status({"state": "failed", "attempt": 2 if before != "no run_start" else 1, "exit_code": 1, "direct": True})
+    run.poll()
+    [inc] = run.opened()
+    assert inc["step"] is None and inc["title"] == "Worker crashed: rank 0 before the first step", inc

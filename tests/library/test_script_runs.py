@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -180,8 +181,42 @@ def test_a_script_without_mt_calls_gets_the_stall_rule_from_proc(tmp_path: Path)
     run_dir = Path(launch.stdout.strip().splitlines()[-1])
     try:
         found = wait_for(lambda: _incidents(run_dir, "dataloader_stall"), 90, "a dataloader_stall incident")
+        # nobody reads control/: checkpoint-now is refused at once, stop is a SIGTERM
+        t0 = time.monotonic()
+        ckpt = mt("ckpt", run_dir, "--timeout", "60")
+        assert ckpt.returncode == 2 and time.monotonic() - t0 < 20, ckpt.stdout + ckpt.stderr
+        assert "checkpoint now needs run.step" in ckpt.stderr and len(ckpt.stderr.splitlines()) == 1, ckpt.stderr
+        assert not [p for p in (run_dir / "control").iterdir() if p.suffix == ".json"]
+        stop = mt("stop", run_dir, "--timeout", "60")
+        assert stop.returncode == 0 and status(run_dir)["state"] == "stopped", stop.stdout + stop.stderr + str(status(run_dir))
+        assert status(run_dir)["reason"].startswith("stopped by SIGTERM"), status(run_dir)
     finally:
         mt("kill", run_dir)
     ev = found[0]["evidence"]
     assert ev["in_progress"] and ev["blocked_s"] >= 2.0 and ev["ranks"]["0"]["workers"], found[0]
     assert not _incidents(run_dir, "hang")  # no steps is not a hang for a script that reports none
+
+
+def test_a_one_process_script_gets_what_torchrun_gives_and_resumes(tmp_path: Path) -> None:
+    # faulty.py calls init_process_group("gloo") whatever the world size, as most scripts do;
+    # one process runs without torchrun, and still gets MASTER_ADDR/MASTER_PORT and the rest
+    args = ["--nproc", "1", "--runs-dir", tmp_path / "runs", "--headless"]
+    first = mt("launch", SCRIPTS / "faulty.py", *args, "--name", "one", "--",
+               "--fault", "crash", "--rank", "0", "--at", "4", "--save-at", "3", "--steps", "6", cwd=tmp_path)
+    run_dir = _launched(tmp_path / "runs", "one")
+    assert first.returncode == 1 and status(run_dir)["direct"], first.stdout + first.stderr
+    assert status(run_dir)["reason"] == "rank 0: RuntimeError: injected crash on rank 0 at step 4", status(run_dir)
+    resumed = mt("resume", run_dir, "--headless")
+    assert resumed.returncode == 0 and status(run_dir)["state"] == "completed", resumed.stdout + resumed.stderr
+    start2 = [e for e in events(run_dir, "run_start") if e["attempt"] == 2][0]
+    assert start2["start_step"] == 3 and [e["step"] for e in events(run_dir, "step") if e["t"] > start2["t"]] == [4, 5, 6]
+
+    # a failure with nothing from mt says what ran: the script, not a torchrun that never ran
+    bare = mt("launch", SCRIPTS / "faulty.py", *args, "--name", "bare", "--",
+              "--no-mt", "--fault", "crash", "--rank", "0", "--at", "2", cwd=tmp_path)
+    bare_dir = _launched(tmp_path / "runs", "bare")
+    assert bare.returncode == 1, bare.stdout + bare.stderr
+    assert status(bare_dir)["reason"] == "the script faulty.py exited with code 1; see logs/rank0.log", status(bare_dir)
+    assert "injected crash on rank 0 at step 2" in (bare_dir / "logs" / "rank0.log").read_text()
+    # it reported no step, so the incident names none (it said "at step 1")
+    assert "incident [error] crash before the first step: Worker crashed: rank 0 before the first step" in bare.stdout, bare.stdout

@@ -395,3 +395,36 @@ async def test_big_run_with_the_engine_index_opens_with_its_whole_history(tmp_pa
         assert len(app.watcher.follower.series.loss) == 400     # then the whole history
         assert f"best {fmt_num(ref.best_loss)}" in text_of(app, "#header")
         assert not (tmp_path / CACHE_DIR).exists()         # nothing to cache: the index covers it
+
+
+async def test_a_failure_shows_the_first_failing_ranks_log_and_offers_resume_only_with_a_checkpoint(tmp_path):
+    peer = "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:29500"
+    crash = "RuntimeError: injected crash on rank 1 at step 6"
+    r = SynthRun(tmp_path, max_steps=50)
+    r.run_start()
+    for s in range(1, 6):
+        r.step(s)
+    r.event("run_end", step=5, status="failed", reason=f"rank 0: {peer}")  # rank 0 only lost its peer
+    r.flush()
+    r.paths.logs.mkdir(parents=True, exist_ok=True)
+    r.paths.rank_log(0).write_text(f"Traceback (most recent call last):\n{peer}\n")
+    r.paths.rank_log(1).write_text(f"Traceback (most recent call last):\n{crash}\n")
+    r.status("failed", reason=f"rank 0: {peer}", exit_code=1, ended=r.t)
+    app = make_app(tmp_path)
+    async with app.run_test(size=(140, 44)) as pilot:
+        await loaded(pilot)
+        await wait_for(pilot, lambda: "Run failed" in text_of(app, "#notice"))
+        # the supervisor's verdict on who failed first comes after the state, as it does live
+        with open(r.paths.incidents, "a") as f:
+            f.write(json.dumps(dict(v=1, t=r.t + 1, status="open", source="supervisor", code="crash", severity="error",
+                                    step=6, title="Worker crashed: rank 1 at step 6", detail="", advice="",
+                                    evidence={"rank": 1, "line": crash})) + "\n")
+        await wait_for(pilot, lambda: "last lines of rank1.log" in text_of(app, "#notice")
+                       and crash in text_of(app, "#notice"))
+        notice = text_of(app, "#notice")
+        assert "Connection closed" not in notice.split("last lines of")[1], notice
+        assert "no checkpoint to resume from" in notice and "press r" not in notice
+        with open(r.paths.events, "a") as f:  # a checkpoint it can resume from
+            f.write(json.dumps(dict(v=1, t=r.t + 2, kind="checkpoint", step=5, path="checkpoints/step-5", bytes=1,
+                                    seconds=0.1, reason="interval", request_id=None)) + "\n")
+        await wait_for(pilot, lambda: "press r to resume from the newest checkpoint" in text_of(app, "#notice"))

@@ -166,3 +166,17 @@ def test_a_checkpoints_write_time_shows_what_the_loop_waited(tmp_path: Path) -> 
     assert "checkpoint: step 1 (0s ago; 0.94 s, loop waited 0.18 s)" in format_summary(load_run_state(tmp_path), now=r.t)
     ev = parse_event(dict(v=1, t=r.t, kind="checkpoint", step=1, path="p", bytes=1, seconds=0.5, blocking_s=0.5, reason="final", request_id=None))
     assert event_line(ev) == "checkpoint saved at step 1 (final in 0.50 s): p"  # blocking: the loop waited for all of it
+
+
+def test_a_run_that_ended_before_its_first_step_says_so(tmp_path: Path) -> None:
+    r = SynthRun(tmp_path, max_steps=10)
+    r.event("run_end", step=0, status="failed", reason="model factory failed: ValueError: boom")
+    r.flush()
+    r.paths.incidents.write_text(incident(r.t + 1, "crash", None, evidence={"rank": 0, "line": "ValueError: boom"}))
+    r.status("failed", reason="model factory failed", exit_code=2, ended=r.t + 1)
+    out = io.StringIO()
+    assert follow_run(tmp_path, out, poll_s=0.01) == "failed"
+    text = out.getvalue()
+    assert "run ended before the first step: failed (rank 0: ValueError: boom)" in text, text
+    assert "incident [error] crash before the first step: crash title" in text, text
+    assert "crash before the first step: crash title" in format_summary(load_run_state(tmp_path), now=r.t)

@@ -135,3 +135,31 @@ async def test_keys_checkpoint_stop_resume_kill_on_a_live_run(tmp_path, model):
     # the events of both attempts are valid JSON lines, written by the engine
     assert {e["attempt"] for e in kinds(run_dir, "run_start")} == {1, 2}
     assert json.loads((run_dir / "status.json").read_text())["state"] == "killed"
+
+
+async def test_c_and_s_on_a_script_that_reports_nothing_through_mt(tmp_path):
+    from tui.run.control import kill_run
+    from tui.run.launch import Overrides, launch_run
+
+    script = REPO / "tests" / "library" / "scripts" / "faulty.py"
+    preset = tmp_path / "bare.toml"
+    preset.write_text(f'[run]\nname = "bare"\nruns_dir = "{tmp_path / "runs"}"\n[launch]\nnproc_per_node = 1\n'
+                      f'script = "{script}"\nscript_args = ["--no-mt", "--steps", "100000", "--sleep", "0.1"]\n')
+    run_dir = launch_run(preset, Overrides())
+    app = MtApp(run_dir, poll_s=0.1, redraw_s=0.1)
+    try:
+        async with app.run_test(size=(140, 44)) as pilot:
+            st = lambda: app.watcher.follower.state
+            await wait_for(pilot, lambda: st().state == "running", 120)
+            # c: nobody would read the request, and the key says why instead of promising a save
+            await pilot.press("c")
+            assert app.said[-1][0] == "warning" and "checkpoint now needs run.step" in app.said[-1][1], app.said
+            assert app.sent == [] and not list((run_dir / "control").glob("*.json"))
+            # s: SIGTERM through the supervisor, recorded as stopped
+            await pilot.press("s")
+            assert "SIGTERM sent" in app.said[-1][1], app.said
+            await wait_for(pilot, lambda: st().state == "stopped", 60)
+    finally:
+        if status(run_dir).get("state") not in ("completed", "stopped", "failed", "killed"):
+            kill_run(run_dir, grace_s=2.0)
+    assert status(run_dir)["reason"].startswith("stopped by SIGTERM")

@@ -57,7 +57,7 @@ def test_no_gpus_says_why_and_sparkline_blanks_unknowns():
 
 
 def test_notice_for_every_state(tmp_path):
-    from tui.state.run import RunState
+    from tui.state.run import CheckpointInfo, RunState
     from tui.widgets.notice import notice_text
 
     def st(state: str, **kw) -> RunState:
@@ -71,7 +71,9 @@ def test_notice_for_every_state(tmp_path):
     assert "first optimizer step" in notice_text(
         st("running", status={"torchrun_pid": 5}, world_size=2), [], None).plain
     assert "final checkpoint" in notice_text(st("stopping", step=3), [], None).plain
-    assert "press r" in notice_text(st("stopped", step=3, reason="stop requested"), [], None).plain
+    saved = CheckpointInfo(step=3, path="checkpoints/step-3", t=0.0, reason="stop")
+    assert "press r" in notice_text(st("stopped", step=3, reason="stop requested", last_checkpoint=saved), [], None).plain
+    assert "no checkpoint to resume from" in notice_text(st("stopped", step=3, reason="stop requested"), [], None).plain
     failed = notice_text(st("failed", step=3, reason="rank 1 exited 1"), ["a", "b", "Boom 🏖️"], 1).plain
     assert "Run failed: rank 1 exited 1" in failed and "rank1.log" in failed and "Boom" in failed
     assert "🏖" not in failed

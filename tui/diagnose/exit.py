@@ -11,6 +11,7 @@ from mt.config import MonitorConfig
 from mt.events import as_float
 from tui.diagnose.findings import Finding, Observation, RankProc
 from tui.diagnose.signals import RunSignals
+from tui.format import at_step
 
 _OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|"
                   r"HIP out of memory|std::bad_alloc|\bMemoryError\b|Cannot allocate memory|"
@@ -220,12 +221,12 @@ def _detail(who: str, what: str, source: str, first: Failure, failures: list[Fai
     return detail
 
 
-def _title(code: str, step: int, who: str, stuck: list[int] | None) -> str:
+def _title(code: str, step: int | None, who: str, stuck: list[int] | None) -> str:
     if code != "nccl_timeout":
-        return f"{'Worker crashed' if code == 'crash' else 'Out of memory'}: {who} at step {step}"
+        return f"{'Worker crashed' if code == 'crash' else 'Out of memory'}: {who} {at_step(step)}"
     if stuck:
-        return f"Collective timeout at step {step}: rank {', '.join(map(str, stuck))} had stopped"
-    return f"Collective timeout at step {step}: {who} gave up waiting"
+        return f"Collective timeout {at_step(step)}: rank {', '.join(map(str, stuck))} had stopped"
+    return f"Collective timeout {at_step(step)}: {who} gave up waiting"
 
 
 def worker_exit(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
@@ -249,8 +250,10 @@ def worker_exit(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding 
     host_mem = _host_memory_share(sig)
     code, what = _what_happened(kind, line, signum, signame, host_mem,
                                 first.exit_code if first.exit_code is not None else rc)
-    last = sig.last_step
-    step = (last.step if last else sig.start_step) + 1
+    # the steps the rules hold are this attempt's only once its run_start came (a factory that
+    # raises, or a script that reports nothing, never writes one): else no step ran, none is named
+    last = sig.last_step if obs.status.get("attempt") in (None, sig.attempt) else None
+    step = last.step + 1 if last else None
     who = f"rank {first.rank}" if first.rank >= 0 else "a worker"
     stuck = (obs.open_evidence.get("hang") or {}).get("suspect_ranks")
     evidence: dict[str, Any] = {

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mt.events import CONTROL_ACTIONS, FINAL_STATES
-from mt.jsonl import write_json_atomic
+from mt.jsonl import read_json, write_json_atomic
 from mt.paths import RunPaths
 from mt.records import Checkpoint, Control, RecordTail
 from tui.rundir import NotARunError, liveness, read_status, require_run_dir
@@ -20,6 +20,10 @@ from tui.rundir import NotARunError, liveness, read_status, require_run_dir
 
 class ControlError(RuntimeError):
     """The request cannot be made (not a run, run not live, unknown action)."""
+
+
+class NotReporting(ControlError):
+    """Nobody reads control/: the run's script has not called run.step in this attempt."""
 
 
 @dataclass
@@ -55,17 +59,57 @@ def _require_live(run_dir: Path) -> dict[str, Any]:
     return status
 
 
+def takes_requests(run_dir: Path, status: dict[str, Any]) -> bool:
+    """Whether the run reads control/: mt's engine does, a script once it calls run.step (rank
+    0's heartbeat thread polls it from then on); a heartbeat of this attempt says it did."""
+    from tui.diagnose.probes import read_heartbeats
+
+    paths = RunPaths(Path(run_dir))
+    raw = read_json(paths.config)
+    launch = raw.get("launch") if isinstance(raw, dict) else None
+    if not (isinstance(launch, dict) and launch.get("script")) or status.get("owner") == "script":
+        return True  # the engine, or a run mt.init made (its rank 0 is the script, which uses mt)
+    return any(hb.get("attempt") == status.get("attempt") for hb in read_heartbeats(paths).values())
+
+
+def not_reporting_line(run_dir: Path, action: str) -> str:
+    """Why a bare script cannot take `action` through control/, and what would let it."""
+    return (f"{run_dir}: {action} now needs run.step: the script reports nothing through mt in this attempt "
+            "(`run = mt.init()`, then `run.step(step, ...)` in its loop; docs/library.md)")
+
+
 def send_request(run_dir: Path, action: str) -> str:
-    """Write `control/<id>.json` atomically for the engine to pick up; returns the request id."""
+    """Write `control/<id>.json` atomically for the engine to pick up; returns the request id.
+
+    NotReporting when nobody would read it (a script that has not called run.step)."""
     if action not in CONTROL_ACTIONS:
         raise ControlError(f"unknown action {action!r} (known: {', '.join(CONTROL_ACTIONS)})")
     run_dir = Path(run_dir)
-    _require_live(run_dir)
+    status = _require_live(run_dir)
+    if not takes_requests(run_dir, status):
+        raise NotReporting(not_reporting_line(run_dir, action))
     request_id = f"{action[:4]}-{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:8]}"
     paths = RunPaths(run_dir)
     paths.control.mkdir(mode=0o700, exist_ok=True)
     write_json_atomic(paths.control / f"{request_id}.json", {"id": request_id, "action": action, "t": time.time()})
     return request_id
+
+
+def request_stop(run_dir: Path) -> str | None:
+    """A graceful stop: a `stop` request (its id), or, for a script that reports nothing through
+    mt, SIGTERM to its supervisor (None), which forwards it and records `stopped`."""
+    try:
+        return send_request(run_dir, "stop")
+    except NotReporting:
+        from tui.run.procs import run_process
+
+        status = read_status(Path(run_dir))
+        pid = status.get("supervisor_pid")
+        sup = run_process(pid, Path(run_dir)) if isinstance(pid, int) and not isinstance(pid, bool) else None
+        if sup is None:
+            raise ControlError(f"{run_dir}: the run is not running (its supervisor is gone)") from None
+        sup.send_signal(signal.SIGTERM)
+        return None
 
 
 def wait_answer(run_dir: Path, request_id: str, timeout: float) -> Answer:

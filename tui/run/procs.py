@@ -46,6 +46,15 @@ def _cmdline_names_run(proc: psutil.Process, run_dir: str) -> bool:
     return any(a == f"--run-dir={run_dir}" for a in args)
 
 
+def run_process(pid: int, run_dir: Path) -> psutil.Process | None:
+    """The live process `pid` if its command line names run_dir (a recorded pid may be reused)."""
+    try:
+        proc = psutil.Process(pid)
+    except (psutil.NoSuchProcess, ValueError):
+        return None
+    return proc if _cmdline_names_run(proc, os.path.realpath(run_dir)) and _alive(proc) else None
+
+
 def run_processes(run_dir: Path, pids: Iterable[int | None] = ()) -> list[psutil.Process]:
     """Every live process of a run: anything whose command line names the run directory
     (supervisor, torchrun, workers — even orphans), and all their descendants.

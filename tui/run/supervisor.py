@@ -11,10 +11,12 @@ record `killed`. Run it with `python -m tui.run.supervisor --run-dir DIR [--daem
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -196,7 +198,11 @@ class Supervisor:
     def failure_reason(self, rc: int, worker_rc: int | None, run_end: RunEnd | None) -> str:
         if run_end and run_end.reason:
             return run_end.reason
-        if worker_rc is not None and worker_rc < 0:
+        if is_direct(self.cfg):  # no torchrun ran: the one worker's own exit
+            what = f"the script {Path(self.cfg.launch.script).name}" if self.cfg.launch.script else "the worker"
+            why = f"{what} was killed by signal {-rc}" if rc < 0 else f"{what} exited with code {rc}"
+            why += f"; see logs/{self.paths.rank_log(0).name}"
+        elif worker_rc is not None and worker_rc < 0:
             why = f"a worker was killed by signal {-worker_rc} (torchrun exit {rc})"
         elif worker_rc is not None:
             why = f"a worker exited with code {worker_rc} (torchrun exit {rc}); see logs/"
@@ -233,11 +239,14 @@ class Supervisor:
                  scratch: Path | None) -> tuple[int, int | None, RunEnd | None]:
         cmd = attempt_command(self.cfg, self.run_dir, attempt, log_dir=scratch)
         self.log.info("attempt %d: %s", attempt, " ".join(cmd))
-        with open(log_path, "ab") as out:
+        # one process: no torchrun agent hosts the group's store, so its worker serves one on a
+        # loopback socket bound here (a free port, no race; engine/direct.py)
+        store = socket.create_server(("127.0.0.1", 0), backlog=256) if is_direct(self.cfg) else None
+        with open(log_path, "ab") as out, store or contextlib.nullcontext():
             self.torchrun = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                env=worker_env(self.cfg), preexec_fn=die_with_parent, close_fds=True,
-                cwd=self.script_cwd(),
+                env=worker_env(self.cfg, store=store, attempt=attempt), preexec_fn=die_with_parent,
+                close_fds=True, pass_fds=(store.fileno(),) if store else (), cwd=self.script_cwd(),
             )
         tr = self.torchrun
         record = {"attempt": attempt, "started": started, "torchrun_pid": tr.pid, "ended": None, "exit_code": None}

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import sys
 from pathlib import Path
 
-from mt.config import HF_OFFLINE, Config
+from mt.config import HF_OFFLINE, STORE_FD_ENV, Config
 
 
 def torchrun_command(cfg: Config, run_dir: Path, attempt: int, python: str = sys.executable,
@@ -72,17 +73,22 @@ def is_direct(cfg: Config) -> bool:
 
 def attempt_command(cfg: Config, run_dir: Path, attempt: int, python: str = sys.executable,
                     log_dir: Path | None = None) -> list[str]:
-    """What the supervisor starts for an attempt: torchrun, or the one worker itself."""
+    """What the supervisor starts for an attempt: torchrun, or the one worker under
+    `engine.direct`, which first serves the store torchrun's agent would."""
     if is_direct(cfg):
-        return worker_command(cfg, run_dir, attempt, python)
+        cmd = worker_command(cfg, run_dir, attempt, python)
+        return [*cmd[:3], "engine.direct", *cmd[3:]]  # python -P -m engine.direct MODULE ARGS
     return torchrun_command(cfg, run_dir, attempt, python, log_dir)
 
 
-def worker_env(cfg: Config, base: dict[str, str] | None = None) -> dict[str, str]:
+def worker_env(cfg: Config, base: dict[str, str] | None = None, store: socket.socket | None = None,
+               attempt: int = 1) -> dict[str, str]:
     """The environment for torchrun and its workers.
 
     torchrun sets OMP_NUM_THREADS=1 only when nproc > 1 and leaves it unset for one process,
     so we choose: the cores split evenly between the local workers (a user's value wins).
+    `store`: a direct attempt's listening socket on loopback, which its worker serves the
+    process group's store on (engine/direct.py), as torchrun's agent would.
     """
     env = dict(os.environ if base is None else base)
     env.setdefault("OMP_NUM_THREADS", str(max(1, usable_cores() // cfg.launch.nproc_per_node)))
@@ -93,10 +99,22 @@ def worker_env(cfg: Config, base: dict[str, str] | None = None) -> dict[str, str
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         env.setdefault("NCCL_SOCKET_IFNAME", "lo")
     if is_direct(cfg):
-        # what torchrun would set; without MASTER_ADDR the engine's group of one needs no store server
-        env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
-        for name in ("MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID"):
-            env.pop(name, None)
+        for name in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", STORE_FD_ENV):
+            env.pop(name, None)  # a value from the user's shell would point at someone else's store
+        env.update(direct_rank_env(cfg, attempt, store))
+        env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # as torchrun: the user's value wins
+    return env
+
+
+def direct_rank_env(cfg: Config, attempt: int, store: socket.socket | None) -> dict[str, str]:
+    """What torchrun gives its one worker (a script's `init_process_group()` needs MASTER_*)."""
+    env = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", GROUP_RANK="0",
+               GROUP_WORLD_SIZE="1", ROLE_RANK="0", ROLE_WORLD_SIZE="1", ROLE_NAME="default",
+               TORCHELASTIC_RUN_ID=f"mt-{cfg.run.name}-a{attempt}", TORCHELASTIC_RESTART_COUNT="0",
+               TORCHELASTIC_MAX_RESTARTS="0")
+    if store is not None:
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.getsockname()[1]),
+                   TORCHELASTIC_USE_AGENT_STORE="True", **{STORE_FD_ENV: str(store.fileno())})
     return env
 
 

@@ -224,7 +224,11 @@ class RunState:
         return max(0, self.max_steps - self.step) * (t1 - t0) / (s1 - s0)
 
     def failing_rank(self) -> int | None:
-        """The rank that failed first: the newest crash-like incident's evidence, else the reason."""
+        """The rank that failed first: this attempt's exit incident, else the newest crash-like
+        incident's evidence, else the reason."""
+        inc = self.exit_incident()
+        if inc is not None:
+            return inc.evidence["rank"]
         for inc in reversed(self.incidents):
             if inc.code in FAILURE_CODES and isinstance(inc.evidence.get("rank"), int):
                 return inc.evidence["rank"]

@@ -15,7 +15,7 @@ from typing import Callable, TextIO
 from mt.events import FINAL_STATES
 from mt.records import Checkpoint, Control, Eval, Metrics, Record, RunEnd, RunStart, Step
 from mt.records import Incident as IncidentRecord
-from tui.format import fmt_duration, fmt_num, fmt_rate, fmt_write_time, safe_text
+from tui.format import at_step, fmt_duration, fmt_num, fmt_rate, fmt_write_time, safe_text
 from tui.read.follower import PollResult, RunFollower
 from tui.rundir import liveness, read_status
 from tui.state.run import Incident, RunState
@@ -43,11 +43,11 @@ def event_line(ev: Record) -> str | None:
         took = f" in {fmt_write_time(ev.seconds, ev.blocking_s)}" if ev.seconds is not None else ""
         return f"checkpoint saved at step {ev.step} ({ev.reason}{took}): {ev.path}"
     if isinstance(ev, IncidentRecord):
-        return f"incident [{ev.severity}] {ev.code} at step {ev.step}: {ev.title}"
+        return f"incident [{ev.severity}] {ev.code} {at_step(ev.step)}: {ev.title}"
     if isinstance(ev, Control) and ev.status in ("done", "rejected"):
         return f"control {ev.action} {ev.status}: {ev.detail}".rstrip(": ")
     if isinstance(ev, RunEnd):
-        return f"run ended at step {ev.step}: {ev.status} ({ev.reason})"
+        return f"run ended {at_step(ev.step)}: {ev.status} ({ev.reason})"
     return None
 
 
@@ -57,11 +57,11 @@ def exit_code_for(state: str) -> int:
 
 
 def incident_open_line(inc: Incident) -> str:
-    return f"incident [{inc.severity}] {inc.code} at step {inc.step}: {inc.title}"
+    return f"incident [{inc.severity}] {inc.code} {at_step(inc.step)}: {inc.title}"
 
 
 def incident_close_line(inc: Incident) -> str:
-    return f"incident closed: {inc.code} at step {inc.step}: {inc.title}"
+    return f"incident closed: {inc.code} {at_step(inc.step)}: {inc.title}"
 
 
 def incident_keys(st: RunState) -> list[tuple[tuple[str, int | None, int], Incident]]:
@@ -124,7 +124,7 @@ class _Printer:
 
     def end(self, ev: RunEnd, st: RunState) -> None:
         reason = (st.first_failure() or ev.reason) if ev.status == "failed" else ev.reason
-        self.write(f"run ended at step {ev.step}: {ev.status} ({reason})")
+        self.write(f"run ended {at_step(ev.step)}: {ev.status} ({reason})")
 
     def fold(self, folded: list[tuple[str, Record]], st: RunState, now: float, final: bool) -> None:
         """The lines for what one poll read, in file order."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from tui.format import fmt_duration, fmt_loss, fmt_num, fmt_parallel, fmt_rate, fmt_write_time, safe_text
+from tui.format import at_step, fmt_duration, fmt_loss, fmt_num, fmt_parallel, fmt_rate, fmt_write_time, safe_text
 
 if TYPE_CHECKING:
     from tui.state.run import RunState
@@ -36,7 +36,7 @@ def format_summary(st: "RunState", now: float | None = None) -> str:
     if st.incidents:   # every incident of the run, from the engine or the supervisor, open or closed
         lines.append(f"incidents: {len(st.open_incidents)} open, {len(st.incidents) - len(st.open_incidents)} closed")
         for inc in st.incidents:
-            lines.append(f"  {inc.status:<6} [{inc.severity}] {inc.code} at step {inc.step}: {inc.title}")
+            lines.append(f"  {inc.status:<6} [{inc.severity}] {inc.code} {at_step(inc.step)}: {inc.title}")
     reason = st.first_failure() if st.state == "failed" else st.reason or st.run_end_reason
     if st.is_final and reason:
         lines.append(f"reason: {reason}")

@@ -13,7 +13,7 @@ def notice_text(st: RunState, log_tail: list[str], failing_rank: int | None) -> 
     """What to tell the user about the state right now (None: nothing to say)."""
     if st.supervisor_lost:
         return Text(f"status.json says {_plain(st.state)}, but its supervisor (pid {st.status.get('supervisor_pid')})"
-                    " is gone: the run is lost. Press r to resume from the newest checkpoint.", style="bold red")
+                    f" is gone: the run is lost. {_resume_hint(st).capitalize()}.", style="bold red")
     hint = st.script_hint()
     if hint and st.state == "running":
         return Text(hint[0].upper() + hint[1:], style="yellow")
@@ -35,12 +35,19 @@ def notice_text(st: RunState, log_tail: list[str], failing_rank: int | None) -> 
             t.append(f"\nlast lines of {who}:", style="red")
             for line in log_tail[-4:]:
                 t.append("\n  " + _plain(line), style="grey70")
-        t.append("\npress r to resume from the newest checkpoint", style="dim")
+        t.append(f"\n{_resume_hint(st)}", style="dim")
         return t
     if st.state == "stopped":
         return Text(f"Run stopped: {_plain(st.reason or st.run_end_reason or 'on request')}"
-                    "  (press r to resume)", style="magenta")
+                    f"  ({_resume_hint(st)})", style="magenta")
     return None
+
+
+def _resume_hint(st: RunState) -> str:
+    """r resumes from a checkpoint; with none it would only be refused, so it is not offered."""
+    if st.last_checkpoint is None:
+        return "no checkpoint to resume from"
+    return "press r to resume from the newest checkpoint"
 
 
 def _plain(s: str) -> str:
