@@ -180,3 +180,24 @@ def test_an_incident_closed_by_one_source_is_not_listed_again_by_the_other(tmp_p
     r.paths.incidents.write_text("".join(dumps(x) + "\n" for x in lines))
     st = load_run_state(tmp_path)
     assert [(i.code, i.step, i.status) for i in st.incidents] == [("loss_spike", 7, "closed")]
+
+
+def test_the_monitors_closed_copy_read_before_the_engines_event_is_still_one_incident(tmp_path):
+    # a follower can read incidents.jsonl ahead of events.jsonl: the event arriving after the
+    # copy's close must not open the incident again
+    r = SynthRun(tmp_path)
+    r.run_start()
+    for s in range(1, 8):
+        r.step(s)
+    r.flush()
+    r.status("running")
+    inc = dict(code="nan_loss", severity="warn", step=7, title="Non-finite loss",
+               detail="loss nan", advice="check the data", evidence={"loss": "nan"})
+    lines = [dict(v=1, t=r.t, status=s, source="engine", **inc) for s in ("open", "closed")]
+    r.paths.incidents.write_text("".join(dumps(x) + "\n" for x in lines))
+    f = RunFollower(tmp_path)
+    f.poll()
+    r.event("incident", **inc)
+    r.flush()
+    f.poll()
+    assert [(i.code, i.step, i.status) for i in f.state.incidents] == [("nan_loss", 7, "closed")]
