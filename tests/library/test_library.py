@@ -266,7 +266,7 @@ while not Path("go").exists():  # a long step: the training thread does not call
 for step in (4, 5):
     ctl = run.step(step, loss=0.25, lr=1e-3)
     if ctl.checkpoint:
-        time.sleep(0.8)  # a save of several polls: the request stays in control/ until it is answered
+        time.sleep(2.5)  # a save of several seconds (ten polls): the request stays in control/ until it is answered
         Path(f"ck{step}.pt").write_bytes(b"saved")
         run.checkpoint_saved(f"ck{step}.pt", step)
 run.finish()
