@@ -25,8 +25,8 @@ from mt.failsafe import WriteFailures
 from mt.heartbeat import BackgroundHeartbeat
 from mt.inbox import ControlInbox, Polled, Request, StopSignals
 from mt.paths import RunPaths
-from mt.records import number, whole
 from mt.stepbatch import StepBatch
+from mt.values import as_number, as_whole, plain
 
 ENV_RUN_DIR, ENV_ATTEMPT = "MT_RUN_DIR", "MT_ATTEMPT"
 _KNOWN = ("loss", "lr", "grad_norm", "tokens")
@@ -46,17 +46,38 @@ class Control:
 
 _GO = Control()  # the answer of almost every step: shared, it is frozen
 
-class Run:
-    """One attempt of a script's run, as the script sees it; `mt.init` makes it."""
 
-    def __init__(self, paths: RunPaths, rank: int, world_size: int, attempt: int, config: Mapping[str, Any] | None,
-                 max_steps: int | None, owned: bool, usable: bool = True, failures: WriteFailures | None = None) -> None:
-        """`usable` False: no run directory could be made (said in `failures`); the script trains unwatched."""
+@dataclass(frozen=True)
+class _Start:
+    """What mt.init found or made for this process: the one thing a Run is built from.
+
+    `usable` False: no run directory could be made (said in `failures`); the script trains unwatched."""
+
+    paths: RunPaths
+    rank: int
+    world_size: int
+    attempt: int
+    config: Mapping[str, Any] | None
+    max_steps: int | None
+    owned: bool
+    usable: bool
+    failures: WriteFailures
+
+
+class Run:
+    """One attempt of a script's run, as the script sees it: made by `mt.init` only (the type is for annotations)."""
+
+    def __init__(self, start: _Start | None = None) -> None:
+        # the run directory, the signal handler and the exception hook are init's: a second Run of one process would fight it
+        if not isinstance(start, _Start):
+            raise TypeError("mt: a Run is made by mt.init(...), not by calling mt.Run")
+        paths, rank, usable, attempt = start.paths, start.rank, start.usable, start.attempt
         self.dir = paths.root
-        self.rank, self.world_size, self.attempt = rank, world_size, attempt
-        self.paths, self.config, self.max_steps, self.owned = paths, dict(config or {}), max_steps, owned and usable
+        self.rank, self.world_size, self.attempt = rank, start.world_size, attempt
+        self.paths, self.config, self.max_steps = paths, dict(start.config or {}), start.max_steps
+        self.owned = start.owned and usable
         self.resume_from: Path | None = None
-        self.failures = failures or WriteFailures()  # mt's writes that failed: said once, never raised into the loop
+        self.failures = start.failures  # mt's writes that failed: said once, never raised into the loop
         self._events: EventWriter | None = None
         self._inbox: ControlInbox | None = None
         if rank == 0 and usable:
@@ -69,7 +90,7 @@ class Run:
                                               on_tick=self._tick if self._events is not None else None, tick_s=_TICK_S)
         if self._heartbeat.error is not None and usable:
             self.failures.note(paths.heartbeat(rank), self._heartbeat.error)
-        self._agree = Agreement(world_size)
+        self._agree = Agreement(start.world_size)
         self._signals = StopSignals((signal.SIGTERM,))  # a handler that only sets a flag: the script saves at its next step
         if threading.current_thread() is threading.main_thread():
             self._signals.install()
@@ -95,23 +116,37 @@ class Run:
         # checked before anything is noted, so a refused value changes nothing; a plain float
         # passes on a type check (NaN too: the parser keeps it)
         if type(loss) is not float and loss is not None:
-            loss = _number(loss, "loss")
+            loss = as_number(loss, "loss")
         if not (type(lr) is float and lr >= 0.0) and lr is not None:
-            lr = _number(lr, "lr", nonneg=True)
+            lr = as_number(lr, "lr", nonneg=True)
         if not (type(grad_norm) is float and grad_norm >= 0.0) and grad_norm is not None:
-            grad_norm = _number(grad_norm, "grad_norm", nonneg=True)
-        extra = {k: _number(v, k) for k, v in metrics.items()} if metrics else None
+            grad_norm = as_number(grad_norm, "grad_norm", nonneg=True)
+        extra = {k: as_number(v, k) for k, v in metrics.items()} if metrics else None
         ctl, tokens_all = self._sync(step, tokens)
         self._emit_step(self._step or 0, now, loss, lr, grad_norm, tokens_all, extra)
         self._last_t = now
         return ctl
 
+    # ---- the two halves of a step, for an adapter whose framework logs apart from its steps --------
+    def sync(self, step: int) -> Control:
+        """Every rank, every optimizer step: the heartbeat, control requests and the agreement."""
+        return self._sync(step, None)[0]
+
+    def record(self, step: int, *, loss: float | None = None, lr: float | None = None, grad_norm: float | None = None,
+               tokens: int | None = None, **metrics: float) -> None:
+        """Rank 0 records step `step`'s numbers, checked as `step` checks them (on every rank);
+        `tokens` is the step's count over every rank: nothing is summed here."""
+        at = as_whole(step, "step")
+        values = (as_number(loss, "loss"), as_number(lr, "lr", nonneg=True), as_number(grad_norm, "grad_norm", nonneg=True),
+                  as_number(tokens, "tokens", nonneg=True, finite=True))
+        self._emit_step(at, time.perf_counter(), *values, {k: as_number(v, k) for k, v in metrics.items()} or None)
+
     def log(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         """Extra metrics (an eval, say) at `step` (default: the last step); rank 0 writes them."""
         if self._events is None:
             return
-        at = _whole(step if step is not None else (self._step or 0), "step")
-        values = {str(k): _number(v, str(k)) for k, v in metrics.items()}
+        at = as_whole(step if step is not None else (self._step or 0), "step")
+        values = {str(k): as_number(v, str(k)) for k, v in metrics.items()}
         self._ensure_started(at)
         self._flush()
         with self.failures.guard(self.paths.events):
@@ -122,7 +157,7 @@ class Run:
         later attempts find it in `resume_from`."""
         if self._events is None:
             return
-        at = _whole(step if step is not None else (self._step or 0), "step")
+        at = as_whole(step if step is not None else (self._step or 0), "step")
         where = Path(path).absolute()
         self._ensure_started(at)
         self._flush()
@@ -167,6 +202,16 @@ class Run:
             with self.failures.guard(self.paths.status):
                 record_end(self.paths, final, why + self.failures.summary())
 
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        """The `with` block ended: `finish()`, or `failed` naming the exception, which goes on up."""
+        if exc is None or isinstance(exc, SystemExit) and exc.code in (0, None):
+            self.finish()
+        else:
+            self.finish("failed", _failure(self.rank, type(exc), exc))
+
     # ---- machinery ----------------------------------------------------------------------
     # Right after a training step the interpreter runs cold (an empty call costs ~7 µs there, 0.1 µs
     # hot), so the two halves of a step are flat: conversions are called only for what is not a
@@ -174,9 +219,9 @@ class Run:
     def _sync(self, step: int, tokens: Any) -> tuple[Control, float | None]:
         """The part of a step every rank does: heartbeat, control (rank 0), the agreement."""
         if type(step) is not int or step < 0 or step >= _WHOLE_MAX:
-            step = _whole(step, "step")
+            step = as_whole(step, "step")
         if tokens is not None and not ((type(tokens) is int or type(tokens) is float) and 0 <= tokens < _WHOLE_MAX):
-            tokens = _number(tokens, "tokens", nonneg=True, finite=True)
+            tokens = as_number(tokens, "tokens", nonneg=True, finite=True)
         self._heartbeat.note(step)
         if self._agree.alone and self._signals.received is None and not self._asked:
             ctl = _GO
@@ -281,7 +326,7 @@ class Run:
             self._events.emit(
                 "run_start", run_id=self.dir.name, attempt=self.attempt, world_size=self.world_size,
                 nnodes=max(1, self.world_size // max(1, local)), device=self._agree.device_name(), backend=self._agree.backend(),
-                precision=None, config=_plain(self.config), params_total=None, params_trainable=None, tokens_per_step=None,
+                precision=None, config=plain(self.config), params_total=None, params_trainable=None, tokens_per_step=None,
                 effective_batch=None, static_mem_bytes=None, start_step=max(0, start_step), max_steps=self.max_steps,
                 resumed_from={"path": str(self.resume_from)} if self.resume_from else None,
                 torch_version=getattr(torch, "__version__", None), git_commit=None, source="script",
@@ -291,8 +336,7 @@ class Run:
     def _excepthook(self, kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         """An exception escaping the script ends the run as failed, with its type and message."""
         try:
-            first = (str(exc).splitlines() or [""])[0][:400]
-            self.finish("failed", f"rank {self.rank}: {kind.__name__}: {first}" if first else f"rank {self.rank}: {kind.__name__}")
+            self.finish("failed", _failure(self.rank, kind, exc))
         finally:
             self._previous_hook(kind, exc, tb)
 
@@ -325,7 +369,7 @@ def init(config: Mapping[str, Any] | None = None, *, name: str | None = None, ru
         made = make_own_run(rank, world, name, Path(runs_dir), failures)
         usable = made is not None
         paths, attempt, owned = made if made is not None else RunPaths(Path(runs_dir).absolute()), 1, True
-    run = Run(paths, rank, world, attempt, config, max_steps, owned, usable, failures)
+    run = Run(_Start(paths, rank, world, attempt, config, max_steps, owned, usable, failures))
     from mt.resume import reported_checkpoint
     run.resume_from = reported_checkpoint(paths.events) if usable else None
     run._previous_hook = sys.excepthook
@@ -335,35 +379,10 @@ def init(config: Mapping[str, Any] | None = None, *, name: str | None = None, ru
     return run
 
 
-def _number(value: Any, what: str, nonneg: bool = False, finite: bool = False) -> float | None:
-    """A metric as a float (a 0-d tensor too) that the parser takes; None stays None.
-
-    Text is not a number, though float() would read it: docs/library.md says numbers only."""
-    if value is None:
-        return None
-    if isinstance(value, (bool, str, bytes, bytearray)):
-        raise TypeError(f"mt: {what} must be a number, got {type(value).__name__} {value!r:.40}")
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"mt: {what} must be a number, got {type(value).__name__}") from None
-    try:
-        x = number(x, what, nonneg)
-    except ValueError as e:
-        raise ValueError(f"mt: {e}") from None
-    if finite and not math.isfinite(x):  # summed into tokens_seen, a whole number
-        raise ValueError(f"mt: {what} {x} is not finite")
-    return x
-
-
-def _whole(value: Any, what: str) -> int:
-    """A step as the whole number the parser takes (0 <= step < 2**63), else TypeError/ValueError."""
-    if isinstance(value, bool) or not isinstance(value, int) and not (hasattr(value, "__index__")):
-        raise TypeError(f"mt: {what} must be a whole number, got {type(value).__name__}")
-    try:
-        return whole(int(value), what)
-    except ValueError as e:
-        raise ValueError(f"mt: {e}") from None
+def _failure(rank: int, kind: type[BaseException], exc: BaseException) -> str:
+    """A failed run's reason: `rank <r>: <Type>: <the message's first line>`."""
+    first = (str(exc).splitlines() or [""])[0][:400]
+    return f"rank {rank}: {kind.__name__}: {first}" if first else f"rank {rank}: {kind.__name__}"
 
 
 def _size(path: Path) -> int | None:
@@ -375,11 +394,3 @@ def _size(path: Path) -> int | None:
     except OSError:
         return None
 
-
-def _plain(config: Mapping[str, Any]) -> Any:
-    """The script's config as JSON can hold it (paths and other objects as their text)."""
-    import json
-    try:
-        return json.loads(json.dumps(config, default=str))
-    except (ValueError, TypeError) as e:  # a circular reference, keys that are not strings
-        return {"unreadable": f"{type(e).__name__}: {e}"}

@@ -7,15 +7,14 @@ is reported, so a resumed attempt continues with `trainer.train(resume_from_chec
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
 from transformers import TrainerCallback
 
 import mt
-from mt.run import _number
 
 _SKIP = ("epoch", "total_flos", "train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss")
+_OWN = ("loss", "learning_rate", "grad_norm", "step", "lr", "tokens")  # a step's own fields, and run.record's keywords
 
 
 class MtCallback(TrainerCallback):
@@ -44,7 +43,7 @@ class MtCallback(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # every rank, every optimizer step: heartbeat and agreement; the numbers come with on_log
-        ctl, _ = self.run._sync(state.global_step, None)
+        ctl = self.run.sync(state.global_step)
         if ctl.checkpoint or ctl.stop:
             control.should_save = True
         if ctl.stop:
@@ -60,11 +59,8 @@ class MtCallback(TrainerCallback):
         if "loss" not in logs:
             return  # the end-of-training summary
         extra = {k: v for k, v in logs.items()
-                 if k not in (*_SKIP, "loss", "learning_rate", "grad_norm") and isinstance(v, (int, float)) and not isinstance(v, bool)}
-        self.run._emit_step(state.global_step, time.perf_counter(), _number(logs.get("loss"), "loss"),
-                            _number(logs.get("learning_rate"), "learning_rate", nonneg=True),
-                            _number(logs.get("grad_norm"), "grad_norm", nonneg=True), None,
-                            {k: _number(v, k) for k, v in extra.items()} or None)
+                 if k not in (*_SKIP, *_OWN) and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        self.run.record(state.global_step, loss=logs.get("loss"), lr=logs.get("learning_rate"), grad_norm=logs.get("grad_norm"), **extra)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.run.checkpoint_saved(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"), state.global_step)

@@ -297,3 +297,82 @@ def test_a_request_is_seen_while_the_loop_is_blocked_and_answered_by_the_next_st
     assert kinds == [("step", 1, None), ("step", 2, None), ("step", 3, None), ("control", None, "accepted"),
                      ("step", 4, None), ("checkpoint", 4, None), ("control", None, "done"), ("step", 5, None)]
     assert events(run_dir, "checkpoint")[0]["request_id"] == "ck-1" and not list((run_dir / "control").glob("*.json"))
+
+
+WITH = """
+import json, os, signal, sys
+import mt
+try:
+    with mt.init(runs_dir="runs", name="boom") as run:
+        run.step(1, loss=2.0)
+        raise RuntimeError("bad batch 7\\nsecond line")
+except RuntimeError as e:  # re-raised, and the run already ended before anyone caught it
+    print("re-raised", repr(e), json.loads((run.dir / "status.json").read_text())["state"])
+with mt.init(runs_dir="runs", name="stop") as stopped:
+    assert stopped is not run
+    os.kill(os.getpid(), signal.SIGTERM)
+    print("stop", stopped.step(1, loss=1.0).stop)
+with mt.init(runs_dir="runs", name="done") as done:
+    done.step(1, loss=1.0)
+    sys.exit(0)  # a clean exit is not a failure
+"""
+
+
+def test_with_mt_init_ends_the_run_completed_stopped_or_failed_with_the_exception_re_raised(tmp_path: Path) -> None:
+    (tmp_path / "with.py").write_text(WITH)
+    proc = subprocess.run([sys.executable, "with.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["re-raised RuntimeError('bad batch 7\\nsecond line') failed", "stop True"]
+    ends = {}
+    for run_dir in (tmp_path / "runs").iterdir():
+        [end] = events(run_dir, "run_end")
+        st = status(run_dir)
+        assert (st["state"], st["reason"]) == (end["status"], end["reason"]), run_dir
+        ends[run_dir.name.split("-")[0]] = (end["status"], end["reason"])
+    assert ends == {"boom": ("failed", "rank 0: RuntimeError: bad batch 7"), "stop": ("stopped", "SIGTERM received"),
+                    "done": ("completed", "the script finished")}
+
+
+SPLIT = """
+import os, signal
+import mt
+run = mt.init(runs_dir="runs", name="split")
+assert isinstance(run, mt.Run)
+try:
+    mt.Run()
+except TypeError as e:
+    print(e)
+for step in range(1, 7):
+    if step == 5:
+        os.kill(os.getpid(), signal.SIGTERM)
+    ctl = run.sync(step)  # every step: heartbeat, control, agreement; the numbers come apart, as a framework logs them
+    print(step, ctl.checkpoint, ctl.stop)
+    if step % 2 == 0:
+        run.record(step, loss=1.0 / step, lr=1e-3, grad_norm=0.5, tokens=64, acc=step / 10)
+for bad in (dict(lr=-1.0), dict(loss="x"), dict(step=-1)):
+    try:
+        run.record(**{"step": 7, **bad})
+    except (TypeError, ValueError) as e:
+        print(type(e).__name__, e)
+run.finish()
+"""
+
+
+def test_the_public_halves_of_a_step_sync_every_step_and_record_the_numbers_apart(tmp_path: Path) -> None:
+    # what the HF adapter (mt/integrations/hf.py) uses: run.sync in on_step_end, run.record in on_log
+    (tmp_path / "split.py").write_text(SPLIT)
+    env = {k: v for k, v in os.environ.items() if k not in ("MT_RUN_DIR", "RANK", "WORLD_SIZE")}
+    proc = subprocess.run([sys.executable, "split.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "mt: a Run is made by mt.init(...), not by calling mt.Run",
+        "1 False False", "2 False False", "3 False False", "4 False False", "5 False True", "6 False True",
+        "ValueError mt: lr -1 is negative", "TypeError mt: loss must be a number, got str 'x'", "ValueError mt: step -1 is out of range"]
+    [run_dir] = (tmp_path / "runs").iterdir()
+    steps = [parse_event(json.dumps(e)) for e in events(run_dir, "step")]
+    assert [(s.step, s.loss, s.lr, s.grad_norm, s.extra) for s in steps] == [
+        (2, 0.5, 1e-3, 0.5, {"acc": 0.2}), (4, 0.25, 1e-3, 0.5, {"acc": 0.4}), (6, 1 / 6, 1e-3, 0.5, {"acc": 0.6})]
+    assert [e["tokens_seen"] for e in events(run_dir, "step")] == [64, 128, 192]
+    assert events(run_dir, "run_start")[0]["start_step"] == 0
+    end = events(run_dir, "run_end")[-1]
+    assert (end["status"], end["step"], end["reason"]) == ("stopped", 6, "SIGTERM received")
