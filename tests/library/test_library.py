@@ -88,10 +88,25 @@ def test_an_exception_escaping_the_script_ends_the_run_as_failed(tmp_path: Path)
     assert events(run_dir, "run_end")[-1]["reason"] == "rank 0: ValueError: bad batch 7"
 
 
+HEAVY = ("torch", "numpy", "engine", "tui", "psutil", "textual", "typer", "pynvml")
+
+
 def test_importing_mt_loads_nothing_heavy() -> None:
-    code = "import sys, mt; print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'engine', 'tui', 'psutil', 'textual')))"
+    code = f"import sys, mt; mt.init; print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY}))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_lint_keeps_what_a_script_may_lack_out_of_mt() -> None:
+    ruff = Path(sys.executable).with_name("ruff")
+    if not ruff.exists():
+        pytest.skip("no ruff beside this python")
+    repo = Path(__file__).resolve().parents[2]
+    for name in HEAVY:  # inside a function too: the import a script would pay on first use
+        probe = f"def f():\n    from {name} import x\n    return x\n"
+        out = subprocess.run([str(ruff), "check", "--select", "TID251", "--stdin-filename", "mt/_probe.py", "-"],
+                             input=probe, cwd=repo, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 1 and f"`{name}` is banned" in out.stdout, (name, out.stdout + out.stderr)
 
 
 def test_step_metrics_that_are_not_numbers_are_refused_in_the_script_and_by_the_parser(tmp_path: Path) -> None:
