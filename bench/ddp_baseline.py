@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from engine.data import build_splits
-from engine.model import build_model
+from engine.kinds import kind_of
 from engine.optim import build_optimizer, lr_at, set_lr
 from engine.user import add_workdir, call_model, loss_of
 from mt.preset import load_config_json
@@ -45,7 +45,7 @@ def main(config_path: str, warmup: int) -> None:
         dist.init_process_group("gloo")
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     torch.manual_seed(cfg.run.seed)
-    model = build_model(cfg)
+    model = kind_of(cfg).build(cfg)
     ddp = DDP(model) if distributed else model
     opt = build_optimizer(model, cfg.train, torch.device("cpu"))
     splits = build_splits(cfg)

@@ -51,7 +51,7 @@ def trainer_worker(config_path: str, out_path: str) -> None:
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     from engine.data import build_splits
-    from engine.hf import build_hf_model
+    from engine.kinds.hf import build_hf_model
     from engine.optim import build_optimizer, lr_at
 
     cfg = load_config_json(config_path)

@@ -23,6 +23,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from engine.dist import log
+from engine.factory import UserCodeError
+from engine.kinds import kind_of
 from mt.config import Config
 
 
@@ -137,30 +139,12 @@ def _windows(tokens: np.ndarray, cfg: Config, source: str, vocab: int, stride: i
     return Splits(train, val, None)
 
 
-class CausalLM(Dataset):
-    """Token windows as a Hugging Face causal LM takes them: input_ids and labels (it shifts them)."""
-
-    def __init__(self, windows: TokenWindows) -> None:
-        self.windows = windows
-
-    def __len__(self) -> int:
-        return len(self.windows)
-
-    def __getitem__(self, key: int | tuple[int, float]) -> tuple[dict[str, torch.Tensor], int]:
-        (x, _), i = self.windows[key]
-        return {"input_ids": x, "labels": x}, i
-
-
 def _vocab(cfg: Config) -> tuple[int, str]:
     """The vocabulary the tokens must fit, and the preset key that sets it."""
-    if cfg.model.kind == "hf":
-        from engine.hf import hf_config
-        from engine.user import UserCodeError
-        try:
-            return int(hf_config(cfg).vocab_size), "the model's vocab_size ([model.hf])"
-        except UserCodeError as e:
-            raise DataError(str(e)) from None
-    return cfg.model.vocab_size, "model.vocab_size"
+    try:
+        return kind_of(cfg).vocab(cfg)
+    except UserCodeError as e:
+        raise DataError(str(e)) from None
 
 
 def build_splits(cfg: Config) -> Splits:
@@ -168,9 +152,9 @@ def build_splits(cfg: Config) -> Splits:
     if cfg.data.source == "python" or cfg.data.collate:
         return _user_splits(cfg)
     splits = _token_splits(cfg)
-    if cfg.model.kind == "hf":
-        splits.train = CausalLM(splits.train)
-        splits.val = CausalLM(splits.val) if splits.val is not None else None
+    kind = kind_of(cfg)  # the windows as the model takes them
+    splits.train = kind.samples(splits.train)
+    splits.val = kind.samples(splits.val) if splits.val is not None else None
     return splits
 
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mt.config import Config, ModelConfig
+from mt.config import ModelConfig
 
 
 class CausalSelfAttention(nn.Module):
@@ -103,19 +103,3 @@ def flops_per_token(cfg: ModelConfig, n_params: int) -> float:
     """Training FLOPs per token: 6N for the weights plus the attention term (PaLM appendix B)."""
     n = n_params - cfg.seq_len * cfg.d_model  # position embeddings do no matmul work
     return 6.0 * n + 12.0 * cfg.n_layer * cfg.d_model * cfg.seq_len
-
-
-def build_model(cfg: Config) -> nn.Module:
-    """The preset's model: mt's GPT, or the user's factory (engine.user)."""
-    if cfg.model.kind == "python":
-        from engine import user
-        return user.build_model(cfg)
-    if cfg.model.kind == "hf":
-        from engine.hf import build_hf_model
-        return build_hf_model(cfg)
-    return GPT(cfg.model)
-
-
-def training_flops_per_token(cfg: Config, n_params: int) -> float:
-    """FLOPs per trained token: exact for the GPT, the usual 6N for a user's model."""
-    return flops_per_token(cfg.model, n_params) if cfg.model.kind == "gpt" else 6.0 * n_params

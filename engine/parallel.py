@@ -22,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 
 from engine.dist import DistEnv
+from engine.kinds import kind_of
 from engine.user import UserCodeError
 from mt.config import Config
 from mt.toolchain import cxx_problem
@@ -34,27 +35,6 @@ class Parallel:
     module: nn.Module
     no_sync: Callable[[], Any]
     strategy: str
-
-
-def blocks_of(model: nn.Module, cfg: Config) -> list[nn.Module]:
-    """The model's repeated blocks: mt's GPT's, an HF model's decoder layers (`_no_split_modules`),
-    or a factory model's `[train.fsdp] wrap` classes."""
-    if cfg.model.kind == "gpt":
-        return list(model.blocks)
-    if cfg.model.kind == "hf":
-        names, key = set(getattr(model, "_no_split_modules", None) or ()), "model.hf"
-    else:
-        names, key = set(cfg.train.fsdp.wrap), "train.fsdp.wrap"
-    found = [m for m in model.modules() if type(m).__name__ in names and m is not model]
-    if not found:
-        what = f"no module of class {', '.join(sorted(names))}" if names else "no _no_split_modules to shard by"
-        raise UserCodeError(key, f"{what} in {type(model).__name__} (its classes: {_classes(model)})")
-    return found
-
-
-def _classes(model: nn.Module) -> str:
-    seen = list(dict.fromkeys(type(m).__name__ for m in model.modules()))
-    return ", ".join(seen[:12]) + (" ..." if len(seen) > 12 else "")
 
 
 def _recompute(block: nn.Module) -> None:
@@ -85,9 +65,9 @@ def _compile(model: nn.Module, blocks: list[nn.Module], env: DistEnv) -> None:
 def build(make: Callable[[], nn.Module], cfg: Config, env: DistEnv) -> nn.Module:
     """The model before `wrap`: whole on its device under ddp. Under fsdp rank 0 builds it whole in
     host memory (fully_shard moves each block to the device as it shards it) and the other ranks
-    build mt's GPT or an HF model on the meta device, to receive their shards of rank 0's values in
-    `wrap`: no rank but 0 ever holds the whole model. A factory's own code may need real tensors:
-    every rank builds it."""
+    build a kind that allows it (`meta_build`: mt's GPT, an HF model) on the meta device, to receive
+    their shards of rank 0's values in `wrap`: no rank but 0 ever holds the whole model. A factory's
+    own code may need real tensors: every rank builds it."""
     if env.rank != 0 and _from_rank0(cfg, env):
         with torch.device("meta"):
             return make()
@@ -101,7 +81,7 @@ def host(cfg: Config, env: DistEnv) -> torch.device:
 
 def _from_rank0(cfg: Config, env: DistEnv) -> bool:
     """Whether the ranks other than 0 built the model on the meta device (the same answer on every rank)."""
-    return cfg.train.strategy == "fsdp" and env.world_size > 1 and cfg.model.kind != "python"
+    return cfg.train.strategy == "fsdp" and env.world_size > 1 and kind_of(cfg).meta_build
 
 
 def _receive_from_rank0(model: nn.Module, full: dict[str, Any] | None, env: DistEnv) -> None:
@@ -121,8 +101,7 @@ def wrap(model: nn.Module, cfg: Config, env: DistEnv) -> Parallel:
     """Apply the preset's strategy to `model` (on its device; under fsdp on the CPU, which fully_shard
     moves to the device block by block); `model` stays the one to save."""
     t = cfg.train
-    named = cfg.model.kind != "python" or bool(t.fsdp.wrap)  # a factory model names its blocks in fsdp.wrap
-    blocks = blocks_of(model, cfg) if t.strategy == "fsdp" or t.activation_checkpointing or (t.compile and named) else []
+    blocks = kind_of(cfg).blocks(model, cfg) if t.strategy == "fsdp" or t.activation_checkpointing or t.compile else []
     if t.activation_checkpointing:
         for block in blocks:
             _recompute(block)

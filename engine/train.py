@@ -17,8 +17,9 @@ from engine.checkpointer import Checkpointer
 from engine.data import GlobalOrderSampler, Splits, build_loader, val_batches
 from engine.dist import DistEnv, log, seed_everything
 from engine.faults import Faults
+from engine.kinds import kind_of
 from engine.metrics import device_name, git_commit, memory, peak_flops
-from engine.model import build_model, count_params, training_flops_per_token
+from engine.model import count_params
 from engine.optim import build_optimizer, lr_at, set_lr
 from engine.resume import find_checkpoint
 from engine.user import call_model, loss_of, to_device, tokens_per_sample
@@ -50,9 +51,9 @@ class Trainer:
         seed_everything(cfg.run.seed)  # identical initial weights on every rank
         # under fsdp whole on rank 0's host only (engine/parallel.py build): never whole on one GPU
         home = parallel.host(cfg, env)
-        self.model = parallel.build(lambda: build_model(cfg), cfg, env)
-        self.what = {"python": f"{cfg.model.factory}(...)", "hf": f"the Hugging Face {cfg.model.hf.get('model_type') or 'model'}"}.get(
-            cfg.model.kind, "the GPT")  # names the model in a run_end that says what it returned
+        self.kind = kind_of(cfg)
+        self.model = parallel.build(lambda: self.kind.build(cfg), cfg, env)
+        self.what = self.kind.describe(cfg)  # names the model in a run_end that says what it returned
         self.n_params, self.n_trainable = count_params(self.model)
         active = getattr(self.model, "active_params", None)
         self.n_active = int(active()) if callable(active) else None
@@ -86,7 +87,7 @@ class Trainer:
         # tokens exist where a sample has a token dimension (input_ids, or its first integer tensor)
         self.sample_tokens = cfg.model.seq_len if cfg.data.source != "python" else tokens_per_sample(splits.train[0][0])
         self.tokens_per_step = self.global_batch * self.sample_tokens if self.sample_tokens else None
-        self.flops_per_token = training_flops_per_token(cfg, self.n_params)
+        self.flops_per_token = self.kind.flops_per_token(cfg, self.n_params)
         self.peak = peak_flops(env.device)
 
         stall = self.faults.stall_step()

@@ -1,4 +1,4 @@
-"""Users' own code: import the preset's factories, call them, and make sense of what they return.
+"""Users' own code: their datasets, how their models are called and what they return, and the launch check.
 
 `python -P -m engine.user --check` (config.json on stdin) is what `mt launch` runs to refuse a
 factory that cannot be imported or called before anything starts: it prints `key<TAB>message`
@@ -6,7 +6,6 @@ and exits 2, or one JSON line (the files the answer depends on, an HF config's v
 """
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import os
@@ -17,91 +16,14 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from engine import exit_now
+from engine import exit_now, factory
+from engine.factory import UserCodeError, add_workdir, call_factory, check_args, import_callable
 from mt.config import Config, ConfigError
 from mt.preset import config_from_dict
 
 
-class UserCodeError(ValueError):
-    """A factory that cannot be used; `key` is the preset key that names it."""
-
-    def __init__(self, key: str, message: str) -> None:
-        self.key, self.message = key, message
-        super().__init__(f"{key}: {message}")
-
-    def __reduce__(self) -> tuple:
-        return type(self), (self.key, self.message)  # args holds the joined line only
-
-
 class ModelOutputError(ValueError):
     """The model returned no usable loss: a bug in the user's code, found at the first step."""
-
-
-def add_workdir(cfg: Config) -> None:
-    """Make the folder `mt launch` ran in importable first (the workers run with `python -P`)."""
-    if cfg.run.workdir and cfg.run.workdir not in sys.path:
-        sys.path.insert(0, cfg.run.workdir)
-
-
-def import_callable(spec: str, key: str, workdir: str = "") -> Callable[..., Any]:
-    """`module:attr.path` as a callable, or UserCodeError saying which part is wrong (and, for a
-    module not found, where it was looked for: `workdir` is the folder mt launch ran in)."""
-    module_name, _, attr_path = spec.partition(":")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        if e.name != module_name:
-            where = f" (it imports {e.name!r}, which is not installed)"
-        else:
-            folder = workdir or os.getcwd()
-            where = (f": looked in {folder} (where mt launch ran) and the installed packages; run mt launch from the"
-                     f" folder that holds {module_name.replace('.', '/')}.py, or set [run] workdir to it")
-        raise UserCodeError(key, f"cannot import module {module_name!r}{where}") from None
-    except Exception as e:  # noqa: BLE001 - whatever the user's module raises while importing
-        raise UserCodeError(key, f"importing {module_name!r} failed: {type(e).__name__}: {e}") from None
-    for part in attr_path.split("."):
-        if not hasattr(obj, part):
-            raise UserCodeError(key, f"module {module_name!r} has no attribute {attr_path!r}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise UserCodeError(key, f"{spec} is not callable (it is a {type(obj).__name__})")
-    return obj
-
-
-def check_args(fn: Callable[..., Any], spec: str, key: str, *args: Any, **kwargs: Any) -> None:
-    """The factory's signature must accept these arguments (checked before calling it)."""
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return  # a builtin or C callable without a signature: find out when it is called
-    try:
-        sig.bind(*args, **kwargs)
-    except TypeError as e:
-        raise UserCodeError(key, f"{spec}{sig} does not accept {_describe(args, kwargs)}: {e}") from None
-
-
-def call_factory(fn: Callable[..., Any], spec: str, key: str, *args: Any, **kwargs: Any) -> Any:
-    """fn(*args, **kwargs); what it raises becomes a UserCodeError naming the factory and its call."""
-    try:
-        return fn(*args, **kwargs)
-    except Exception as e:  # whatever the user's factory raises is theirs to fix
-        raise UserCodeError(key, f"{spec}{_describe(args, kwargs, '()')} raised {type(e).__name__}: {e}") from e
-
-
-def _describe(args: tuple[Any, ...], kwargs: dict[str, Any], empty: str = "no arguments") -> str:
-    parts = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
-    return f"({', '.join(parts)})" if parts else empty
-
-
-def build_model(cfg: Config) -> nn.Module:
-    """`[model] factory(**args)`, checked to be an nn.Module."""
-    m = cfg.model
-    fn = import_callable(m.factory, "model.factory", cfg.run.workdir)
-    check_args(fn, m.factory, "model.args", **m.args)
-    model = call_factory(fn, m.factory, "model.factory", **m.args)
-    if not isinstance(model, nn.Module):
-        raise UserCodeError("model.factory", f"{m.factory} returned a {type(model).__name__}, not a torch.nn.Module")
-    return model
 
 
 def build_dataset(cfg: Config, split: str) -> Any:
@@ -207,31 +129,16 @@ def check(cfg: Config) -> dict[str, Any]:
     Returns the files the answer depends on (for the CLI's cache) and an HF config's vocab_size."""
     before = set(sys.modules)
     add_workdir(cfg)
-    vocab, model, sample = None, None, None
-    read: list[str] = []
-    if cfg.model.kind == "python":
-        model = _model_on_meta(cfg)
-    if cfg.data.source == "python":
-        sample = _first_sample(cfg)
+    from engine.kinds import kind_of  # imported here: the kinds' modules (and what they import) are files the check rests on
+    found = kind_of(cfg).check(cfg)
+    sample = _first_sample(cfg) if cfg.data.source == "python" else None
     if cfg.data.collate:
         fn = import_callable(cfg.data.collate, "data.collate", cfg.run.workdir)
         check_args(fn, cfg.data.collate, "data.collate", [])
-    elif model is not None and sample is not None and (problem := batch_mismatch(model, sample)):
+    elif found.model is not None and sample is not None and (problem := batch_mismatch(found.model, sample)):
         raise UserCodeError("model.factory", problem)  # the default collate keeps a sample's dict or tuple
-    if cfg.model.kind == "hf":
-        from engine.hf import check_hf
-        vocab, read = check_hf(cfg)
-    return {"files": depends_on([sys.modules[m] for m in set(sys.modules) - before]) + read, "model_vocab": vocab}
-
-
-def _model_on_meta(cfg: Config) -> nn.Module:
-    """The factory's model on the meta device (no memory, no init); on the CPU for a factory that
-    needs real tensors, whose error then is the one to report."""
-    try:
-        with torch.device("meta"):
-            return build_model(cfg)
-    except UserCodeError:
-        return build_model(cfg)
+    modules = [sys.modules[m] for m in set(sys.modules) - before]
+    return {"files": depends_on(modules) + found.files, "model_vocab": found.vocab}
 
 
 def _first_sample(cfg: Config) -> Any:
@@ -247,7 +154,7 @@ def depends_on(modules: list[Any]) -> list[str]:
     package (an upgrade rewrites its __init__), torch's, and this checker's own."""
     installed = tuple(p + os.sep for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages"))
     stdlib = tuple({sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "platstdlib")})
-    files = {__file__, torch.__file__}
+    files = {__file__, factory.__file__, torch.__file__}
     for mod in modules:
         path = getattr(mod, "__file__", None)
         if not isinstance(path, str):
@@ -277,7 +184,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    # `python -m engine.user` runs this file as __main__: main() must be engine.user's own, so that it
-    # catches the UserCodeError that engine.hf and engine.parallel import from engine.user
-    from engine.user import main as imported_main
-    exit_now(imported_main())
+    exit_now(main())

@@ -101,7 +101,7 @@ def test_compiling_keeps_every_name_and_compiles_each_block(tmp_path: Path) -> N
     assert net._compiled_call_impl is not None and list(net.state_dict()) == keys
 
     pytest.importorskip("transformers")
-    from engine.hf import build_hf_model
+    from engine.kinds.hf import build_hf_model
     hf_cfg = config_from_dict(merge(hf_base(GPT2), {"train": {"compile": True}}), "test")
     hf = build_hf_model(hf_cfg)
     keys = list(hf.state_dict())

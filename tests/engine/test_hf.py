@@ -40,7 +40,9 @@ def test_a_local_hf_folder_is_loaded_with_its_weights(tmp_path):
     n_params = sum(p.numel() for p in model.parameters())
     run = make_run(tmp_path, "local", hf_base({"path": str(folder)}), **SHORT)
     assert run_engine(run) == 0, logs(run)
-    assert events(run, "run_start")[0]["params_total"] == n_params
+    start = events(run, "run_start")[0]
+    assert start["params_total"] == n_params and start["flops_per_token"] == 6.0 * n_params
+    assert start["model"] == "the Hugging Face model"  # a folder names no model_type
     first_ckpt = [c for c in events(run, "checkpoint")][-1]["path"]
     trained = torch.load(f"{first_ckpt}/model.pt", weights_only=True)
     # trained from the folder's weights, not from a fresh draw: still close to them after 10 steps

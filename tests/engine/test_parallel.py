@@ -5,9 +5,10 @@ import pytest
 import torch
 from torch import nn
 
+from engine.kinds import kind_of
 from engine.model import GPT
 from engine.optim import build_optimizer
-from engine.parallel import _named, _numbered, _recompute, blocks_of
+from engine.parallel import _named, _numbered, _recompute
 from engine.user import UserCodeError
 from mt.preset import config_from_dict
 
@@ -42,19 +43,19 @@ def _cfg(**over):
 def test_the_blocks_of_the_gpt_an_hf_model_and_a_factory_model() -> None:
     cfg = _cfg()
     gpt = GPT(cfg.model)
-    assert blocks_of(gpt, cfg) == list(gpt.blocks)
+    assert kind_of(cfg).blocks(gpt, cfg) == list(gpt.blocks)
 
     pytest.importorskip("transformers")
-    from engine.hf import build_hf_model
+    from engine.kinds.hf import build_hf_model
     hf_cfg = config_from_dict(hf_base(GPT2), "test")
     hf = build_hf_model(hf_cfg)
-    assert [type(b).__name__ for b in blocks_of(hf, hf_cfg)] == ["GPT2Block", "GPT2Block"]
+    assert [type(b).__name__ for b in kind_of(hf_cfg).blocks(hf, hf_cfg)] == ["GPT2Block", "GPT2Block"]
 
     factory = _cfg(model={"kind": "python", "factory": "m:build"}, train={"fsdp": {"wrap": ["Block"]}})
-    assert len(blocks_of(Net(), factory)) == 2
+    assert len(kind_of(factory).blocks(Net(), factory)) == 2
     wrong = _cfg(model={"kind": "python", "factory": "m:build"}, train={"fsdp": {"wrap": ["Layer"]}})
     with pytest.raises(UserCodeError, match=r"train\.fsdp\.wrap.*no module of class Layer in Net .*Block"):
-        blocks_of(Net(), wrong)
+        kind_of(wrong).blocks(Net(), wrong)
 
 
 def test_recomputing_blocks_keeps_names_losses_and_gradients_bitwise() -> None:
@@ -98,7 +99,7 @@ import json, sys
 import torch, torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from engine.dist import DistEnv
-from engine.model import build_model
+from engine.kinds import kind_of
 from engine.parallel import build, wrap
 from mt.preset import config_from_dict
 
@@ -109,7 +110,7 @@ out = {}
 for name, preset in json.loads(sys.argv[1]).items():
     cfg = config_from_dict(preset, "test")
     torch.manual_seed(5)
-    model = build(lambda: build_model(cfg), cfg, env)
+    model = build(lambda: kind_of(cfg).build(cfg), cfg, env)
     meta = [p.is_meta for p in model.parameters()]
     wrap(model, cfg, env)
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -122,7 +123,7 @@ for name, preset in json.loads(sys.argv[1]).items():
     dist.all_gather_object(rows, (all(meta), float(got), bufs))
     if rank == 0:
         torch.manual_seed(5)
-        ref = build_model(cfg).eval()
+        ref = kind_of(cfg).build(cfg).eval()
         with torch.no_grad():
             want = ref(x, x) if cfg.model.kind == "gpt" else ref(input_ids=x, labels=x).loss
         sd = ref.state_dict()

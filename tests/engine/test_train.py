@@ -27,7 +27,10 @@ def test_mixed_precision_trains(tmp_path, precision):
     assert all(math.isfinite(s["loss"]) for s in steps)
     assert sum(s["loss"] for s in steps[-3:]) / 3 < steps[0]["loss"] - 0.3
     assert ("loss_scale" in steps[0]) == (precision == "fp16")
-    assert events(run, "run_start")[0]["precision"] == precision
+    start = events(run, "run_start")[0]
+    assert start["precision"] == precision and start["model"] == "the GPT"
+    # the GPT's kind counts exactly: 6N without the position table, plus attention's 12 * layers * d_model * seq_len
+    assert start["flops_per_token"] == 6.0 * (start["params_total"] - 32 * 32) + 12.0 * 2 * 32 * 32
     if fp16:  # the forced overflow is reported as a skipped step
         _overflow_is_a_skipped_step({s["step"]: s for s in steps})
 

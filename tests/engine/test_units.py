@@ -1,13 +1,16 @@
 """Pieces of the engine on their own: sampler order, schedule, resume planning, signals."""
 from __future__ import annotations
 
+import ast
 import itertools
 import signal
 import time
+from pathlib import Path
 
 import pytest
 from torch.utils.data import DistributedSampler
 
+import engine
 from engine.data import GlobalOrderSampler
 from engine.optim import lr_at
 from mt.config import TrainConfig
@@ -147,3 +150,16 @@ def test_bias_is_a_boolean_in_the_preset(tmp_path):
     p.write_text('[run]\nname = "b"\n[model]\nbias = "no"\n')
     with pytest.raises(ConfigError, match="model.bias"):
         load_preset(p)
+
+
+def test_only_engine_kinds_asks_which_model_kind_a_preset_names():
+    """A new [model] kind is one file in engine/kinds/: no other engine module reads `model.kind`."""
+    root = Path(engine.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.parent.name == "kinds":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "kind" and isinstance(node.value, ast.Attribute) and node.value.attr == "model":
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+    assert found == []

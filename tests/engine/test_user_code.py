@@ -16,6 +16,7 @@ def test_user_model_reports_tokens_samples_and_active_params(tmp_path):
     assert run_engine(run) == 0, logs(run)
     start = events(run, "run_start")[0]
     assert start["params_active"] == 1234 and start["params_total"] > 1234
+    assert start["model"] == "my_models:experts(...)" and start["flops_per_token"] == 6.0 * start["params_total"]
     assert start["tokens_per_step"] == 4 * 16 and start["seq_len"] == 16      # micro 4 x input_ids of 16
     step = events(run, "step")[-1]
     assert step["samples_per_s"] > 0 and step["tokens_per_s"] == step["samples_per_s"] * 16

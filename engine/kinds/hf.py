@@ -4,10 +4,53 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import torch
 from torch import nn
+from torch.utils.data import Dataset
 
-from engine.user import UserCodeError
+from engine.factory import UserCodeError
+from engine.kinds.base import Checked, blocks_named
 from mt.config import HF_OFFLINE, Config
+
+
+class HfKind:
+    meta_build = True
+
+    def build(self, cfg: Config) -> nn.Module:
+        return build_hf_model(cfg)
+
+    def blocks(self, model: nn.Module, cfg: Config) -> list[nn.Module]:
+        return blocks_named(model, set(getattr(model, "_no_split_modules", None) or ()), "model.hf")  # its decoder layers
+
+    def vocab(self, cfg: Config) -> tuple[int, str]:
+        return int(hf_config(cfg).vocab_size), "the model's vocab_size ([model.hf])"
+
+    def samples(self, windows: Any) -> Any:
+        return CausalLM(windows)
+
+    def flops_per_token(self, cfg: Config, n_params: int) -> float:
+        return 6.0 * n_params
+
+    def describe(self, cfg: Config) -> str:
+        return f"the Hugging Face {cfg.model.hf.get('model_type') or 'model'}"
+
+    def check(self, cfg: Config) -> Checked:
+        vocab, files = check_hf(cfg)
+        return Checked(vocab=vocab, files=files)
+
+
+class CausalLM(Dataset):
+    """Token windows as a Hugging Face causal LM takes them: input_ids and labels (it shifts them)."""
+
+    def __init__(self, windows: Any) -> None:
+        self.windows = windows
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def __getitem__(self, key: int | tuple[int, float]) -> tuple[dict[str, torch.Tensor], int]:
+        (x, _), i = self.windows[key]
+        return {"input_ids": x, "labels": x}, i
 
 
 def _transformers() -> Any:
