@@ -55,10 +55,10 @@ def cpu():
     return r.ru_utime + r.ru_stime
 async def main():
     if len(roots) == 1:
-        from tui.app import MtApp
+        from tui.view.app import MtApp
         app = MtApp(roots[0]); watchers = [app.watcher]
     else:
-        from tui.compare import CompareApp
+        from tui.view.compare import CompareApp
         app = CompareApp(roots); watchers = app.watchers
     steps = lambda: sum(w.follower.state.step or 0 for w in watchers)
     async with app.run_test(size=(140, 44)) as pilot:

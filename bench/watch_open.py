@@ -33,16 +33,17 @@ APP = r"""
 import asyncio, resource, sys, time
 t0 = time.perf_counter()
 from pathlib import Path
-from tui.app import MtApp
+from tui.view.app import MtApp
+from tui.view.dashboard import DashboardScreen
 want = int(sys.argv[2])
 out = {}
-draw_plots = MtApp._redraw_plots
+draw_plots = DashboardScreen._redraw_plots
 def painted(self):
     # runs after the refresh that painted the header: the first frame the user sees
     if "first_frame_s" not in out and f"step {want:,}/" in str(self._header.content):
         out["first_frame_s"] = time.perf_counter() - t0
     draw_plots(self)
-MtApp._redraw_plots = painted
+DashboardScreen._redraw_plots = painted
 async def main():
     app = MtApp(Path(sys.argv[1]))  # default poll and redraw rates
     async with app.run_test(size=(140, 44)) as pilot:

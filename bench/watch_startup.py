@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Runs `mt ARGS` in-process. A finder wraps the import of tui.app to stamp the phases; nothing
+# Runs `mt ARGS` in-process. A finder wraps the import of the app to stamp the phases; nothing
 # else is imported ahead of the CLI, so lazy imports stay lazy. perf_counter is CLOCK_MONOTONIC
 # on Linux, the same clock in the parent and the child.
 PROBE = r"""
@@ -47,6 +47,7 @@ def stamp(name):
 def patch(m):
     stamp("app_imported")
     App = m.MtApp
+    View = getattr(m, "DashboardScreen", App)  # before the move to tui/view/: the App drew itself
     watch = sys.modules.get("tui.read.watcher") or sys.modules["tui.watch"]  # before the move: tui.watch
     wrap = lambda cls, name, before, after=None: setattr(cls, name, hooked(getattr(cls, name), before, after))
     def hooked(fn, before, after):
@@ -58,8 +59,9 @@ def patch(m):
             finally:
                 after and after(self)
         return f
-    def mounted(app):
+    def mounted(view):
         stamp("mount_end")
+        app = view.app
         def check():
             if "settled" not in T and app.settled():
                 stamp("settled")
@@ -71,13 +73,13 @@ def patch(m):
             app.call_later(app.exit)
     wrap(App, "run", lambda s: stamp("run"))
     wrap(App, "_display", lambda s: None, displayed)
-    wrap(App, "on_mount", lambda s: stamp("mount"), mounted)
-    wrap(App, "render_frame", lambda s: s.loaded and stamp("render_data"))
+    wrap(View, "on_mount", lambda s: stamp("mount"), mounted)
+    wrap(View, "render_frame", lambda s: s.loaded and stamp("render_data"))
     wrap(watch.Watcher, "poll", lambda s: stamp("poll"), lambda s: stamp("poll_end"))
 
 class Hook(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, name, path=None, target=None):
-        if name != "tui.app":
+        if name not in ("tui.view.app", "tui.app"):  # before the move: tui.app
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)

@@ -66,7 +66,7 @@ def _attach(run_dir: Path, detach: bool, headless: bool, every: float = 1.0,
 
         typer.echo(f"run dir: {safe_text(run_dir)}")
         raise typer.Exit(follow_headless(run_dir, sys.stdout, every_s=every, since=since))
-    from tui.app import run_app
+    from tui.view.app import run_app
 
     raise typer.Exit(run_app(run_dir))
 
@@ -152,7 +152,7 @@ def watch(
     _check_every(every)
     if _no_dashboard(headless):
         _attach(run_dir, False, True, every)
-    from tui.app import run_app
+    from tui.view.app import run_app
 
     raise typer.Exit(run_app(run_dir))
 
@@ -167,7 +167,7 @@ def _compare(run_dirs: list[Path], once: bool, headless: bool) -> NoReturn:
 
         typer.echo(compare_table(run_dirs))
         raise typer.Exit(OK)
-    from tui.compare import run_compare
+    from tui.view.compare import run_compare
 
     raise typer.Exit(run_compare(run_dirs))
 

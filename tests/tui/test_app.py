@@ -9,10 +9,10 @@ from textual.widgets import OptionList
 from mt.jsonl import read_events
 from tests.tui.conftest import fixed_now
 from tests.tui.synth import SynthRun, write_status
-from tui.app import MtApp
 from tui.format import fmt_duration, fmt_num
 from tui.read.cache import CACHE_DIR
 from tui.read.follower import load_run_state
+from tui.view.app import MtApp
 from tui.widgets.dialogs import ConfirmScreen, HelpScreen
 
 pytestmark = pytest.mark.timeout(120)
@@ -149,19 +149,19 @@ async def test_smoothing_logy_focus_help_keys(fixture_run):
     app = make_app(run, fixed_now(run))
     async with app.run_test(size=(140, 44)) as pilot:
         await loaded(pilot)
-        assert app.smoothing == 0.6
+        assert app.dashboard.smoothing == 0.6
         await pilot.press("e", "e")
-        assert app.smoothing == pytest.approx(0.4)
-        app.smoothing = 0.9
+        assert app.dashboard.smoothing == pytest.approx(0.4)
+        app.dashboard.smoothing = 0.9
         await pilot.press("E", "E")           # clamped below 1 (1 would freeze the curve)
-        assert app.smoothing == 0.99
-        app.smoothing = 0.1
+        assert app.dashboard.smoothing == 0.99
+        app.dashboard.smoothing = 0.1
         await pilot.press("e", "e")           # clamped at 0 = the raw series
-        assert app.smoothing == 0.0
+        assert app.dashboard.smoothing == 0.0
         await pilot.pause(0.1)
         assert "smoothing 0.00" in text_of(app, "#header")
         await pilot.press("l")
-        assert app.logy is True
+        assert app.dashboard.logy is True
         await pilot.pause(0.1)
         assert "log-y on" in text_of(app, "#header")
         for n, sel in ((1, "#plot-loss"), (2, "#system"), (3, "#incident-list"), (4, "#logs")):
@@ -172,7 +172,7 @@ async def test_smoothing_logy_focus_help_keys(fixture_run):
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
         help_text = str(app.screen.query_one("#help-text").content)
-        for b in app.BINDINGS:  # the help is generated from the bindings: every one is there
+        for b in app.dashboard.BINDINGS:  # the help is generated from the bindings: every one is there
             assert f"{b.key_display or b.key}  {b.tooltip or b.description}" in help_text
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)

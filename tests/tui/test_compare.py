@@ -12,8 +12,8 @@ import pytest
 from tests.tui.conftest import FIXTURES
 from tests.tui.test_app import wait_for
 from tests.tui.test_plots import axis_names, figure, x_labels
-from tui.compare import CompareApp
 from tui.state.compare import run_color
+from tui.view.compare import CompareApp
 
 pytestmark = pytest.mark.timeout(120)
 

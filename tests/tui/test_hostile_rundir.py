@@ -14,7 +14,7 @@ from tests.tui.synth import SynthRun
 from tests.tui.test_app import loaded, log_text, make_app, text_of
 from tests.tui.test_compare import figure
 from tests.tui.test_plots import y_labels
-from tui.compare import CompareApp
+from tui.view.compare import CompareApp
 
 pytestmark = pytest.mark.timeout(120)
 

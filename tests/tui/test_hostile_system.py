@@ -76,7 +76,7 @@ def test_viewer_in_a_terminal_survives_hostile_lines_and_a_crash_exits_non_zero(
     write_hostile(tmp_path / "run")
     session = f"mt-sys-{os.getpid()}"
     crash = tmp_path / "crash.py"
-    crash.write_text("import sys\nimport tui.app as a\n"
+    crash.write_text("import sys\nimport tui.view.app as a\n"
                      "def boom(self): raise RuntimeError('boom in mount')\n"
                      "a.MtApp.on_mount = boom\nsys.exit(a.run_app(sys.argv[1]))\n")
     tmux("new-session", "-d", "-s", session, "-x", "140", "-y", "44", "bash", "--norc", "--noprofile")

@@ -102,14 +102,14 @@ async def test_a_live_run_through_every_terminal_size(tmp_path):
             step += 30
             await wait_for(pilot, lambda: f"step {step:,}/" in text_of(app, "#header"))
             await pilot.resize_terminal(*size)   # a resize redraws at once, with the newest steps
-            await steady(pilot, lambda: app.layout_name == want and app.settled())
-            assert app.layout_name == want and app.screen.has_class(want), size
+            await steady(pilot, lambda: app.dashboard.layout_name == want and app.settled())
+            assert app.dashboard.layout_name == want and app.screen.has_class(want), size
             if want == "too-small":
                 assert "too small" in text_of(app, "#too-small")
                 continue
             loss = app.query_one("#plot-loss")
             assert loss.size.height >= (12 if size == (80, 24) else 10) and loss.size.width >= 50, size
-            for p in app._shown_plots():
+            for p in app.dashboard._shown_plots():
                 assert p.size.height >= 7 and p.size.width >= 24, (size, p.id, p.size)
                 readable(app, f"#{p.id}")
             assert x_labels(figure(app, "#plot-loss"))[-1] == str(step)      # following the run
@@ -128,13 +128,13 @@ async def test_a_live_run_through_every_terminal_size(tmp_path):
                 one_line_nvml_error(app)
                 for n, sel in ((3, "#incidents"), (4, "#logs"), (5, "#plots-small"), (1, "#plot-loss")):
                     await pilot.press("tab")
-                    await steady(pilot, lambda: app.tabs.tabs == n and app.query_one(sel).display)
+                    await steady(pilot, lambda: app.dashboard.tabs.tabs == n and app.query_one(sel).display)
                     assert f" {n} " in str(app.query_one("#tabstrip").content)
                     if n == 5:
                         await steady(pilot, app.settled)
-                        assert {p.id for p in app._shown_plots()} == {"plot-lr", "plot-grad"}
-                        assert app.focused in app._shown_plots()
-                        for p in app._shown_plots():
+                        assert {p.id for p in app.dashboard._shown_plots()} == {"plot-lr", "plot-grad"}
+                        assert app.focused in app.dashboard._shown_plots()
+                        for p in app.dashboard._shown_plots():
                             assert p.size.height >= 12
                             # the tab is the pane: no border of a plot's own, focused or not (one
                             # round the focused plot read as the pane's, the other plot outside it)

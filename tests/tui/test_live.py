@@ -9,7 +9,7 @@ import pytest
 
 from mt.jsonl import read_events, read_json
 from tests.tui.test_app import wait_for
-from tui.app import MtApp
+from tui.view.app import MtApp
 from tui.widgets.dialogs import ConfirmScreen
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -93,7 +93,7 @@ async def test_keys_checkpoint_stop_resume_kill_on_a_live_run(tmp_path, model):
         async with app.run_test(size=(140, 44)) as pilot:
             st = lambda: app.watcher.follower.state
             await wait_for(pilot, lambda: st().state == "running" and (st().step or 0) >= 2, 180)
-            header = lambda: str(app._header.content)
+            header = lambda: str(app.dashboard._header.content)
             await wait_for(pilot, lambda: "RUNNING" in header(), 10)
 
             # c: a checkpoint event carrying our request id, and a notification naming its step

@@ -146,7 +146,7 @@ async def test_plots_catch_up_once_a_live_run_goes_quiet(tmp_path):
         await wait_for(pilot, app.settled)
         plots = [app.query_one(sel) for sel in shown(app)]
         # the spacing this test runs inside: the plots would wait 2 s after their last draw
-        assert app.pacing.min_interval_s >= 2.0
+        assert app.dashboard.pacing.min_interval_s >= 2.0
         with open(r.paths.events, "a") as f:
             for s in range(2, 68):
                 r.step(s)

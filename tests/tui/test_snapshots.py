@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from tests.tui.conftest import FIXTURES, fixed_now
-from tui.app import MtApp
+from tui.view.app import MtApp
 
 pytestmark = pytest.mark.timeout(120)
 SIZE = (140, 44)

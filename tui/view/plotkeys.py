@@ -16,7 +16,7 @@ HELP_BINDING = Binding("question_mark", "help", "Help", id="help", key_display="
 
 
 class PlotKeys:
-    """Mixed into an App that declares the reactive attributes `smoothing` and `logy`."""
+    """Mixed into an App or a Screen that declares the reactive attributes `smoothing` and `logy`."""
 
     smoothing: Any
     logy: Any
@@ -28,4 +28,4 @@ class PlotKeys:
         self.logy = not self.logy
 
     def action_help(self: Any) -> None:
-        self.push_screen(HelpScreen(help_rows(self.BINDINGS)))
+        self.app.push_screen(HelpScreen(help_rows(self.BINDINGS)))

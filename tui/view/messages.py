@@ -1,4 +1,4 @@
-"""Messages between the file-following worker, the widgets and the app."""
+"""Messages from the dashboard App's workers (following the run, control requests) to the App."""
 from __future__ import annotations
 
 from dataclasses import dataclass

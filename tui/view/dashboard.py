@@ -1,0 +1,315 @@
+"""The dashboard screen: its widgets, layout for the terminal size, tabs, and the keys that change
+what it shows (smoothing, log-y, the x window, which small plot, which rank's log)."""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.events import Resize
+from textual.reactive import reactive
+from textual.screen import Screen
+from textual.widgets import Footer, OptionList, Static
+
+from mt.events import FINAL_STATES
+from tui.format import safe_text
+from tui.read.watcher import Watcher, WatchUpdate
+from tui.state.layout import MIN_H, MIN_W, Tabs, choose_layout, strip_items
+from tui.state.pacing import Pacing
+from tui.state.window import XWindow, narrow, next_window, widen
+from tui.view.plotkeys import HELP_BINDING, SMOOTHING_BINDINGS, PlotKeys
+from tui.widgets.header import RunHeader
+from tui.widgets.incidents import IncidentsPanel
+from tui.widgets.logs import LogsPanel
+from tui.widgets.notice import Notice, notice_text
+from tui.widgets.plots import Curve, MetricPlot
+from tui.widgets.system import SystemPanel
+from tui.widgets.tabstrip import TabStrip
+
+PANELS = {1: "#plot-loss", 2: "#system", 3: "#incident-list", 4: "#logs", 5: "#plots-small"}
+LAYOUTS = ("too-small", "tabs", "side-tabs", "full")
+LOCK_WAIT_S = 0.05           # a poll holds the watcher's lock for ms; a bulk load reads without it
+
+
+class DashboardScreen(PlotKeys, Screen[None]):
+    """Shows one run as its watcher has read it; the App follows the run and sends its requests."""
+
+    BINDINGS = [  # the run's control requests are the App's actions
+        Binding("c", "app.checkpoint", "Checkpoint", id="checkpoint", tooltip="Save a checkpoint now"),
+        Binding("s", "app.stop", "Stop", id="stop", tooltip="Graceful stop with a final checkpoint"),
+        Binding("k", "app.kill", "Kill", id="kill", tooltip="Terminate every process of the run (asks first)"),
+        Binding("r", "app.resume", "Resume", id="resume", tooltip="New attempt from the newest checkpoint"),
+        *SMOOTHING_BINDINGS,
+        Binding("t", "toggle_throughput", "Tok/s", id="throughput",
+                tooltip="Plot tokens/s in place of the learning rate (and back)"),
+        Binding("x", "next_metric", "Metrics", id="next-metric",
+                tooltip="Plot the script's own metrics, one after another, in place of the learning rate"),
+        Binding("w", "next_window", "Window", id="window",
+                tooltip="Steps the plots show: all / the last 10% / the last 1,000 (following the newest)"),
+        Binding("left_square_bracket", "narrow", "Narrow", show=False, id="narrow", key_display="[",
+                tooltip="Half the plots' window of steps"),
+        Binding("right_square_bracket", "widen", "Widen", show=False, id="widen", key_display="]",
+                tooltip="Twice the plots' window of steps (up to all of them)"),
+        Binding("g", "next_rank", "Next log", id="next-rank", tooltip="Show the next rank's log"),
+        Binding("1", "focus_panel(1)", "Plots", show=False, id="focus-1",
+                tooltip="Focus the plots (in a small terminal: show the loss plot)"),
+        Binding("2", "focus_panel(2)", "System", show=False, id="focus-2",
+                tooltip="Focus the system panel (in a small terminal: show it)"),
+        Binding("3", "focus_panel(3)", "Incidents", show=False, id="focus-3",
+                tooltip="Focus the incidents (up/down selects one, its detail below)"),
+        Binding("4", "focus_panel(4)", "Logs", show=False, id="focus-4", tooltip="Focus the logs"),
+        Binding("5", "focus_panel(5)", "Small plots", show=False, id="focus-5",
+                tooltip="The lr / tokens/s / metric and grad-norm plots (a tab of their own at 80×24)"),
+        Binding("tab", "next_tab", "Next tab", show=False, id="next-tab", priority=True, key_display="Tab",
+                tooltip="Next tab where panels are tabs (small terminals); next widget elsewhere"),
+        HELP_BINDING,
+        Binding("q", "app.quit", "Quit", id="quit", tooltip="Close the viewer; the run keeps going"),
+    ]
+
+    smoothing: reactive[float] = reactive(0.6)
+    logy: reactive[bool] = reactive(False)
+    window: reactive[XWindow] = reactive(XWindow)
+
+    def __init__(self, run_name: str, watcher: Watcher, clock: Callable[[], float], redraw_s: float,
+                 say: Callable[[str], None], mounted: Callable[[], None]) -> None:
+        super().__init__()
+        self.run_name, self.watcher, self.clock, self.redraw_s = run_name, watcher, clock, redraw_s
+        self._say, self._mounted = say, mounted
+        self.loaded = False                   # first poll shown (tests wait on it)
+        self._dirty = True
+        self._auto_rank_done = False
+        self.layout_name = "full"
+        self.tabs = Tabs()
+        self.pacing = Pacing()                # when the plots redraw for new points
+
+    # ------------------------------------------------------------------ layout
+    def compose(self) -> ComposeResult:
+        series = self.watcher.follower.series
+        st = self.watcher.follower.state
+        yield RunHeader(f"{safe_text(self.run_name)}  reading the run…", id="header")
+        yield Notice(id="notice")
+        yield TabStrip("", id="tabstrip")
+        with Horizontal(id="main"):
+            with Vertical(id="plots"):
+                yield MetricPlot("loss: train (cyan, raw grey), val (orange)", "loss", [
+                    Curve("train", series.loss, "cyan"),
+                    Curve("val", series.val_loss, "orange", smooth=False)], id="plot-loss")
+                with Horizontal(id="plots-small"):
+                    yield MetricPlot("learning rate", "lr", [Curve("lr", series.lr, "green", smooth=False)],
+                                     id="plot-lr")
+                    yield MetricPlot("tokens/s", "tokens/s", [Curve("tokens/s", series.tokens_per_s, "yellow")],
+                                     id="plot-tps")
+                    yield MetricPlot("metric", "value", [], id="plot-extra")
+                    yield MetricPlot("grad norm (red line: clip)", "grad norm",
+                                     [Curve("grad_norm", series.grad_norm, "magenta")], hline=st.grad_clip,
+                                     id="plot-grad")
+            with Vertical(id="side"):
+                yield SystemPanel(id="system")
+                yield IncidentsPanel(id="incidents")
+                yield LogsPanel(id="logs")
+        yield Static("", id="too-small")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self._header = self.query_one(RunHeader)
+        self._notice = self.query_one(Notice)
+        self._plots = list(self.query(MetricPlot))
+        self._grad = self.query_one("#plot-grad", MetricPlot)
+        self.query_one("#plot-tps").display = False   # until `t` swaps it for the learning rate
+        self.query_one("#plot-extra").display = False  # until `x` shows a script's own metric
+        self._extra_at: str | None = None              # the metric it shows
+        self._extra_hid: list[MetricPlot] = []         # what it stands in for
+        self._system = self.query_one(SystemPanel)
+        self._incidents = self.query_one(IncidentsPanel)
+        self._logs = self.query_one(LogsPanel)
+        self._too_small = self.query_one("#too-small", Static)
+        self._tabstrip = self.query_one(TabStrip)
+        self.query_one("#system").border_title = "2 system"
+        self.query_one("#incidents").border_title = "3 incidents"
+        self.query_one("#plots").border_title = "1 plots"
+        self.query_one("#logs").border_title = "4 logs: rank0.log  (g: next rank)"
+        self._apply_size(self.app.size.width, self.app.size.height)
+        self._mounted()  # the App reads a small run now, before the first paint, and starts following
+        self.set_interval(self.redraw_s, self.render_frame)
+
+    def on_resize(self, event: Resize) -> None:
+        if hasattr(self, "_tabstrip"):
+            self._apply_size(event.size.width, event.size.height)
+            # the header's bar and the plots fit the new size once it is laid out, not a tick later
+            self.call_after_refresh(self.render_frame)
+
+    def _apply_size(self, w: int, h: int) -> None:
+        self.layout_name = choose_layout(w, h)
+        if self.layout_name == "too-small":
+            self._too_small.update(
+                f"Terminal {w}×{h} is too small for the dashboard (need {MIN_W}×{MIN_H}).\n"
+                "Enlarge the window, or use `mt watch --once`. q quits.")
+        self._show_tabs()
+
+    def _show_tabs(self) -> None:
+        """The layout's classes on this screen (even while a dialog is on top), the strip."""
+        for name in LAYOUTS:
+            self.set_class(name == self.layout_name, name)
+        active = self.tabs.active(self.layout_name)
+        for n in PANELS:
+            self.set_class(n == active, f"tab-{n}")
+        self._show_strip()
+        self._dirty = True
+
+    def _show_strip(self) -> None:
+        n_open = sum(1 for i in self.watcher.follower.state.incidents if i.status == "open")
+        self._tabstrip.show(strip_items(self.layout_name, self.tabs.active(self.layout_name), n_open))
+
+    # ------------------------------------------------------------------ drawing
+    def show_update(self, u: WatchUpdate) -> None:
+        """What the worker read: drawn at once the first time, at the next frame after that."""
+        first = not self.loaded
+        self.loaded = True
+        self._dirty = True
+        if first:  # draw now rather than at the next tick, and tell the worker it is shown
+            self.render_frame()
+            self.call_after_refresh(self.watcher.frame_shown.set)
+        self._logs.show(self.watcher.log_rank, u.new_log_lines, u.log_reset)
+        st = self.watcher.follower.state
+        if st.state in ("failed", "killed") and not self._auto_rank_done:
+            # show the failing rank's log without being asked; until the rules' exit incident
+            # names it (it may come after the state), the reason's rank may only have lost its peer
+            self._auto_rank_done = st.exit_incident() is not None
+            rank = st.failing_rank()
+            if rank is not None and rank != self.watcher.log_rank:
+                self.watcher.set_log_rank(rank)
+
+    def follow_failing_rank(self) -> None:
+        """Show the failing rank's log again when it fails (a resumed run is a new attempt)."""
+        self._auto_rank_done = False
+
+    def render_frame(self) -> None:
+        """Redraw at a bounded rate; skips until the first poll, and if the worker holds the
+        state longer than LOCK_WAIT_S."""
+        if not self.loaded or not self.watcher.lock.acquire(timeout=LOCK_WAIT_S):
+            return
+        try:
+            now = self.clock()
+            st = self.watcher.follower.state
+            self._header.show(st, now, self.smoothing, self.logy, self.window.label())
+            self._notice.say(notice_text(st, self.watcher.log_lines(), self.watcher.log_rank))
+            self.set_class(self._notice.display, "notice-shown")
+            self._grad.hline = st.grad_clip
+            # plots after this refresh: a first frame of a huge run shows the header at once
+            self.call_after_refresh(self._redraw_plots)
+            if self._dirty:
+                ended = st.state if st.state in FINAL_STATES else "lost" if st.supervisor_lost else None
+                self._system.show(self.watcher.system, ended, now, sampled=st.status.get("owner") != "script")
+                self._incidents.show(st.incidents, now)
+                self._show_strip()
+                self._dirty = False
+        finally:
+            self.watcher.lock.release()
+
+    def _redraw_plots(self) -> None:
+        if not self.watcher.lock.acquire(timeout=LOCK_WAIT_S):
+            return
+        try:
+            plots = self._shown_plots()
+            now = time.monotonic()
+            # one clock for all: every plot on screen shows the same newest step
+            due = self.pacing.due(tuple(p.data_version() for p in plots), sum(p.build_s for p in plots), now)
+            if any([plot.redraw(self.smoothing, self.logy, self.window, due=due) for plot in plots]):
+                self.pacing.drawn(now)
+        finally:
+            self.watcher.lock.release()
+
+    def _shown_plots(self) -> list[MetricPlot]:
+        """The plots on screen: a hidden one (or one in a hidden tab) is not redrawn (nor waited for)."""
+        return [p for p in self._plots if all(w.display for w in p.ancestors_with_self if hasattr(w, "display"))]
+
+    def settled(self) -> bool:
+        """Everything read so far is on screen (tests and benchmarks wait for this)."""
+        return (self.loaded and self.watcher.history_ready and not self._dirty
+                and all(p.drawn_current(self.window) for p in self._shown_plots())
+                and self._logs.is_vertical_scroll_end and not self.watcher.log_switch_pending)
+
+    @on(OptionList.OptionSelected)
+    def _incident_selected(self) -> None:
+        self._dirty = True
+
+    # ------------------------------------------------------------------ view keys
+    def action_toggle_throughput(self) -> None:
+        lr, tps = self.query_one("#plot-lr", MetricPlot), self.query_one("#plot-tps", MetricPlot)
+        lr.display, tps.display = tps.display, lr.display
+        self.render_frame()
+
+    def action_next_metric(self) -> None:
+        """The next of the script's own metrics (by name) in the small plot on the left; after the last, back."""
+        extra = self.query_one("#plot-extra", MetricPlot)
+        series = self.watcher.follower.series.extra
+        names = sorted(series)
+        if not names:
+            self._say("no metrics of the script's own in this run: run.step(..., name=value) or run.log({...}) adds them")
+            return
+        later = [n for n in names if self._extra_at is None or n > self._extra_at]
+        if not later:  # after the last one: what was there before
+            self._extra_at, extra.display = None, False
+            for plot in self._extra_hid:
+                plot.display = True
+            self._extra_hid = []
+        else:
+            if self._extra_at is None:
+                self._extra_hid = [p for p in (self.query_one("#plot-lr", MetricPlot), self.query_one("#plot-tps", MetricPlot))
+                                   if p.display]
+                for plot in self._extra_hid:
+                    plot.display = False
+            self._extra_at = later[0]
+            extra.title, extra.ylabel = f"{safe_text(later[0])}  (x: next)", safe_text(later[0])
+            extra.curves = [Curve(later[0], series[later[0]], "blue")]
+            extra.display = True
+            extra.redraw(self.smoothing, self.logy, self.window, force=True)
+        self.render_frame()
+
+    def watch_smoothing(self) -> None:
+        self.render_frame()
+
+    def watch_logy(self) -> None:
+        self.render_frame()
+
+    def watch_window(self) -> None:
+        self.render_frame()
+
+    def action_next_window(self) -> None:
+        self.window = next_window(self.window)
+
+    def action_narrow(self) -> None:
+        self.window = narrow(self.window)
+
+    def action_widen(self) -> None:
+        # the run's newest step as its span: the series belong to the worker while it reads
+        self.window = widen(self.window, float(self.watcher.follower.state.step or 0))
+
+    def action_next_rank(self) -> None:
+        self._auto_rank_done = True  # the user picks the log from now on
+        self.watcher.set_log_rank((self.watcher.log_rank + 1) % self.watcher.ranks())
+
+    def action_focus_panel(self, n: int) -> None:
+        """Show tab n where panels are tabs, and focus it."""
+        tabs = self.tabs.select(self.layout_name, n)
+        if tabs != self.tabs:
+            self.tabs = tabs
+            self._show_tabs()
+            self.call_after_refresh(self.render_frame)
+        target = self.query_one(PANELS[n])
+        if n == 5:  # the first small plot on screen
+            target = next((p for p in self._shown_plots() if p.id != "plot-loss"), target)
+        self.call_after_refresh(target.focus, False)  # no scroll: the panel is the pane
+
+    def action_next_tab(self) -> None:
+        """Tab: the next tab in a tabbed layout; elsewhere the next widget (a dialog on top has its own)."""
+        tabs = self.tabs.next(self.layout_name)
+        if tabs == self.tabs:
+            self.focus_next()
+            return
+        n = tabs.active(self.layout_name)
+        if n is not None:
+            self.action_focus_panel(n)
