@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
@@ -167,20 +168,28 @@ async def test_every_plot_shows_the_same_newest_step_while_a_run_streams(tmp_pat
         sels = shown(app)
         assert len(sels) >= 3
         seen: list[list[str]] = []
+        written: dict[int, float] = {}
+        late: list[tuple[int, int, float]] = []
         with open(r.paths.events, "a") as f:
             for s in range(2, 150):  # ~20 steps a second for 7 s: never quiet long enough to catch up
                 r.step(s)
                 f.write(r.lines[-1] + "\n")
                 f.flush()
+                written[s] = time.monotonic()
                 await pilot.pause(0.05)
-                seen.append([x_labels(figure(app, sel))[-1] for sel in sels])
-        header = str(app.query_one("#header").content)
-        assert "step 149/" in header
+                labels = [x_labels(figure(app, sel))[-1] for sel in sels]
+                seen.append(labels)
+                # the newest drawn step is at most one redraw spacing (and a frame) old; the spacing
+                # grows with what the builds cost on this machine
+                plots = [app.query_one(sel) for sel in sels]
+                allowed = app.dashboard.pacing.interval(sum(p.build_s for p in plots)) + 1.0
+                if labels[0] != "1" and time.monotonic() - written.get(int(labels[0]) + 1, time.monotonic()) > allowed:
+                    late.append((s, int(labels[0]), allowed))
+        await wait_for(pilot, lambda: "step 149/" in str(app.query_one("#header").content))
     drawn = [int(labels[0]) for labels in seen]
     assert all(len(set(labels)) == 1 for labels in seen), [labels for labels in seen if len(set(labels)) > 1][:3]
     assert len(set(drawn)) >= 3, drawn      # they did redraw while points kept coming
-    # within the spacing: at 20 steps a second, 2 s and a frame are well under 70 steps
-    assert all(s - d <= 70 for s, d in zip(range(2, 150), drawn)), list(zip(range(2, 150), drawn))
+    assert not late, late[:5]
 
 
 async def test_no_data_yet_and_a_single_step(tmp_path):

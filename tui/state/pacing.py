@@ -26,7 +26,11 @@ class Pacing:
         if versions != self._seen:
             self._seen, self._seen_at = versions, now
         quiet = now - self._seen_at >= self.quiet_s
-        return quiet or now - self._drawn_at >= max(self.min_interval_s, self.cost_factor * build_s)
+        return quiet or now - self._drawn_at >= self.interval(build_s)
+
+    def interval(self, build_s: float) -> float:
+        """The spacing of redraws while points keep coming, for builds that cost `build_s` in all."""
+        return max(self.min_interval_s, self.cost_factor * build_s)
 
     def drawn(self, now: float) -> None:
         self._drawn_at = now
