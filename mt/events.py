@@ -121,3 +121,48 @@ def parse_line(line: bytes) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
+# ---- the rules of a line's values: the parser's (mt/records.py) and the writers' checks (mt/values.py)
+INT_MAX = 1 << 63
+SPECIAL_FLOATS = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}   # as events.dumps writes them
+
+
+class BadValue(ValueError):
+    """A value no line may hold; a ValueError, as the library's writer raises it at the call."""
+
+
+class WrongType(BadValue, TypeError):
+    """A value of the wrong type: a TypeError to the writer."""
+
+
+def whole(v: Any, key: str, lo: int = 0) -> int:
+    """`v` as the whole number a line may hold in `key`, else TypeError/ValueError saying why.
+
+    The parser's rule, and the check mt's writers apply before they write (mt/run.py)."""
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise WrongType(f"{key} {show_value(v)} is not a whole number")
+    if not lo <= v < INT_MAX:
+        raise BadValue(f"{key} {show_value(v)} is out of range")
+    return v
+
+
+def number(v: Any, key: str, nonneg: bool = False) -> float:
+    """`v` as the number a line may hold in `key`, else TypeError/ValueError saying why."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        try:
+            x = float(v)
+        except OverflowError:
+            raise BadValue(f"{key} is out of range") from None
+    elif isinstance(v, str) and v in SPECIAL_FLOATS:
+        x = SPECIAL_FLOATS[v]
+    else:
+        raise WrongType(f"{key} {show_value(v)} is not a number")
+    if nonneg and x < 0:
+        raise BadValue(f"{key} {x:g} is negative")
+    return x
+
+
+def show_value(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Union
 
-from mt.events import JSON_ERRORS, SCHEMA_VERSION, SEVERITIES, T_MAX, T_MIN
+from mt.events import JSON_ERRORS, SCHEMA_VERSION, SEVERITIES, T_MAX, T_MIN, number, whole
+from mt.events import BadValue as _Bad
+from mt.events import show_value as _show
 from mt.jsonl import MAX_LINE_BYTES, JsonlTail
-
-_INT_MAX = 1 << 63
-_SPECIAL = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}   # as events.dumps writes them
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,43 +151,6 @@ class Unknown(Event):
 Record = Union[RunStart, Step, Eval, Metrics, Checkpoint, Incident, Control, RunEnd, Unknown]
 
 
-class _Bad(ValueError):
-    """A value no line may hold; a ValueError, as the library's writer raises it at the call."""
-
-
-class _NotA(_Bad, TypeError):
-    """A value of the wrong type: a TypeError to the writer."""
-
-
-def whole(v: Any, key: str, lo: int = 0) -> int:
-    """`v` as the whole number a line may hold in `key`, else TypeError/ValueError saying why.
-
-    The parser's rule, and the check mt's writers apply before they write (mt/run.py)."""
-    if isinstance(v, float) and v.is_integer():
-        v = int(v)
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise _NotA(f"{key} {_show(v)} is not a whole number")
-    if not lo <= v < _INT_MAX:
-        raise _Bad(f"{key} {_show(v)} is out of range")
-    return v
-
-
-def number(v: Any, key: str, nonneg: bool = False) -> float:
-    """`v` as the number a line may hold in `key`, else TypeError/ValueError saying why."""
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        try:
-            x = float(v)
-        except OverflowError:
-            raise _Bad(f"{key} is out of range") from None
-    elif isinstance(v, str) and v in _SPECIAL:
-        x = _SPECIAL[v]
-    else:
-        raise _NotA(f"{key} {_show(v)} is not a number")
-    if nonneg and x < 0:
-        raise _Bad(f"{key} {x:g} is negative")
-    return x
-
-
 def _int(raw: dict[str, Any], key: str, lo: int = 0, required: bool = False) -> int | None:
     v = raw.get(key)
     if v is None:
@@ -212,11 +174,6 @@ def _str(raw: dict[str, Any], key: str, required: bool = False) -> str | None:
     if not isinstance(v, str):
         raise _Bad(f"{key} {_show(v)} is not a string")
     return v
-
-
-def _show(v: Any) -> str:
-    text = repr(v)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _time(raw: dict[str, Any], key: str = "t") -> float | None:

@@ -21,6 +21,7 @@ from typing import Any, Mapping
 
 from mt.agree import Agreement
 from mt.eventlog import EventWriter
+from mt.events import INT_MAX
 from mt.failsafe import WriteFailures
 from mt.heartbeat import BackgroundHeartbeat
 from mt.inbox import ControlInbox, Polled, Request, StopSignals
@@ -33,7 +34,7 @@ _KNOWN = ("loss", "lr", "grad_norm", "tokens")
 # rank 0's heartbeat thread, not the training thread, looks into control/ and writes the batched
 # step events this often: a key press is seen within it, the viewer polls about as often
 _TICK_S = 0.25
-_WHOLE_MAX = 1 << 63  # a step the parser takes (mt/records.py `whole`): 0 <= step < 2**63
+_WHOLE_MAX = INT_MAX  # a step the parser takes (mt/events.py `whole`): 0 <= step < 2**63
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import json
 import math
 from typing import Any, Mapping
 
-from mt.records import number, whole
+from mt.events import number, whole
 
 
 def as_number(value: Any, what: str, nonneg: bool = False, finite: bool = False) -> float | None:
