@@ -60,12 +60,12 @@ class BackgroundHeartbeat(Heartbeat):
                  on_tick: Callable[[], None] | None = None, tick_s: float = 0.5) -> None:
         """`path` None, or a file that cannot be made (`error` says why): no heartbeat, the ticks still run."""
         self.error: OSError | None = None
-        try:
-            if path is None:
-                raise FileNotFoundError("no run directory")
-            super().__init__(path, rank, attempt)
-        except OSError as e:
-            self.path, self.rank, self.attempt, self._map, self.error = path, rank, attempt, None, e  # type: ignore[assignment]
+        self.path, self.rank, self.attempt, self._map = path, rank, attempt, None  # type: ignore[assignment]
+        if path is not None:
+            try:
+                super().__init__(path, rank, attempt)
+            except OSError as e:
+                self.error = e
         self._noted: tuple[int, str] = (0, "start")
         self._every_s = every_s
         self._thread: threading.Thread | None = None
