@@ -118,7 +118,7 @@ def test_a_symlinked_step_folder_is_never_a_checkpoint(finished, tmp_path):
     """checkpoints/step-99999 -> another run's checkpoint: not listed, not loaded, not shown."""
     from mt.paths import RunPaths
     from tui.rundir import checkpoints, newest_checkpoint
-    from tui.state.run import newest_checkpoint_dir
+    from tui.state.runstate import newest_checkpoint_dir
 
     other = Path(shutil.copytree(finished / "checkpoints/step-9", tmp_path / "elsewhere/step-9"))
     (finished / "checkpoints/step-99999").symlink_to(other, target_is_directory=True)

@@ -57,7 +57,7 @@ def test_no_gpus_says_why_and_sparkline_blanks_unknowns():
 
 
 def test_notice_for_every_state(tmp_path):
-    from tui.state.run import CheckpointInfo, RunState
+    from tui.state.runstate import CheckpointInfo, RunState
     from tui.widgets.notice import notice_text
 
     def st(state: str, **kw) -> RunState:
@@ -83,7 +83,7 @@ def test_notice_for_every_state(tmp_path):
 
 
 def test_incident_detail_lists_evidence_as_key_value_lines():
-    from tui.state.run import Incident
+    from tui.state.runstate import Incident
     from tui.widgets.incidents import evidence_value, incident_detail
 
     inc = Incident(code="nan_loss", severity="warn", step=15, title="Non-finite loss", detail="loss nan at 15",

@@ -19,7 +19,7 @@ from tui.read import BULK_MIN_BYTES
 from tui.read.cache import has_cache, load_cache, save_cache
 from tui.read.columns import _NONSTEP, _STEP, CHUNK, COLS, Columns, ColumnScanner
 from tui.read.index import index_end, load_index
-from tui.state.run import BulkResult, RunSeries, RunState, new_state, newest_checkpoint_dir, reduce_event, reduce_step
+from tui.state.runstate import BulkResult, RunSeries, RunState, new_state, newest_checkpoint_dir, reduce_event, reduce_step
 
 QUICK_TAIL_BYTES = 2 << 20       # steps a quick read parses (~5000 step lines)
 QUICK_SCAN_BYTES = 16 << 20      # how far back a quick read looks for other events (~40k steps)

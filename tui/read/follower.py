@@ -9,7 +9,7 @@ from mt.jsonl import read_json
 from mt.paths import RunPaths
 from mt.records import Record, RecordTail, Step, incident_tail
 from tui.read import BULK_MIN_BYTES as BULK_MIN_BYTES  # re-exported: the follower's threshold (tests patch it here)
-from tui.state.run import RunSeries, RunState, add_incident, apply_status, new_state, reduce_event, reduce_step
+from tui.state.runstate import RunSeries, RunState, add_incident, apply_status, new_state, reduce_event, reduce_step
 
 
 @dataclass

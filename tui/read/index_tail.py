@@ -14,7 +14,7 @@ from typing import BinaryIO
 from mt.eventindex import HEADER, KIND_BAD, KIND_CODES, RECORD, index_path, kind_code, line_matches, read_header
 from mt.paths import RunPaths
 from mt.records import Rejected, parse_event
-from tui.state.run import BulkResult, RunState, new_state, reduce_event
+from tui.state.runstate import BulkResult, RunState, new_state, reduce_event
 
 TAIL_RECORDS = 4096
 _STEP, _EVAL = KIND_CODES["step"], KIND_CODES["eval"]

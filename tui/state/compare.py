@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tui.format import fmt_best, fmt_loss_cell, safe_text
-from tui.state.run import RunState
+from tui.state.runstate import RunState
 
 if TYPE_CHECKING:
     import numpy as np

@@ -10,7 +10,7 @@ from mt.events import JSON_ERRORS
 from mt.paths import RunPaths
 from tui.format import fmt_best, fmt_loss_cell, safe_text
 from tui.read.follower import load_run_state
-from tui.state.run import RunState
+from tui.state.runstate import RunState
 
 MISSING = "(missing)"
 

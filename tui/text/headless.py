@@ -18,7 +18,7 @@ from mt.records import Incident as IncidentRecord
 from tui.format import at_step, fmt_duration, fmt_num, fmt_rate, fmt_write_time, safe_text
 from tui.read.follower import PollResult, RunFollower
 from tui.rundir import liveness, read_status
-from tui.state.run import Incident, RunState
+from tui.state.runstate import Incident, RunState
 
 
 def step_line(st: RunState) -> str:

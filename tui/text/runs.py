@@ -1,4 +1,4 @@
-"""Plain-text views of runs for `mt ls` and `mt watch --once` (built on tui.state.run.RunState)."""
+"""Plain-text views of runs for `mt ls` and `mt watch --once` (built on tui.state.runstate.RunState)."""
 from __future__ import annotations
 
 import time

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from tui.format import at_step, fmt_duration, fmt_loss, fmt_num, fmt_parallel, fmt_rate, fmt_write_time, safe_text
 
 if TYPE_CHECKING:
-    from tui.state.run import RunState
+    from tui.state.runstate import RunState
 
 
 def format_summary(st: "RunState", now: float | None = None) -> str:

@@ -5,7 +5,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from tui.format import fmt_compact, fmt_duration, fmt_loss, fmt_num, fmt_parallel, fmt_rate, safe_text
-from tui.state.run import RunState
+from tui.state.runstate import RunState
 
 STATE_STYLE = {
     "starting": "bold yellow", "running": "bold green", "stopping": "bold yellow",

@@ -11,7 +11,7 @@ from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
 from tui.format import fmt_duration, fmt_num, safe_text
-from tui.state.run import Incident
+from tui.state.runstate import Incident
 
 MAX_VALUE_CHARS = 300  # an evidence value longer than this (a whole traceback line) is cut
 

@@ -6,7 +6,7 @@ from textual.widgets import Static
 
 from mt.events import FAILURE_CODES
 from tui.format import safe_text
-from tui.state.run import RunState
+from tui.state.runstate import RunState
 
 
 def notice_text(st: RunState, log_tail: list[str], failing_rank: int | None) -> Text | None:
