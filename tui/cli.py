@@ -421,10 +421,10 @@ def doctor() -> None:
     """
     from tui.run.doctor import run_doctor
 
-    findings = run_doctor()
-    for f in findings:
-        typer.echo(f.line())
-    if not all(f.ok for f in findings):
+    checks = run_doctor()
+    for c in checks:
+        typer.echo(c.line())
+    if not all(c.ok for c in checks):
         raise typer.Exit(RUN_FAILED)
 
 

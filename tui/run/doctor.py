@@ -52,8 +52,8 @@ print(json.dumps(out))
 
 
 @dataclass
-class Finding:
-    """One doctor line: ok, or a problem with what it means."""
+class Check:
+    """One `mt doctor` check and its line: ok, or a problem with what it means (not a diagnosis Finding)."""
 
     ok: bool
     text: str
@@ -62,53 +62,53 @@ class Finding:
         return f"{'ok ' if self.ok else 'FAIL'}  {self.text}"
 
 
-def torch_findings(timeout: float = 120.0) -> list[Finding]:
+def torch_checks(timeout: float = 120.0) -> list[Check]:
     """Facts about torch, CUDA, NCCL and gloo, read in a child process."""
     try:
         proc = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return [Finding(False, f"torch probe did not finish within {timeout:.0f} s")]
+        return [Check(False, f"torch probe did not finish within {timeout:.0f} s")]
     try:
         r = json.loads(proc.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        return [Finding(False, f"torch probe failed: {(proc.stderr or proc.stdout).strip()[-300:]}")]
+        return [Check(False, f"torch probe failed: {(proc.stderr or proc.stdout).strip()[-300:]}")]
     if "torch_error" in r:
-        return [Finding(False, f"torch cannot be imported: {r['torch_error']}")]
+        return [Check(False, f"torch cannot be imported: {r['torch_error']}")]
     cuda = r["cuda_build"] or "none (CPU-only build)"
-    found = [Finding(True, f"torch {r['torch_version']}, CUDA build {cuda}")]
+    found = [Check(True, f"torch {r['torch_version']}, CUDA build {cuda}")]
     if r["cuda_available"]:
-        found.append(Finding(True, f"CUDA available: {r['cuda_devices']} device(s)"))
+        found.append(Check(True, f"CUDA available: {r['cuda_devices']} device(s)"))
     else:
-        found.append(Finding(not r["cuda_build"], "CUDA not available" + (
+        found.append(Check(not r["cuda_build"], "CUDA not available" + (
             " (CPU build; device = \"cpu\" runs work)" if not r["cuda_build"]
             else ": the CUDA build finds no usable GPU (driver? CUDA_VISIBLE_DEVICES?)")))
-    found.append(Finding(r["nccl_available"] or not r["cuda_available"],
+    found.append(Check(r["nccl_available"] or not r["cuda_available"],
                          "NCCL available" if r["nccl_available"] else "NCCL not available (gloo will be used)"))
     if not r["gloo_available"]:
-        found.append(Finding(False, "gloo backend not built into this torch: CPU DDP cannot run"))
+        found.append(Check(False, "gloo backend not built into this torch: CPU DDP cannot run"))
     elif r.get("gloo_error"):
-        found.append(Finding(False, f"a 2-process gloo group could not start: {r['gloo_error']}"))
+        found.append(Check(False, f"a 2-process gloo group could not start: {r['gloo_error']}"))
     else:
-        found.append(Finding(True, "a 2-process gloo group starts and all_reduce works"))
+        found.append(Check(True, "a 2-process gloo group starts and all_reduce works"))
     return found
 
 
-def nvml_findings() -> list[Finding]:
+def nvml_checks() -> list[Check]:
     """GPUs as NVML sees them (what the dashboard's GPU panel will show)."""
     from tui.run.sampler import GpuReader
 
     gpus = GpuReader()
     try:
         if not gpus.ok:
-            return [Finding(True, f"NVML not available ({gpus.error}): no GPU readings; CPU sampling only")]
+            return [Check(True, f"NVML not available ({gpus.error}): no GPU readings; CPU sampling only")]
         seen = gpus.read()
         if not seen:
-            return [Finding(True, "NVML works but sees no GPU")]
-        return [Finding(True, f"GPU {g['index']}: {g['name']}, {(g['mem_total_bytes'] or 0) / 2**30:.1f} GiB") for g in seen]
+            return [Check(True, "NVML works but sees no GPU")]
+        return [Check(True, f"GPU {g['index']}: {g['name']}, {(g['mem_total_bytes'] or 0) / 2**30:.1f} GiB") for g in seen]
     finally:
         gpus.close()
 
 
-def run_doctor() -> list[Finding]:
+def run_doctor() -> list[Check]:
     """Every check, in order."""
-    return torch_findings() + nvml_findings()
+    return torch_checks() + nvml_checks()

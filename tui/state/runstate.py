@@ -45,8 +45,8 @@ class CheckpointInfo:
 
 
 @dataclass
-class Incident:
-    """One diagnosed incident (from an `incident` event or a line of incidents.jsonl)."""
+class TrackedIncident:
+    """An incident as the viewer tracks it: the engine's and the supervisor's copies (records) merged, open until closed."""
 
     code: str
     severity: str
@@ -175,7 +175,7 @@ class RunState:
     run_end_reason: str | None = None
     last_event_t: float | None = None
     last_checkpoint: CheckpointInfo | None = None
-    incidents: list[Incident] = field(default_factory=list)
+    incidents: list[TrackedIncident] = field(default_factory=list)
     controls: dict[str, ControlAnswer] = field(default_factory=dict)
     bad_lines: int = 0                 # lines no reader may use (docs/events.md)
     bad_reason: str = ""               # why the newest of them was skipped
@@ -188,7 +188,7 @@ class RunState:
     recent: deque = field(default_factory=lambda: deque(maxlen=64), repr=False)
 
     @property
-    def open_incidents(self) -> list[Incident]:
+    def open_incidents(self) -> list[TrackedIncident]:
         return [i for i in self.incidents if i.status == "open"]
 
     @property
@@ -235,7 +235,7 @@ class RunState:
         m = re.search(r"rank\s*(\d+)", self.reason or self.run_end_reason or "")
         return int(m.group(1)) if m else None
 
-    def exit_incident(self) -> Incident | None:
+    def exit_incident(self) -> TrackedIncident | None:
         """The newest crash/oom/nccl_timeout incident of the current attempt that names a rank."""
         for inc in reversed(self.incidents):
             if inc.code in EXIT_CODES and isinstance(inc.evidence.get("rank"), int) and (
@@ -385,7 +385,7 @@ def add_incident(st: RunState, rec: IncidentRecord, source: str) -> None:
         # open or already closed: the other source's copy of it is not a second incident
         if inc.code == rec.code and inc.step == rec.step:
             return
-    st.incidents.append(Incident(
+    st.incidents.append(TrackedIncident(
         code=rec.code, severity=rec.severity, step=rec.step, title=rec.title, detail=rec.detail,
         advice=rec.advice, evidence=rec.evidence, t=rec.t or 0.0, status="open", source=rec.source or source))
 

@@ -78,8 +78,8 @@ def _depth(obj: Any) -> int:
 
 
 @dataclass
-class RunFacts:
-    """What `mt diff` says about one run beside its config."""
+class DiffColumn:
+    """One run's column of `mt diff` beside the config keys: its name, world size and losses."""
 
     name: str
     world: str
@@ -87,9 +87,9 @@ class RunFacts:
     best: str
 
 
-def run_facts(run_dir: Path, cfg: dict[str, Any]) -> RunFacts:
+def diff_column(run_dir: Path, cfg: dict[str, Any]) -> DiffColumn:
     st = load_run_state(Path(run_dir))
-    return RunFacts(Path(run_dir).name, _world(st, cfg), fmt_loss_cell(st.loss),
+    return DiffColumn(Path(run_dir).name, _world(st, cfg), fmt_loss_cell(st.loss),
                     fmt_best(st.best_loss, st.best_loss_step, st.best_loss_partial))
 
 
@@ -107,7 +107,7 @@ def _world(st: RunState, cfg: dict[str, Any]) -> str:
 def diff_text(run_a: Path, run_b: Path) -> str:
     """The whole `mt diff` report; DiffError when a run's config cannot be read."""
     cfg_a, cfg_b = read_config(run_a), read_config(run_b)
-    fa, fb = run_facts(run_a, cfg_a), run_facts(run_b, cfg_b)
+    fa, fb = diff_column(run_a, cfg_a), diff_column(run_b, cfg_b)
     keys = config_diff(cfg_a, cfg_b)
     rows = [("", fa.name, fb.name), *keys, ("world size", fa.world, fb.world),
             ("final loss", fa.final, fb.final), ("best loss", fa.best, fb.best)]

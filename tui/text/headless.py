@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 from mt.events import FINAL_STATES
-from mt.records import Checkpoint, Control, Eval, Metrics, Record, RunEnd, RunStart, Step
-from mt.records import Incident as IncidentRecord
+from mt.records import Checkpoint, Control, Eval, Incident, Metrics, Record, RunEnd, RunStart, Step
 from tui.format import at_step, fmt_duration, fmt_num, fmt_rate, fmt_write_time, safe_text
 from tui.read.follower import PollResult, RunFollower
 from tui.rundir import liveness, read_status
-from tui.state.runstate import Incident, RunState
+from tui.state.runstate import RunState, TrackedIncident
 
 
 def step_line(st: RunState) -> str:
@@ -42,7 +41,7 @@ def event_line(ev: Record) -> str | None:
     if isinstance(ev, Checkpoint):
         took = f" in {fmt_write_time(ev.seconds, ev.blocking_s)}" if ev.seconds is not None else ""
         return f"checkpoint saved at step {ev.step} ({ev.reason}{took}): {ev.path}"
-    if isinstance(ev, IncidentRecord):
+    if isinstance(ev, Incident):
         return f"incident [{ev.severity}] {ev.code} {at_step(ev.step)}: {ev.title}"
     if isinstance(ev, Control) and ev.status in ("done", "rejected"):
         return f"control {ev.action} {ev.status}: {ev.detail}".rstrip(": ")
@@ -56,15 +55,15 @@ def exit_code_for(state: str) -> int:
     return 0 if state in ("completed", "stopped") else 1
 
 
-def incident_open_line(inc: Incident) -> str:
+def incident_open_line(inc: TrackedIncident) -> str:
     return f"incident [{inc.severity}] {inc.code} {at_step(inc.step)}: {inc.title}"
 
 
-def incident_close_line(inc: Incident) -> str:
+def incident_close_line(inc: TrackedIncident) -> str:
     return f"incident closed: {inc.code} {at_step(inc.step)}: {inc.title}"
 
 
-def incident_keys(st: RunState) -> list[tuple[tuple[str, int | None, int], Incident]]:
+def incident_keys(st: RunState) -> list[tuple[tuple[str, int | None, int], TrackedIncident]]:
     """Each incident with a key that survives a rebuilt state: (code, step, n-th of that pair)."""
     seen: dict[tuple[str, int | None], int] = {}
     out = []
@@ -137,7 +136,7 @@ class _Printer:
             if self.pending_end is not None and isinstance(ev, RunStart):
                 self.end(self.pending_end[0], st)
                 self.pending_end = None
-            if isinstance(ev, IncidentRecord):
+            if isinstance(ev, Incident):
                 self.incidents(st)
             elif isinstance(ev, RunEnd):
                 self.step(st, now)

@@ -11,14 +11,14 @@ from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
 from tui.format import fmt_duration, fmt_num, safe_text
-from tui.state.runstate import Incident
+from tui.state.runstate import TrackedIncident
 
 MAX_VALUE_CHARS = 300  # an evidence value longer than this (a whole traceback line) is cut
 
 SEVERITY_STYLE = {"info": "cyan", "warn": "yellow", "error": "bold red"}
 
 
-def incident_line(inc: Incident, now: float) -> Text:
+def incident_line(inc: TrackedIncident, now: float) -> Text:
     style = SEVERITY_STYLE.get(inc.severity, "")
     t = Text()
     t.append(f"{inc.severity.upper():5} ", style=style)
@@ -43,7 +43,7 @@ def evidence_value(v: Any) -> str:
     return out if len(out) <= MAX_VALUE_CHARS else out[: MAX_VALUE_CHARS - 1] + "…"
 
 
-def incident_detail(inc: Incident) -> Text:
+def incident_detail(inc: TrackedIncident) -> Text:
     """The detail, the advice, then the evidence as `key: value` lines (Static wraps them)."""
     t = Text()
     t.append(f"{safe_text(inc.code)} ({inc.status}, from {safe_text(inc.source)})\n", style="bold")
@@ -61,7 +61,7 @@ def incident_detail(inc: Incident) -> Text:
     return t
 
 
-def ordered(incidents: list[Incident]) -> list[Incident]:
+def ordered(incidents: list[TrackedIncident]) -> list[TrackedIncident]:
     """Open ones first (newest first), then the closed ones."""
     return sorted(incidents, key=lambda i: (i.status != "open", -(i.t or 0)))
 
@@ -76,10 +76,10 @@ class IncidentsPanel(Vertical, can_focus=False):
             yield Static("", id="incident-detail")
 
     def on_mount(self) -> None:
-        self._shown: list[Incident] = []
+        self._shown: list[TrackedIncident] = []
         self._sig: tuple = ()
 
-    def show(self, incidents: list[Incident], now: float) -> None:
+    def show(self, incidents: list[TrackedIncident], now: float) -> None:
         items = ordered(incidents)[:50]
         sig = tuple((i.code, i.step, i.status) for i in items) + (int(now) // 10,)
         if sig == self._sig:
