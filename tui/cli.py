@@ -163,7 +163,7 @@ def _compare(run_dirs: list[Path], once: bool, headless: bool) -> NoReturn:
         fail("--headless follows one run; give one RUN_DIR")
     once = once or _no_dashboard(False, "the compare table, as with --once")
     if once:
-        from tui.state.compare import compare_table
+        from tui.text.runs import compare_table
 
         typer.echo(compare_table(run_dirs))
         raise typer.Exit(OK)
@@ -190,6 +190,7 @@ def resume(
     """
     from tui.run.launch import ResumeError, resume_run
     from tui.rundir import NotARunError, newest_run
+    from tui.text.headless import resume_point
 
     if run_dir is None:
         run_dir = newest_run(Path("runs"))
@@ -198,21 +199,12 @@ def resume(
     if nproc is not None and nproc < 1:
         fail(f"--nproc: expected an integer >= 1, got {nproc}")
     _check_every(every)
-    since = _events_end(run_dir)   # --headless prints only the new attempt's lines
+    since = resume_point(run_dir)   # --headless prints only the new attempt's lines
     try:
         resume_run(run_dir, nproc, from_scratch)
     except (NotARunError, ResumeError) as e:
         fail(str(e))
     _attach(run_dir.resolve(), detach, headless, every, since)
-
-
-def _events_end(run_dir: Path) -> tuple[int, float]:
-    """(bytes of events.jsonl, wall time) now: where a resumed run's new lines begin."""
-    try:
-        size = (run_dir / "events.jsonl").stat().st_size
-    except OSError:
-        size = 0
-    return size, time.time()
 
 
 class LsSort(str, Enum):
@@ -273,14 +265,6 @@ def _ask(run_dir: Path, action: str, timeout: float) -> tuple[str, Answer]:
     return request_id, wait_answer(run_dir, request_id, timeout)
 
 
-def _answer_line(answer: Answer) -> str:
-    ck = answer.checkpoint
-    if answer.status == "done" and ck:
-        return f"checkpoint saved at step {ck.step}: {ck.path}"
-    detail = f": {answer.detail}" if answer.detail else ""
-    return f"{answer.action or 'request'} {answer.status}{detail}"
-
-
 @app.command()
 def ckpt(
     run_dir: RunDirArg,
@@ -297,8 +281,9 @@ def ckpt(
     if answer.status == "timeout":
         fail(f"{run_dir}: no answer to {request_id} within {timeout:g} s", RUN_FAILED)
     from tui.format import safe_text
+    from tui.text.runs import answer_line
 
-    typer.echo(safe_text(_answer_line(answer)))
+    typer.echo(safe_text(answer_line(answer)))
     if answer.status != "done":
         raise typer.Exit(RUN_FAILED)
 
@@ -315,8 +300,6 @@ def stop(
     \b
         mt stop runs/tiny-cpu-20260101-120000
     """
-    import time
-
     from tui.format import safe_text
     from tui.run.control import ControlError, request_stop, wait_answer, wait_final
     from tui.rundir import NotARunError
@@ -382,32 +365,12 @@ def prepare(
         mt prepare corpus.txt --train-tokenizer tok.json --vocab 512
         mt prepare corpus.txt --tokenizer tok.json --out corpus.bin
     """
-    from tui import prepare as prep
+    from tui.prepare import PrepareError, prepare_command
 
-    if tokenizer and train_tokenizer:
-        fail("--tokenizer and --train-tokenizer: give one of them")
-    if out is None and train_tokenizer is None:
-        fail("nothing to do: give --out (with --tokenizer) or --train-tokenizer")
-    if out is not None and tokenizer is None and train_tokenizer is None:
-        fail("--out needs --tokenizer (or --train-tokenizer)")
-    if train_tokenizer and vocab < 256:
-        fail(f"--vocab: expected an integer >= 256 (the 256 byte symbols), got {vocab}")
-    if not text.is_file():
-        fail(f"{text}: no such file")
     try:
-        if train_tokenizer:
-            tok = prep.train_bpe(text, vocab, train_tokenizer)
-            typer.echo(f"trained a byte-level BPE on {text}: vocab {prep.vocab_size(tok)} -> {train_tokenizer}")
-        else:
-            tok = prep.load_tokenizer(tokenizer)
-        if out is not None:
-            made = prep.tokenize_file(text, tok, out, show=True)
-    except prep.PrepareError as e:
+        prepare_command(text, tokenizer, out, train_tokenizer, vocab, typer.echo)
+    except PrepareError as e:
         fail(e.message)
-    if out is not None:
-        typer.echo(f"{out}: {prep.summary(made)}")
-        typer.echo(f'use it with: [data] source = "tokens", path = "{out}", token_dtype = "{made.dtype}"; '
-                   f"[model] vocab_size >= {prep.vocab_size(tok)}")
 
 
 @app.command()

@@ -14,7 +14,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Iterator, TextIO
+from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator, TextIO
 
 from mt.events import JSON_ERRORS
 from mt.jsonl import write_json_atomic
@@ -36,7 +36,8 @@ _SAFE_CUT = re.compile(rb"(?<=[\x21-\x7e])(?= [\x21-\x7e])")
 
 
 class PrepareError(ValueError):
-    """A tokenizer, text or output that cannot be used; `what` is "tokenizer", "text" or "out"."""
+    """A tokenizer, text or output that cannot be used; `what` is "tokenizer", "text", "out" or
+    "args" (`mt prepare` options that do not go together)."""
 
     def __init__(self, what: str, message: str) -> None:
         self.what, self.message = what, message
@@ -297,6 +298,34 @@ def train_bpe(text: str | Path, vocab: int, out: str | Path) -> Tokenizer:
         raise PrepareError("out", f"{out}: cannot write ({_first_line(e)})") from None
     return tok
 
+
+
+def prepare_command(text: Path, tokenizer: Path | None, out: Path | None, train_tokenizer: Path | None,
+                    vocab: int, echo: Callable[[str], None]) -> None:
+    """`mt prepare`: check the options, train a BPE and/or tokenize TEXT, `echo` what was made.
+
+    PrepareError("args", ...) for options that do not go together (exit 2, like a bad file).
+    """
+    if tokenizer and train_tokenizer:
+        raise PrepareError("args", "--tokenizer and --train-tokenizer: give one of them")
+    if out is None and train_tokenizer is None:
+        raise PrepareError("args", "nothing to do: give --out (with --tokenizer) or --train-tokenizer")
+    if out is not None and tokenizer is None and train_tokenizer is None:
+        raise PrepareError("args", "--out needs --tokenizer (or --train-tokenizer)")
+    if train_tokenizer and vocab < 256:
+        raise PrepareError("args", f"--vocab: expected an integer >= 256 (the 256 byte symbols), got {vocab}")
+    if not text.is_file():
+        raise PrepareError("text", f"{text}: no such file")
+    if train_tokenizer:
+        tok = train_bpe(text, vocab, train_tokenizer)
+        echo(f"trained a byte-level BPE on {text}: vocab {vocab_size(tok)} -> {train_tokenizer}")
+    else:
+        tok = load_tokenizer(tokenizer)
+    if out is not None:
+        made = tokenize_file(text, tok, out, show=True)
+        echo(f"{out}: {summary(made)}")
+        echo(f'use it with: [data] source = "tokens", path = "{out}", token_dtype = "{made.dtype}"; '
+             f"[model] vocab_size >= {vocab_size(tok)}")
 
 def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]

@@ -1,8 +1,7 @@
-"""The compare view's logic, no Textual: one colour per run, the runs table, x in steps or tokens."""
+"""The compare view's logic, no Textual and no I/O: one colour per run, the runs table, x in steps or tokens."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tui.format import fmt_best, fmt_loss_cell, safe_text
@@ -93,17 +92,3 @@ def table_rows(lines: list[RunLine]) -> list[list[str]]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return [[c.ljust(w) for c, w in zip(r, widths)] for r in rows]
 
-
-def compare_table(run_dirs: list[Path]) -> str:
-    """`mt watch A B --once`: the compare view's header as plain text."""
-    from tui.read.follower import load_run_state
-    from tui.rundir import effective_state
-
-    lines = []
-    for run_dir in run_dirs:
-        st = load_run_state(Path(run_dir))
-        line = run_line(Path(run_dir).name, st)
-        if st.status:
-            line.state = effective_state(st.status)   # lost when the supervisor is gone
-        lines.append(line)
-    return "\n".join("  ".join(r).rstrip() for r in table_rows(lines))

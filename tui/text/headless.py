@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 from mt.events import FINAL_STATES
+from mt.paths import RunPaths
 from mt.records import Checkpoint, Control, Eval, Incident, Metrics, Record, RunEnd, RunStart, Step
 from tui.format import at_step, fmt_duration, fmt_num, fmt_rate, fmt_write_time, safe_text
 from tui.read.follower import PollResult, RunFollower
@@ -199,6 +200,15 @@ def follow_run(run_dir: Path, out: TextIO, min_interval_s: float = 1.0, poll_s: 
             out.flush()
             return "lost"
         time.sleep(poll_s)
+
+
+def resume_point(run_dir: Path) -> tuple[int, float]:
+    """(bytes of events.jsonl, wall time) now: where a resumed run's new lines begin (`since`)."""
+    try:
+        size = RunPaths(Path(run_dir)).events.stat().st_size
+    except OSError:
+        size = 0
+    return size, time.time()
 
 
 class Detached(Exception):

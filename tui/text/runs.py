@@ -1,14 +1,19 @@
-"""Plain-text views of runs for `mt ls` and `mt watch --once` (built on tui.state.runstate.RunState)."""
+"""Plain-text views of runs for `mt ls`, `mt watch --once` and `mt watch A B --once` (built on tui.state.runstate.RunState)."""
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tui.format import fmt_best, fmt_duration, fmt_loss_cell, safe_text
 from tui.read.follower import load_run_state
 from tui.rundir import effective_state, is_run_dir, run_dirs
+from tui.state.compare import run_line, table_rows
 from tui.text.summary import format_summary
+
+if TYPE_CHECKING:
+    from tui.run.control import Answer
 
 
 @dataclass
@@ -88,10 +93,36 @@ def run_summary(run_dir: Path) -> str:
     return text
 
 
+def compare_table(paths: list[Path]) -> str:
+    """`mt watch A B --once`: the compare view's header as plain text."""
+    lines = []
+    for run_dir in paths:
+        st = load_run_state(Path(run_dir))
+        line = run_line(Path(run_dir).name, st)
+        if st.status:
+            line.state = effective_state(st.status)   # lost when the supervisor is gone
+        lines.append(line)
+    return "\n".join("  ".join(r).rstrip() for r in table_rows(lines))
+
+
+def checkpoint_line(step: int, path: str) -> str:
+    """`checkpoint saved at step S: PATH`, as `mt ckpt` and `mt stop` end."""
+    return f"checkpoint saved at step {step}: {path}"
+
+
 def last_checkpoint_line(run_dir: Path) -> str:
-    """`final checkpoint at step S: PATH` (or that there is none)."""
+    """The run's newest checkpoint as `checkpoint_line` (or that there is none)."""
     st = load_run_state(Path(run_dir), exact_best=False)
     ck = st.last_checkpoint
     if ck is None:
         return "no checkpoint was written"
-    return f"checkpoint saved at step {ck.step}: {ck.path}"
+    return checkpoint_line(ck.step, ck.path)
+
+
+def answer_line(answer: Answer) -> str:
+    """What `mt ckpt` prints of the engine's answer: the checkpoint it saved, or why not."""
+    ck = answer.checkpoint
+    if answer.status == "done" and ck:
+        return checkpoint_line(ck.step, ck.path)
+    detail = f": {answer.detail}" if answer.detail else ""
+    return f"{answer.action or 'request'} {answer.status}{detail}"
