@@ -14,7 +14,7 @@ from tests.cli.conftest import SMALL, wait_for
 from tui.run.lock import DirWatch
 from tui.run.procs import rank_processes, run_processes, terminate_all
 from tui.run.sampler import SystemSampler
-from tui.run.torchrun import torchrun_command, usable_cores, worker_env, worker_exit_code
+from tui.run.torchrun import torchrun_command, torchrun_failures, usable_cores, worker_env, worker_exit_code
 from tui.rundir import checkpoints, newest_checkpoint
 
 
@@ -145,6 +145,23 @@ def test_worker_exit_code_is_the_root_cause(tmp_path: Path) -> None:
     log.write_text(old + report)
     assert worker_exit_code(log, len(old)) == 2
     assert worker_exit_code(log, log.stat().st_size) is None
+
+
+def test_the_supervisor_and_the_diagnosis_read_one_torchrun_report(tmp_path: Path) -> None:
+    """A worker's own `exitcode: 7` line is not torchrun's report, and only the newest report counts."""
+    log = tmp_path / "torchrun.log"
+    report = ("Failures:\n[1]:\n  rank      : 0\n  exitcode  : -15 (pid: 11)\n"
+              "Root Cause (first observed failure):\n[0]:\n  rank      : 1\n  exitcode  : {code} (pid: 12)\n")
+    cases = {"no report": "[rank0]: exitcode: 7\n", "two reports": report.format(code=3) + report.format(code=-9),
+             "a worker's line, then the report": "exitcode: 7\nRoot Cause\n" + report.format(code=2)}
+    for text in cases.values():
+        log.write_text(text)
+        fails = torchrun_failures(text)
+        assert worker_exit_code(log, 0) == (fails[0].exit_code if fails else None)
+    log.write_text(cases["no report"])
+    assert worker_exit_code(log, 0) is None
+    log.write_text(cases["two reports"])
+    assert worker_exit_code(log, 0) == -9
 
 
 def test_only_checkpoints_with_a_well_formed_manifest_count(tmp_path: Path) -> None:

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tui.diagnose.exit import classify_log, torchrun_failures
+from tui.diagnose.exit import classify_log
+from tui.run.torchrun import torchrun_failures
 
 from .fakerun import FakeRun, dead_pid
 

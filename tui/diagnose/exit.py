@@ -4,7 +4,6 @@ from __future__ import annotations
 import math
 import re
 import signal
-from dataclasses import dataclass
 from typing import Any
 
 from mt.config import MonitorConfig
@@ -12,6 +11,7 @@ from mt.events import as_float
 from tui.diagnose.findings import Finding, Observation, RankProc
 from tui.diagnose.signals import RunSignals
 from tui.format import at_step
+from tui.run.torchrun import Failure, torchrun_failures
 
 _OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|"
                   r"HIP out of memory|std::bad_alloc|\bMemoryError\b|Cannot allocate memory|"
@@ -28,8 +28,6 @@ _TERMINATED = re.compile(r"killed by signal: (?:Terminated|Interrupt|Hangup)|^Ke
 _KILLED = re.compile(r"killed by signal: Killed")
 _EXC_LINE = re.compile(r"^(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Interrupt|Exit|Failure)\b:?.*$")
 _PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:\s?")
-_ROOT = "Root Cause (first observed failure):"
-_FIELD = re.compile(r"^\s*(rank|exitcode|traceback|error_file)\s*:\s*(.*)$")
 
 # Ways to be asked to stop: nobody's fault, no incident (mt stop/kill, a scheduler, Ctrl-C).
 _POLITE = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
@@ -56,52 +54,6 @@ ADVICE = {
         "sets how long a collective may wait."
     ),
 }
-
-
-@dataclass
-class Failure:
-    """One failed worker as torchrun reported it."""
-
-    rank: int
-    exit_code: int | None
-    pid: int | None = None
-    traceback: str = ""
-
-
-def torchrun_failures(text: str) -> list[Failure]:
-    """The last ChildFailedError report in torchrun's log: the root cause first, then the rest."""
-    at = text.rfind(_ROOT)
-    if at < 0:
-        return []
-    start = text.rfind("Failures:", 0, at)
-    blocks = text[start if start >= 0 else at:]
-    end = blocks.find("=" * 20, blocks.find(_ROOT) if _ROOT in blocks else 0)
-    body = blocks[:end] if end > 0 else blocks
-    others, root = body.split(_ROOT, 1) if _ROOT in body else ("", body)
-    out = _parse_blocks(root) + _parse_blocks(others)
-    return out
-
-
-def _parse_blocks(text: str) -> list[Failure]:
-    found: list[Failure] = []
-    cur: Failure | None = None
-    for line in text.splitlines():
-        m = _FIELD.match(line)
-        if not m:
-            continue
-        key, value = m.group(1), m.group(2).strip()
-        if key == "rank":
-            r = re.match(r"(\d+)", value)
-            cur = Failure(int(r.group(1)) if r else -1, None)
-            found.append(cur)
-        elif cur is not None and key == "exitcode":
-            code = re.match(r"(-?\d+)(?:\s*\(pid:\s*(\d+)\))?", value)
-            if code:
-                cur.exit_code = int(code.group(1))
-                cur.pid = int(code.group(2)) if code.group(2) else None
-        elif cur is not None and key == "traceback":
-            cur.traceback = value
-    return found
 
 
 def classify_log(tail: str) -> tuple[str | None, str]:

@@ -1,4 +1,4 @@
-"""Build the torchrun command line and environment for one attempt (pure functions).
+"""Build the torchrun command line and environment for one attempt, and read its failure report (pure functions).
 
 Multi-node: run `mt launch PRESET --node-rank K` once per node with the same preset
 (`nnodes`, `rdzv_endpoint`). Each node gets its own run directory (`<name>-<stamp>` on node 0,
@@ -13,6 +13,7 @@ import os
 import re
 import socket
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from mt.config import HF_OFFLINE, STORE_FD_ENV, Config
@@ -118,17 +119,63 @@ def direct_rank_env(cfg: Config, attempt: int, store: socket.socket | None) -> d
     return env
 
 
-_EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
+_ROOT = "Root Cause (first observed failure):"
+_FIELD = re.compile(r"^\s*(rank|exitcode|traceback|error_file)\s*:\s*(.*)$")
+
+
+@dataclass
+class Failure:
+    """One failed worker as torchrun reported it."""
+
+    rank: int
+    exit_code: int | None
+    pid: int | None = None
+    traceback: str = ""
+
+
+def torchrun_failures(text: str) -> list[Failure]:
+    """The last ChildFailedError report in torchrun's log: the root cause first, then the rest."""
+    at = text.rfind(_ROOT)
+    if at < 0:
+        return []
+    start = text.rfind("Failures:", 0, at)
+    blocks = text[start if start >= 0 else at:]
+    end = blocks.find("=" * 20, blocks.find(_ROOT) if _ROOT in blocks else 0)
+    body = blocks[:end] if end > 0 else blocks
+    others, root = body.split(_ROOT, 1) if _ROOT in body else ("", body)
+    out = _parse_blocks(root) + _parse_blocks(others)
+    return out
+
+
+def _parse_blocks(text: str) -> list[Failure]:
+    found: list[Failure] = []
+    cur: Failure | None = None
+    for line in text.splitlines():
+        m = _FIELD.match(line)
+        if not m:
+            continue
+        key, value = m.group(1), m.group(2).strip()
+        if key == "rank":
+            r = re.match(r"(\d+)", value)
+            cur = Failure(int(r.group(1)) if r else -1, None)
+            found.append(cur)
+        elif cur is not None and key == "exitcode":
+            code = re.match(r"(-?\d+)(?:\s*\(pid:\s*(\d+)\))?", value)
+            if code:
+                cur.exit_code = int(code.group(1))
+                cur.pid = int(code.group(2)) if code.group(2) else None
+        elif cur is not None and key == "traceback":
+            cur.traceback = value
+    return found
 
 
 def worker_exit_code(log_path: Path, offset: int) -> int | None:
-    """The first failed worker's exit code, from torchrun's ChildFailedError report."""
+    """The first failed worker's exit code, from torchrun's ChildFailedError report after `offset`."""
     try:
         with open(log_path, "rb") as f:
             f.seek(offset)
             text = f.read().decode("utf-8", "replace")
     except OSError:
         return None
-    root = text.find("Root Cause")  # torchrun names the first failure there; others got SIGTERM after
-    m = _EXITCODE.search(text, root if root >= 0 else 0)
-    return int(m.group(1)) if m else None
+    failures = torchrun_failures(text)
+    return failures[0].exit_code if failures else None
