@@ -23,7 +23,7 @@ from typing import Any, BinaryIO, Callable
 import numpy as np
 import torch
 
-from mt import space
+from mt import fmt, space
 
 # the format and its check live in mt (stdlib only), so `mt resume` verifies without torch
 from mt.ckptfile import FILES, FORMAT, FORMAT_VERSION, CheckpointError, intact, verify
@@ -119,7 +119,7 @@ def discard(tmp: Path, root: Path, step: int, e: BaseException, needed: int | No
     full = space.is_disk_full(e) or space.no_room_left(root)
     shutil.rmtree(tmp, ignore_errors=True)  # a half-written folder would keep the space
     if full:
-        wrote = f" ({space.human(written)} written when the disk filled)" if written else ""
+        wrote = f" ({fmt.human_bytes(written)} written when the disk filled)" if written else ""
         return space.disk_full(f"checkpoint step-{step}{wrote}", root, needed)
     return e
 

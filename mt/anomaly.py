@@ -16,6 +16,7 @@ from typing import Any
 
 from mt.config import MonitorConfig
 from mt.events import as_float
+from mt.fmt import short_num
 from mt.space import DiskFullError
 
 # MAD * 1.4826 estimates the standard deviation of normally distributed noise; successive
@@ -81,10 +82,6 @@ def _finite(x: Any) -> float | None:
         return None
     x = float(x)
     return x if math.isfinite(x) else None
-
-
-def _fmt(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.3g}"
 
 
 def _r(x: float | None, digits: int = 4) -> float | None:
@@ -237,7 +234,7 @@ class StepAnomalies:
             "lr": _r(lr), "grad_norm": _r(gn), "grad_norm_median": _r(self.grads.median()) if len(self.grads) else None,
         }
         detail = (f"loss {loss:.4g} at step {s} vs rolling median {med:.4g} of the last {len(self.losses)} steps "
-                  f"(+{loss - med:.3g}, {evidence['mads']} MADs); lr {_fmt(lr)}, grad norm {_fmt(gn)}")
+                  f"(+{loss - med:.3g}, {evidence['mads']} MADs); lr {short_num(lr)}, grad norm {short_num(gn)}")
         return _incident(s, "loss_spike", "warn", f"Loss spike at step {s}", detail,
                          ADVICE["loss_spike"], evidence)
 
@@ -254,7 +251,7 @@ class StepAnomalies:
                         "window_steps": len(self.grads), "lr": _r(lr),
                         "loss": _r(_finite(step.get("loss"))), "grad_clip": self.grad_clip}
             detail = (f"grad norm {gn:.4g} at step {s} is {gn / med:.1f}x its rolling median {med:.4g} "
-                      f"(threshold {self.m.grad_explosion_factor:g}x, at least {self.m.grad_explosion_min_norm:g}); lr {_fmt(lr)}")
+                      f"(threshold {self.m.grad_explosion_factor:g}x, at least {self.m.grad_explosion_min_norm:g}); lr {short_num(lr)}")
             return _incident(s, "grad_explosion", "warn", f"Gradient explosion at step {s}", detail,
                              ADVICE["grad_explosion"], evidence)
         return None
@@ -300,7 +297,7 @@ class StepAnomalies:
                       f"{self.m.overflow_min_scale:g}): gradients overflow fp16 even unscaled")
         else:
             detail = (f"{n_skipped} of the last {len(self.skipped)} steps were skipped for inf/NaN "
-                      f"gradients (loss scale now {_fmt(scale)})")
+                      f"gradients (loss scale now {short_num(scale)})")
         return _incident(s, "fp16_overflow", "warn", f"fp16 overflow: skipped steps at {s}", detail,
                          ADVICE["fp16_overflow"], evidence)
 

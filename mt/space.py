@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from mt.ckptfile import listed_bytes as checkpoint_bytes  # a checkpoint's size: what its verified manifest lists
+from mt.fmt import human_bytes
 from mt.paths import checkpoint_dirs
 
 # What the supervisor keeps allocated in every run directory (RunPaths.reserve) and deletes to
@@ -84,23 +85,11 @@ def mount_point(path: Path) -> Path:
     return path
 
 
-def human(n: int | None) -> str:
-    """1536 -> '1.5 KiB'; None -> 'unknown'."""
-    if n is None:
-        return "unknown"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
-
-
 def describe(path: Path, needed: int | None = None) -> str:
     """'filesystem /mnt (holding PATH): 12.0 KiB free, needs about 4.6 MiB'."""
     free = free_bytes(path)
-    text = f"filesystem {mount_point(path)} (holding {path}): {human(free)} free"
-    return text + (f", needs about {human(needed)}" if needed is not None else "")
+    text = f"filesystem {mount_point(path)} (holding {path}): {human_bytes(free)} free"
+    return text + (f", needs about {human_bytes(needed)}" if needed is not None else "")
 
 
 def disk_full(what: str, path: Path, needed: int | None = None) -> DiskFullError:

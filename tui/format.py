@@ -1,5 +1,5 @@
 """Every number, byte count, duration and run-directory text the viewer prints, and one meaning of
-"not available"."""
+"not available". mt's own messages use `mt/fmt.py` (mt cannot import tui)."""
 from __future__ import annotations
 
 import math
@@ -15,6 +15,18 @@ def fmt_num(v: float | None, spec: str = ".4g") -> str:
         return str(v)
     text = format(v, spec)
     return text if len(text) <= _WIDE else format(v, ".4g")
+
+
+def fmt_field(v: object, spec: str = ".0f", unit: str = "") -> str:
+    """A value read from a run's file as `fmt_num` prints it, with its unit; `N/A` for anything not a number."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return "N/A"
+    return fmt_num(v, spec) + unit
+
+
+def fmt_gib(v: object) -> str:
+    """A byte count from a run's file in GiB, one decimal (`12.5`); `N/A` for anything not a number."""
+    return fmt_field(v / 2**30 if isinstance(v, (int, float)) and not isinstance(v, bool) else None, ".1f")
 
 
 def at_step(step: int | None) -> str:
@@ -54,6 +66,15 @@ def fmt_duration(s: float | None) -> str:
     if s < 3600:
         return f"{s // 60}m{s % 60:02d}s"
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def fmt_s(seconds: float | None) -> str:
+    """Seconds in an incident's sentence: 0.42 s, 12 s, 3.5 min; `n/a` when unknown."""
+    if seconds is None:
+        return "n/a"
+    if seconds < 10:
+        return f"{seconds:.2g} s" if seconds < 1 else f"{seconds:.1f} s"
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
 def fmt_write_time(seconds: float | None, blocking_s: float | None) -> str:

@@ -111,3 +111,19 @@ def test_the_synthetic_data_loss_floor_is_shown_beside_the_loss(fixture_run):
     events.write_text(events.read_text().replace('"data_loss_floor":0.9272906615636746', '"data_loss_floor":"low"'))
     st = load_run_state(run)
     assert st.world_size == 2 and "floor" not in format_summary(st, now=0.0)
+
+
+def test_system_numbers_print_as_fmt_num_does_everywhere_else():
+    """The panel's numbers share tui.format: a value as wide as the float range is cut to .4g, a
+    bool (not a number in JSON's sense) is N/A, as everywhere the viewer prints a number."""
+    from tui.format import fmt_field, fmt_gib, fmt_num
+
+    view = SystemView()
+    rec = sample(1)
+    rec["gpus"][0]["util_pct"] = 1e300
+    rec["host"]["mem_used_bytes"] = True
+    view.add(rec)
+    text = render_system(view).plain
+    assert f"util {fmt_num(1e300, '>3.0f')}%" in text and len(max(text.splitlines(), key=len)) < 80
+    assert "host mem " in text and " N/A/N/A GiB" in text
+    assert fmt_field(1e300, ">3.0f", "%") == "1e+300%" and fmt_gib(True) == "N/A" == fmt_field("12")

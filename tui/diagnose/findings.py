@@ -71,11 +71,3 @@ class Observation:
     open_evidence: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Code -> evidence of the incident open now, with its `step` added."""
 
-
-def fmt_s(seconds: float | None) -> str:
-    """Seconds for a sentence: 0.42 s, 12 s, 3.5 min."""
-    if seconds is None:
-        return "n/a"
-    if seconds < 10:
-        return f"{seconds:.2g} s" if seconds < 1 else f"{seconds:.1f} s"
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"

@@ -7,8 +7,9 @@ from typing import Any
 
 from mt.config import MonitorConfig
 from mt.events import as_float
-from tui.diagnose.findings import Finding, Observation, fmt_s
+from tui.diagnose.findings import Finding, Observation
 from tui.diagnose.signals import RunSignals, StepRec
+from tui.format import fmt_s
 
 LIVE_STATES = ("starting", "running", "stopping")
 

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from mt import ckptfile, space
+from mt import ckptfile, fmt, space
 from mt.config import Config, ConfigError
 from mt.jsonl import read_json, write_json_atomic
 from mt.paths import RunPaths, new_run_dir
@@ -391,7 +391,7 @@ def _check_room(paths: RunPaths, keep_last: int) -> None:
     gained = sum(space.disk_usage(p) for p in room.prune_first)
     short = room.needed - room.free - gained
     raise ResumeError(f"{paths.root}: disk full, the next checkpoint would not fit: "
-                      f"{space.describe(paths.checkpoints, room.needed)}; free at least {space.human(short)} "
+                      f"{space.describe(paths.checkpoints, room.needed)}; free at least {fmt.human_bytes(short)} "
                       f"on {space.mount_point(paths.checkpoints)} (other files, old runs, older checkpoints), "
                       f"then run mt resume again")
 

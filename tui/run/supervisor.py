@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from mt import space
+from mt import fmt, space
 from mt.config import Config
 from mt.events import dumps
 from mt.jsonl import write_json_atomic
@@ -150,7 +150,7 @@ class Supervisor:
         self.install_signals()
         self.sampler = SystemSampler()
         if not space.ensure_reserve(self.paths.reserve):
-            self.log.warning("no room for the %s reserve: %s", space.human(space.RESERVE_BYTES), space.describe(self.run_dir))
+            self.log.warning("no room for the %s reserve: %s", fmt.human_bytes(space.RESERVE_BYTES), space.describe(self.run_dir))
         if not self.sampler.gpus.ok:
             self.log.info("NVML not available (%s): no GPU readings, sampling CPU only",
                           self.sampler.gpus.error)

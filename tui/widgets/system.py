@@ -7,7 +7,7 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import Static
 
-from tui.format import fmt_duration, safe_text
+from tui.format import fmt_duration, fmt_field, fmt_gib, safe_text
 from tui.read.watcher import SystemView
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -23,16 +23,6 @@ def sparkline(values: Iterable[Any], width: int = 20) -> str:
         else:
             out.append(" ")
     return "".join(out)
-
-
-def _na(v: Any, spec: str = ".0f", unit: str = "") -> str:
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return format(v, spec) + unit
-    return "N/A"
-
-
-def _gib(v: Any) -> str:
-    return _na(v / 2**30 if isinstance(v, (int, float)) else None, ".1f")
 
 
 def bar(used: Any, total: Any, width: int = 12) -> Text:
@@ -69,23 +59,23 @@ def render_system(view: SystemView, ended: str | None = None, sampled: bool = Tr
         for g in gpus:  # a node of many GPUs: one line each
             idx = g.get("index")
             t.append(f"GPU{idx} ", style="bold")
-            t.append(f"{_na(g.get('util_pct'), '>3.0f', '%')} ")
+            t.append(f"{fmt_field(g.get('util_pct'), '>3.0f', '%')} ")
             t.append(sparkline(view.gpu_util.get(idx, ()), 8), style="cyan")
             t.append(" ")
             t.append_text(bar(g.get("mem_used_bytes"), g.get("mem_total_bytes"), 6))
-            t.append(f" {_gib(g.get('mem_used_bytes'))}/{_gib(g.get('mem_total_bytes'))}G"
-                     f" {_na(g.get('temp_c'), '.0f', '°C')} {_na(g.get('power_w'), '.0f', 'W')}\n")
+            t.append(f" {fmt_gib(g.get('mem_used_bytes'))}/{fmt_gib(g.get('mem_total_bytes'))}G"
+                     f" {fmt_field(g.get('temp_c'), '.0f', '°C')} {fmt_field(g.get('power_w'), '.0f', 'W')}\n")
     elif gpus:
         for g in gpus:
             idx = g.get("index")
             t.append(f"GPU{idx} ", style="bold")
             t.append(f"{safe_text(g.get('name') or 'N/A')[:22]}\n", style="dim")
-            t.append(f" util {_na(g.get('util_pct'), '>3.0f', '%')} ")
+            t.append(f" util {fmt_field(g.get('util_pct'), '>3.0f', '%')} ")
             t.append(sparkline(view.gpu_util.get(idx, ())), style="cyan")
             t.append("\n mem ")
             t.append_text(bar(g.get("mem_used_bytes"), g.get("mem_total_bytes")))
-            t.append(f" {_gib(g.get('mem_used_bytes'))}/{_gib(g.get('mem_total_bytes'))} GiB\n")
-            t.append(f" {_na(g.get('temp_c'), '.0f', '°C')}  {_na(g.get('power_w'), '.0f', ' W')}\n")
+            t.append(f" {fmt_gib(g.get('mem_used_bytes'))}/{fmt_gib(g.get('mem_total_bytes'))} GiB\n")
+            t.append(f" {fmt_field(g.get('temp_c'), '.0f', '°C')}  {fmt_field(g.get('power_w'), '.0f', ' W')}\n")
     else:
         why = s.get("nvml_error") or ("no GPUs" if s.get("nvml") else "NVML not available")
         t.append(f"GPUs: none ({safe_text(why)})\n", style="dim")
@@ -93,7 +83,7 @@ def render_system(view: SystemView, ended: str | None = None, sampled: bool = Tr
     for r in ranks:
         alive = r.get("alive")
         t.append(f"rank{r.get('rank')} ", style="bold" if alive is not False else "bold red")
-        t.append(f"cpu {_na(r.get('cpu_pct'), '>5.0f', '%')}  rss {_gib(r.get('rss_bytes'))} GiB",
+        t.append(f"cpu {fmt_field(r.get('cpu_pct'), '>5.0f', '%')}  rss {fmt_gib(r.get('rss_bytes'))} GiB",
                  style="dim" if ended else "")
         if alive is False:
             t.append("  exited", style="red")
@@ -101,10 +91,10 @@ def render_system(view: SystemView, ended: str | None = None, sampled: bool = Tr
             t.append("  last seen", style="dim")
         t.append("\n")
     h = s.get("host") or {}
-    t.append(f"host cpu {_na(h.get('cpu_pct'), '.0f', '%')}  load {_na(h.get('load1'), '.2f')}\n")
+    t.append(f"host cpu {fmt_field(h.get('cpu_pct'), '.0f', '%')}  load {fmt_field(h.get('load1'), '.2f')}\n")
     t.append("host mem ")
     t.append_text(bar(h.get("mem_used_bytes"), h.get("mem_total_bytes")))
-    t.append(f" {_gib(h.get('mem_used_bytes'))}/{_gib(h.get('mem_total_bytes'))} GiB")
+    t.append(f" {fmt_gib(h.get('mem_used_bytes'))}/{fmt_gib(h.get('mem_total_bytes'))} GiB")
     return t
 
 

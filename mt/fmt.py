@@ -1,0 +1,24 @@
+"""How mt's own messages write byte counts and numbers (a disk-full reason, an incident's text).
+
+Stdlib only: mt cannot import the viewer's tui/format.py; the supervisor and `mt launch` use these
+too, so each is written once.
+"""
+from __future__ import annotations
+
+
+def human_bytes(n: int | None) -> str:
+    """1536 -> '1.5 KiB'; None -> 'unknown'."""
+    if n is None:
+        return "unknown"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def short_num(x: float | None) -> str:
+    """A number in a sentence, three significant digits: 0.000312, 1.5e+04; 'n/a' when unknown."""
+    return "n/a" if x is None else f"{x:.3g}"
+
