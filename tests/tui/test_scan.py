@@ -260,6 +260,30 @@ def test_quick_state_from_the_index_tail_is_the_newest_state(tmp_path, monkeypat
     assert not whole.best_loss_partial and whole.best_loss == ref.best_loss
 
 
+def test_every_reader_opens_a_big_run_by_one_policy(tmp_path, monkeypatch):
+    """The dashboard's watcher, `mt ls` and `mt watch --once` ask RunFollower.newest_first: the
+    index tail first (when asked), else events.jsonl's tail unless an index or cache covers it."""
+    from tui.read import index_tail
+    from tui.read.watcher import Watcher
+    messy_run(tmp_path)
+    monkeypatch.setattr(follower, "BULK_MIN_BYTES", 1000)
+    monkeypatch.setattr(scan, "QUICK_TAIL_BYTES", 4096)
+    monkeypatch.setattr(index_tail, "TAIL_RECORDS", 40)
+    ref = reference(tmp_path).state
+    assert RunFollower(tmp_path).newest_first(tail=False) is None and not Watcher(tmp_path).open_quick()
+    tail = RunFollower(tmp_path).newest_first()
+    assert tail.state.step == ref.step and tail.state.best_loss_partial and tail.from_cache == 0
+    indexed(tmp_path)
+    assert RunFollower(tmp_path).newest_first(index=False) is None   # the index makes the full read fast
+    w = Watcher(tmp_path)
+    assert w.open_quick()
+    ls = load_run_state(tmp_path, exact_best=False)
+    assert w.follower.state.step == ls.step == ref.step and w.follower.state.best_loss == ls.best_loss
+    assert ls.best_loss_partial and not load_run_state(tmp_path).best_loss_partial
+    monkeypatch.setattr(follower, "BULK_MIN_BYTES", 1 << 40)   # not big: every reader reads it whole
+    assert RunFollower(tmp_path).newest_first() is None and not Watcher(tmp_path).open_quick()
+
+
 def test_quick_state_from_the_index_refuses_an_index_of_other_contents(tmp_path):
     from tui.read import index_tail
     messy_run(tmp_path)

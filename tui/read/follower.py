@@ -79,6 +79,24 @@ class RunFollower:
         from tui.read.bulk import has_fast_start
         return has_fast_start(self.paths, BULK_MIN_BYTES)
 
+    def newest_first(self, index: bool = True, tail: bool = True, keep_series: bool = False) -> Any:
+        """How every reader opens a big run: its newest state before its history, or None (small run).
+
+        From the engine's index tail (a few ms, no numpy) when `index`, else from events.jsonl's
+        tail when `tail` unless an index or the viewer's cache makes the full read fast anyway.
+        Best loss is then partial; `adopt` it, and a bulk read (or nothing) brings the history.
+        """
+        if not self.is_big():
+            return None
+        quick = None
+        if index:
+            from tui.read.index_tail import quick_read_index
+            quick = quick_read_index(self.paths.root)
+        if quick is None and tail and not self.has_fast_start():
+            from tui.read.bulk import quick_read
+            quick = quick_read(self.paths.root, keep_series=keep_series)
+        return quick
+
     def adopt(self, bulk: Any) -> None:
         """Take a bulk read's state and history, and follow on from the byte it ended at."""
         self.state = bulk.state
@@ -134,16 +152,8 @@ def load_run_state(run_dir: Path, exact_best: bool = True) -> RunState:
     index's tail only: a few ms and no numpy, best loss partial.
     """
     follower = RunFollower(Path(run_dir), keep_series=False, write_cache=False)
-    if follower.is_big():
-        quick = None
-        if not exact_best:
-            from tui.read.index_tail import quick_read_index
-            quick = quick_read_index(follower.paths.root)
-        if quick is None:
-            from tui.read.bulk import quick_read
-            if not follower.has_fast_start():
-                quick = quick_read(follower.paths.root)
-        if quick is not None:
-            follower.adopt(quick)
+    quick = follower.newest_first(index=not exact_best)
+    if quick is not None:
+        follower.adopt(quick)
     follower.poll()
     return follower.state

@@ -139,10 +139,7 @@ class Watcher:
         """A big run's newest state from the engine's index, adopted now (a few ms, no numpy) so
         the first frame can show it; True if there was one. The next poll reads the history."""
         f = self.follower
-        if f.opened or not f.is_big():
-            return False
-        from tui.read.index_tail import quick_read_index
-        quick = quick_read_index(f.paths.root)
+        quick = None if f.opened else f.newest_first(tail=False)
         if quick is None:
             return False
         with self.lock:
@@ -154,18 +151,12 @@ class Watcher:
     def open_big(self, on_quick: Callable[[], None]) -> None:
         """First read of a big events.jsonl: the newest state at once, then the full history.
 
-        The newest state comes from the engine's index when there is one (unless `open_quick`
-        already took it), else from the file's tail unless the viewer's cache makes the full
-        read fast anyway. The bulk read runs without the lock, so the UI keeps drawing meanwhile.
+        The newest state as `RunFollower.newest_first` finds it (unless `open_quick` already took
+        it). The bulk read runs without the lock, so the UI keeps drawing meanwhile.
         """
         f = self.follower
         if not self._quick_shown:
-            from tui.read.index_tail import quick_read_index
-            quick = quick_read_index(f.paths.root)
-            if quick is None:
-                from tui.read.bulk import quick_read
-                if not f.has_fast_start():
-                    quick = quick_read(f.paths.root, keep_series=True)  # the newest steps plotted at once
+            quick = f.newest_first(keep_series=True)  # from the tail: the newest steps plotted at once
             if quick is not None:
                 with self.lock:
                     f.adopt(quick)
