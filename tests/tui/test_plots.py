@@ -223,8 +223,8 @@ def test_a_window_fits_y_to_its_steps_keeps_its_spikes_and_smooths_the_whole_ser
     from tui.state.plotmath import ema_debiased
     from tui.state.series import Series
     from tui.state.window import XWindow
+    from tui.widgets.curve import Curve
     from tui.widgets.figure import draw, in_window, new_plot
-    from tui.widgets.plots import Curve
 
     s = Series()
     for i in range(1, 5001):

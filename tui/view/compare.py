@@ -22,8 +22,9 @@ from tui.read.watcher import Watcher
 from tui.state.compare import run_color, run_line, x_series
 from tui.state.pacing import Pacing
 from tui.view.plotkeys import HELP_BINDING, SMOOTHING_BINDINGS, PlotKeys
+from tui.widgets.curve import Curve
 from tui.widgets.legend import CompareLegend
-from tui.widgets.plots import Curve, MetricPlot
+from tui.widgets.plots import MetricPlot
 
 LOCK_WAIT_S = 0.05   # a poll holds a watcher's lock for ms; a frame that cannot have them all waits a tick
 X_LABELS = {"step": "step", "tokens": "tokens seen"}

@@ -21,11 +21,12 @@ from tui.state.layout import MIN_H, MIN_W, Tabs, choose_layout, strip_items
 from tui.state.pacing import Pacing
 from tui.state.window import XWindow, narrow, next_window, widen
 from tui.view.plotkeys import HELP_BINDING, SMOOTHING_BINDINGS, PlotKeys
+from tui.widgets.curve import Curve
 from tui.widgets.header import RunHeader
 from tui.widgets.incidents import IncidentsPanel
 from tui.widgets.logs import LogsPanel
 from tui.widgets.notice import Notice, notice_text
-from tui.widgets.plots import Curve, MetricPlot
+from tui.widgets.plots import MetricPlot
 from tui.widgets.system import SystemPanel
 from tui.widgets.tabstrip import TabStrip
 

@@ -14,12 +14,10 @@ from textual_plotext.plot import _rgbify_theme, _sequence  # what its PlotextPlo
 
 from tui.state.plotmath import SmoothCache, YAxis, log_points, minmax_downsample, plot_scale, step_ticks, window_slice, y_axis
 from tui.state.window import XWindow, window_range
-from tui.widgets.plots import ROWS_SPENT
+from tui.widgets.curve import ROWS_SPENT, Curve
 
 if TYPE_CHECKING:
     from textual.app import App
-
-    from tui.widgets.plots import Curve
 
 
 def new_plot() -> Plot:

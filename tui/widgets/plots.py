@@ -6,7 +6,6 @@ which is drawn after the dashboard's first frame: the header never waits for the
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rich.text import Text
@@ -14,26 +13,10 @@ from textual.app import RenderResult
 from textual.widget import Widget
 
 from tui.state.window import XWindow  # numpy-free
+from tui.widgets.curve import ROWS_SPENT, Curve
 
 if TYPE_CHECKING:
     from textual_plotext import Plot
-
-    from tui.state.plotmath import SmoothCache
-    from tui.state.series import Series
-
-ROWS_SPENT = 4  # rows of a figure that are not canvas: title, two x axes, x tick labels
-
-
-@dataclass
-class Curve:
-    """One series on a plot; `smooth` False for sparse ones like validation loss."""
-
-    label: str
-    series: Series
-    color: str
-    smooth: bool = True
-    cache: SmoothCache | None = None  # the smoothed curve, made with the first figure
-    raw: bool = True                  # the raw points in grey under the smoothed line (off: overlaid runs)
 
 
 class MetricPlot(Widget, can_focus=True):
