@@ -9,7 +9,7 @@ from mt.jsonl import read_json
 from mt.paths import RunPaths
 from mt.records import Record, RecordTail, Step, incident_tail
 from tui.read import BULK_MIN_BYTES as BULK_MIN_BYTES  # re-exported: the follower's threshold (tests patch it here)
-from tui.state.runstate import RunSeries, RunState, add_incident, apply_status, new_state, reduce_event, reduce_step
+from tui.state.runstate import BulkResult, RunSeries, RunState, add_incident, apply_status, new_state, reduce_event, reduce_step
 
 
 @dataclass
@@ -79,7 +79,7 @@ class RunFollower:
         from tui.read.bulk import has_fast_start
         return has_fast_start(self.paths, BULK_MIN_BYTES)
 
-    def newest_first(self, index: bool = True, tail: bool = True, keep_series: bool = False) -> Any:
+    def newest_first(self, index: bool = True, tail: bool = True, keep_series: bool = False) -> BulkResult | None:
         """How every reader opens a big run: its newest state before its history, or None (small run).
 
         From the engine's index tail (a few ms, no numpy) when `index`, else from events.jsonl's
