@@ -180,3 +180,19 @@ def test_a_run_that_ended_before_its_first_step_says_so(tmp_path: Path) -> None:
     assert "run ended before the first step: failed (rank 0: ValueError: boom)" in text, text
     assert "incident [error] crash before the first step: crash title" in text, text
     assert "crash before the first step: crash title" in format_summary(load_run_state(tmp_path), now=r.t)
+
+
+def test_mt_ckpt_and_mt_stop_name_a_saved_checkpoint_in_one_line(tmp_path: Path) -> None:
+    """`mt ckpt` (the engine's answer) and `mt stop` (the run's newest checkpoint) share checkpoint_line."""
+    from mt.records import Checkpoint
+    from tui.run.control import Answer
+    from tui.text.runs import answer_line, last_checkpoint_line
+
+    finished_run(tmp_path, steps=100)
+    newest = load_run_state(tmp_path).last_checkpoint
+    ck = parse_event(dumps(dict(v=1, t=1_800_000_000.0, kind="checkpoint", step=newest.step, path=newest.path, bytes=1,
+                                seconds=0.1, reason="request", request_id="r1")))
+    assert isinstance(ck, Checkpoint)
+    assert answer_line(Answer("r1", "checkpoint", "done", checkpoint=ck)) == last_checkpoint_line(tmp_path) \
+        == f"checkpoint saved at step {newest.step}: {newest.path}"
+    assert answer_line(Answer("r2", "checkpoint", "rejected", "no room")) == "checkpoint rejected: no room"
