@@ -9,6 +9,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+from tui.format import fmt_gib
+
 # Runs in a child `python -c`: torch facts, then a real 2-process gloo all_reduce (fork, so the
 # worker function needs no importable module).
 _PROBE = r"""
@@ -104,7 +106,7 @@ def nvml_checks() -> list[Check]:
         seen = gpus.read()
         if not seen:
             return [Check(True, "NVML works but sees no GPU")]
-        return [Check(True, f"GPU {g['index']}: {g['name']}, {(g['mem_total_bytes'] or 0) / 2**30:.1f} GiB") for g in seen]
+        return [Check(True, f"GPU {g['index']}: {g['name']}, {fmt_gib(g['mem_total_bytes'] or 0)} GiB") for g in seen]
     finally:
         gpus.close()
 
