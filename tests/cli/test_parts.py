@@ -9,13 +9,13 @@ from pathlib import Path
 
 import psutil
 
+from mt.contract.checkpoints import folders, newest
 from mt.preset import config_from_dict
 from tests.cli.conftest import SMALL, wait_for
 from tui.run.lock import DirWatch
 from tui.run.procs import rank_processes, run_processes, terminate_all
 from tui.run.sampler import SystemSampler
 from tui.run.torchrun import torchrun_command, usable_cores, worker_env, worker_exit_code
-from tui.rundir import checkpoints, newest_checkpoint
 
 
 def _cfg(**launch: object):
@@ -158,8 +158,8 @@ def test_only_checkpoints_with_a_well_formed_manifest_count(tmp_path: Path) -> N
             (root / name / f).write_bytes(b"x")
         if manifest:
             (root / name / "manifest.json").write_text(manifest)
-    assert [s for s, _ in checkpoints(tmp_path)] == [10, 20]
-    assert newest_checkpoint(tmp_path) == root / "step-20"
+    assert [s for s, _ in folders(root, "sizes")] == [20, 10]
+    assert newest(root, "sizes").path == root / "step-20"
 
 
 def test_dir_watch_notices_a_deleted_or_replaced_run_dir(tmp_path: Path) -> None:
