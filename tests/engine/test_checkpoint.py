@@ -219,3 +219,36 @@ def test_a_structurally_bad_newest_checkpoint_is_not_intact_for_any_reader(tmp_p
     assert [p for _, p in checkpoints.folders(root, "sizes")] == [older]  # the listing
     room = space.plan_room(root, 3, 1)  # the room planning judges by the intact one
     assert room.needed == space.checkpoint_bytes(older) + space.SLACK_BYTES and space.checkpoint_bytes(newest) is None
+
+
+def test_a_corrupted_file_under_a_good_manifest_is_passed_over_by_resume_the_pick_and_room_planning(tmp_path, monkeypatch):
+    """One flipped byte (same size, wrong sha256): `mt resume`'s check, the engine's pick and the
+    room planning all judge by every byte, so none takes it for the newest intact checkpoint, and
+    `mt resume` refuses exactly when the engine would find nothing to continue from."""
+    from mt import space
+    from mt.paths import RunPaths
+    from tui.run.launch import ResumeError, resume_run
+
+    run = make_run(tmp_path)
+    root = RunPaths(run).checkpoints
+    parts = {"model.pt": {"w": torch.ones(64)}, "optim.pt": {}, "train.pt": {"step": 1}}
+    older = full.save(root, 1, parts, {}).path
+    newest = full.save(root, 2, {**parts, "train.pt": {"step": 2}}, {}).path
+    data = bytearray((newest / "model.pt").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (newest / "model.pt").write_bytes(bytes(data))
+    assert checkpoints.newest(root, "sizes").path == newest  # the listing checks sizes only: it still counts
+
+    path, _parts, skipped = pick.find_latest(root)  # the engine's pick
+    assert path == older and [p for p, _ in skipped] == [newest] and "model.pt: sha256 mismatch" in skipped[0][1]
+    found = checkpoints.newest(root)  # what `mt resume` checks
+    assert found.path == older and [(d.path, d.message) for d in found.damaged] == skipped
+    monkeypatch.setattr(space, "free_bytes", lambda path: 0)
+    room = space.plan_room(root, 3, 1)  # keep_last = 1 keeps the newest intact one: the older
+    assert room.prune_first == [newest] and not room.fits
+
+    shutil.rmtree(older)  # now the engine would start from step 0: `mt resume` refuses, naming why
+    assert pick.find_latest(root)[0] is None
+    with pytest.raises(ResumeError, match=r"no checkpoint is intact \(1 checked: step-2: model.pt: sha256 mismatch"):
+        resume_run(run)
+    assert not (run / "status.json").exists()  # nothing started
