@@ -12,7 +12,6 @@ from engine.checkpoint import full, sharded
 from engine.dist import DistEnv, log
 from mt import space
 from mt.contract import checkpoints
-from mt.contract.checkpoints import CheckpointError
 from mt.paths import RunPaths
 
 
@@ -77,7 +76,7 @@ def _share(path: Path, files: dict[str, Any], parts: dict[str, Any] | None, env:
     the same checkpoint is there (one node, shared filesystem), else sent by rank 0."""
     try:
         same = checkpoints.verify(path, hashes=False)["files"] == files
-    except CheckpointError:  # not here, or not the same: rank 0 sends it
+    except checkpoints.CheckpointError:  # not here, or not the same: rank 0 sends it
         same = False
     visible = torch.tensor([float(same)], device=env.device)
     dist.all_reduce(visible, op=dist.ReduceOp.MIN)
