@@ -186,9 +186,8 @@ class Supervisor:
                     return self.finish("failed", 1, exit_code=rc, reason=reason)
                 if restarts_left > 0:
                     restarts_left -= 1
-                    ckpt = newest(self.paths.checkpoints, "sizes").path  # what the engine will verify again
-                    self.log.info("attempt %d failed (%s); restarting from %s (%d restarts left)",
-                                  attempt, reason, ckpt or "the beginning", restarts_left)
+                    self.log.info("attempt %d failed (%s); restarting from %s (%d restarts left)", attempt, reason,
+                                  newest(self.paths.checkpoints, "sizes").path or "the beginning", restarts_left)
                     self.status["restarts_left"] = restarts_left
                     attempt += 1
                     continue
