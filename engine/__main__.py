@@ -35,9 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     from engine.user import UserCodeError, add_workdir
     from engine.weights import InitFromError
     from mt import space
+    from mt.contract.attempt import ResumeRefused
     from mt.inbox import StopSignals
     from mt.ranklog import redirect_output
-    from mt.resume import ResumeRefused
 
     rank = dist.read_env()[0]
     redirect_output(paths.rank_log(rank))

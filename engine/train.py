@@ -12,8 +12,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from engine import checkpoint, parallel, sharded
-from engine.checkpointer import Checkpointer
+from engine import parallel
+from engine.checkpoint import full, sharded
+from engine.checkpoint.pick import find_checkpoint
+from engine.checkpoint.saver import Checkpointer
 from engine.data import GlobalOrderSampler, Splits, build_loader, val_batches
 from engine.dist import DistEnv, log, seed_everything
 from engine.faults import Faults
@@ -21,17 +23,16 @@ from engine.kinds import kind_of
 from engine.metrics import device_name, git_commit, memory, peak_flops
 from engine.model import count_params
 from engine.optim import build_optimizer, lr_at, set_lr
-from engine.resume import find_checkpoint
 from engine.user import call_model, loss_of, to_device, tokens_per_sample
 from engine.weights import fit_problems, load_into, read_state
-from mt import resume
 from mt.anomaly import StepAnomalies, nan_incident, recompile_incident
 from mt.config import Config
+from mt.contract.attempt import ResumeRefused, plan
+from mt.contract.checkpoints import CheckpointError
 from mt.eventlog import EventWriter, NullEventWriter
 from mt.heartbeat import Heartbeat
 from mt.inbox import ControlInbox, Request, StopSignals
 from mt.paths import RunPaths
-from mt.resume import ResumeRefused
 
 # what every rank contributes to the one collective of each step
 _LOSS, _STOP, _CKPT, _MEM, _PEAK = range(5)
@@ -110,7 +111,7 @@ class Trainer:
             step = self.step + 1
             lr = lr_at(step, t)
             set_lr(self.optimizer, lr)
-            rng_before = checkpoint.capture_rng(self.env.device) if t.on_nan == "stop" else None
+            rng_before = full.capture_rng(self.env.device) if t.on_nan == "stop" else None
             self.faults.before_step(step)
             requests = self._poll_control()
             self.checkpoints.collect(wait=False)  # a background write that completed is reported now
@@ -289,7 +290,7 @@ class Trainer:
         path, parts, skipped = found
         state = parts["train.pt"]
         t = self.cfg.train
-        how = resume.plan(state, self.env.world_size, t.micro_batch_size, t.grad_accum_steps, t.allow_batch_change)
+        how = plan(state, self.env.world_size, t.micro_batch_size, t.grad_accum_steps, t.allow_batch_change)
         md = parts.get("sharded")  # either format resumes under either strategy and world size
         misfit = fit_problems(self.model, sharded.model_shapes(md) if md is not None else parts["model.pt"], "the checkpoint")
         if misfit:  # the [model] section changed since the checkpoint was written
@@ -297,7 +298,7 @@ class Trainer:
         if md is not None:
             try:
                 sharded.load(Path(path), self.model, self.optimizer)  # collective; DCP reshards
-            except checkpoint.CheckpointError as e:
+            except CheckpointError as e:
                 raise ResumeRefused(str(e)) from None
             self.scaler.load_state_dict(state["scaler"])
         else:
@@ -306,7 +307,7 @@ class Trainer:
         self.step, self.samples, self.accum = int(state["step"]), int(state["samples_seen"]), how.grad_accum_steps
         rngs = state["rng"]
         if self.env.rank < len(rngs):
-            checkpoint.restore_rng(rngs[self.env.rank], self.env.device)
+            full.restore_rng(rngs[self.env.rank], self.env.device)
         else:  # a rank the checkpoint did not have: fresh but reproducible streams
             seed_everything(self.cfg.run.seed + self.env.rank + 1000 * self.step)
         log(f"resumed from {path} at step {self.step}: {how.note}")

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine import checkpoint
+from mt.contract import checkpoints
 from mt.paths import RunPaths
 
 
@@ -26,22 +26,18 @@ def read_state(path: Path) -> tuple[dict[str, torch.Tensor], str]:
     if not path.exists():
         raise InitFromError(f"model.init_from: no such file or run directory: {path}")
     if path.is_dir():
-        folder = path
-        if RunPaths(path).checkpoints.is_dir():
-            found = checkpoint.candidates(RunPaths(path).checkpoints)
-            intact = [p for p in found if checkpoint.intact(p)]
-            if not intact:
-                raise InitFromError(f"model.init_from: {path}: the run has no intact checkpoint")
-            folder = intact[0]
+        found = checkpoints.newest(RunPaths(path).checkpoints) if RunPaths(path).checkpoints.is_dir() else None
+        if found is not None and found.path is None:
+            raise InitFromError(f"model.init_from: {path}: the run has no intact checkpoint")
         try:
-            checkpoint.verify(folder)
-        except checkpoint.CheckpointError as e:
+            folder, manifest = (found.path, found.manifest) if found else (path, checkpoints.verify(path))
+        except checkpoints.CheckpointError as e:
             raise InitFromError(f"model.init_from: {e}") from None
-        if checkpoint.verify_layout(folder) == "sharded":  # every shard read whole, here (no collective)
-            from engine import sharded
+        if manifest["layout"] == "sharded":  # every shard read whole, here (no collective)
+            from engine.checkpoint import sharded
             try:
                 return sharded.model_state(folder), str(folder)
-            except checkpoint.CheckpointError as e:
+            except checkpoints.CheckpointError as e:
                 raise InitFromError(f"model.init_from: {e}") from None
         return _torch_load(folder / "model.pt"), str(folder / "model.pt")
     if path.suffix == ".safetensors":

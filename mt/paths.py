@@ -1,9 +1,8 @@
-"""Where everything lives inside a run directory, and how checkpoint folders are named."""
+"""Where everything lives inside a run directory (checkpoint folders: mt/contract/checkpoints.py)."""
 from __future__ import annotations
 
 import errno
 import os
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,36 +72,6 @@ class RunPaths:
     def reserve(self) -> Path:
         """Space the supervisor holds so it can record the final state on a full disk."""
         return self.root / ".reserve"
-
-
-_CHECKPOINT_DIR = re.compile(r"^step-(\d+)$")
-
-
-def checkpoint_step(name: str) -> int | None:
-    """The step of a checkpoint folder name (`step-<S>`), None for any other name."""
-    m = _CHECKPOINT_DIR.match(name)
-    return int(m.group(1)) if m else None
-
-
-def checkpoint_dirs(root: Path) -> list[tuple[int, Path]]:
-    """(step, folder) of every `step-<S>` folder under root, newest first: the one listing.
-
-    Real folders only: a symlink (it could point at another run's checkpoint) or a misnamed
-    folder is never a checkpoint. Whether one is complete is the caller's next question.
-    """
-    try:
-        entries = list(os.scandir(root))
-    except OSError:
-        return []
-    found = []
-    for entry in entries:
-        step = checkpoint_step(entry.name)
-        try:
-            if step is not None and entry.is_dir(follow_symlinks=False):
-                found.append((step, Path(entry.path)))
-        except OSError:
-            continue
-    return sorted(found, reverse=True)
 
 
 def new_run_dir(runs_dir: Path, name: str, node_rank: int = 0) -> Path:

@@ -371,8 +371,8 @@ def init(config: Mapping[str, Any] | None = None, *, name: str | None = None, ru
         usable = made is not None
         paths, attempt, owned = made if made is not None else RunPaths(Path(runs_dir).absolute()), 1, True
     run = Run(_Start(paths, rank, world, attempt, config, max_steps, owned, usable, failures))
-    from mt.resume import reported_checkpoint
-    run.resume_from = reported_checkpoint(paths.events) if usable else None
+    from mt.contract.checkpoints import reported
+    run.resume_from = reported(paths.events) if usable else None
     run._previous_hook = sys.excepthook
     sys.excepthook = run._excepthook
     atexit.register(run._flush)  # a script that ends without run.finish() keeps its last steps

@@ -9,11 +9,10 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
-from mt.ckptfile import listed_bytes as checkpoint_bytes  # a checkpoint's size: what its verified manifest lists
+from mt.contract.checkpoints import folders, intact
+from mt.contract.checkpoints import listed_bytes as checkpoint_bytes  # a checkpoint's size: what its verified manifest lists
 from mt.fmt import human_bytes
-from mt.paths import checkpoint_dirs
 
 # What the supervisor keeps allocated in every run directory (RunPaths.reserve) and deletes to
 # make room for the final status.json when the disk is full (a status file is a few KiB).
@@ -170,12 +169,13 @@ class Room:
     kept: int = 0  # older checkpoints that stay beside the new one
 
 
-def plan_room(root: Path, step: int | None, keep_last: int, intact: Callable[[Path], bool], extra: int = 0) -> Room:
+def plan_room(root: Path, step: int | None, keep_last: int, extra: int = 0) -> Room:
     """Whether checkpoint `step` (None: one after all of them) fits, judged by the newest one's size.
 
     If not, prune_first lists what retention would delete after that save anyway, less the newest
-    intact checkpoint (kept until the new one is on disk); `extra`: bytes needed besides."""
-    older = [p for s, p in checkpoint_dirs(root) if step is None or s < step]
+    intact checkpoint (every byte verified, as the engine picks: kept until the new one is on
+    disk); `extra`: bytes needed besides."""
+    older = [p for s, p in folders(root) if step is None or s < step]
     last = next((b for b in map(checkpoint_bytes, older) if b is not None), None)
     free = free_bytes(root)
     if last is None or free is None:

@@ -1,13 +1,12 @@
-"""Reading a run directory from outside: status, liveness, checkpoints, the newest run."""
+"""Reading a run directory from outside: status, liveness, the newest run (checkpoints: mt/contract/checkpoints.py)."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Literal
 
-from mt.ckptfile import CheckpointError, intact, verify
 from mt.events import FINAL_STATES
 from mt.jsonl import read_json
-from mt.paths import RunPaths, checkpoint_dirs
+from mt.paths import RunPaths
 
 
 class NotARunError(ValueError):
@@ -68,33 +67,6 @@ def effective_state(status: dict[str, Any]) -> str:
     if not isinstance(state, str):
         return "unknown"
     return "lost" if liveness(status) == "lost" else state
-
-
-def checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
-    """Finished checkpoint folders (step-<S> whose manifest and file sizes check out), oldest first."""
-    # the engine writes manifest.json last; without it the folder is not a checkpoint (hashes
-    # are left to the engine's load and `mt resume`: a listing must stay cheap)
-    found = [(s, p) for s, p in checkpoint_dirs(RunPaths(Path(run_dir)).checkpoints) if intact(p, hashes=False)]
-    return found[::-1]
-
-
-def newest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest checkpoint folder, or None."""
-    found = checkpoints(run_dir)
-    return found[-1][1] if found else None
-
-
-def intact_checkpoint(run_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
-    """The newest checkpoint that verifies (as the engine will pick it), and (folder, why) for
-    each newer one that does not."""
-    damaged = []
-    for path in [p for _, p in checkpoint_dirs(RunPaths(run_dir).checkpoints)]:
-        try:
-            verify(path)
-            return path, damaged
-        except CheckpointError as e:
-            damaged.append((path, str(e).replace(f"{path}/", "").replace(f"{path}: ", "")))
-    return None, damaged
 
 
 def run_dirs(runs_dir: Path) -> list[Path]:

@@ -7,6 +7,7 @@ import time
 import pytest
 
 from mt import space
+from mt.contract import checkpoints
 from mt.events import FINAL_STATES
 from mt.paths import RunPaths
 from tests.tmpfs import fill, resize, tmpfs
@@ -36,9 +37,9 @@ def test_full_disk_fails_clearly_and_resumes_once_there_is_room(tmp_path):
         assert full == [(16, "Checkpoint at step 16 skipped: disk full"), (24, "Checkpoint at step 24 failed: disk full")]
         assert [c["step"] for c in events(run, "checkpoint")] == [8]
         assert not list((run / "checkpoints").glob(".tmp-*"))
-        from engine import checkpoint  # torch: only this test process pays for it
-        checkpoint.verify(run / "checkpoints/step-8")
-        assert checkpoint.load(run / "checkpoints/step-8")["train.pt"]["step"] == 8
+        from engine.checkpoint import pick  # torch: only this test process pays for it
+        checkpoints.verify(run / "checkpoints/step-8")
+        assert pick.load(run / "checkpoints/step-8")["train.pt"]["step"] == 8
 
         refused = mt("resume", run, "--detach")
         assert refused.returncode == 2 and refused.stdout == ""

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import psutil
 
+from mt.contract.checkpoints import folders, newest
+from mt.paths import RunPaths
 from mt.preset import config_from_dict
 from tests.cli.conftest import SMALL, wait_for
 from tui.run.lock import DirWatch
 from tui.run.procs import rank_processes, run_processes, terminate_all
 from tui.run.sampler import SystemSampler
 from tui.run.torchrun import torchrun_command, torchrun_failures, usable_cores, worker_env, worker_exit_code
-from tui.rundir import checkpoints, newest_checkpoint
 
 
 def _cfg(**launch: object):
@@ -175,8 +176,25 @@ def test_only_checkpoints_with_a_well_formed_manifest_count(tmp_path: Path) -> N
             (root / name / f).write_bytes(b"x")
         if manifest:
             (root / name / "manifest.json").write_text(manifest)
-    assert [s for s, _ in checkpoints(tmp_path)] == [10, 20]
-    assert newest_checkpoint(tmp_path) == root / "step-20"
+    assert [s for s, _ in folders(root, "sizes")] == [20, 10]
+    assert newest(root, "sizes").path == root / "step-20"
+
+
+def test_the_viewer_and_the_supervisor_count_the_same_newest_checkpoint(tmp_path: Path) -> None:
+    """A newer step folder without a manifest (a copy still in progress) is the newest for no one:
+    the viewer's quick read once took any `step-<S>` folder."""
+    from tui.read.bulk import newest_checkpoint_dir
+
+    root = tmp_path / "checkpoints"
+    files = {n: {"sha256": "0" * 64, "bytes": 1} for n in ("model.pt", "optim.pt", "train.pt")}
+    for name in ("step-10", "step-20"):
+        (root / name).mkdir(parents=True)
+        for f in files:
+            (root / name / f).write_bytes(b"x")
+    (root / "step-10" / "manifest.json").write_text(json.dumps({"format": "mt-checkpoint", "version": 1, "files": files}))
+    shown = newest_checkpoint_dir(RunPaths(tmp_path))
+    assert shown is not None and (shown.step, shown.path) == (10, str(root / "step-10"))
+    assert newest(root, "sizes").path == root / "step-10"  # what the supervisor logs it restarts from
 
 
 def test_dir_watch_notices_a_deleted_or_replaced_run_dir(tmp_path: Path) -> None:

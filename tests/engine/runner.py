@@ -123,7 +123,7 @@ def final_weights(run: Path) -> dict[str, Any]:
     """The model state dict of a run's last final checkpoint, of either layout (full or sharded)."""
     import torch
 
-    from engine import sharded
+    from engine.checkpoint import sharded
 
     path = Path([c for c in events(run, "checkpoint") if c["reason"] == "final"][-1]["path"])
     if (path / "model.pt").exists():

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import checkpoint
+from engine.checkpoint import full, pick
+from engine.checkpoint.folder import hash_files
+from mt.contract import checkpoints
 
 from .runner import events, logs, make_run, run_engine
 
@@ -81,8 +83,8 @@ def test_pickle_payload_is_refused_and_never_runs(finished, tmp_path, monkeypatc
     data = (newest / "train.pt").read_bytes()
     manifest["files"]["train.pt"] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
     (newest / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(checkpoint.CheckpointError, match="weights_only"):
-        checkpoint.load(newest)
+    with pytest.raises(checkpoints.CheckpointError, match="weights_only"):
+        pick.load(newest)
     make_longer(finished)
     start = resume_and_get_start(finished)
     assert start["start_step"] == 6
@@ -108,7 +110,7 @@ def test_retention_keeps_the_newest_and_refuses_foreign_folders(tmp_path):
     foreign = run / "checkpoints/step-99"
     foreign.mkdir()
     (foreign / "manifest.json").write_text(json.dumps({"format": "something-else"}))
-    path, parts, skipped = checkpoint.find_latest(run / "checkpoints")
+    path, parts, skipped = pick.find_latest(run / "checkpoints")
     assert path.name == "step-10" and "not an mt-checkpoint" in skipped[0][1]
     assert parts["train.pt"]["step"] == 10 and isinstance(parts["train.pt"]["rng"][0]["numpy"][1], list)
     assert isinstance(parts["model.pt"]["tok_emb.weight"], torch.Tensor)
@@ -117,15 +119,15 @@ def test_retention_keeps_the_newest_and_refuses_foreign_folders(tmp_path):
 def test_a_symlinked_step_folder_is_never_a_checkpoint(finished, tmp_path):
     """checkpoints/step-99999 -> another run's checkpoint: not listed, not loaded, not shown."""
     from mt.paths import RunPaths
-    from tui.rundir import checkpoints, newest_checkpoint
-    from tui.state.runstate import newest_checkpoint_dir
+    from tui.read.bulk import newest_checkpoint_dir
 
     other = Path(shutil.copytree(finished / "checkpoints/step-9", tmp_path / "elsewhere/step-9"))
     (finished / "checkpoints/step-99999").symlink_to(other, target_is_directory=True)
-    path, _parts, skipped = checkpoint.find_latest(finished / "checkpoints")
+    path, _parts, skipped = pick.find_latest(finished / "checkpoints")
     assert path.name == "step-9" and skipped == []
-    assert [p.name for p in checkpoint.candidates(finished / "checkpoints")] == ["step-9", "step-6", "step-3"]
-    assert newest_checkpoint(finished).name == "step-9" and [s for s, _ in checkpoints(finished)] == [3, 6, 9]
+    assert [p.name for _, p in checkpoints.folders(finished / "checkpoints")] == ["step-9", "step-6", "step-3"]
+    listed = checkpoints.folders(finished / "checkpoints", "sizes")
+    assert checkpoints.newest(finished / "checkpoints", "sizes").path.name == "step-9" and [s for s, _ in listed] == [9, 6, 3]
     assert newest_checkpoint_dir(RunPaths(finished)).step == 9
     start = resume_and_get_start(finished)
     assert start["start_step"] == 9 and start["resumed_from"]["path"].endswith("step-9")
@@ -135,7 +137,7 @@ def _sharded_manifest(folder: Path) -> None:
     """Rewrite `folder`'s manifest as a sharded one listing every file in it (hashes matching)."""
     manifest = json.loads((folder / "manifest.json").read_text())
     names = sorted(p.name for p in folder.iterdir() if p.name != "manifest.json")
-    manifest.update(layout="sharded", files=checkpoint.hash_files(folder, names))
+    manifest.update(layout="sharded", files=hash_files(folder, names))
     (folder / "manifest.json").write_text(json.dumps(manifest))
 
 
@@ -199,21 +201,54 @@ def alarm():
 @pytest.mark.parametrize("how", DAMAGE)
 def test_a_structurally_bad_newest_checkpoint_is_not_intact_for_any_reader(tmp_path, how, alarm):
     from mt import space
-    from tui.rundir import checkpoints, intact_checkpoint
 
     (tmp_path / "run").mkdir()
     root = tmp_path / "run" / "checkpoints"
     parts = {"model.pt": {"w": torch.ones(64)}, "optim.pt": {}, "train.pt": {"step": 1}}
-    older = checkpoint.save(root, 1, parts, {}).path
-    newest = checkpoint.save(root, 2, {**parts, "train.pt": {"step": 2}}, {}).path
+    older = full.save(root, 1, parts, {}).path
+    newest = full.save(root, 2, {**parts, "train.pt": {"step": 2}}, {}).path
     (tmp_path / "elsewhere").mkdir()
     _damage(newest, how, tmp_path / "elsewhere")
-    with pytest.raises(checkpoint.CheckpointError) as err:
-        checkpoint.verify(newest)
+    with pytest.raises(checkpoints.CheckpointError) as err:
+        checkpoints.verify(newest)
     assert str(err.value).startswith(str(newest)) and "\n" not in str(err.value)
-    path, found, skipped = checkpoint.find_latest(root)  # the engine's resume
+    path, found, skipped = pick.find_latest(root)  # the engine's resume
     assert path == older and found["train.pt"]["step"] == 1 and [p for p, _ in skipped] == [newest]
-    assert intact_checkpoint(tmp_path / "run") == (older, [(newest, skipped[0][1].replace(f"{newest}/", "").replace(f"{newest}: ", ""))])
-    assert [p for _, p in checkpoints(tmp_path / "run")] == [older]  # the listing
-    room = space.plan_room(root, 3, 1, checkpoint.intact)  # the room planning judges by the intact one
+    found = checkpoints.newest(root)  # `mt resume`
+    assert (found.path, [(d.path, d.why) for d in found.damaged]) == (older, [(newest, skipped[0][1].replace(f"{newest}/", "").replace(f"{newest}: ", ""))])
+    assert [p for _, p in checkpoints.folders(root, "sizes")] == [older]  # the listing
+    room = space.plan_room(root, 3, 1)  # the room planning judges by the intact one
     assert room.needed == space.checkpoint_bytes(older) + space.SLACK_BYTES and space.checkpoint_bytes(newest) is None
+
+
+def test_a_corrupted_file_under_a_good_manifest_is_passed_over_by_resume_the_pick_and_room_planning(tmp_path, monkeypatch):
+    """One flipped byte (same size, wrong sha256): `mt resume`'s check, the engine's pick and the
+    room planning all judge by every byte, so none takes it for the newest intact checkpoint, and
+    `mt resume` refuses exactly when the engine would find nothing to continue from."""
+    from mt import space
+    from mt.paths import RunPaths
+    from tui.run.launch import ResumeError, resume_run
+
+    run = make_run(tmp_path)
+    root = RunPaths(run).checkpoints
+    parts = {"model.pt": {"w": torch.ones(64)}, "optim.pt": {}, "train.pt": {"step": 1}}
+    older = full.save(root, 1, parts, {}).path
+    newest = full.save(root, 2, {**parts, "train.pt": {"step": 2}}, {}).path
+    data = bytearray((newest / "model.pt").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (newest / "model.pt").write_bytes(bytes(data))
+    assert checkpoints.newest(root, "sizes").path == newest  # the listing checks sizes only: it still counts
+
+    path, _parts, skipped = pick.find_latest(root)  # the engine's pick
+    assert path == older and [p for p, _ in skipped] == [newest] and "model.pt: sha256 mismatch" in skipped[0][1]
+    found = checkpoints.newest(root)  # what `mt resume` checks
+    assert found.path == older and [(d.path, d.message) for d in found.damaged] == skipped
+    monkeypatch.setattr(space, "free_bytes", lambda path: 0)
+    room = space.plan_room(root, 3, 1)  # keep_last = 1 keeps the newest intact one: the older
+    assert room.prune_first == [newest] and not room.fits
+
+    shutil.rmtree(older)  # now the engine would start from step 0: `mt resume` refuses, naming why
+    assert pick.find_latest(root)[0] is None
+    with pytest.raises(ResumeError, match=r"no checkpoint is intact \(1 checked: step-2: model.pt: sha256 mismatch"):
+        resume_run(run)
+    assert not (run / "status.json").exists()  # nothing started

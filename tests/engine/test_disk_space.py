@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import checkpoint
+from engine.checkpoint import full, pick
 from mt import space
+from mt.contract import checkpoints
 from mt.space import DiskFullError
 from tests.tmpfs import resize, tmpfs
 
@@ -22,7 +23,7 @@ def parts(n: int) -> dict:
 
 
 def saved_steps(root: Path) -> list[int]:
-    return sorted(checkpoint.step_of(p) for p in checkpoint.candidates(root))
+    return sorted(s for s, _ in checkpoints.folders(root))
 
 
 @pytest.fixture
@@ -30,7 +31,7 @@ def three(tmp_path):
     """checkpoints/step-{1,2,3}, about 64 KiB each."""
     root = tmp_path / "checkpoints"
     for step in (1, 2, 3):
-        checkpoint.save(root, step, parts(32 * KIB), {})
+        full.save(root, step, parts(32 * KIB), {})
     return root
 
 
@@ -40,40 +41,40 @@ def with_free(monkeypatch, free: int) -> None:
 
 def test_room_enough_prunes_nothing(three, monkeypatch):
     with_free(monkeypatch, 10 * 1024 * KIB)
-    room = space.plan_room(three, 4, 2, checkpoint.intact)
+    room = space.plan_room(three, 4, 2)
     last = space.checkpoint_bytes(three / "step-3")
     assert room.fits and room.prune_first == [] and room.needed == last + space.SLACK_BYTES
 
 
 def test_tight_room_prunes_first_only_what_retention_would(three, monkeypatch):
     with_free(monkeypatch, 20 * KIB)  # far too little on its own; step-1 and step-2 give back enough
-    room = space.plan_room(three, 4, 2, checkpoint.intact)
+    room = space.plan_room(three, 4, 2)
     assert room.fits and [p.name for p in room.prune_first] == ["step-2", "step-1"] and room.kept == 1
-    saved = checkpoint.save_and_prune(three, 4, parts(32 * KIB), {}, keep_last=2)
+    saved = full.save_and_prune(three, 4, parts(32 * KIB), {}, keep_last=2)
     assert saved_steps(three) == [3, 4] and {p.name for p in saved.pruned} == {"step-1", "step-2"}
 
 
 def test_keep_last_one_never_prunes_the_newest_intact_first(three, monkeypatch):
     with_free(monkeypatch, 10 * KIB)
-    room = space.plan_room(three, 4, 1, checkpoint.intact)
+    room = space.plan_room(three, 4, 1)
     assert "step-3" not in [p.name for p in room.prune_first]
     monkeypatch.setattr(space, "SLACK_BYTES", 1024 * KIB)  # even all the older ones would not make room
     with pytest.raises(DiskFullError, match="keep_last = 1 keeps the newest intact checkpoint"):
-        checkpoint.save_and_prune(three, 4, parts(32 * KIB), {}, keep_last=1)
+        full.save_and_prune(three, 4, parts(32 * KIB), {}, keep_last=1)
     assert saved_steps(three) == [1, 2, 3]  # nothing deleted for a save that never happened
 
 
 def test_a_damaged_newest_is_no_reason_to_drop_the_intact_one(three, monkeypatch):
     (three / "step-3" / "model.pt").write_bytes(b"torn")
     with_free(monkeypatch, 10 * KIB)
-    room = space.plan_room(three, 4, 1, checkpoint.intact)
+    room = space.plan_room(three, 4, 1)
     assert "step-2" not in [p.name for p in room.prune_first]
 
 
 def test_no_room_even_after_pruning_raises_and_writes_nothing(three, monkeypatch):
     with_free(monkeypatch, 10 * KIB)
     with pytest.raises(DiskFullError) as err:
-        checkpoint.save_and_prune(three, 4, parts(32 * KIB), {}, keep_last=3)
+        full.save_and_prune(three, 4, parts(32 * KIB), {}, keep_last=3)
     message = str(err.value)
     assert message.startswith("disk full: no room for checkpoint step-4")
     assert "keep_last = 3 keeps 2 older checkpoints" in message and str(three) in message and "needs about" in message
@@ -83,17 +84,17 @@ def test_no_room_even_after_pruning_raises_and_writes_nothing(three, monkeypatch
 def test_disk_filling_mid_write_cleans_up_and_keeps_the_previous(tmp_path):
     with tmpfs("512k") as mnt:
         root = mnt / "checkpoints"
-        checkpoint.save(root, 1, parts(64 * KIB), {})
+        full.save(root, 1, parts(64 * KIB), {})
         # a much bigger checkpoint than the last one passes the check, then fills the disk
         with pytest.raises(DiskFullError) as err:
-            checkpoint.save_and_prune(root, 2, parts(1024 * KIB), {}, keep_last=3)
+            full.save_and_prune(root, 2, parts(1024 * KIB), {}, keep_last=3)
         message = str(err.value)
         assert message.startswith("disk full: no room for checkpoint step-2") and "written when the disk filled" in message
         assert f"filesystem {mnt}" in message and "free" in message and "inline_container" not in message
         assert not list(root.glob(".tmp-*")), "the half-written folder keeps the space"
         assert space.free_bytes(mnt) > 300 * KIB
-        checkpoint.verify(root / "step-1")
-        assert torch.equal(checkpoint.load(root / "step-1")["model.pt"]["w"], torch.ones(16 * KIB))
+        checkpoints.verify(root / "step-1")
+        assert torch.equal(pick.load(root / "step-1")["model.pt"]["w"], torch.ones(16 * KIB))
 
 
 def test_reserve_is_really_allocated(tmp_path):
@@ -140,7 +141,7 @@ def test_fsdp_checkpoint_skipped_for_a_full_disk_trains_on_to_the_end():
         assert events(run, "run_end")[-1]["status"] == "completed"
         text = logs(run)
         assert "checkpoint (interval) step 4 skipped: disk full" in text and "Traceback" not in text
-        checkpoint.verify(run / "checkpoints/step-8")
+        checkpoints.verify(run / "checkpoints/step-8")
 
 
 @pytest.fixture
@@ -156,7 +157,7 @@ def world_of_one():
 def test_disk_filling_during_a_sharded_write_is_disk_full(world_of_one, background):
     # issue #22 item 18: DCP gathers the ENOSPC into a CheckpointException; it was reported as
     # checkpoint_failed (and a blocking write ended the run) instead of disk_full
-    from engine import sharded
+    from engine.checkpoint import sharded
     with tmpfs("1m") as mnt:
         root = mnt / "checkpoints"
         def save(step: int, n: int) -> sharded.Pending:
@@ -169,5 +170,5 @@ def test_disk_filling_during_a_sharded_write_is_disk_full(world_of_one, backgrou
         failed = save(2, 512 * KIB)  # 2 MiB: passes the check (step-1's size), then fills the disk
         assert isinstance(failed.error, DiskFullError), repr(failed.error)
         assert str(failed.error).startswith("disk full: no room for checkpoint step-2") and f"filesystem {mnt}" in str(failed.error)
-        assert not list(root.glob(".tmp-*")) and [p.name for p in checkpoint.candidates(root)] == ["step-1"]
-        checkpoint.verify(root / "step-1")
+        assert not list(root.glob(".tmp-*")) and [p.name for _, p in checkpoints.folders(root)] == ["step-1"]
+        checkpoints.verify(root / "step-1")

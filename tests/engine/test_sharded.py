@@ -13,9 +13,10 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from engine import checkpoint, sharded
+from engine.checkpoint import folder, full, pick, sharded
 from engine.weights import read_state
-from mt.ckptfile import CheckpointError
+from mt.contract import checkpoints
+from mt.contract.checkpoints import CheckpointError
 
 from .runner import SMALL, events, final_weights, finish, logs, make_run, merge, run_engine, start, steps_by_attempt
 
@@ -125,17 +126,17 @@ class _Marker:
 def test_hostile_metadata_and_byte_items_are_refused_and_run_nothing(tmp_path):
     marker = tmp_path / "ran"
     root = tmp_path / "checkpoints"
-    older = checkpoint.save(root, 1, {"model.pt": {"w": torch.ones(2)}, "optim.pt": {}, "train.pt": {"step": 1}}, {})
+    older = full.save(root, 1, {"model.pt": {"w": torch.ones(2)}, "optim.pt": {}, "train.pt": {"step": 1}}, {})
     # a newer "sharded" checkpoint whose manifest is consistent (an attacker rewrites it too)
     # but whose .metadata calls os.system when unpickled
-    tmp = checkpoint.begin(root, 2)
+    tmp = folder.begin(root, 2)
     (tmp / ".metadata").write_bytes(pickle.dumps(_Marker(marker)))
 
-    def write(folder: Path) -> dict:
-        return {**checkpoint.write_parts(folder, {"train.pt": {"step": 2}}), **checkpoint.hash_files(folder, [".metadata"])}
+    def write(into: Path) -> dict:
+        return {**full.write_parts(into, {"train.pt": {"step": 2}}), **folder.hash_files(into, [".metadata"])}
 
-    checkpoint.commit(root, 2, tmp, write, {"layout": "sharded"})
-    path, parts, skipped = checkpoint.find_latest(root)
+    folder.commit(root, 2, tmp, write, {"layout": "sharded"})
+    path, parts, skipped = pick.find_latest(root)
     assert path == older.path and parts["model.pt"]["w"].sum() == 2
     [(where, why)] = skipped
     assert where.name == "step-2" and "refused by the metadata unpickler" in why and "posix.system" in why
@@ -153,17 +154,17 @@ def test_hostile_metadata_and_byte_items_are_refused_and_run_nothing(tmp_path):
 
     # the same files as a newest checkpoint whose hashes match: passed over while choosing (an
     # incident, the older one used), never a failed collective load that ends the run
-    tmp = checkpoint.begin(root, 3)
+    tmp = folder.begin(root, 3)
     for f in real.iterdir():
         shutil.copy(f, tmp / f.name)
 
-    def write_real(folder: Path) -> dict:
-        names = sorted(p.name for p in folder.iterdir())
-        return {**checkpoint.write_parts(folder, {"train.pt": {"step": 3}}), **checkpoint.hash_files(folder, names)}
+    def write_real(into: Path) -> dict:
+        names = sorted(p.name for p in into.iterdir())
+        return {**full.write_parts(into, {"train.pt": {"step": 3}}), **folder.hash_files(into, names)}
 
-    checkpoint.commit(root, 3, tmp, write_real, {"layout": "sharded"})
-    checkpoint.verify(root / "step-3")
-    path, _parts, skipped = checkpoint.find_latest(root)
+    folder.commit(root, 3, tmp, write_real, {"layout": "sharded"})
+    checkpoints.verify(root / "step-3")
+    path, _parts, skipped = pick.find_latest(root)
     assert path == older.path and [p.name for p, _ in skipped] == ["step-3", "step-2"]
     assert "item evil: refused by weights_only load" in skipped[0][1] and not marker.exists()
 

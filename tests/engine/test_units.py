@@ -14,7 +14,7 @@ import engine
 from engine.data import GlobalOrderSampler
 from engine.optim import lr_at
 from mt.config import TrainConfig
-from mt.resume import ResumeRefused, plan
+from mt.contract.attempt import ResumeRefused, plan
 
 from .runner import events, make_run, start, wait_for
 
@@ -96,8 +96,8 @@ def test_second_signal_exits_at_once(tmp_path):
 
 def test_attempt_config_is_derived_in_one_place():
     """A 2-rank run with faults aimed at rank 1 resumes on 1 rank; grad_accum_steps is what the engine will run."""
+    from mt.contract.attempt import attempt_config
     from mt.preset import config_from_dict
-    from mt.resume import attempt_config
 
     raw = {"run": {"name": "t"}, "launch": {"nproc_per_node": 2, "device": "cpu"},
            "train": {"micro_batch_size": 4, "grad_accum_steps": 2, "max_steps": 40},

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from mt.contract.checkpoints import reported
 from mt.records import Metrics, Rejected, Step, parse_event
-from mt.resume import reported_checkpoint
 from tests.cli.conftest import events, mt, status, wait_for
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -172,8 +172,8 @@ def test_the_newest_reported_checkpoint_that_still_exists_is_found_reading_backw
             lines.append(json.dumps({"v": 1, "t": 1.8e9, "kind": "checkpoint", "step": step, "path": str(path), "reason": "script"}))
     lines.append('{"kind": "checkpoint", "torn')
     (tmp_path / "events.jsonl").write_text("\n".join(lines))
-    assert reported_checkpoint(tmp_path / "events.jsonl", chunk) == tmp_path / "ck20.pt"
-    assert reported_checkpoint(tmp_path / "missing.jsonl") is None
+    assert reported(tmp_path / "events.jsonl", chunk) == tmp_path / "ck20.pt"
+    assert reported(tmp_path / "missing.jsonl") is None
 
 
 def test_mt_kill_ends_a_run_that_mt_init_made_without_a_supervisor(tmp_path: Path) -> None:

@@ -159,7 +159,13 @@ def test_quick_state_window_takes_run_start_from_the_head_and_checkpoint_from_di
                     reason="interval", request_id=None)
     r.flush()
     r.status("running")
-    (tmp_path / "checkpoints" / "step-10").mkdir(parents=True)
+    folder = tmp_path / "checkpoints" / "step-10"
+    folder.mkdir(parents=True)
+    (tmp_path / "checkpoints" / "step-20").mkdir()  # no manifest (a copy in progress): no checkpoint for any reader
+    files = {n: {"sha256": "0" * 64, "bytes": 1} for n in ("model.pt", "optim.pt", "train.pt")}
+    for name in files:
+        (folder / name).write_bytes(b"x")
+    (folder / "manifest.json").write_text(json.dumps({"format": "mt-checkpoint", "version": 1, "files": files}))
     monkeypatch.setattr(scan, "QUICK_SCAN_BYTES", 2000)
     q, _ = quick_state(tmp_path, tail_bytes=2000)
     ref = reference(tmp_path).state

@@ -12,6 +12,7 @@ from typing import Iterator
 
 import numpy as np
 
+from mt.contract.checkpoints import newest
 from mt.jsonl import MAX_LINE_BYTES, next_newline, read_json
 from mt.paths import RunPaths
 from mt.records import Record, Rejected, RunStart, Step, parse_event
@@ -19,7 +20,7 @@ from tui.read import BULK_MIN_BYTES
 from tui.read.cache import has_cache, load_cache, save_cache
 from tui.read.columns import _NONSTEP, _STEP, CHUNK, COLS, Columns, ColumnScanner
 from tui.read.index import index_end, load_index
-from tui.state.runstate import BulkResult, RunSeries, RunState, new_state, newest_checkpoint_dir, reduce_event, reduce_step
+from tui.state.runstate import BulkResult, CheckpointInfo, RunSeries, RunState, new_state, reduce_event, reduce_step
 
 QUICK_TAIL_BYTES = 2 << 20       # steps a quick read parses (~5000 step lines)
 QUICK_SCAN_BYTES = 16 << 20      # how far back a quick read looks for other events (~40k steps)
@@ -180,6 +181,18 @@ def _quick(run_dir: Path, tail_bytes: int | None, keep_series: bool) -> tuple[Ru
     if state.last_checkpoint is None and win_start > 0:
         state.last_checkpoint = newest_checkpoint_dir(paths)
     return state, end, series
+
+
+def newest_checkpoint_dir(paths: RunPaths) -> CheckpointInfo | None:
+    """The newest checkpoint on disk whose manifest and sizes check out, as every listing counts
+    it (for a quick read that saw no checkpoint event)."""
+    found = newest(paths.checkpoints, "sizes")
+    if found.path is None or found.step is None:
+        return None
+    try:
+        return CheckpointInfo(step=found.step, path=str(found.path), t=found.path.stat().st_mtime)
+    except OSError:
+        return None
 
 
 def _line_start(path: Path, offset: int) -> int:

@@ -14,16 +14,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from mt import ckptfile, fmt, space
+from mt import fmt, space
 from mt.config import Config, ConfigError
-from mt.jsonl import read_json, write_json_atomic
+from mt.contract.attempt import ResumeRefused, attempt_config
+from mt.contract.checkpoints import newest, reported
+from mt.jsonl import write_json_atomic
 from mt.paths import RunPaths, new_run_dir
 from mt.preset import check_paths, config_from_dict, load_config_json, load_preset, script_run_name, write_script_preset
-from mt.resume import ResumeRefused, attempt_config, reported_checkpoint
 from mt.toolchain import cxx_problem
 from tui.run import lock as runlock
 from tui.run import usercheck
-from tui.rundir import intact_checkpoint, liveness, read_status, require_run_dir
+from tui.rundir import liveness, read_status, require_run_dir
 
 
 class LaunchError(RuntimeError):
@@ -308,16 +309,6 @@ def resume_run(run_dir: Path, nproc: int | None = None, from_scratch: bool = Fal
         os.close(lock)
 
 
-def _no_checkpoint(run_dir: Path, damaged: list[tuple[Path, str]]) -> str:
-    """The one line for a resume with nothing intact to resume from."""
-    if not damaged:
-        why = "no checkpoint to resume from (checkpoints/ is empty)"
-    else:
-        shown = "; ".join(f"{p.name}: {why}" for p, why in damaged[:3]) + ("; ..." if len(damaged) > 3 else "")
-        why = f"no checkpoint is intact ({len(damaged)} checked: {shown}); nothing was started or deleted"
-    return f"{run_dir}: {why}; `mt resume --from-scratch` starts again from step 0"
-
-
 def _resume_locked(run_dir: Path, nproc: int | None, lock: int, from_scratch: bool) -> None:
     paths = RunPaths(run_dir)
     status = read_status(run_dir)
@@ -338,27 +329,28 @@ def _resume_locked(run_dir: Path, nproc: int | None, lock: int, from_scratch: bo
     if cfg.launch.script:
         _resume_script(run_dir, cfg, status, nproc, lock, from_scratch)
         return
-    ckpt, damaged = intact_checkpoint(run_dir)  # sha256 of the files: the engine rereads them from the page cache
-    if ckpt is None and not from_scratch:
-        raise ResumeError(_no_checkpoint(run_dir, damaged))
+    # as the engine picks (every file's sha256): refused exactly when it would find nothing to continue from
+    found = newest(paths.checkpoints, "sha256")
+    if found.path is None and not from_scratch:
+        left = "; nothing was started or deleted" if found.damaged else ""
+        raise ResumeError(f"{run_dir}: {found.why_none()}{left}; `mt resume --from-scratch` starts again from step 0")
     _check_room(paths, cfg.checkpoint.keep_last)
-    manifest = read_json(ckpt / "manifest.json") if ckpt else {}
     try:
-        new = attempt_config(cfg, manifest if isinstance(manifest, dict) else {}, nproc)
+        new = attempt_config(cfg, found.manifest, nproc)
     except (ConfigError, ResumeRefused) as e:
         raise ResumeError(f"{run_dir}: {e}") from None
     new = _resume_token_cache(run_dir, new)
     if new != cfg:
         cfg = new
         _write_or_refuse(paths, paths.config, cfg.to_dict())
-    _start_attempt(paths, status, f"resuming from {ckpt.name}" if ckpt else "starting again from step 0 (--from-scratch)",
+    _start_attempt(paths, status, f"resuming from {found.path.name}" if found.path else "starting again from step 0 (--from-scratch)",
                    cfg.launch.nproc_per_node, lock)
 
 
 def _resume_script(run_dir: Path, cfg: Config, status: dict, nproc: int | None, lock: int, from_scratch: bool) -> None:
     """A script's run goes on from the newest checkpoint it reported (`run.checkpoint_saved`)."""
     paths = RunPaths(run_dir)
-    ckpt = reported_checkpoint(paths.events)
+    ckpt = reported(paths.events)
     if ckpt is None and not from_scratch:
         raise ResumeError(f"{run_dir}: no checkpoint to resume from (the script never reported one with "
                           f"run.checkpoint_saved, or the files it named are gone)")
@@ -385,7 +377,7 @@ def _check_room(paths: RunPaths, keep_last: int) -> None:
     # no process of the run is alive (checked before): a writer's leftovers are only garbage
     space.clean_temporaries(paths.checkpoints)
     reserve = 0 if paths.reserve.exists() else space.RESERVE_BYTES  # the supervisor makes it first
-    room = space.plan_room(paths.checkpoints, None, keep_last, ckptfile.intact, reserve)
+    room = space.plan_room(paths.checkpoints, None, keep_last, reserve)
     if room.fits or room.free is None or room.needed is None:
         return
     gained = sum(space.disk_usage(p) for p in room.prune_first)

@@ -26,6 +26,7 @@ from typing import Any, Iterable
 
 from mt import fmt, space
 from mt.config import Config
+from mt.contract.checkpoints import newest
 from mt.events import dumps
 from mt.jsonl import write_json_atomic
 from mt.paths import RunPaths
@@ -36,7 +37,7 @@ from tui.run import lock as runlock
 from tui.run.procs import daemonize, die_with_parent, kill_all, rank_processes, run_processes, terminate_all
 from tui.run.sampler import SystemSampler
 from tui.run.torchrun import attempt_command, is_direct, worker_env, worker_exit_code
-from tui.rundir import newest_checkpoint, read_status
+from tui.rundir import read_status
 
 
 class IncidentHook:
@@ -185,9 +186,8 @@ class Supervisor:
                     return self.finish("failed", 1, exit_code=rc, reason=reason)
                 if restarts_left > 0:
                     restarts_left -= 1
-                    ckpt = newest_checkpoint(self.run_dir)
-                    self.log.info("attempt %d failed (%s); restarting from %s (%d restarts left)",
-                                  attempt, reason, ckpt or "the beginning", restarts_left)
+                    self.log.info("attempt %d failed (%s); restarting from %s (%d restarts left)", attempt, reason,
+                                  newest(self.paths.checkpoints, "sizes").path or "the beginning", restarts_left)
                     self.status["restarts_left"] = restarts_left
                     attempt += 1
                     continue

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from mt.events import EXIT_CODES, FAILURE_CODES, FINAL_STATES, RUN_STATES, as_float
 from mt.jsonl import read_json
-from mt.paths import RunPaths, checkpoint_dirs
+from mt.paths import RunPaths
 from mt.records import Checkpoint, Control, Eval, Metrics, Record, RunEnd, RunStart, Step
 from mt.records import Incident as IncidentRecord
 
@@ -269,18 +269,6 @@ class BulkResult:
     ino: int
     from_cache: int     # of which came from an index or cache
     cached: bool        # a cache was written
-
-
-def newest_checkpoint_dir(paths: RunPaths) -> CheckpointInfo | None:
-    """The newest `step-<S>` folder on disk (for a quick read that saw no checkpoint event)."""
-    found = checkpoint_dirs(paths.checkpoints)
-    if not found:
-        return None
-    step, folder = found[0]
-    try:
-        return CheckpointInfo(step=step, path=str(folder), t=folder.stat().st_mtime, reason="")
-    except OSError:
-        return None
 
 
 def new_state(run_dir: Path) -> RunState:

@@ -1,18 +1,20 @@
-"""What makes a checkpoint folder intact: its manifest's format, and each file's size and sha256.
+"""Checkpoint folders: their names, the one listing, the manifest, the one verification, the newest.
 
-Stdlib only: the engine checks before it loads, `mt resume` before it starts anything, the room
-planning and the listing too, all through `verify`. Two layouts: "full" (model.pt, optim.pt,
-train.pt) and "sharded" (train.pt beside the files of torch.distributed.checkpoint: `.metadata`
-and one `__<rank>_0.distcp` per writing rank).
+Stdlib only: the engine's pick, its room planning, `mt resume`, the supervisor and the viewers
+all read checkpoint folders and manifest.json through here. Two layouts: "full" (model.pt,
+optim.pt, train.pt) and "sharded" (train.pt beside the files of torch.distributed.checkpoint:
+`.metadata` and one `__<rank>_0.distcp` per writing rank).
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import re
 import stat
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Literal
 
 from mt.events import JSON_ERRORS
 
@@ -24,6 +26,11 @@ LAYOUTS = {"full": FILES, "sharded": SHARDED_FILES}
 # one entry per file, one shard file per writing rank: far below this even on thousands of ranks
 MAX_MANIFEST_BYTES = 16 << 20
 _BLOCK = 1 << 20
+_FOLDER = re.compile(r"^step-(\d+)$")
+
+Verified = Literal["sizes", "sha256"]
+"""How much a reader checks: "sizes" (the manifest and each file's size: listings, cheap) or
+"sha256" (also every byte: what the engine continues from)."""
 
 
 class CheckpointError(ValueError):
@@ -48,7 +55,7 @@ def _open_regular(path: Path, what: str) -> tuple[int, int]:
     return fd, st.st_size
 
 
-def _read_manifest(path: Path) -> dict[str, Any]:
+def read_manifest(path: Path) -> dict[str, Any]:
     """The manifest's structure checked: format, version, layout, and {name: {sha256, bytes}} files."""
     try:
         fd, size = _open_regular(path / "manifest.json", f"{path}/manifest.json")
@@ -99,7 +106,7 @@ def verify(path: Path, hashes: bool = True) -> dict[str, Any]:
     what is wrong. `hashes=False`: sizes only, no file read (listings)."""
     path = Path(path)
     try:
-        manifest = _read_manifest(path)
+        manifest = read_manifest(path)
         listed = manifest["files"]
         if manifest["layout"] == "sharded":  # every file DCP wrote is listed, and nothing else lies beside them
             unlisted = sorted({p.name for p in path.iterdir()} - set(listed) - {"manifest.json"})
@@ -153,3 +160,112 @@ def listed_bytes(path: Path) -> int | None:
         return sum(f["bytes"] for f in verify(path, hashes=False)["files"].values())
     except CheckpointError:
         return None
+
+
+def folder_name(step: int) -> str:
+    """The name of checkpoint `step`'s folder."""
+    return f"step-{step}"
+
+
+def step_of(name: str) -> int | None:
+    """The step of a checkpoint folder name (`step-<S>`), None for any other name."""
+    m = _FOLDER.match(name)
+    return int(m.group(1)) if m else None
+
+
+def folders(root: Path, verified: Verified | None = None) -> list[tuple[int, Path]]:
+    """(step, folder) of every `step-<S>` folder under root, newest first: the one listing.
+
+    Real folders only: a symlink (it could point at another run's checkpoint) or a misnamed
+    folder is never a checkpoint. `verified`: only the folders that pass `verify` at that level.
+    """
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return []
+    found = []
+    for entry in entries:
+        step = step_of(entry.name)
+        try:
+            if step is not None and entry.is_dir(follow_symlinks=False):
+                found.append((step, Path(entry.path)))
+        except OSError:
+            continue
+    found.sort(reverse=True)
+    return found if verified is None else [(s, p) for s, p in found if intact(p, verified == "sha256")]
+
+
+@dataclass(frozen=True)
+class Damaged:
+    """A checkpoint folder passed over, and `CheckpointError`'s message (naming the folder)."""
+
+    path: Path
+    message: str
+
+    @property
+    def why(self) -> str:
+        """The message without the folder's own path (for a line that names the folder already)."""
+        return self.message.replace(f"{self.path}/", "").replace(f"{self.path}: ", "")
+
+
+@dataclass(frozen=True)
+class Newest:
+    """The newest checkpoint that verifies (None: none does), its manifest, and each newer one that did not."""
+
+    path: Path | None
+    manifest: dict[str, Any] = field(default_factory=dict)
+    damaged: list[Damaged] = field(default_factory=list)
+
+    @property
+    def step(self) -> int | None:
+        return step_of(self.path.name) if self.path else None
+
+    def why_none(self) -> str:
+        """Why there is none, in one line naming the first three folders passed over and why."""
+        if not self.damaged:
+            return "no checkpoint to resume from (checkpoints/ is empty)"
+        shown = "; ".join(f"{d.path.name}: {d.why}" for d in self.damaged[:3]) + ("; ..." if len(self.damaged) > 3 else "")
+        return f"no checkpoint is intact ({len(self.damaged)} checked: {shown})"
+
+
+def newest(root: Path, verified: Verified = "sha256", check: Callable[[Path, dict[str, Any]], None] | None = None) -> Newest:
+    """The newest checkpoint under root that passes `verify` at that level (and `check`, which may
+    raise CheckpointError: the engine's load), newest step first."""
+    damaged = []
+    for _, path in folders(root):
+        try:
+            manifest = verify(path, hashes=verified == "sha256")
+            if check is not None:
+                check(path, manifest)
+            return Newest(path, manifest, damaged)
+        except CheckpointError as e:
+            damaged.append(Damaged(path, str(e)))
+    return Newest(None, {}, damaged)
+
+
+def reported(events: Path, chunk: int = 1 << 20) -> Path | None:
+    """The newest checkpoint a `checkpoint` event names that still exists (a script's own format,
+    or an engine folder): events.jsonl read backwards, so a long run costs only its tail."""
+    from mt.records import Checkpoint, parse_event  # the typed parser: only for a script's run
+
+    try:
+        f = open(events, "rb")
+    except OSError:
+        return None
+    with f:
+        end = f.seek(0, 2)
+        tail = b""
+        while end > 0:
+            start = max(0, end - chunk)
+            f.seek(start)
+            data = f.read(end - start) + tail
+            end = start
+            lines = data.split(b"\n")
+            tail = lines.pop(0) if start > 0 else b""  # may be the end of a line that starts before
+            for line in reversed(lines):
+                if b'"checkpoint"' not in line:
+                    continue
+                rec = parse_event(line)
+                if isinstance(rec, Checkpoint) and rec.path and os.path.exists(rec.path):
+                    return Path(rec.path)
+    return None

@@ -1,12 +1,10 @@
-"""Deciding how a new attempt continues from a checkpoint, possibly on another world size.
+"""The config a new attempt runs with: how it continues from a checkpoint on another world size.
 
-Stdlib only: `mt resume` derives the attempt's config with the same plan the engine follows.
+Stdlib only: `mt resume` derives the attempt's config with the same `plan` the engine follows.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from mt.config import Config
@@ -72,31 +70,3 @@ def attempt_config(cfg: Config, manifest: dict[str, Any], nproc: int | None = No
         how = plan(before, world, micro, cfg.train.grad_accum_steps, cfg.train.allow_batch_change)
         raw["train"]["grad_accum_steps"] = how.grad_accum_steps
     return config_from_dict(raw, "--nproc" if nproc is not None else "config.json")
-
-
-def reported_checkpoint(events: Path, chunk: int = 1 << 20) -> Path | None:
-    """The newest checkpoint a `checkpoint` event names that still exists (a script's own format,
-    or an engine folder): events.jsonl read backwards, so a long run costs only its tail."""
-    from mt.records import Checkpoint, parse_event
-
-    try:
-        f = open(events, "rb")
-    except OSError:
-        return None
-    with f:
-        end = f.seek(0, 2)
-        tail = b""
-        while end > 0:
-            start = max(0, end - chunk)
-            f.seek(start)
-            data = f.read(end - start) + tail
-            end = start
-            lines = data.split(b"\n")
-            tail = lines.pop(0) if start > 0 else b""  # may be the end of a line that starts before
-            for line in reversed(lines):
-                if b'"checkpoint"' not in line:
-                    continue
-                rec = parse_event(line)
-                if isinstance(rec, Checkpoint) and rec.path and os.path.exists(rec.path):
-                    return Path(rec.path)
-    return None

@@ -1,7 +1,7 @@
 """The run's checkpoints as the loop sees them: `save(reason, ...)` at a step, `collect()` between steps.
 
-It writes full (engine/checkpoint.py, rank 0) or sharded (engine/sharded.py, every rank; in the
-background with checkpoint.async) and reports each one itself: the `checkpoint` event with the
+It writes full (full.py, rank 0) or sharded (sharded.py, every rank; in the background with
+checkpoint.async) and reports each one itself: the `checkpoint` event with the
 time the loop waited, the answers to the requests it served, and an incident for a full disk or a
 background write that failed (never a half checkpoint: that one is removed, never renamed).
 """
@@ -13,11 +13,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from engine import checkpoint, parallel, sharded
+from engine import parallel
+from engine.checkpoint import folder, full, sharded
 from engine.dist import DistEnv, log, report_failure
 from engine.faults import Faults
 from mt.anomaly import checkpoint_failed_incident, disk_full_incident
 from mt.config import Config
+from mt.contract import checkpoints
 from mt.inbox import ControlInbox, Request
 from mt.paths import RunPaths
 from mt.space import DiskFullError
@@ -38,7 +40,7 @@ class Checkpointer:
         self.collect(wait=True)  # at most one write in flight: the previous one finishes first
         t0 = time.perf_counter()
         step = position["step"]
-        rng = rng_override or checkpoint.capture_rng(self.env.device)
+        rng = rng_override or full.capture_rng(self.env.device)
         rngs: list[Any] = [None] * self.env.world_size
         dist.all_gather_object(rngs, rng)
         train_state = {**position, "rng": rngs}
@@ -55,7 +57,7 @@ class Checkpointer:
                     "train.pt": train_state,
                 }
                 try:
-                    saved = checkpoint.save_and_prune(self.paths.checkpoints, step, parts, meta, self.cfg.checkpoint.keep_last,
+                    saved = full.save_and_prune(self.paths.checkpoints, step, parts, meta, self.cfg.checkpoint.keep_last,
                                                       self.faults.in_checkpoint(step))
                 except DiskFullError as e:
                     self._report_disk_full(e, step, reason, reqs)
@@ -76,7 +78,7 @@ class Checkpointer:
 
     def _save_sharded(self, step: int, reason: str, reqs: list[Request], train_state: dict[str, Any], meta: dict[str, Any],
                       t0: float) -> None:
-        """Every rank writes its shards (engine/sharded.py); blocking, or in the background with checkpoint.async."""
+        """Every rank writes its shards (sharded.py); blocking, or in the background with checkpoint.async."""
         if self.writer is None:
             self.writer = sharded.ShardedWriter(self.paths.checkpoints, self.cfg.checkpoint.keep_last, self.env.is_main,
                                                 self.cfg.checkpoint.async_)
@@ -114,7 +116,7 @@ class Checkpointer:
         self.events.emit("incident", **checkpoint_failed_incident(p.step, why, last, reason, self.paths.checkpoints))
         self._reject(reqs, why)
 
-    def _report_saved(self, saved: checkpoint.Saved, step: int, reason: str, reqs: list[Request], blocking_s: float) -> None:
+    def _report_saved(self, saved: folder.Saved, step: int, reason: str, reqs: list[Request], blocking_s: float) -> None:
         """Rank 0: the checkpoint event (written and renamed into place) and the answers to its requests."""
         waited = min(blocking_s, saved.seconds)
         self.events.emit("checkpoint", step=step, path=str(saved.path), bytes=saved.bytes, seconds=round(saved.seconds, 4),
@@ -134,8 +136,8 @@ class Checkpointer:
         self._reject(reqs, str(e))
 
     def _newest(self) -> str:
-        newest = checkpoint.candidates(self.paths.checkpoints)
-        return f"the newest checkpoint stays {newest[0].name}" if newest else "there is no checkpoint yet"
+        newest = checkpoints.newest(self.paths.checkpoints, "sizes").path  # hashes: a reread of every byte
+        return f"the newest checkpoint stays {newest.name}" if newest else "there is no checkpoint yet"
 
     def _reject(self, reqs: list[Request], why: str) -> None:
         """Checkpoint requests this failed write would have answered (a stop still stops)."""

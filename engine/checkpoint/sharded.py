@@ -35,8 +35,10 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from engine import checkpoint
-from engine.checkpoint import CheckpointError, Saved
+from engine.checkpoint import folder, full
+from engine.checkpoint.folder import Saved
+from mt.contract.checkpoints import CheckpointError
+from mt.space import DiskFullError
 
 # What a real .metadata pickles (read off one written by fully_shard + AdamW, see
 # tests/engine/test_sharded.py): DCP's metadata dataclasses, torch.Size, dtypes, the layout helper.
@@ -206,7 +208,7 @@ class ShardedWriter:
 
     Rank 0 picks the temporary folder and makes room; every rank writes its shards through DCP;
     when all have, rank 0 adds train.pt, hashes every file into the manifest and renames the
-    folder into place (engine/checkpoint.py `commit`), then prunes."""
+    folder into place (folder.py `commit`), then prunes."""
 
     def __init__(self, root: Path, keep_last: int, is_main: bool, background: bool) -> None:
         self.root, self.keep_last, self.is_main, self.background = root, keep_last, is_main, background
@@ -229,12 +231,12 @@ class ShardedWriter:
         `t0`: when the loop began to save (the times reported count from it)."""
         t0 = time.perf_counter() if t0 is None else t0
         decision: list[Any] = [None, None]
-        full: checkpoint.DiskFullError | None = None
+        full: DiskFullError | None = None
         if self.is_main:
             try:
-                room = checkpoint.make_room(self.root, step, self.keep_last)
-                decision = [str(checkpoint.begin(self.root, step)), room.needed]
-            except checkpoint.DiskFullError as e:
+                room = folder.make_room(self.root, step, self.keep_last)
+                decision = [str(folder.begin(self.root, step)), room.needed]
+            except DiskFullError as e:
                 full = e  # stays on rank 0, which reports it: the others need only "skip"
         dist.broadcast_object_list(decision, src=0)
         if decision[0] is None:
@@ -274,14 +276,14 @@ class ShardedWriter:
             try:
                 p.future.result()
             except FAILED as e:  # the temporary folder goes; the error is reported
-                raise checkpoint.discard(tmp, self.root, p.step, e, needed) from e
+                raise folder.discard(tmp, self.root, p.step, e, needed) from e
 
-            def write(folder: Path) -> dict[str, Any]:
-                files = checkpoint.write_parts(folder, {"train.pt": train_state}, after_file)
-                return {**files, **checkpoint.hash_files(folder, sorted(n.name for n in folder.iterdir() if n.name != "train.pt"))}
+            def write(into: Path) -> dict[str, Any]:
+                files = full.write_parts(into, {"train.pt": train_state}, after_file)
+                return {**files, **folder.hash_files(into, sorted(n.name for n in into.iterdir() if n.name != "train.pt"))}
 
-            saved = checkpoint.commit(self.root, p.step, tmp, write, {**meta, "layout": "sharded"}, needed, p.t0)
-            saved.pruned = checkpoint.prune(self.root, self.keep_last, saved.path)
+            saved = folder.commit(self.root, p.step, tmp, write, {**meta, "layout": "sharded"}, needed, p.t0)
+            saved.pruned = folder.prune(self.root, self.keep_last, saved.path)
             p.saved = saved
         except BaseException as e:  # noqa: BLE001 - handed to the loop, which reports it
             p.error = e if isinstance(e, Exception) else RuntimeError(_first_line(e))

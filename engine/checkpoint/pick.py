@@ -1,0 +1,100 @@
+"""Where an attempt continues: rank 0 picks the newest checkpoint that verifies and loads (either
+layout), every rank gets the same copy."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from engine.checkpoint import full, sharded
+from engine.dist import DistEnv, log
+from mt import space
+from mt.contract import checkpoints
+from mt.paths import RunPaths
+
+
+def find_checkpoint(paths: RunPaths, env: DistEnv, events: Any, where: torch.device) -> tuple[str, dict[str, Any], list[tuple[str, str]]] | None:
+    """(path, parts, skipped) of the checkpoint this attempt resumes from, on every rank, its tensors
+    on `where`; None: a fresh start.
+
+    Rank 0 removes a dead writer's temporaries, skips damaged checkpoints (one `checkpoint_skipped`
+    incident each) and tells the others which one it chose (a collective)."""
+    found: list[Any] = [None, [], None, None]
+    parts = None
+    if env.is_main:
+        space.clean_temporaries(paths.checkpoints)
+        path, parts, skipped, manifest = _latest(paths.checkpoints, where)
+        found = [str(path) if path else None, [(str(p), why) for p, why in skipped], path.name if path else None,
+                 manifest["files"] if path else None]
+        for p, why in skipped:
+            log(f"skipping checkpoint {p}: {why}")
+            events.emit("incident", step=0, code="checkpoint_skipped", severity="warn", title="Checkpoint skipped on resume",
+                        detail=why, advice="The newest intact checkpoint is used instead; inspect or delete the damaged folder.",
+                        evidence={"path": str(p)})
+    dist.broadcast_object_list(found, src=0)
+    if found[0] is None:
+        return None
+    return found[0], _share(paths.checkpoints / found[2], found[3], parts, env, where), found[1]
+
+
+def find_latest(root: Path, map_location: torch.device | str = "cpu") -> tuple[Path | None, dict[str, Any] | None, list[tuple[Path, str]]]:
+    """The newest checkpoint that verifies and loads, its parts, and (folder, reason) for each one skipped."""
+    path, parts, skipped, _ = _latest(root, map_location)
+    return path, parts, skipped
+
+
+def _latest(root: Path, where: torch.device | str) -> tuple[Path | None, dict[str, Any] | None, list[tuple[Path, str]], dict[str, Any]]:
+    loaded: dict[str, Any] = {}
+
+    def loads(path: Path, manifest: dict[str, Any]) -> None:  # a part weights_only refuses: skipped, as a damaged one
+        loaded.update(_load(path, manifest["layout"], where))
+
+    found = checkpoints.newest(root, "sha256", loads)
+    return found.path, loaded if found.path else None, [(d.path, d.message) for d in found.damaged], found.manifest
+
+
+def load(path: Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
+    """Every part of a checkpoint (sizes verified here); anything that would need unpickling code is refused."""
+    return _load(path, checkpoints.verify(path, hashes=False)["layout"], map_location)
+
+
+def _load(path: Path, layout: str, where: torch.device | str) -> dict[str, Any]:
+    """A sharded checkpoint gives train.pt and `sharded`, its DCP metadata (read without running
+    code) after its byte items passed weights_only here, so one refused is a checkpoint skipped
+    while choosing; the shards themselves are read by every rank (sharded.py `load`)."""
+    if layout == "sharded":
+        md = sharded.read_metadata(path)
+        sharded.read_byte_items(path, md)
+        return {"train.pt": full.load_file(path, "train.pt", "cpu"), "sharded": md}
+    return full.load(path, where)
+
+
+def _share(path: Path, files: dict[str, Any], parts: dict[str, Any] | None, env: DistEnv, where: torch.device) -> dict[str, Any]:
+    """Every rank's copy of the checkpoint rank 0 chose: read from its own run directory where
+    the same checkpoint is there (one node, shared filesystem), else sent by rank 0."""
+    try:
+        same = checkpoints.verify(path, hashes=False)["files"] == files
+    except checkpoints.CheckpointError:  # not here, or not the same: rank 0 sends it
+        same = False
+    visible = torch.tensor([float(same)], device=env.device)
+    dist.all_reduce(visible, op=dist.ReduceOp.MIN)
+    if bool(visible.item()):
+        return parts if parts is not None else load(path, map_location=where)
+    box = [{k: _to_cpu(v) for k, v in parts.items()} if parts is not None else None]
+    dist.broadcast_object_list(box, src=0)
+    if not same:
+        log(f"{path} is not in this run directory: received the checkpoint from rank 0")
+    return box[0]
+
+
+def _to_cpu(obj: Any) -> Any:
+    """A state tree with every tensor on the CPU, so it can travel through broadcast_object_list."""
+    if isinstance(obj, torch.Tensor):
+        return obj.cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
