@@ -32,6 +32,11 @@ def agree(env: DistEnv, loss_local: torch.Tensor, stop: bool, checkpoint: bool) 
         loss = float(loss_local)
         finite = math.isfinite(loss)
         return Agreed(loss if finite else float("nan"), not finite, stop, checkpoint, int(mem), int(peak))
+    return _gathered(env, loss_local, stop, checkpoint, mem, peak)
+
+
+def _gathered(env: DistEnv, loss_local: torch.Tensor, stop: bool, checkpoint: bool, mem: int, peak: int) -> Agreed:
+    """The answers from one all_gather of every rank's row (tests call it on a group of one)."""
     row = torch.tensor([0.0, float(stop), float(checkpoint), mem, peak], dtype=torch.float64, device=env.device)
     row[_LOSS] = loss_local
     rows = [torch.empty_like(row) for _ in range(env.world_size)]

@@ -1,4 +1,5 @@
-"""The training loop that runs inside every torchrun worker. Machinery lives in the modules beside it."""
+"""The training loop that runs inside every torchrun worker. It reads top to bottom; the components beside
+it (checkpointer, evaluator, precision, faults) decide when and how they act."""
 from __future__ import annotations
 
 import json
