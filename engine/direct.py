@@ -14,7 +14,7 @@ import runpy
 import socket
 import sys
 
-from engine.launch import serve_store
+from engine.loopback import serve_store
 from mt.config import STORE_FD_ENV
 
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from engine.dist import log
 from mt.config import FaultsConfig
+
+if TYPE_CHECKING:
+    import torch
 
 
 class Faults:
@@ -29,17 +32,23 @@ class Faults:
             while True:  # the other ranks now wait in the next collective
                 time.sleep(1.0)
 
-    def nan_now(self, step: int, micro: int) -> bool:
-        """Poison the loss of rank 0's first micro-batch at nan_at_step, as a bad sample would."""
-        return self.armed and self.cfg.nan_at_step == step and self.rank == 0 and micro == 0
+    def maybe_poison(self, loss: torch.Tensor, step: int, micro: int) -> torch.Tensor:
+        """NaN for the loss of rank 0's first micro-batch at nan_at_step, as a bad sample would give."""
+        if self.armed and self.cfg.nan_at_step == step and self.rank == 0 and micro == 0:
+            return loss * float("nan")
+        return loss
 
-    def overflow_now(self, step: int) -> bool:
-        return self.armed and self.cfg.overflow_at_step == step
+    def maybe_overflow(self, scaled: torch.Tensor, step: int) -> torch.Tensor:
+        """At overflow_at_step the gradients overflow; the reported loss stays finite."""
+        return scaled * 1e30 if self.armed and self.cfg.overflow_at_step == step else scaled
 
-    def stall_step(self) -> tuple[int, float] | None:
-        if self.armed and self.cfg.stall_at_step and self.cfg.stall_seconds:
-            return self.cfg.stall_at_step, self.cfg.stall_seconds
-        return None
+    def stall_at(self, step: int, samples: int, global_batch: int) -> dict[int, float]:
+        """The sampler's stall, {sample index: seconds}: this rank's first sample of stall_at_step, when
+        that step is still ahead of `step` (`samples` seen so far, `global_batch` per step)."""
+        at, seconds = self.cfg.stall_at_step, self.cfg.stall_seconds
+        if not (self.armed and at and seconds) or at <= step:
+            return {}
+        return {samples + (at - step - 1) * global_batch + self.rank: seconds}
 
     def in_checkpoint(self, step: int) -> Callable[[str], None] | None:
         """A hook for checkpoint.save that kills this process (or fails the write) after the first

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,26 +127,6 @@ def wrap(model: nn.Module, cfg: Config, env: DistEnv) -> Parallel:
         return Parallel(model, nullcontext, "ddp")
     ddp = DDP(model, device_ids=[env.local_rank] if env.device.type == "cuda" else None)
     return Parallel(ddp, ddp.no_sync, "ddp")
-
-
-def grad_scaler(par: Parallel, cfg: Config, env: DistEnv) -> torch.amp.GradScaler:
-    """fp16's loss scaler (disabled otherwise). Under fsdp each rank sees only its shards' gradients:
-    ShardedGradScaler all-reduces "found inf" so every rank skips the same step (FSDP2's DTensor
-    gradients included). Both keep the same state dict, so a checkpoint resumes under either."""
-    on = cfg.train.precision == "fp16"
-    if par.strategy == "fsdp":
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-        return ShardedGradScaler(env.device.type, enabled=on)
-    return torch.amp.GradScaler(env.device.type, enabled=on)
-
-
-def eager_eval(cfg: Config) -> AbstractContextManager[Any]:
-    """Eval runs the compiled blocks eager (torch.compiler.set_stance): a few no-grad batches do not
-    pay for compiling graphs of their own, and the cache keeps training's graphs only, so a later
-    recompile's reason is a training guard (dynamo reports the newest entry's failure), not grad mode."""
-    if cfg.train.compile and hasattr(torch.compiler, "set_stance"):
-        return torch.compiler.set_stance("force_eager")
-    return nullcontext()
 
 
 class Recompiles:

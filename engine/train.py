@@ -1,11 +1,12 @@
-"""The training loop that runs inside every torchrun worker. Machinery lives in the modules beside it."""
+"""The training loop that runs inside every torchrun worker. It reads top to bottom; the components beside
+it (checkpointer, evaluator, precision, faults) decide when and how they act."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -13,16 +14,19 @@ import torch
 import torch.distributed as dist
 
 from engine import parallel
+from engine.agree import Agreed, agree
 from engine.checkpoint import full, sharded
 from engine.checkpoint.pick import find_checkpoint
-from engine.checkpoint.saver import Checkpointer
-from engine.data import GlobalOrderSampler, Splits, build_loader, val_batches
+from engine.checkpoint.saver import Checkpointer, Reason
+from engine.data import GlobalOrderSampler, Splits, build_loader
 from engine.dist import DistEnv, log, seed_everything
+from engine.evaluate import Evaluator
 from engine.faults import Faults
 from engine.kinds import kind_of
-from engine.metrics import device_name, git_commit, memory, peak_flops
+from engine.metrics import device_name, git_commit, peak_flops
 from engine.model import count_params
 from engine.optim import build_optimizer, lr_at, set_lr
+from engine.precision import Precision
 from engine.user import call_model, loss_of, to_device, tokens_per_sample
 from engine.weights import fit_problems, load_into, read_state
 from mt.anomaly import StepAnomalies, nan_incident, recompile_incident
@@ -34,8 +38,12 @@ from mt.heartbeat import Heartbeat
 from mt.inbox import ControlInbox, Request, StopSignals
 from mt.paths import RunPaths
 
-# what every rank contributes to the one collective of each step
-_LOSS, _STOP, _CKPT, _MEM, _PEAK = range(5)
+
+@dataclass
+class Requests:
+    """This step's accepted control requests (rank 0's inbox; none on the other ranks)."""
+    checkpoint: list[Request] = field(default_factory=list)
+    stop: list[Request] = field(default_factory=list)
 
 
 class Trainer:
@@ -48,7 +56,7 @@ class Trainer:
         self.faults = Faults(cfg.faults, env.rank, attempt)
         self.anomalies = StepAnomalies(cfg.monitor, t.grad_clip) if env.is_main else None
 
-        # ---- model, optimizer, precision -------------------------------------------------
+        # ---- model, optimizer, precision, the components that act between steps ----------------
         seed_everything(cfg.run.seed)  # identical initial weights on every rank
         # under fsdp whole on rank 0's host only (engine/parallel.py build): never whole on one GPU
         home = parallel.host(cfg, env)
@@ -67,16 +75,12 @@ class Trainer:
             log(f"weights from {source} (model.init_from); step 0, fresh optimizer")
         self.par = parallel.wrap(self.model, cfg, env)  # ddp (none on one rank) or fsdp; activation checkpointing
         self.optimizer = build_optimizer(self.model, t, env.device)  # after sharding: over this rank's shards
-        amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(t.precision)
-        self.autocast = (lambda: torch.autocast(env.device.type, dtype=amp_dtype)) if amp_dtype else nullcontext
-        self.scaler = parallel.grad_scaler(self.par, cfg, env)  # fp16 only; sharded under fsdp
+        self.precision = Precision(cfg, env, self.par)  # autocast; fp16's scaler, sharded under fsdp
         self.checkpoints = Checkpointer(cfg, env, paths, self.events, self.inbox, self.faults, self.par, self.model,
-                                        self.optimizer, self.scaler)
+                                        self.optimizer, self.precision.scaler)
+        self.evaluator = Evaluator(cfg, env, splits, self.par, self.model, self.precision, self.what)
         self.recompiles = parallel.Recompiles() if t.compile else None
         self.recompiled = 0  # recompiles since the last step event
-        if env.device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = True  # fp32 matmuls on tensor cores
-            torch.backends.cudnn.allow_tf32 = True
 
         # ---- position: fresh, or from the newest valid checkpoint --------------------------
         self.step, self.samples, self.accum = 0, 0, t.grad_accum_steps
@@ -91,10 +95,7 @@ class Trainer:
         self.flops_per_token = self.kind.flops_per_token(cfg, self.n_params)
         self.peak = peak_flops(env.device)
 
-        stall = self.faults.stall_step()
-        stall_at = {}
-        if stall and stall[0] > self.step:  # first sample of that step on this rank
-            stall_at[self.samples + (stall[0] - self.step - 1) * self.global_batch + env.rank] = stall[1]
+        stall_at = self.faults.stall_at(self.step, self.samples, self.global_batch)
         self.sampler = GlobalOrderSampler(len(splits.train), cfg.run.seed, env.rank, env.world_size, self.samples, stall_at)
         loader = build_loader(splits, self.sampler, t.micro_batch_size, cfg, env.rank, env.device.type == "cuda")
         self.batches = iter(loader)
@@ -104,69 +105,51 @@ class Trainer:
     # ------------------------------------------------------------------------------------
     def train(self) -> int:
         """Run to max_steps or until asked to stop; returns the process exit code."""
-        cfg, t = self.cfg, self.cfg.train
+        t = self.cfg.train
         self._emit_run_start()
         self.heartbeat.beat(self.step)
         while self.step < t.max_steps:
             step = self.step + 1
             lr = lr_at(step, t)
             set_lr(self.optimizer, lr)
-            rng_before = full.capture_rng(self.env.device) if t.on_nan == "stop" else None
+            rng_before = full.capture_rng(self.env.device) if t.on_nan == "stop" else None  # saved if this step is NaN
             self.faults.before_step(step)
             requests = self._poll_control()
             self.checkpoints.collect(wait=False)  # a background write that completed is reported now
 
+            # ---- forward/backward, then the step's one collective: what every rank agrees on
             t0 = time.perf_counter()
             loss_local, micro_losses, data_wait = self._forward_backward(step)
-            if t.precision == "fp16":
-                self.scaler.unscale_(self.optimizer)  # clip and measure true (unscaled) gradients
-            grad_norm_t = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip or math.inf)
-            agreed = self._agree(loss_local, requests)  # one small collective; a sync point
-            loss, grad_norm = agreed["loss"], float(grad_norm_t)
-            nonfinite = agreed["nonfinite"] or (t.precision != "fp16" and not math.isfinite(grad_norm))
-
-            skipped, scale = nonfinite, None
+            grad_norm_t = self.precision.unscale_and_clip(self.optimizer, self.model.parameters())
+            stop = self.signals.received is not None or bool(requests.stop)
+            agreed = agree(self.env, loss_local, stop, bool(requests.checkpoint))
+            grad_norm = float(grad_norm_t)
+            nonfinite = agreed.nonfinite or self.precision.nonfinite(grad_norm)
             if nonfinite:
-                self._report_nan(step, lr, grad_norm, loss, micro_losses)
+                self._report_nan(step, lr, grad_norm, agreed.loss, micro_losses)
                 if t.on_nan == "stop":
                     self.optimizer.zero_grad(set_to_none=True)
                     self._save("stop", requests, rng_override=rng_before)
                     return self._end("stopped", "non-finite loss with train.on_nan = \"stop\"")
-            if t.precision == "fp16":
-                before = self.scaler.get_scale()
-                self.scaler.step(self.optimizer)  # skips the update itself if gradients overflowed
-                self.scaler.update()
-                scale = self.scaler.get_scale()
-                skipped = skipped or scale < before
-            elif not nonfinite:
-                self.optimizer.step()
+
+            # ---- the optimizer step (fp16's scaler may skip it), then what the step reports
+            skipped, scale = self.precision.step(self.optimizer, nonfinite)
             self.optimizer.zero_grad(set_to_none=True)
             step_time = time.perf_counter() - t0
-
             self.step, self.samples = step, self.samples + self.global_batch
             self.heartbeat.beat(step)
             self._write_trace(step)
-            fields = self._step_fields(step, loss, lr, grad_norm, step_time, data_wait, skipped, scale, agreed)
-            self._note_recompiles(step, fields)
-            if step % t.log_every == 0 or step == t.max_steps:
-                self.events.emit("step", **fields)
-                self.recompiled = 0
-            if self.anomalies is not None:
-                for incident in self.anomalies.observe(fields):
-                    self.events.emit("incident", **incident)
+            self._log_step(self._step_fields(step, lr, grad_norm, step_time, data_wait, skipped, scale, agreed))
 
-            if t.eval_every and self.splits.val is not None and (step % t.eval_every == 0 or step == t.max_steps):
+            # ---- the components decide whether they act at this step
+            if self.evaluator.due(step):
                 self.heartbeat.beat(step, "eval")
-                with parallel.eager_eval(cfg):
-                    self.events.emit("eval", step=step, val_loss=self._evaluate())
-            stop = agreed["stop"]
-            reason = "stop" if stop else "final" if step == t.max_steps else "request" if agreed["ckpt"] else (
-                "interval" if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0 else None)
+                self.events.emit("eval", step=step, val_loss=self.evaluator.run())
+            reason = self.checkpoints.due(step, agreed.stop, agreed.checkpoint)
             if reason:
                 self._save(reason, requests)
-            if stop:
-                why = f"{self.signals.name} received" if self.signals.received else "stop requested"
-                return self._end("stopped", why)
+            if agreed.stop:
+                return self._end("stopped", f"{self.signals.name} received" if self.signals.received else "stop requested")
         return self._end("completed", f"reached max_steps = {t.max_steps}")
 
     # ------------------------------------------------------------------------------------
@@ -185,19 +168,26 @@ class Trainer:
             batch = to_device(batch, self.env.device)
             sync = micro == self.accum - 1
             with (nullcontext() if sync else self.par.no_sync()):
-                with self.autocast():
+                with self.precision.autocast():
                     loss = loss_of(call_model(self.par.module, batch), self.what)
-                if self.faults.nan_now(step, micro):
-                    loss = loss * float("nan")
-                scaled = loss / self.accum
-                if self.faults.overflow_now(step):
-                    scaled = scaled * 1e30  # gradients overflow, the reported loss stays finite
-                self.scaler.scale(scaled).backward()
+                loss = self.faults.maybe_poison(loss, step, micro)
+                self.precision.backward(self.faults.maybe_overflow(loss / self.accum, step))
             micro_losses.append((loss.detach(), idx))
             if self.trace is not None:
                 self.trace.append(idx)
             loss_sum += loss.detach()
         return loss_sum / self.accum, micro_losses, data_wait
+
+    def _log_step(self, fields: dict[str, Any]) -> None:
+        """The step event every log_every steps and at the last; the anomalies it shows, every step."""
+        step = fields["step"]
+        self._note_recompiles(step, fields)
+        if step % self.cfg.train.log_every == 0 or step == self.cfg.train.max_steps:
+            self.events.emit("step", **fields)
+            self.recompiled = 0
+        if self.anomalies is not None:
+            for incident in self.anomalies.observe(fields):
+                self.events.emit("incident", **incident)
 
     def _note_recompiles(self, step: int, fields: dict[str, Any]) -> None:
         """A compiled run's step says how often it recompiled; a recompile is an incident with torch's reason."""
@@ -218,30 +208,6 @@ class Trainer:
             f.write(json.dumps({"attempt": self.attempt, "step": step, "rank": self.env.rank, "micro_batches": self.trace}) + "\n")
         self.trace = []
 
-    def _agree(self, loss_local: torch.Tensor, requests: dict[str, list[Request]]) -> dict[str, Any]:
-        """Every rank learns the mean loss, whether any rank saw NaN, and whether to checkpoint or stop."""
-        mem, peak = memory(self.env.device)
-        stop = self.signals.received is not None or bool(requests["stop"])
-        if self.env.world_size == 1:  # no one to agree with: the same answers without a dozen tiny tensor ops
-            loss = float(loss_local)
-            finite = math.isfinite(loss)
-            return {"loss": loss if finite else float("nan"), "nonfinite": not finite, "stop": stop,
-                    "ckpt": bool(requests["checkpoint"]), "mem": int(mem), "peak": int(peak)}
-        row = torch.tensor([0.0, float(stop), float(bool(requests["checkpoint"])), mem, peak], dtype=torch.float64, device=self.env.device)
-        row[_LOSS] = loss_local
-        rows = [torch.empty_like(row) for _ in range(self.env.world_size)]
-        dist.all_gather(rows, row)
-        table = torch.stack(rows).cpu()
-        losses = table[:, _LOSS]
-        return {
-            "loss": float(losses.sum() / len(losses)) if bool(torch.isfinite(losses).all()) else float("nan"),
-            "nonfinite": not bool(torch.isfinite(losses).all()),  # a NaN in any micro-batch poisons its rank's mean
-            "stop": bool(table[:, _STOP].any()),
-            "ckpt": bool(table[:, _CKPT].any()),
-            "mem": int(table[:, _MEM].max()),
-            "peak": int(table[:, _PEAK].max()),
-        }
-
     def _report_nan(self, step: int, lr: float, grad_norm: float, loss: float, micro_losses: list[tuple[torch.Tensor, list[int]]]) -> None:
         bad_local = [int(i) for micro_loss, idx in micro_losses if not torch.isfinite(micro_loss) for i in idx]
         gathered: list[list[int]] = [[] for _ in range(self.env.world_size)]
@@ -250,32 +216,20 @@ class Trainer:
         log(f"non-finite loss/gradients at step {step}: samples {indices[:32]}")
         self.events.emit("incident", **nan_incident(step, lr, grad_norm, loss, indices, self.cfg.train.on_nan))
 
-    @torch.no_grad()
-    def _evaluate(self) -> float:
-        self.par.module.eval()
-        total = torch.zeros((), device=self.env.device, dtype=torch.float64)
-        n = self.cfg.train.eval_batches
-        for batch in val_batches(self.splits, self.cfg.train.micro_batch_size, n, self.env.rank, self.env.world_size):
-            with self.autocast():
-                total += loss_of(call_model(self.model, to_device(batch, self.env.device)), self.what).double()
-        dist.all_reduce(total)
-        self.par.module.train()
-        return float(total) / (n * self.env.world_size)
-
     # ---- control, checkpoints, events ------------------------------------------------------
-    def _poll_control(self) -> dict[str, list[Request]]:
-        found: dict[str, list[Request]] = {"checkpoint": [], "stop": []}
+    def _poll_control(self) -> Requests:
+        found = Requests()
         if self.inbox is None:
             return found
         polled = self.inbox.poll()
         for rid, action, why in polled.rejected:
             self.events.emit("control", request_id=rid, action=action, status="rejected", detail=why)
         for req in polled.requests:
-            found[req.action].append(req)
+            (found.stop if req.action == "stop" else found.checkpoint).append(req)
             self.events.emit("control", request_id=req.id, action=req.action, status="accepted", detail=f"at step {self.step + 1}")
         return found
 
-    def _save(self, reason: str, requests: dict[str, list[Request]], rng_override: dict | None = None) -> None:
+    def _save(self, reason: Reason, requests: Requests, rng_override: dict | None = None) -> None:
         """Collective: this step's checkpoint, written (or started in the background) by the checkpointer."""
         self.heartbeat.beat(self.step, "checkpoint")
         position = {
@@ -283,7 +237,7 @@ class Trainer:
             "world_size": self.env.world_size, "grad_accum_steps": self.accum,
             "micro_batch_size": self.cfg.train.micro_batch_size, "global_batch": self.global_batch, "attempt": self.attempt,
         }
-        self.checkpoints.save(reason, requests["checkpoint"] + requests["stop"], position, rng_override)
+        self.checkpoints.save(reason, requests.checkpoint + requests.stop, position, rng_override)
 
     def _resume(self, found: tuple[Path, dict[str, Any], list[Any]]) -> dict[str, Any]:
         """Load the newest intact checkpoint's model, optimizer, RNG and position."""
@@ -300,10 +254,10 @@ class Trainer:
                 sharded.load(Path(path), self.model, self.optimizer)  # collective; DCP reshards
             except CheckpointError as e:
                 raise ResumeRefused(str(e)) from None
-            self.scaler.load_state_dict(state["scaler"])
+            self.precision.scaler.load_state_dict(state["scaler"])
         else:
             parallel.load_full_state(self.par, self.model, self.optimizer, parts["model.pt"], parts["optim.pt"]["optimizer"])
-            self.scaler.load_state_dict(parts["optim.pt"]["scaler"])
+            self.precision.scaler.load_state_dict(parts["optim.pt"]["scaler"])
         self.step, self.samples, self.accum = int(state["step"]), int(state["samples_seen"]), how.grad_accum_steps
         rngs = state["rng"]
         if self.env.rank < len(rngs):
@@ -315,16 +269,16 @@ class Trainer:
                 "grad_accum_before": int(state["grad_accum_steps"]), "grad_accum_now": self.accum, "exact": how.exact,
                 "note": how.note, "skipped": skipped}
 
-    def _step_fields(self, step: int, loss: float, lr: float, grad_norm: float, step_time: float, data_wait: float,
-                     skipped: bool, scale: float | None, agreed: dict[str, Any]) -> dict[str, Any]:
+    def _step_fields(self, step: int, lr: float, grad_norm: float, step_time: float, data_wait: float,
+                     skipped: bool, scale: float | None, agreed: Agreed) -> dict[str, Any]:
         per_s = 1 / step_time if step_time > 0 else 0.0
         tps = self.tokens_per_step * per_s if self.tokens_per_step else None
         fields = {
-            "step": step, "epoch": self.sampler.epoch_of(self.samples - 1), "loss": loss, "lr": lr,
+            "step": step, "epoch": self.sampler.epoch_of(self.samples - 1), "loss": agreed.loss, "lr": lr,
             "grad_norm": grad_norm, "clipped": bool(self.cfg.train.grad_clip and grad_norm > self.cfg.train.grad_clip),
             "tokens_per_s": tps, "step_time_s": step_time, "data_wait_s": data_wait,
             "samples_seen": self.samples, "tokens_seen": self.samples * self.sample_tokens if self.sample_tokens else None,
-            "skipped": skipped, "mem_alloc_bytes": agreed["mem"], "mem_peak_bytes": agreed["peak"],
+            "skipped": skipped, "mem_alloc_bytes": agreed.mem, "mem_peak_bytes": agreed.peak,
             "samples_per_s": self.global_batch * per_s,
         }
         if scale is not None:

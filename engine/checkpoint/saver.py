@@ -1,4 +1,5 @@
-"""The run's checkpoints as the loop sees them: `save(reason, ...)` at a step, `collect()` between steps.
+"""The run's checkpoints as the loop sees them: `due(step, ...)` decides whether a step saves and why,
+`save(reason, ...)` writes it, `collect()` between steps.
 
 It writes full (full.py, rank 0) or sharded (sharded.py, every rank; in the background with
 checkpoint.async) and reports each one itself: the `checkpoint` event with the
@@ -8,7 +9,7 @@ background write that failed (never a half checkpoint: that one is removed, neve
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -24,7 +25,8 @@ from mt.inbox import ControlInbox, Request
 from mt.paths import RunPaths
 from mt.space import DiskFullError
 
-_LAST = ("final", "stop")  # the run's last weights: ending without them must not look like success
+Reason = Literal["stop", "final", "request", "interval"]  # why a checkpoint is written: its event's `reason`
+_LAST: tuple[Reason, ...] = ("final", "stop")  # the run's last weights: ending without them must not look like success
 
 
 class Checkpointer:
@@ -34,7 +36,19 @@ class Checkpointer:
         self.par, self.model, self.optimizer, self.scaler = par, model, optimizer, scaler
         self.writer: sharded.ShardedWriter | None = None  # made at the first sharded checkpoint
 
-    def save(self, reason: str, reqs: list[Request], position: dict[str, Any], rng_override: dict | None = None) -> None:
+    def due(self, step: int, stop: bool, requested: bool) -> Reason | None:
+        """Whether `step` (just taken) saves, and why: a stop first, then the last step, a request
+        (`requested`: any rank's), then every checkpoint.every_steps; None: it does not."""
+        if stop:
+            return "stop"
+        if step == self.cfg.train.max_steps:
+            return "final"
+        if requested:
+            return "request"
+        every = self.cfg.checkpoint.every_steps
+        return "interval" if every and step % every == 0 else None
+
+    def save(self, reason: Reason, reqs: list[Request], position: dict[str, Any], rng_override: dict | None = None) -> None:
         """Collective: gather every rank's RNG state, then write full (rank 0, atomically) or sharded
         (every rank); `reqs` are the requests this checkpoint answers."""
         self.collect(wait=True)  # at most one write in flight: the previous one finishes first

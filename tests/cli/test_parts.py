@@ -27,7 +27,7 @@ def _cfg(**launch: object):
 
 def test_one_node_uses_the_loopback_rendezvous(tmp_path: Path) -> None:
     cmd = torchrun_command(_cfg(nproc_per_node=3), tmp_path, attempt=2, python="py")
-    assert cmd[:4] == ["py", "-P", "-m", "engine.launch"]  # torchrun with its stores on 127.0.0.1
+    assert cmd[:4] == ["py", "-P", "-m", "engine.loopback"]  # torchrun with its stores on 127.0.0.1
     assert "--standalone" not in cmd and cmd[cmd.index("--rdzv-backend") + 1] == "mt-loopback"
     assert cmd[cmd.index("--local-addr") + 1] == "127.0.0.1"  # the workers' MASTER_ADDR
     assert cmd[cmd.index("--nproc-per-node") + 1] == "3"

@@ -21,12 +21,12 @@ from mt.config import HF_OFFLINE, STORE_FD_ENV, Config
 
 def torchrun_command(cfg: Config, run_dir: Path, attempt: int, python: str = sys.executable,
                      log_dir: Path | None = None) -> list[str]:
-    """`python -P -m engine.launch ... --no-python <worker_command>`.
+    """`python -P -m engine.loopback ... --no-python <worker_command>`.
 
     `-P`: the working directory is not put on sys.path, so a user's own `engine.py` (or
     `torch/`) there cannot shadow ours; `--no-python` is what lets us pass it to the workers.
 
-    One node: `engine.launch` (torchrun whose rendezvous and agent stores listen on 127.0.0.1
+    One node: `engine.loopback` (torchrun whose rendezvous and agent stores listen on 127.0.0.1
     only; `--standalone` would listen on every interface). Several: torchrun's c10d rendezvous
     at `rdzv_endpoint`; every node passes the same `--rdzv-id`, derived from the run name.
     `--max-restarts 0`: restarts are fresh attempts started by the supervisor (docs/control.md).
@@ -35,7 +35,7 @@ def torchrun_command(cfg: Config, run_dir: Path, attempt: int, python: str = sys
     """
     launch = cfg.launch
     if launch.nnodes == 1:
-        cmd = [python, "-P", "-m", "engine.launch", "--nproc-per-node", str(launch.nproc_per_node),
+        cmd = [python, "-P", "-m", "engine.loopback", "--nproc-per-node", str(launch.nproc_per_node),
                "--nnodes", "1", "--rdzv-backend", "mt-loopback", "--rdzv-endpoint", "127.0.0.1:0",
                "--rdzv-id", f"mt-{cfg.run.name}-a{attempt}", "--local-addr", "127.0.0.1"]
     else:

@@ -1,4 +1,4 @@
-"""`python -P -m engine.launch TORCHRUN-ARGS`: torchrun for one node, its stores on loopback only.
+"""`python -P -m engine.loopback TORCHRUN-ARGS`: torchrun for one node, its stores on loopback only.
 
 torchrun's c10d rendezvous store and the agent store it shares with the workers both bind every
 interface (`::`) whatever host they are given (torch 2.x TCPStore). This registers a rendezvous

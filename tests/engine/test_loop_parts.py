@@ -1,0 +1,113 @@
+"""The components the loop asks (engine/train.py): each decides on its own when it acts, and how."""
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from engine.agree import Agreed, _gathered, agree
+from engine.checkpoint.saver import Checkpointer
+from engine.dist import DistEnv
+from engine.evaluate import Evaluator
+from engine.faults import Faults
+from engine.parallel import Parallel
+from engine.precision import Precision
+from mt.config import FaultsConfig
+from mt.preset import config_from_dict
+
+from .runner import SMALL, merge
+
+CPU = DistEnv(0, 0, 1, torch.device("cpu"), "gloo")
+
+
+def _cfg(**sections: dict):
+    return config_from_dict(merge(SMALL, sections), "test")
+
+
+def test_checkpoint_reason_first_match_wins():
+    # stop, then the last step, then a request, then the interval (docs/checkpoints.md)
+    due = Checkpointer(_cfg(train={"max_steps": 12}, checkpoint={"every_steps": 4}), *[None] * 9).due
+    assert due(12, stop=True, requested=True) == "stop"
+    assert due(12, stop=False, requested=True) == "final"
+    assert due(8, stop=False, requested=True) == "request"
+    assert due(8, stop=False, requested=False) == "interval"
+    assert [s for s in range(1, 13) if due(s, False, False)] == [4, 8, 12]
+    never = Checkpointer(_cfg(train={"max_steps": 12}, checkpoint={"every_steps": 0}), *[None] * 9).due
+    assert [s for s in range(1, 13) if never(s, False, False)] == [12] and never(3, False, True) == "request"
+
+
+def test_eval_runs_every_eval_every_steps_and_at_the_last_and_never_without_a_val_split():
+    def steps(val: object, every: int) -> list[int]:
+        ev = Evaluator(_cfg(train={"max_steps": 12, "eval_every": every}), CPU, SimpleNamespace(val=val), None, None,
+                       None, "the GPT")
+        return [s for s in range(1, 13) if ev.due(s)]
+
+    assert steps([1], 5) == [5, 10, 12]
+    assert steps([1], 4) == [4, 8, 12]
+    assert steps([1], 0) == [] and steps(None, 5) == []
+
+
+def test_faults_compute_their_own_triggers_and_only_on_the_first_attempt():
+    cfg = FaultsConfig(stall_at_step=6, stall_seconds=0.5, nan_at_step=3, overflow_at_step=4)
+    f = Faults(cfg, rank=1, attempt=1)
+    # rank 1's first sample of step 6 in the global order: 5 whole steps of 8 samples, then its slot
+    assert f.stall_at(0, 0, 8) == {5 * 8 + 1: 0.5}
+    assert f.stall_at(3, 24, 8) == {24 + 2 * 8 + 1: 0.5}  # resumed at step 3
+    assert f.stall_at(6, 48, 8) == {}  # that step is behind us
+    assert Faults(cfg, rank=1, attempt=2).stall_at(0, 0, 8) == {}
+    one = torch.ones(())
+    assert math.isnan(Faults(cfg, 0, 1).maybe_poison(one, 3, 0)) and f.maybe_poison(one, 3, 0) is one  # rank 0 only
+    assert Faults(cfg, 0, 1).maybe_poison(one, 3, 1) is one  # its first micro-batch only
+    assert float(f.maybe_overflow(one, 4)) > 1e29 and f.maybe_overflow(one, 5) is one
+    assert Faults(cfg, 0, 2).maybe_poison(one, 3, 0) is one and Faults(cfg, 0, 2).maybe_overflow(one, 4) is one
+
+
+def _one_step(precision: str, loss_factor: float) -> tuple[bool, float | None, bool, bool]:
+    """(skipped, scale, whether the non-finite check fired, whether the weight changed) of one step."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    prec = Precision(_cfg(train={"precision": precision, "grad_clip": 1.0}), CPU, Parallel(model, nullcontext, "ddp"))
+    before = model.weight.detach().clone()
+    with prec.autocast():
+        loss = model(torch.ones(2, 4)).float().pow(2).mean()
+    prec.backward(loss * loss_factor)
+    nonfinite = prec.nonfinite(float(prec.unscale_and_clip(opt, model.parameters())))
+    skipped, scale = prec.step(opt, nonfinite)
+    return skipped, scale, nonfinite, not torch.equal(before, model.weight)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_precision_steps_finite_gradients_and_skips_overflowed_ones(precision):
+    fp16 = precision == "fp16"
+    skipped, scale, nonfinite, moved = _one_step(precision, 1e-3)  # small enough for fp16 at a scale of 2**16
+    assert (skipped, nonfinite, moved) == (False, False, True) and (scale is not None) == fp16
+    skipped, scale, nonfinite, moved = _one_step(precision, math.inf)
+    assert skipped and not moved
+    assert nonfinite != fp16  # fp16's scaler judges its own overflow: the step is skipped, not non-finite
+    if fp16:
+        assert scale == 65536.0 / 2  # the scaler backed off
+
+
+@pytest.fixture
+def group_of_one(monkeypatch):
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("loss", [2.5, math.nan, math.inf, -math.inf])
+def test_one_rank_agrees_as_the_gathered_row_would(group_of_one, loss):
+    # one rank skips the collective: its answers must be the all_gather path's on the same input
+    local = torch.tensor(loss, dtype=torch.float64)
+    alone = agree(CPU, local, stop=True, checkpoint=False)
+    gathered = _gathered(CPU, local, True, False, alone.mem, alone.peak)
+    assert isinstance(alone, Agreed) and alone.nonfinite == gathered.nonfinite == (not math.isfinite(loss))
+    assert (alone.stop, alone.checkpoint) == (gathered.stop, gathered.checkpoint) == (True, False)
+    assert alone.loss == gathered.loss or (math.isnan(alone.loss) and math.isnan(gathered.loss))
+    assert (alone.mem, alone.peak) == (gathered.mem, gathered.peak)
