@@ -79,7 +79,7 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket=$SOCKET,cred_expire=${SLURM_TEST_CRED_EXPIRE:-10}
 # no cgroups, no systemd in a container: processes tracked by their parent pids, no task binding
-ProctrackType=proctrack/linuxproc
+ProctrackType=${SLURM_TEST_PROCTRACK:-proctrack/linuxproc}
 TaskPlugin=task/none
 SwitchType=switch/none
 MpiDefault=none
@@ -185,11 +185,21 @@ marked() {  # the pids of processes carrying MARK (daemons, their slurmstepd), o
     {
         grep -lzxF "$MARK" /proc/[0-9]*/environ
         for f in $(grep -lzxF "SLURM_CONF=$CONF" /proc/[0-9]*/environ); do
-            grep -qz '^SLURM_JOB_ID=' "$f" && echo "$f"
+            if grep -qz '^SLURM_JOB_ID=' "$f"; then echo "$f"; fi
         done
     } 2>/dev/null | while IFS=/ read -r _ _ pid _; do
-        [[ $pid == "$$" || $pid == "$BASHPID" ]] || echo "$pid"
+        if [[ $pid != "$$" && $pid != "$BASHPID" ]]; then echo "$pid"; fi
     done | sort -un
+    return 0  # (grep finds nothing, or a process is gone: not an error)
+}
+
+running() {  # those of the pids that still run (a zombie does not; a dying process still does)
+    local pid state
+    for pid in "$@"; do
+        state=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) || continue
+        if [[ -n $state && $state != Z && $state != X ]]; then echo "$pid"; fi
+    done
+    return 0
 }
 
 down() {
@@ -222,11 +232,11 @@ down() {
         log "killing what is left: $(echo $pids)"
         for pid in $pids; do kill -KILL "$pid" 2>/dev/null || true; done
         t0=$SECONDS
-        while ((SECONDS - t0 < 10)) && [[ -n $(marked) ]]; do sleep 0.3; done
+        while ((SECONDS - t0 < 10)) && [[ -n $(running $pids) ]]; do sleep 0.3; done
     fi
     rm -f "$DIR"/run/*.pid
-    pids=$(marked)
-    if [[ -n $pids ]]; then
+    pids="$(running $pids) $(marked)"
+    if [[ -n ${pids// /} ]]; then
         log "still running: $(echo $pids)"
         return 1
     fi
