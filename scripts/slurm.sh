@@ -127,10 +127,12 @@ start() {  # start NAME CMD...: CMD in the background, in its own session, pid i
     shift
     STARTED+=("$name")
     if alive "$DIR/run/$name.pid"; then return 0; fi
+    FRESH=1
     env "$MARK" setsid "$@" </dev/null >>"$DIR/log/$name.out" 2>&1 &
     echo $! >"$DIR/run/$name.pid"
 }
 STARTED=()
+FRESH=0  # this `up` started a daemon (a failed `up` stops the cluster only then)
 
 wait_for() {  # wait_for SECONDS WHAT CMD...: until CMD succeeds; fails when a daemon has died
     local limit=$1 what=$2 t0=$SECONDS name dead=
@@ -150,13 +152,15 @@ wait_for() {  # wait_for SECONDS WHAT CMD...: until CMD succeeds; fails when a d
     done
 }
 
-nodes_idle() {  # both nodes idle (and nothing else)
+nodes_up() {  # both nodes responding and taking jobs: idle on a fresh start; with jobs, mixed or allocated
     local states
     states=$(sinfo -h -N -o '%N %T' 2>/dev/null | sort -u) || return 1
-    [[ $states == $'n1 idle\nn2 idle' ]]
+    [[ $states =~ ^n1\ (idle|mixed|allocated|completing)$'\n'n2\ (idle|mixed|allocated|completing)$ ]]
 }
 
 up() {
+    if ((EUID != 0)); then log "needs root (it installs packages; slurmd runs jobs as their user)"; exit 1; fi
+    if ((${#SOCKET} > 100)); then log "DIR is too long for a unix socket path: $SOCKET"; exit 1; fi
     mkdir -p "$DIR"/{log,run,state,munge} "$DIR"/spool/{n1,n2}
     install_packages
     # clients need to reach the socket in DIR/munge; the key file itself is root's only
@@ -177,7 +181,7 @@ up() {
     for n in "${NODES[@]}"; do
         start "slurmd-$n" slurmd -D -f "$CONF" -N "$n"
     done
-    wait_for 90 "nodes n1 and n2 idle" nodes_idle
+    wait_for 90 "nodes n1 and n2 up" nodes_up
 }
 
 marked() {  # the pids of processes carrying MARK (daemons, their slurmstepd), or of a job of this cluster
@@ -246,7 +250,7 @@ case $cmd in
     up)
         # a failed start stops what it started (the logs stay in DIR/log)
         ok=0
-        trap '((ok)) || { log "up failed; stopping what it started"; down || true; }' EXIT
+        trap '((ok || !FRESH)) || { log "up failed; stopping the cluster"; down || true; }' EXIT
         up
         ok=1
         ;;
