@@ -13,10 +13,12 @@
 # Ports: SLURM_TEST_PORT (default 16817) for slurmctld, +1 and +2 for the slurmd of n1 and n2.
 # Run as root (slurmd runs jobs as their user; here every job is root's).
 set -euo pipefail
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin:$PATH  # the daemons are in sbin
 
 usage() { echo "usage: $0 up|down|env DIR" >&2; exit 2; }
 (($# == 2)) || usage
 cmd=$1
+if [[ $cmd == down && ! -d $2 ]]; then exit 0; fi
 mkdir -p "$2"
 DIR=$(cd "$2" && pwd -P)
 CONF=$DIR/slurm.conf
@@ -45,9 +47,10 @@ install_packages() {
     fi
     local rc=0
     {
-        DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-                slurm-wlm slurmctld slurmd slurm-client munge
+        # (wait for another apt-get on this machine rather than fail)
+        apt-get -o DPkg::Lock::Timeout=300 update -qq &&
+            DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq \
+                --no-install-recommends slurm-wlm slurmctld slurmd slurm-client munge
     } >"$DIR/log/install.log" 2>&1 || rc=$?
     ((ours)) && rm -f "$policy"
     if ((rc)); then

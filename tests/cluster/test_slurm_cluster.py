@@ -31,8 +31,9 @@ wait $child
 def test_a_two_node_step_runs_one_task_on_each_node(slurm: Cluster) -> None:
     nodes = slurm.run("srun", "-N2", "-l", "printenv", "SLURMD_NODENAME").stdout.split("\n")
     assert sorted(line.strip() for line in nodes if line.strip()) == ["0: n1", "1: n2"]
-    info = slurm.run("sinfo", "-h", "-N", "-o", "%N %T").stdout.split()
-    assert info == ["n1", "idle", "n2", "idle"]
+    # both nodes up (idle, or running another test's job: not down, drained or not responding)
+    info = dict(line.split() for line in slurm.run("sinfo", "-h", "-N", "-o", "%N %T").stdout.splitlines())
+    assert info.keys() == {"n1", "n2"} and set(info.values()) <= {"idle", "mixed", "allocated"}
 
 
 def _events(folder: Path) -> list[str]:
@@ -76,7 +77,7 @@ def test_c_a_held_pending_job_shows_pending_with_a_reason(slurm: Cluster, tmp_pa
     # pending because it may not begin for an hour; then held by the admin (root), then by its user
     job = slurm.sbatch("--begin=now+3600", "-o", "/dev/null", "-D", str(tmp_path), "--wrap", "true")
     try:
-        assert slurm.wait_for("the job pending", lambda: slurm.state(job)) == "PENDING,BeginTime"
+        slurm.wait_for("the job pending for its begin time", lambda: slurm.state(job) == "PENDING,BeginTime")
         slurm.run("scontrol", "hold", job)
         assert slurm.state(job) == "PENDING,JobHeldAdmin"
         slurm.run("scontrol", "release", job)
