@@ -28,7 +28,7 @@ from mt.heartbeat import BackgroundHeartbeat
 from mt.inbox import ControlInbox, Polled, Request, StopSignals
 from mt.paths import RunPaths
 from mt.stepbatch import StepBatch
-from mt.values import as_number, as_whole, plain
+from mt.values import as_number, as_whole, plain, step_number
 
 ENV_RUN_DIR, ENV_ATTEMPT = "MT_RUN_DIR", "MT_ATTEMPT"
 _KNOWN = ("loss", "lr", "grad_norm", "tokens")
@@ -118,11 +118,11 @@ class Run:
         # checked before anything is noted, so a refused value changes nothing; a plain float
         # passes on a type check (NaN too: the parser keeps it)
         if type(loss) is not float and loss is not None:
-            loss = as_number(loss, "loss")
+            loss = step_number(loss, "loss")
         if not (type(lr) is float and lr >= 0.0) and lr is not None:
-            lr = as_number(lr, "lr", nonneg=True)
+            lr = step_number(lr, "lr")
         if not (type(grad_norm) is float and grad_norm >= 0.0) and grad_norm is not None:
-            grad_norm = as_number(grad_norm, "grad_norm", nonneg=True)
+            grad_norm = step_number(grad_norm, "grad_norm")
         extra = {k: as_number(v, k) for k, v in metrics.items()} if metrics else None
         ctl, tokens_all = self._sync(step, tokens)
         self._emit_step(self._step or 0, now, loss, lr, grad_norm, tokens_all, extra)
@@ -139,7 +139,7 @@ class Run:
         """Rank 0 records step `step`'s numbers, checked as `step` checks them (on every rank);
         `tokens` is the step's count over every rank: nothing is summed here."""
         at = as_whole(step, "step")
-        values = (as_number(loss, "loss"), as_number(lr, "lr", nonneg=True), as_number(grad_norm, "grad_norm", nonneg=True),
+        values = (step_number(loss, "loss"), step_number(lr, "lr"), step_number(grad_norm, "grad_norm"),
                   as_number(tokens, "tokens", nonneg=True, finite=True))
         self._emit_step(at, time.perf_counter(), *values, {k: as_number(v, k) for k, v in metrics.items()} or None)
 
