@@ -187,12 +187,19 @@ def _time(raw: dict[str, Any], key: str = "t") -> float | None:
     return t
 
 
+def _choices(kind: str, name: str) -> tuple[str, ...]:
+    return next(f.choices for f in SCHEMA[kind] if f.name == name)
+
+
+_STRATEGIES, _INCIDENT_STATES = _choices("run_start", "strategy"), _choices("incident", "status")
+
+
 def _run_start(raw: dict[str, Any], t: float | None) -> RunStart:
     return RunStart(
         t, raw, _int(raw, "attempt", 1), _int(raw, "world_size", 1), _int(raw, "nnodes", 1),
         _str(raw, "device"), _str(raw, "backend"), _str(raw, "precision"), _int(raw, "params_total"),
         _int(raw, "params_active"), _int(raw, "tokens_per_step"), _int(raw, "effective_batch"), _int(raw, "start_step") or 0,
-        _int(raw, "max_steps"), _floor(raw), raw.get("strategy") if raw.get("strategy") in ("ddp", "fsdp") else None,
+        _int(raw, "max_steps"), _floor(raw), raw.get("strategy") if raw.get("strategy") in _STRATEGIES else None,
         raw.get("activation_checkpointing") is True,  # optional extras: an odd value is dropped, not the line
         raw.get("compile") is True)
 
@@ -259,7 +266,7 @@ def _incident(raw: dict[str, Any], t: float | None) -> Incident:
     if severity not in SEVERITIES:
         raise _Bad(f"severity {_show(severity)} is not one of {', '.join(SEVERITIES)}")
     status = _str(raw, "status") or "open"
-    if status not in ("open", "closed"):
+    if status not in _INCIDENT_STATES:
         raise _Bad(f"status {_show(status)} is not open or closed")
     evidence = raw.get("evidence")
     if evidence is not None and not isinstance(evidence, dict):
