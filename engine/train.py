@@ -31,6 +31,7 @@ from engine.user import call_model, loss_of, to_device, tokens_per_sample
 from engine.weights import fit_problems, load_into, read_state
 from mt.anomaly import StepAnomalies, nan_incident, recompile_incident
 from mt.config import Config
+from mt.contract import builders as event_fields
 from mt.contract.attempt import ResumeRefused, plan
 from mt.contract.checkpoints import CheckpointError
 from mt.eventlog import EventWriter, NullEventWriter
@@ -289,11 +290,10 @@ class Trainer:
 
     def _emit_run_start(self) -> None:
         cfg, env = self.cfg, self.env
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
-        self.events.emit(
-            "run_start", run_id=self.paths.root.name, attempt=self.attempt, world_size=env.world_size,
-            nnodes=max(1, env.world_size // local_world), device=device_name(env.device), backend=env.backend,
-            precision=cfg.train.precision, config=cfg.to_dict(), params_total=self.n_params,
+        self.events.emit("run_start", **event_fields.run_start(
+            run_id=self.paths.root.name, attempt=self.attempt, world_size=env.world_size,
+            local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size)), device=device_name(env.device),
+            backend=env.backend, precision=cfg.train.precision, config=cfg.to_dict(), params_total=self.n_params,
             params_trainable=self.n_trainable, tokens_per_step=self.tokens_per_step,
             # fp32 weights + grads + 2 AdamW moments, per rank: FSDP keeps a 1/world shard of each
             effective_batch=self.global_batch, static_mem_bytes=16 * self.n_trainable // (env.world_size if self.par.strategy == "fsdp" else 1),
@@ -303,7 +303,7 @@ class Trainer:
             params_active=self.n_active, model=self.what, strategy=self.par.strategy,
             activation_checkpointing=cfg.train.activation_checkpointing, compile=cfg.train.compile,
             peak_flops=self.peak, data_loss_floor=self.splits.loss_floor, pid=os.getpid(),
-        )
+        ))
         log(f"run_start attempt {self.attempt}: {self.n_params} params, world {env.world_size} on {env.device}, "
             f"global batch {self.global_batch}{f' x {self.sample_tokens} tokens' if self.sample_tokens else ' samples'}"
             f", from step {self.start_step}")

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mt.events import SCHEMA_VERSION, T_MAX, T_MIN
+from mt.events import SCHEMA, SCHEMA_VERSION, T_MAX, T_MIN
 from mt.records import Checkpoint, Eval, Incident, Record, Rejected, RunEnd, Step, parse_event
 
 MAGIC = b"MTEVIDX1"
@@ -54,8 +54,14 @@ def encode(rec: Record | Rejected, end: int) -> bytes:
     return RECORD.pack(end, kind, *(record_float(v) for v in (step, rec.t, loss, lr, gn, tps)))
 
 
-_NONNEG = ("lr", "grad_norm", "tokens_per_s", "step_time_s", "data_wait_s", "mfu", "samples_per_s")
-_WHOLE = ("epoch", "samples_seen", "tokens_seen", "mem_alloc_bytes", "mem_peak_bytes")
+# a step's fields by the parser's rule (mt/events.py SCHEMA), for the fast path below
+_STEP_RULES = {f.rule for f in SCHEMA["step"]}
+assert _STEP_RULES <= {"whole", "number", "values", "free"} and not any(f.lo for f in SCHEMA["step"]), \
+    f"step_record cannot judge {_STEP_RULES}"
+_REAL = tuple(f.name for f in SCHEMA["step"] if f.rule == "number" and not f.nonneg)
+_NONNEG = tuple(f.name for f in SCHEMA["step"] if f.rule == "number" and f.nonneg)
+_WHOLE = tuple(f.name for f in SCHEMA["step"] if f.rule == "whole" and f.name != "step")
+_TABLES = tuple(f.name for f in SCHEMA["step"] if f.rule == "values")
 _NAN = float("nan")
 
 
@@ -67,9 +73,10 @@ def step_record(ev: dict[str, Any], end: int) -> bytes | None:
         return None
     if type(t) is not float or not T_MIN <= t <= T_MAX:
         return None
-    loss = ev.get("loss")
-    if loss is not None and type(loss) is not float:
-        return None
+    for key in _REAL:
+        v = ev.get(key)
+        if v is not None and type(v) is not float:
+            return None
     for key in _NONNEG:
         v = ev.get(key)
         if v is not None and (type(v) is not float or v < 0):
@@ -78,9 +85,10 @@ def step_record(ev: dict[str, Any], end: int) -> bytes | None:
         v = ev.get(key)
         if v is not None and (type(v) is not int or not 0 <= v < 1 << 63):
             return None
-    if ev.get("extra"):
-        return None  # indexed as KIND_OTHER, by the parser
-    return RECORD.pack(end, 0, step, t, record_float(loss), record_float(ev.get("lr")), record_float(ev.get("grad_norm")), record_float(ev.get("tokens_per_s")))
+    for key in _TABLES:
+        if ev.get(key) is not None:
+            return None  # a script's extras: indexed as KIND_OTHER, by the parser
+    return RECORD.pack(end, 0, step, t, record_float(ev.get("loss")), record_float(ev.get("lr")), record_float(ev.get("grad_norm")), record_float(ev.get("tokens_per_s")))
 
 
 def kind_code(rec: Record | Rejected) -> int:

@@ -7,33 +7,13 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 SCHEMA_VERSION = 1
 # what json.loads raises on a file that is not JSON: RecursionError for deep nesting ([[[[...)
 JSON_ERRORS = (ValueError, RecursionError)
 T_MIN, T_MAX = 946_684_800.0, 4_102_444_800.0   # 2000-01-01 .. 2100-01-01 UTC: a line's `t` outside is not a time
-
-# kind -> fields every event of that kind carries (besides v, t, kind)
-EVENT_FIELDS: dict[str, tuple[str, ...]] = {
-    "run_start": (
-        "run_id", "attempt", "world_size", "nnodes", "device", "backend", "precision", "config",
-        "params_total", "params_trainable", "tokens_per_step", "effective_batch",
-        "static_mem_bytes", "start_step", "max_steps", "resumed_from", "torch_version",
-        "git_commit",
-    ),
-    "step": (
-        "step", "epoch", "loss", "lr", "grad_norm", "clipped", "tokens_per_s", "step_time_s",
-        "data_wait_s", "samples_seen", "tokens_seen", "skipped", "mem_alloc_bytes",
-        "mem_peak_bytes",
-    ),
-    "eval": ("step", "val_loss"),
-    "metrics": ("step", "values"),  # a script's run.log(): {name: number}
-    "checkpoint": ("step", "path", "bytes", "seconds", "reason", "request_id"),
-    "incident": ("step", "code", "severity", "title", "detail", "advice", "evidence"),
-    "control": ("request_id", "action", "status", "detail"),
-    "run_end": ("step", "status", "reason"),
-}
 
 RUN_STATES = ("starting", "running", "stopping", "completed", "stopped", "failed", "killed")
 FINAL_STATES = ("completed", "stopped", "failed", "killed")
@@ -50,6 +30,93 @@ INCIDENT_CODES = (
 EXIT_CODES = ("crash", "oom", "nccl_timeout")  # incidents that say how a rank ended
 FAILURE_CODES = (*EXIT_CODES, "hang")  # incidents that name the rank that failed first
 CONTROL_ACTIONS = ("checkpoint", "stop")
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One field of an event kind: the JSON type writers write, the parser's rule, who must write it."""
+
+    name: str
+    type: str               # what writers write: int, float, str, bool, object, list (null: unknown)
+    rule: str               # the parser's (mt/records.py): one of RULES
+    required: bool = True   # every writer writes it (null where unknown); make_event checks
+    key: bool = False       # a line without it (or with null) is rejected; else missing is unknown
+    lo: int = 0             # whole: the least value
+    nonneg: bool = False    # number: below zero is rejected
+    choices: tuple[str, ...] = ()  # choice: the values allowed
+    soft: bool = False      # a value breaking the rule is dropped (unknown), not the line
+
+
+# whole: a whole number in lo..2**63 (an integral float too); number: a number or "nan"/"inf"/"-inf";
+# time: a number within T_MIN..T_MAX; text: a string; choice: one of `choices`; values: {name: number};
+# strings: a list of strings; object: a JSON object; flag: only true is true; free: not checked
+RULES = ("whole", "number", "time", "text", "choice", "values", "strings", "object", "flag", "free")
+
+
+def _whole(name: str, required: bool = True, key: bool = False, lo: int = 0) -> Field:
+    return Field(name, "int", "whole", required or key, key, lo)
+
+
+def _num(name: str, required: bool = True, nonneg: bool = False, soft: bool = False) -> Field:
+    return Field(name, "float", "number", required, nonneg=nonneg, soft=soft)
+
+
+def _text(name: str, required: bool = True, key: bool = False) -> Field:
+    return Field(name, "str", "text", required or key, key)
+
+
+def _free(name: str, type_: str, required: bool = True) -> Field:
+    return Field(name, type_, "free", required)
+
+
+# The event schema (docs/events.md): per kind, every field mt writes or reads, in the order
+# writers write them (besides v, t, kind); required ones first, then the extras
+SCHEMA: dict[str, tuple[Field, ...]] = {
+    "run_start": (
+        _free("run_id", "str"), _whole("attempt", lo=1), _whole("world_size", lo=1), _whole("nnodes", lo=1),
+        _text("device"), _text("backend"), _text("precision"), _free("config", "object"), _whole("params_total"),
+        _free("params_trainable", "int"), _whole("tokens_per_step"), _whole("effective_batch"),
+        _free("static_mem_bytes", "int"), _whole("start_step"), _whole("max_steps"), _free("resumed_from", "object"),
+        _free("torch_version", "str"), _free("git_commit", "str"),
+        _free("grad_accum_steps", "int", False), _free("micro_batch_size", "int", False), _free("seq_len", "int", False),
+        _free("flops_per_token", "float", False), _whole("params_active", False), _free("model", "str", False),
+        Field("strategy", "str", "choice", False, choices=("ddp", "fsdp"), soft=True),
+        Field("activation_checkpointing", "bool", "flag", False, soft=True),
+        Field("compile", "bool", "flag", False, soft=True), _free("peak_flops", "float", False),
+        _num("data_loss_floor", False, nonneg=True, soft=True),  # a finite number >= 0, else dropped
+        _free("pid", "int", False), _free("source", "str", False), _free("script", "str", False),
+    ),
+    "step": (
+        _whole("step", key=True), _whole("epoch"), _num("loss"), _num("lr", nonneg=True), _num("grad_norm", nonneg=True),
+        _free("clipped", "bool"), _num("tokens_per_s", nonneg=True), _num("step_time_s", nonneg=True),
+        _num("data_wait_s", nonneg=True), _whole("samples_seen"), _whole("tokens_seen"), _free("skipped", "bool"),
+        _whole("mem_alloc_bytes"), _whole("mem_peak_bytes"),
+        _num("samples_per_s", False, nonneg=True), _free("loss_scale", "float", False), _whole("recompiles", False),
+        _num("mfu", False, nonneg=True), Field("extra", "object", "values", False),  # a script's run.step(**metrics)
+    ),
+    "eval": (_whole("step", key=True), _num("val_loss")),
+    "metrics": (_whole("step", key=True), Field("values", "object", "values")),  # a script's run.log()
+    "checkpoint": (
+        _whole("step", key=True), _text("path"), _whole("bytes"), _num("seconds", nonneg=True), _text("reason"),
+        _text("request_id"), Field("request_ids", "list", "strings", False), _num("blocking_s", False, nonneg=True),
+    ),
+    "incident": (
+        _whole("step"), _text("code", key=True), Field("severity", "str", "choice", choices=SEVERITIES),
+        _text("title"), _text("detail"), _text("advice"), Field("evidence", "object", "object"),
+        # incidents.jsonl's own (the supervisor's records; mt/records.py parse_incident)
+        Field("status", "str", "choice", False, choices=("open", "closed")), _text("source", False),
+        Field("event_t", "float", "time", False),
+    ),
+    "control": (_text("request_id", key=True), _text("action"), _text("status", key=True), _text("detail")),
+    "run_end": (_whole("step"), _text("status", key=True), _text("reason")),
+}
+assert all(f.rule in RULES for fields in SCHEMA.values() for f in fields)
+
+# kind -> fields every event of that kind carries (besides v, t, kind): what make_event checks
+EVENT_FIELDS: dict[str, tuple[str, ...]] = {
+    kind: tuple(f.name for f in fields if f.required) for kind, fields in SCHEMA.items()
+}
+
 
 
 def make_event(kind: str, **fields: Any) -> dict[str, Any]:

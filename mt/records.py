@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Union
 
-from mt.events import JSON_ERRORS, SCHEMA_VERSION, SEVERITIES, T_MAX, T_MIN, number, whole
+from mt.events import JSON_ERRORS, SCHEMA, SCHEMA_VERSION, SEVERITIES, T_MAX, T_MIN, number, whole
 from mt.events import BadValue as _Bad
 from mt.events import show_value as _show
 from mt.jsonl import MAX_LINE_BYTES, JsonlTail
@@ -125,7 +125,9 @@ class Incident(Event):
 
 
 @dataclass(slots=True)
-class Control(Event):
+class ControlEvent(Event):
+    """A `control` event: rank 0's answer to a control request (accepted, rejected, done)."""
+
     request_id: str
     action: str
     status: str
@@ -148,7 +150,7 @@ class Unknown(Event):
     name: str
 
 
-Record = Union[RunStart, Step, Eval, Metrics, Checkpoint, Incident, Control, RunEnd, Unknown]
+Record = Union[RunStart, Step, Eval, Metrics, Checkpoint, Incident, ControlEvent, RunEnd, Unknown]
 
 
 def _int(raw: dict[str, Any], key: str, lo: int = 0, required: bool = False) -> int | None:
@@ -185,12 +187,19 @@ def _time(raw: dict[str, Any], key: str = "t") -> float | None:
     return t
 
 
+def _choices(kind: str, name: str) -> tuple[str, ...]:
+    return next(f.choices for f in SCHEMA[kind] if f.name == name)
+
+
+_STRATEGIES, _INCIDENT_STATES = _choices("run_start", "strategy"), _choices("incident", "status")
+
+
 def _run_start(raw: dict[str, Any], t: float | None) -> RunStart:
     return RunStart(
         t, raw, _int(raw, "attempt", 1), _int(raw, "world_size", 1), _int(raw, "nnodes", 1),
         _str(raw, "device"), _str(raw, "backend"), _str(raw, "precision"), _int(raw, "params_total"),
         _int(raw, "params_active"), _int(raw, "tokens_per_step"), _int(raw, "effective_batch"), _int(raw, "start_step") or 0,
-        _int(raw, "max_steps"), _floor(raw), raw.get("strategy") if raw.get("strategy") in ("ddp", "fsdp") else None,
+        _int(raw, "max_steps"), _floor(raw), raw.get("strategy") if raw.get("strategy") in _STRATEGIES else None,
         raw.get("activation_checkpointing") is True,  # optional extras: an odd value is dropped, not the line
         raw.get("compile") is True)
 
@@ -204,8 +213,12 @@ def _floor(raw: dict[str, Any]) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
+# a step's counts that no record field holds, checked all the same (the table's other whole fields)
+_STEP_COUNTS = tuple(f.name for f in SCHEMA["step"] if f.rule == "whole" and f.name not in Step.__dataclass_fields__)
+
+
 def _step(raw: dict[str, Any], t: float | None) -> Step:
-    for key in ("epoch", "samples_seen", "tokens_seen", "mem_alloc_bytes", "mem_peak_bytes"):
+    for key in _STEP_COUNTS:
         _int(raw, key)
     return Step(
         t, raw, _int(raw, "step", required=True), _num(raw, "loss"), _num(raw, "lr", True),  # type: ignore[arg-type]
@@ -253,7 +266,7 @@ def _incident(raw: dict[str, Any], t: float | None) -> Incident:
     if severity not in SEVERITIES:
         raise _Bad(f"severity {_show(severity)} is not one of {', '.join(SEVERITIES)}")
     status = _str(raw, "status") or "open"
-    if status not in ("open", "closed"):
+    if status not in _INCIDENT_STATES:
         raise _Bad(f"status {_show(status)} is not open or closed")
     evidence = raw.get("evidence")
     if evidence is not None and not isinstance(evidence, dict):
@@ -265,8 +278,8 @@ def _incident(raw: dict[str, Any], t: float | None) -> Incident:
         _str(raw, "source"), _time(raw, "event_t"))
 
 
-def _control(raw: dict[str, Any], t: float | None) -> Control:
-    return Control(t, raw, _str(raw, "request_id", True), _str(raw, "action") or "",  # type: ignore[arg-type]
+def _control(raw: dict[str, Any], t: float | None) -> ControlEvent:
+    return ControlEvent(t, raw, _str(raw, "request_id", True), _str(raw, "action") or "",  # type: ignore[arg-type]
                    _str(raw, "status", True), _str(raw, "detail") or "")  # type: ignore[arg-type]
 
 

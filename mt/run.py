@@ -20,6 +20,7 @@ from types import TracebackType
 from typing import Any, Mapping
 
 from mt.agree import Agreement
+from mt.contract import builders as event_fields
 from mt.eventlog import EventWriter
 from mt.events import INT_MAX
 from mt.failsafe import WriteFailures
@@ -27,7 +28,7 @@ from mt.heartbeat import BackgroundHeartbeat
 from mt.inbox import ControlInbox, Polled, Request, StopSignals
 from mt.paths import RunPaths
 from mt.stepbatch import StepBatch
-from mt.values import as_number, as_whole, plain
+from mt.values import as_number, as_whole, plain, step_number
 
 ENV_RUN_DIR, ENV_ATTEMPT = "MT_RUN_DIR", "MT_ATTEMPT"
 _KNOWN = ("loss", "lr", "grad_norm", "tokens")
@@ -117,11 +118,11 @@ class Run:
         # checked before anything is noted, so a refused value changes nothing; a plain float
         # passes on a type check (NaN too: the parser keeps it)
         if type(loss) is not float and loss is not None:
-            loss = as_number(loss, "loss")
+            loss = step_number(loss, "loss")
         if not (type(lr) is float and lr >= 0.0) and lr is not None:
-            lr = as_number(lr, "lr", nonneg=True)
+            lr = step_number(lr, "lr")
         if not (type(grad_norm) is float and grad_norm >= 0.0) and grad_norm is not None:
-            grad_norm = as_number(grad_norm, "grad_norm", nonneg=True)
+            grad_norm = step_number(grad_norm, "grad_norm")
         extra = {k: as_number(v, k) for k, v in metrics.items()} if metrics else None
         ctl, tokens_all = self._sync(step, tokens)
         self._emit_step(self._step or 0, now, loss, lr, grad_norm, tokens_all, extra)
@@ -138,7 +139,7 @@ class Run:
         """Rank 0 records step `step`'s numbers, checked as `step` checks them (on every rank);
         `tokens` is the step's count over every rank: nothing is summed here."""
         at = as_whole(step, "step")
-        values = (as_number(loss, "loss"), as_number(lr, "lr", nonneg=True), as_number(grad_norm, "grad_norm", nonneg=True),
+        values = (step_number(loss, "loss"), step_number(lr, "lr"), step_number(grad_norm, "grad_norm"),
                   as_number(tokens, "tokens", nonneg=True, finite=True))
         self._emit_step(at, time.perf_counter(), *values, {k: as_number(v, k) for k, v in metrics.items()} or None)
 
@@ -165,12 +166,11 @@ class Run:
         reqs, self._pending = self._pending, []  # what a step took: one asked later waits for a save after it
         reason = "stop" if self._stopping else "request" if reqs else "script"
         with self.failures.guard(self.paths.events):
-            self._events.emit("checkpoint", step=at, path=str(where), bytes=_size(where), seconds=None, reason=reason,
-                              request_id=reqs[0].id if reqs else None, request_ids=[r.id for r in reqs])
+            self._events.emit("checkpoint", **event_fields.checkpoint(at, str(where), _size(where), None, reason,
+                                                                     [r.id for r in reqs]))
         for req in reqs:
             with self.failures.guard(self.paths.events):
-                self._events.emit("control", request_id=req.id, action=req.action, status="done",
-                                  detail=f"checkpoint saved at step {at}: {where}")
+                self._events.emit("control", **event_fields.saved(req.id, req.action, at, where))
             if self._inbox is not None:  # answered by the save, even if the answer could not be written
                 self._inbox.done(req.path)
 
@@ -191,8 +191,9 @@ class Run:
                 for req in self._pending + self._asked:
                     done = req.action == "stop" and final == "stopped"
                     with self.failures.guard(self.paths.events):
-                        self._events.emit("control", request_id=req.id, action=req.action, status="done" if done else "rejected",
-                                          detail=f"stopped at step {self._step}" if done else f"the script ended ({final}) without saving a checkpoint")
+                        self._events.emit("control", **event_fields.control_answer(
+                            req.id, req.action, "done" if done else "rejected",
+                            f"stopped at step {self._step}" if done else f"the script ended ({final}) without saving a checkpoint"))
                     if self._inbox is not None:
                         self._inbox.done(req.path)
                 self._pending, self._asked = [], []
@@ -272,10 +273,10 @@ class Run:
             self._asked += polled.requests  # taken even if their answers cannot be written
             with self.failures.guard(self.paths.events):
                 for rid, action, why in polled.rejected:
-                    self._events.emit("control", request_id=rid, action=action, status="rejected", detail=why)
+                    self._events.emit("control", **event_fields.control_answer(rid, action, "rejected", why))
                 at = (self._step or 0) + 1
                 for req in polled.requests:
-                    self._events.emit("control", request_id=req.id, action=req.action, status="accepted", detail=f"at step {at}")
+                    self._events.emit("control", **event_fields.accepted(req.id, req.action, at))
 
     def _flush(self) -> None:
         """Write the waiting step events in one go, then run the rank-0 rules over them.
@@ -321,18 +322,18 @@ class Run:
     def _emit_run_start(self, start_step: int) -> None:
         assert self._events is not None
         self._started = True
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
         torch = sys.modules.get("torch")
         with self.failures.guard(self.paths.events):
-            self._events.emit(
-                "run_start", run_id=self.dir.name, attempt=self.attempt, world_size=self.world_size,
-                nnodes=max(1, self.world_size // max(1, local)), device=self._agree.device_name(), backend=self._agree.backend(),
-                precision=None, config=plain(self.config), params_total=None, params_trainable=None, tokens_per_step=None,
-                effective_batch=None, static_mem_bytes=None, start_step=max(0, start_step), max_steps=self.max_steps,
+            self._events.emit("run_start", **event_fields.run_start(
+                run_id=self.dir.name, attempt=self.attempt, world_size=self.world_size,
+                local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size)),
+                device=self._agree.device_name(), backend=self._agree.backend(), precision=None, config=plain(self.config),
+                params_total=None, params_trainable=None, tokens_per_step=None, effective_batch=None, static_mem_bytes=None,
+                start_step=max(0, start_step), max_steps=self.max_steps,
                 resumed_from={"path": str(self.resume_from)} if self.resume_from else None,
                 torch_version=getattr(torch, "__version__", None), git_commit=None, source="script",
                 script=sys.argv[0] if sys.argv else None, pid=os.getpid(),
-            )
+            ))
 
     def _excepthook(self, kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         """An exception escaping the script ends the run as failed, with its type and message."""

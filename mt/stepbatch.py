@@ -10,12 +10,16 @@ import math
 from collections import deque
 from typing import Any, Callable, Mapping
 
-from mt.events import SCHEMA_VERSION, T_MAX, T_MIN, dumps
+from mt.events import SCHEMA, SCHEMA_VERSION, T_MAX, T_MIN, dumps
 
-# the step event of a script: the engine-only fields are always null (docs/events.md, "step")
-_LINE = ('{"v":%d,"t":%%s,"kind":"step","step":%%d,"epoch":null,"loss":%%s,"lr":%%s,"grad_norm":%%s,"clipped":null,'
-         '"tokens_per_s":%%s,"step_time_s":%%s,"data_wait_s":null,"samples_seen":null,"tokens_seen":%%s,'
-         '"skipped":false,"mem_alloc_bytes":null,"mem_peak_bytes":null%%s}\n') % SCHEMA_VERSION
+# what a script knows of a step, in the order drain fills them; every other required field is
+# engine-only and always null (docs/events.md, "step")
+_SCRIPT = {"step": "%d", "loss": "%s", "lr": "%s", "grad_norm": "%s", "tokens_per_s": "%s", "step_time_s": "%s",
+           "tokens_seen": "%s", "skipped": "false"}
+# the line of a script's step, from the schema's required step fields in their order (made once)
+_LINE = ('{"v":%d,"t":%%s,"kind":"step",' % SCHEMA_VERSION
+         + ",".join(f'"{f.name}":{_SCRIPT.get(f.name, "null")}' for f in SCHEMA["step"] if f.required) + '%s}\n')
+assert [f.name for f in SCHEMA["step"] if f.name in _SCRIPT] == list(_SCRIPT), "drain fills the line in this order"
 _INF = math.inf
 _STEP_MAX, _WHOLE_MAX = 1 << 53, 1 << 63
 

@@ -9,7 +9,9 @@ import json
 import math
 from typing import Any, Mapping
 
-from mt.events import number, whole
+from mt.events import SCHEMA, number, whole
+
+_NONNEG = frozenset(f.name for f in SCHEMA["step"] if f.rule == "number" and f.nonneg)  # lr, grad_norm, ...
 
 
 def as_number(value: Any, what: str, nonneg: bool = False, finite: bool = False) -> float | None:
@@ -31,6 +33,11 @@ def as_number(value: Any, what: str, nonneg: bool = False, finite: bool = False)
     if finite and not math.isfinite(x):  # summed into tokens_seen, a whole number
         raise ValueError(f"mt: {what} {x} is not finite")
     return x
+
+
+def step_number(value: Any, name: str) -> float | None:
+    """A step's number field (loss, lr, grad_norm) as the schema's rule for it takes it."""
+    return as_number(value, name, nonneg=name in _NONNEG)
 
 
 def as_whole(value: Any, what: str) -> int:

@@ -20,6 +20,7 @@ from engine.dist import DistEnv, log, report_failure
 from engine.faults import Faults
 from mt.anomaly import checkpoint_failed_incident, disk_full_incident
 from mt.config import Config
+from mt.contract import builders as event_fields
 from mt.contract import checkpoints
 from mt.inbox import ControlInbox, Request
 from mt.paths import RunPaths
@@ -133,11 +134,10 @@ class Checkpointer:
     def _report_saved(self, saved: folder.Saved, step: int, reason: str, reqs: list[Request], blocking_s: float) -> None:
         """Rank 0: the checkpoint event (written and renamed into place) and the answers to its requests."""
         waited = min(blocking_s, saved.seconds)
-        self.events.emit("checkpoint", step=step, path=str(saved.path), bytes=saved.bytes, seconds=round(saved.seconds, 4),
-                         blocking_s=round(waited, 4), reason=reason,
-                         request_id=reqs[0].id if reqs else None, request_ids=[r.id for r in reqs])
+        self.events.emit("checkpoint", **event_fields.checkpoint(step, str(saved.path), saved.bytes, round(saved.seconds, 4), reason,
+                                                                [r.id for r in reqs], blocking_s=round(waited, 4)))
         for req in reqs:
-            self.events.emit("control", request_id=req.id, action=req.action, status="done", detail=f"checkpoint saved at step {step}: {saved.path}")
+            self.events.emit("control", **event_fields.saved(req.id, req.action, step, saved.path))
             self._done(req)
         log(f"checkpoint ({reason}) step {step}: {saved.path} {saved.bytes} bytes in {saved.seconds:.2f}s (the loop waited {waited:.2f}s)")
 
@@ -157,7 +157,7 @@ class Checkpointer:
         """Checkpoint requests this failed write would have answered (a stop still stops)."""
         for req in reqs:
             if req.action == "checkpoint":
-                self.events.emit("control", request_id=req.id, action=req.action, status="rejected", detail=why)
+                self.events.emit("control", **event_fields.control_answer(req.id, req.action, "rejected", why))
                 self._done(req)
 
     def _done(self, req: Request) -> None:

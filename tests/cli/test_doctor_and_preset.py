@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mt.events import schema_errors
+from mt.events import EVENT_FIELDS, SCHEMA, schema_errors
 from mt.preset import load_preset
 from tests.cli.conftest import REPO, events, mt, run_dir_from, status, toml_text
 from tests.cli.test_startup import _probe
@@ -60,6 +60,8 @@ def test_real_tiny_preset_trains_and_every_event_matches_schema(tmp_path: Path) 
     first, last = steps[0]["loss"], sum(s["loss"] for s in steps[-5:]) / 5
     assert first > 5.0 and last < first - 1.5, (first, last)  # it learns
     start = events(run_dir, "run_start")[0]
+    # the required fields first, in the schema's order, as a script's run_start has them (tests/library/test_library.py)
+    assert list(start)[3:21] == list(EVENT_FIELDS["run_start"]) and set(start) - {"v", "t", "kind"} <= {f.name for f in SCHEMA["run_start"]}
     assert start["world_size"] == 2 and start["effective_batch"] == 2 * 8 * 2
     assert start["tokens_per_step"] == 2 * 8 * 2 * 128
     assert 0 < start["data_loss_floor"] < last

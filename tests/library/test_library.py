@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from mt.contract.checkpoints import reported
+from mt.events import EVENT_FIELDS, SCHEMA, schema_errors
 from mt.records import Metrics, Rejected, Step, parse_event
 from tests.cli.conftest import events, mt, status, wait_for
 
@@ -156,6 +157,11 @@ def test_values_the_parser_would_reject_are_refused_at_the_call_and_init_twice_i
     [run_dir] = (tmp_path / "runs").iterdir()
     lines = (run_dir / "events.jsonl").read_bytes().splitlines()
     assert [r for r in map(parse_event, lines) if isinstance(r, Rejected)] == []
+    # every line has the schema's required fields (as the engine's do: tests/cli/test_doctor_and_preset.py),
+    # and the script's run_start only fields of the schema (mt/contract/builders.py builds both)
+    assert [schema_errors(json.loads(line)) for line in lines] == [[]] * len(lines)
+    start = events(run_dir, "run_start")[0]
+    assert list(start)[3:21] == list(EVENT_FIELDS["run_start"]) and set(start) - {"v", "t", "kind"} <= {f.name for f in SCHEMA["run_start"]}
     assert [e["step"] for e in events(run_dir, "step")] == [1] and events(run_dir, "run_end")[0]["step"] == 1
     assert status(run_dir)["state"] == "completed"
 

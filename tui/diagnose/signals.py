@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mt.events import CONTROL_ACTIONS, as_float
-from mt.records import Checkpoint, Control, Eval, Record, RunEnd, RunStart, Step
+from mt.records import Checkpoint, ControlEvent, Eval, Record, RunEnd, RunStart, Step
 
 # Steps right after an attempt starts carry worker start-up, first-batch and allocator
 # warm-up costs; no rate or share is judged on them.
@@ -83,7 +83,7 @@ class RunSignals:
             self._pause(ev)
         elif isinstance(ev, RunEnd):
             self.run_end = ev
-        elif isinstance(ev, Control) and ev.action in CONTROL_ACTIONS:
+        elif isinstance(ev, ControlEvent) and ev.action in CONTROL_ACTIONS:
             self.pending_request = ev.status == "accepted"
 
     def _new_attempt(self, ev: RunStart) -> None:

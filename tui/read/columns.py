@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mt.events import JSON_ERRORS
+from mt.events import JSON_ERRORS, SCHEMA, Field
 from mt.jsonl import MAX_LINE_BYTES, next_newline
 from mt.records import Record, Rejected, Step, parse_event
 
@@ -33,11 +33,20 @@ _VAL = rb'(?:"[^"\\\x00-\x1f]{0,4096}"|true|false|' + _REAL + rb')'
 _WHOLE = rb'(?:0|[1-9]\d{0,17})'
 _NONNEG_WHOLE = rb'(?:' + _WHOLE + rb'|null)'
 _TIME = rb'(?:9[5-9]\d{7}|[1-3]\d{9}|40\d{8})(?:\.\d{1,20})?'   # 2000..2099, as records.T_MIN/T_MAX
-_STRICT = {
-    "v": rb"1", "t": _TIME, "step": _WHOLE, "loss": _REAL,
-    **dict.fromkeys(("lr", "grad_norm", "tokens_per_s", "step_time_s", "data_wait_s", "mfu", "samples_per_s"), _NONNEG),
-    **dict.fromkeys(("epoch", "samples_seen", "tokens_seen", "mem_alloc_bytes", "mem_peak_bytes"), _NONNEG_WHOLE),
-}
+_BY_RULE = {"whole": _NONNEG_WHOLE, "values": rb"null"}   # a table of values: the parser's, by the slow path
+
+
+def _strict(f: Field) -> bytes:
+    """What the regex takes for a step field, from its rule in mt/events.py SCHEMA."""
+    if f.rule == "number":
+        return _NONNEG if f.nonneg else _REAL
+    if f.rule == "free":
+        return _VAL
+    assert f.rule in _BY_RULE and not f.lo and not f.key, f"the scanner cannot judge step's {f.name}"
+    return _BY_RULE[f.rule]
+
+
+_STRICT = {"v": rb"1", "t": _TIME, "step": _WHOLE, **{f.name: _strict(f) for f in SCHEMA["step"] if f.name != "step"}}
 
 
 @dataclass
@@ -80,7 +89,7 @@ def _step_pattern(line: bytes) -> re.Pattern[bytes] | None:
         elif key in COLS:
             parts.append(k + b"(?P<" + key.encode() + b">" + _STRICT[key] + b")")
         else:
-            parts.append(k + _STRICT.get(key, _VAL))
+            parts.append(k + _STRICT.get(key, _VAL))  # a key the schema does not know: any plain value
     return re.compile(rb"(?m)^\{" + b",".join(parts) + rb"\}$")
 
 

@@ -39,7 +39,7 @@ def quick_read_index(run_dir: Path) -> BulkResult | None:
     i, start, rec = items[-1]
     if not line_matches(paths.events, start, int(rec[0]), RECORD.pack(*rec)):
         return None          # an index of other contents: the caller reads the slow way
-    state = _replay(paths, items)
+    state = _state_from_index(paths, items)
     if state is None:
         return None
     state.best_loss_partial = items[0][0] > 0
@@ -75,9 +75,12 @@ def _records(f: BinaryIO, a: int, b: int) -> dict[int, tuple[int, Record]]:
     return out
 
 
-def _replay(paths: RunPaths, items: list[tuple[int, int, Record]]) -> RunState | None:
+def _state_from_index(paths: RunPaths, items: list[tuple[int, int, Record]]) -> RunState | None:
     """Fold the picked records in file order; steps from their records, except the newest,
-    whose line carries what the header shows beyond the plotted columns (step time, MFU)."""
+    whose line carries what the header shows beyond the plotted columns (step time, MFU).
+
+    The fold itself is reduce_event's, as in bulk.replay; this one reads index records (each
+    checked by the parser, None at the first that disagrees) and loads no numpy for a first frame."""
     state = new_state(paths.root)
     last_step = max((i for i, _, rec in items if rec[1] == _STEP), default=None)
     with open(paths.events, "rb") as f:

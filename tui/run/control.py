@@ -14,7 +14,7 @@ from typing import Any
 from mt.events import CONTROL_ACTIONS, FINAL_STATES
 from mt.jsonl import read_json, write_json_atomic
 from mt.paths import RunPaths
-from mt.records import Checkpoint, Control, RecordTail
+from mt.records import Checkpoint, ControlEvent, RecordTail
 from tui.rundir import NotARunError, liveness, read_status, require_run_dir
 
 
@@ -126,7 +126,7 @@ def wait_answer(run_dir: Path, request_id: str, timeout: float) -> Answer:
         for ev in tail.iter_new():
             if isinstance(ev, Checkpoint) and request_id in ev.request_ids:
                 answer.checkpoint = ev
-            elif isinstance(ev, Control) and ev.request_id == request_id:
+            elif isinstance(ev, ControlEvent) and ev.request_id == request_id:
                 answer.action = ev.action or answer.action
                 if ev.status in ("done", "rejected"):
                     answer.status, answer.detail = ev.status, ev.detail

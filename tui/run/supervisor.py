@@ -31,7 +31,7 @@ from mt.events import dumps
 from mt.jsonl import write_json_atomic
 from mt.paths import RunPaths
 from mt.preset import load_config_json
-from mt.records import Control, Record, RecordTail, RunEnd, RunStart
+from mt.records import ControlEvent, Record, RecordTail, RunEnd, RunStart
 from mt.system import clean_sample
 from tui.run import lock as runlock
 from tui.run.procs import daemonize, die_with_parent, kill_all, rank_processes, run_processes, terminate_all
@@ -329,7 +329,7 @@ class Supervisor:
         new = self.events.read_new()
         self.news += new
         for ev in new:
-            if isinstance(ev, Control) and ev.action == "stop" and ev.status == "accepted" \
+            if isinstance(ev, ControlEvent) and ev.action == "stop" and ev.status == "accepted" \
                     and self.status.get("state") == "running":
                 self.write_status("stopping", reason=f"stop requested ({ev.request_id})")
             elif isinstance(ev, RunStart):

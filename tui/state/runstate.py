@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from mt.events import EXIT_CODES, FAILURE_CODES, FINAL_STATES, RUN_STATES, as_float
 from mt.jsonl import read_json
 from mt.paths import RunPaths
-from mt.records import Checkpoint, Control, Eval, Metrics, Record, RunEnd, RunStart, Step
+from mt.records import Checkpoint, ControlEvent, Eval, Metrics, Record, RunEnd, RunStart, Step
 from mt.records import Incident as IncidentRecord
 
 if TYPE_CHECKING:
@@ -349,7 +349,7 @@ def reduce_event(st: RunState, ev: Record) -> None:
         for rid in ev.request_ids:
             if rid in st.controls:
                 st.controls[rid].checkpoint_step = ev.step
-    elif isinstance(ev, Control):
+    elif isinstance(ev, ControlEvent):
         prev = st.controls.get(ev.request_id)
         st.controls[ev.request_id] = ControlAnswer(
             request_id=ev.request_id, action=ev.action, status=ev.status, detail=ev.detail,

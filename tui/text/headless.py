@@ -14,7 +14,7 @@ from typing import Callable, TextIO
 
 from mt.events import FINAL_STATES
 from mt.paths import RunPaths
-from mt.records import Checkpoint, Control, Eval, Incident, Metrics, Record, RunEnd, RunStart, Step
+from mt.records import Checkpoint, ControlEvent, Eval, Incident, Metrics, Record, RunEnd, RunStart, Step
 from tui.format import at_step, fmt_duration, fmt_num, fmt_rate, fmt_write_time, safe_text
 from tui.read.follower import PollResult, RunFollower
 from tui.rundir import liveness, read_status
@@ -44,7 +44,7 @@ def event_line(ev: Record) -> str | None:
         return f"checkpoint saved at step {ev.step} ({ev.reason}{took}): {ev.path}"
     if isinstance(ev, Incident):
         return f"incident [{ev.severity}] {ev.code} {at_step(ev.step)}: {ev.title}"
-    if isinstance(ev, Control) and ev.status in ("done", "rejected"):
+    if isinstance(ev, ControlEvent) and ev.status in ("done", "rejected"):
         return f"control {ev.action} {ev.status}: {ev.detail}".rstrip(": ")
     if isinstance(ev, RunEnd):
         return f"run ended {at_step(ev.step)}: {ev.status} ({ev.reason})"

@@ -12,7 +12,7 @@ from textual.app import App
 from textual.screen import Screen
 from textual.worker import get_current_worker
 
-from mt.records import Checkpoint, Control, Record
+from mt.records import Checkpoint, ControlEvent, Record
 from tui.format import safe_text
 from tui.read.follower import PollResult
 from tui.read.watcher import Watcher, WatchUpdate
@@ -106,7 +106,7 @@ class MtApp(App[int]):
             self.say(f"checkpoint saved at step {ev.step}", title="checkpoint")
             for rid in asked:
                 self.pending.pop(rid, None)
-        elif isinstance(ev, Control) and ev.request_id in self.pending:
+        elif isinstance(ev, ControlEvent) and ev.request_id in self.pending:
             if ev.status == "rejected":
                 self.say(f"{ev.action} rejected: {ev.detail}", severity="error")
                 self.pending.pop(ev.request_id, None)
