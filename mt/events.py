@@ -118,7 +118,6 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 
-
 def make_event(kind: str, **fields: Any) -> dict[str, Any]:
     """An event dict with the envelope filled in; raises on a missing field (a bug, not input)."""
     missing = [f for f in EVENT_FIELDS[kind] if f not in fields]

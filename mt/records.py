@@ -3,7 +3,8 @@
 Every reader of events.jsonl and incidents.jsonl (viewer, rules, supervisor, control client,
 index) goes through `parse_event` / `parse_incident`, so they agree on what a line means. A
 missing field is unknown (None); a value that cannot be true (a step that is not a whole
-number, a loss that is a list, a time in 1970) rejects the whole line. docs/events.md.
+number, a loss that is a list, a time in 1970) rejects the whole line. Each field is judged by its
+rule in mt/events.py SCHEMA (tests/tui/test_schema.py walks every kind and field). docs/events.md.
 """
 from __future__ import annotations
 
