@@ -35,8 +35,6 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "run_end": ("step", "status", "reason"),
 }
 
-RUN_STATES = ("starting", "running", "stopping", "completed", "stopped", "failed", "killed")
-FINAL_STATES = ("completed", "stopped", "failed", "killed")
 SEVERITIES = ("info", "warn", "error")
 INCIDENT_CODES = (
     "dataloader_stall", "nan_loss", "loss_spike", "grad_explosion", "fp16_overflow",

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from mt.contract.status import Status, judge
+
 # System calls that mean "waiting for someone else": a peer in a collective, a queue, a lock.
 WAITING_SYSCALLS = frozenset({"futex", "poll", "ppoll", "select", "pselect6", "epoll_wait", "epoll_pwait",
                               "epoll_pwait2", "recvfrom", "recvmsg", "read", "sched_yield"})
@@ -57,7 +59,7 @@ class Observation:
     """What the monitor read this poll, besides the streams."""
 
     now: float
-    status: dict[str, Any] = field(default_factory=dict)
+    status: Status = field(default_factory=Status)
     heartbeats: dict[int, dict[str, Any]] = field(default_factory=dict)
     procs: dict[int, RankProc] = field(default_factory=dict)
     rank_logs: dict[int, str] = field(default_factory=dict)
@@ -70,6 +72,13 @@ class Observation:
     open_codes: frozenset[str] = frozenset()
     open_evidence: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Code -> evidence of the incident open now, with its `step` added."""
+
+
+    @property
+    def live(self) -> bool:
+        """status.json says the run goes on (`judge`; the rules run inside its supervisor, so
+        that process is alive by definition)."""
+        return judge(self.status, lambda _: True) in ("starting", "live")
 
 
 def fmt_s(seconds: float | None) -> str:

@@ -18,8 +18,9 @@ from typing import Any, Iterable
 
 from mt.anomaly import is_clear
 from mt.config import Config, ConfigError, MonitorConfig
-from mt.events import EXIT_CODES, FINAL_STATES, SCHEMA_VERSION, as_float, dumps
-from mt.jsonl import JsonlTail, read_json
+from mt.contract.status import CLEAN_STATES, FINAL_STATES, Status, read_status
+from mt.events import EXIT_CODES, SCHEMA_VERSION, as_float, dumps
+from mt.jsonl import JsonlTail
 from mt.paths import RunPaths
 from mt.preset import load_config_json
 from mt.records import Incident, Record, RecordTail, RunStart, Step, parse_incident, read_records
@@ -41,7 +42,7 @@ class Tick:
     """What the supervisor knows at one poll, handed to the monitor in memory."""
 
     now: float
-    status: dict[str, Any]                                  # as the supervisor keeps it
+    status: Status                                          # as the supervisor keeps it
     events: Iterable[Record] = ()                           # read since the last tick
     samples: list[dict[str, Any]] = field(default_factory=list)   # system samples taken since
     worker_pids: dict[int, int] = field(default_factory=dict)     # this node's ranks, as found
@@ -100,12 +101,9 @@ class IncidentMonitor:
     # -- the poll --------------------------------------------------------------------------
     def poll(self, now: float | None = None) -> list[dict[str, Any]]:
         """On its own: read what is new from the run directory, then `observe` it."""
-        status = read_json(self.paths.status)
-        status = status if isinstance(status, dict) else {}
+        status = read_status(self.paths.root)
         samples = [s for s in map(clean_sample, self.system.iter_new()) if s is not None]
-        pids = status.get("worker_pids")
-        pids = {int(r): p for r, p in pids.items() if str(r).isdigit() and isinstance(p, int)} \
-            if isinstance(pids, dict) else {}
+        pids = {int(r): p for r, p in status.worker_pids.items()}
         return self.observe(Tick(time.time() if now is None else now, status, self.events.iter_new(), samples, pids))
 
     def observe(self, tick: Tick) -> list[dict[str, Any]]:
@@ -145,9 +143,9 @@ class IncidentMonitor:
 
     def _observe(self, tick: Tick) -> Observation:
         now, status = tick.now, tick.status
-        if status.get("attempt") != self.attempt_seen:
+        if status.attempt != self.attempt_seen:
             # logs are appended across attempts: only what this attempt wrote may explain its end
-            self.attempt_seen = status.get("attempt")
+            self.attempt_seen = status.attempt
             self.log_from = {p: file_size(p) for p in self._logs()}
         hbs = read_heartbeats(self.paths)
         self.sig.note_heartbeats(hbs, now, self.m.straggler_steps)
@@ -161,8 +159,8 @@ class IncidentMonitor:
         procs = self.procs.read(pids, sample, detailed=quiet)
         obs = Observation(now, status, hbs, procs, open_codes=frozenset(self.open),
                           open_evidence={c: {**(r.get("evidence") or {}), "step": r.get("step")} for c, r in self.open.items()})
-        exited = status.get("exit_code") not in (None, 0) or status.get("state") == "failed"
-        ended_well = self.sig.run_end is not None and self.sig.run_end.status in ("completed", "stopped")
+        exited = status.exit_code not in (None, 0) or status.state == "failed"
+        ended_well = self.sig.run_end is not None and self.sig.run_end.status in CLEAN_STATES
         if quiet and not ended_well and not exited:
             obs.fresh_error = self._fresh_error()
         if exited or obs.fresh_error or (any(p.alive is False for p in procs.values()) and not ended_well):
@@ -238,7 +236,7 @@ class IncidentMonitor:
                 rec = {"v": SCHEMA_VERSION, "t": obs.now, **f.fields(), "status": "open", "source": "supervisor"}
                 self.open[code] = rec
                 out.append(rec)
-        state = obs.status.get("state")
+        state = obs.status.state
         if state not in FINAL_STATES and self.sig.run_end is not None:
             # the engine's run_end comes before torchrun and the supervisor finish: settle now,
             # as the supervisor may not poll again once it has written the final state

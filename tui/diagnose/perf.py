@@ -10,8 +10,6 @@ from mt.events import as_float
 from tui.diagnose.findings import Finding, Observation, fmt_s
 from tui.diagnose.signals import RunSignals, StepRec
 
-LIVE_STATES = ("starting", "running", "stopping")
-
 ADVICE_THROUGHPUT = (
     "Compare data_wait_s, step_time_s and GPU utilisation around the drop: a rising data wait "
     "is the input pipeline, a slower step with busy GPUs is thermal/clock throttling or "
@@ -27,9 +25,8 @@ ADVICE_MEMORY = (
 
 
 def is_live(sig: RunSignals, obs: Observation) -> bool:
-    """The run is (still) going: no run_end for this attempt, no final state."""
-    state = obs.status.get("state")
-    return sig.run_end is None and (state is None or state in LIVE_STATES)
+    """The run is (still) going: no run_end for this attempt, and status.json says it lives."""
+    return sig.run_end is None and obs.live
 
 
 def gpu_util(sig: RunSignals, obs: Observation, window_s: float) -> float | None:

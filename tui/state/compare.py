@@ -103,7 +103,7 @@ def compare_table(run_dirs: list[Path]) -> str:
     for run_dir in run_dirs:
         st = load_run_state(Path(run_dir))
         line = run_line(Path(run_dir).name, st)
-        if st.status:
+        if st.status.found:
             line.state = effective_state(st.status)   # lost when the supervisor is gone
         lines.append(line)
     return "\n".join("  ".join(r).rstrip() for r in table_rows(lines))

@@ -38,7 +38,7 @@ def run_row(path: Path, now: float | None = None) -> RunRow:
     try:
         # a big run with an index: its tail only (ms, no numpy); its best is then marked partial
         st = load_run_state(path, exact_best=False)
-        state = effective_state(st.status) if st.status else "(no status)"
+        state = effective_state(st.status) if st.status.found else "(no status)"
         total = "?" if st.max_steps is None else str(st.max_steps)
         return RunRow(
             name=path.name,
