@@ -11,9 +11,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from mt.space import is_disk_full
 from mt.jsonl import read_json, write_json_atomic
 from mt.paths import RunPaths
+from mt.space import is_disk_full
 
 RUN_STATES = ("starting", "running", "stopping", "completed", "stopped", "failed", "killed")
 LIVE_STATES = ("starting", "running", "stopping")

@@ -72,13 +72,13 @@ class Observation:
     open_codes: frozenset[str] = frozenset()
     open_evidence: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Code -> evidence of the incident open now, with its `step` added."""
-
+    supervisor_alive: bool = True
+    """Inside the supervisor it is; a monitor on its own asks the process table."""
 
     @property
     def live(self) -> bool:
-        """status.json says the run goes on (`judge`; the rules run inside its supervisor, so
-        that process is alive by definition)."""
-        return judge(self.status, lambda _: True) in ("starting", "live")
+        """The run goes on, as `judge` says of its status and supervisor."""
+        return judge(self.status, lambda _: self.supervisor_alive) in ("starting", "live")
 
 
 def fmt_s(seconds: float | None) -> str:

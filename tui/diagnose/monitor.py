@@ -31,6 +31,7 @@ from tui.diagnose.probes import ProcReader, file_size, read_heartbeats, read_tai
 from tui.diagnose.rules import evaluate
 from tui.diagnose.signals import RunFacts, RunSignals
 from tui.run.torchrun import usable_cores
+from tui.rundir import supervisor_alive
 
 # What stays open once the run is over: the facts that explain how it ended.
 KEEP_WHEN_DONE = frozenset({"nan_loss", *EXIT_CODES})
@@ -46,6 +47,7 @@ class Tick:
     events: Iterable[Record] = ()                           # read since the last tick
     samples: list[dict[str, Any]] = field(default_factory=list)   # system samples taken since
     worker_pids: dict[int, int] = field(default_factory=dict)     # this node's ranks, as found
+    supervisor_alive: bool = True                           # the supervisor's own tick: it is
 
 
 def facts_of(cfg: Config) -> RunFacts:
@@ -104,7 +106,8 @@ class IncidentMonitor:
         status = read_status(self.paths.root)
         samples = [s for s in map(clean_sample, self.system.iter_new()) if s is not None]
         pids = {int(r): p for r, p in status.worker_pids.items()}
-        return self.observe(Tick(time.time() if now is None else now, status, self.events.iter_new(), samples, pids))
+        return self.observe(Tick(time.time() if now is None else now, status, self.events.iter_new(), samples, pids,
+                                 supervisor_alive=status.supervisor_pid is None or supervisor_alive(status)))
 
     def observe(self, tick: Tick) -> list[dict[str, Any]]:
         """Take one tick, run the rules, append and return the records written."""
@@ -157,7 +160,7 @@ class IncidentMonitor:
         quiet = silent or progress is not None and now - progress > 2.0
         sample = self.sig.system[-1] if self.sig.system else None
         procs = self.procs.read(pids, sample, detailed=quiet)
-        obs = Observation(now, status, hbs, procs, open_codes=frozenset(self.open),
+        obs = Observation(now, status, hbs, procs, supervisor_alive=tick.supervisor_alive, open_codes=frozenset(self.open),
                           open_evidence={c: {**(r.get("evidence") or {}), "step": r.get("step")} for c, r in self.open.items()})
         exited = status.exit_code not in (None, 0) or status.state == "failed"
         ended_well = self.sig.run_end is not None and self.sig.run_end.status in CLEAN_STATES
