@@ -15,8 +15,6 @@ SCHEMA_VERSION = 1
 JSON_ERRORS = (ValueError, RecursionError)
 T_MIN, T_MAX = 946_684_800.0, 4_102_444_800.0   # 2000-01-01 .. 2100-01-01 UTC: a line's `t` outside is not a time
 
-RUN_STATES = ("starting", "running", "stopping", "completed", "stopped", "failed", "killed")
-FINAL_STATES = ("completed", "stopped", "failed", "killed")
 SEVERITIES = ("info", "warn", "error")
 INCIDENT_CODES = (
     "dataloader_stall", "nan_loss", "loss_spike", "grad_explosion", "fp16_overflow",

@@ -15,11 +15,12 @@ from typing import Any
 
 from mt.agree import process_group
 from mt.config import Config, LaunchConfig, RunConfig
+from mt.contract.status import CLEAN_STATES, Status, read_status, save_status, write_status
 from mt.failsafe import WriteFailures
-from mt.jsonl import read_json, write_json_atomic
+from mt.jsonl import write_json_atomic
 from mt.paths import RunPaths, new_run_dir
 from mt.preset import script_run_name, write_script_preset
-from mt.space import ensure_reserve, is_disk_full
+from mt.space import ensure_reserve
 
 
 def make_own_run(rank: int, world: int, name: str | None, runs_dir: Path,
@@ -57,14 +58,13 @@ def _fill(paths: RunPaths, cfg: Config, script: Path | None) -> None:
     write_script_preset(paths.preset, cfg, "written by mt.init for a script started without mt launch")
     write_json_atomic(paths.config, cfg.to_dict())
     now = time.time()
-    write_json_atomic(paths.status, {
-        "state": "running", "attempt": 1, "supervisor_pid": os.getpid(), "owner": "script", "torchrun_pid": None,
-        "worker_pids": {"0": os.getpid()}, "started": now, "ended": None, "exit_code": None,
-        "reason": "started without mt launch: rank 0 stands in for the supervisor",
-        "nproc": local, "nnodes": cfg.launch.nnodes, "node_rank": 0, "preset": str(script or ""),
-        "attempts": [{"attempt": 1, "started": now, "torchrun_pid": None, "ended": None, "exit_code": None}],
-        "owner_cmdline": _cmdline(),  # how `mt kill` knows the pid is still this run's rank 0
-    })
+    write_status(paths, Status(
+        state="running", attempt=1, supervisor_pid=os.getpid(), owner="script", worker_pids={"0": os.getpid()},
+        started=now, reason="started without mt launch: rank 0 stands in for the supervisor",
+        nproc=local, nnodes=cfg.launch.nnodes, node_rank=0, preset=str(script or ""),
+        attempts=[{"attempt": 1, "started": now, "torchrun_pid": None, "ended": None, "exit_code": None}],
+        owner_cmdline=_cmdline(),  # how `mt kill` knows the pid is still this run's rank 0
+    ))
     ensure_reserve(paths.reserve)  # deleted to make room for the final status.json on a full disk
 
 
@@ -80,21 +80,11 @@ def _share(made: RunPaths | None) -> RunPaths | None:
 
 def record_end(paths: RunPaths, state: str, reason: str) -> None:
     """The final state in status.json (rank 0, the stand-in supervisor)."""
-    status = read_json(paths.status)
-    if not isinstance(status, dict) or status.get("owner") != "script":
+    status = read_status(paths.root)
+    if not status.by_script:
         return
-    now = time.time()
-    status.update(state=state, ended=now, reason=reason, exit_code=0 if state in ("completed", "stopped") else 1)
-    for attempt in status.get("attempts") or []:
-        if isinstance(attempt, dict) and attempt.get("ended") is None:
-            attempt.update(ended=now, exit_code=status["exit_code"])
-    try:
-        write_json_atomic(paths.status, status)
-    except OSError as e:
-        if not is_disk_full(e) or not paths.reserve.exists():
-            raise
-        paths.reserve.unlink()  # what the reserve is for: the run's last state, on a full disk
-        write_json_atomic(paths.status, status)
+    status.end(state, reason, time.time(), exit_code=0 if state in CLEAN_STATES else 1)
+    save_status(paths, status)  # on a full disk it spends the reserve: what that is for
     paths.reserve.unlink(missing_ok=True)
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, NoReturn, Optional
 import typer
 
 if TYPE_CHECKING:
-    from tui.run.control import Answer
+    from tui.state.answers import ControlAnswer
 
 app = typer.Typer(
     name="mt",
@@ -253,7 +253,7 @@ def diff(
         fail(str(e))
 
 
-def _ask(run_dir: Path, action: str, timeout: float) -> tuple[str, Answer]:
+def _ask(run_dir: Path, action: str, timeout: float) -> tuple[str, ControlAnswer]:
     """Send a control request and wait for the engine's answer; a run that cannot take one fails."""
     from tui.run.control import ControlError, send_request, wait_answer
     from tui.rundir import NotARunError
@@ -314,10 +314,10 @@ def stop(
     if answer is not None and answer.status == "rejected":
         fail(f"stop rejected: {answer.detail}", RUN_FAILED)
     status = wait_final(run_dir, max(1.0, timeout - (time.monotonic() - t0)))
-    state = status.get("state")
+    state = status.state
     if state in ("failed", "killed"):  # e.g. no room for the final checkpoint: say why
-        fail(f"{run_dir}: the run ended {state}: {status.get('reason')}", RUN_FAILED)
-    if state not in ("stopped", "completed"):
+        fail(f"{run_dir}: the run ended {state}: {status.reason}", RUN_FAILED)
+    if not status.ended_well:
         fail(f"{run_dir}: the run did not stop within {timeout:g} s (state {state})", RUN_FAILED)
     typer.echo(safe_text(f"run {state}; {last_checkpoint_line(run_dir)}"))
 

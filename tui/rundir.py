@@ -1,22 +1,14 @@
-"""Reading a run directory from outside: status, liveness, the newest run (checkpoints: mt/contract/checkpoints.py)."""
+"""Reading a run directory from outside: liveness, the newest run (status: mt/contract/status.py; checkpoints: mt/contract/checkpoints.py)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
 
-from mt.events import FINAL_STATES
-from mt.jsonl import read_json
+from mt.contract.status import Liveness, Status, judge
 from mt.paths import RunPaths
 
 
 class NotARunError(ValueError):
     """A path that is not an mt run directory; str() is the message for the user."""
-
-
-def read_status(run_dir: Path) -> dict[str, Any]:
-    """status.json as a dict ({} when missing or unreadable)."""
-    status = read_json(RunPaths(Path(run_dir)).status)
-    return status if isinstance(status, dict) else {}
 
 
 def is_run_dir(path: Path) -> bool:
@@ -34,39 +26,24 @@ def require_run_dir(path: Path) -> Path:
     return path
 
 
-Liveness = Literal["starting", "live", "lost", "final"]
+def supervisor_alive(status: Status) -> bool:
+    """Whether the process recorded as the run's supervisor still runs (and is that process:
+    one started after status.json named it is another program that reused the pid)."""
+    from tui.run.procs import alive  # psutil: only paid for by commands that need it
+
+    return alive(status.supervisor_pid, born_by=status.written)
 
 
-def supervisor_alive(status: dict[str, Any]) -> bool:
-    """Whether the supervisor recorded in status.json is still running."""
-    from tui.run.procs import pid_alive  # psutil: only paid for by commands that need it
-
-    pid = status.get("supervisor_pid")
-    return isinstance(pid, int) and not isinstance(pid, bool) and pid_alive(pid)
+def liveness(status: Status) -> Liveness:
+    """The one answer to "is this run live?" (`judge`), asking the process table."""
+    return judge(status, supervisor_alive)
 
 
-def liveness(status: dict[str, Any]) -> Liveness:
-    """The one answer to "is this run live?", from status.json and the supervisor's process.
-
-    final: its state is final. starting: launch wrote it and no supervisor has recorded itself
-    yet. live: its supervisor runs. lost: it claims to be live but its supervisor is gone.
-    """
-    state = status.get("state")
-    if state in FINAL_STATES:
-        return "final"
-    if not isinstance(state, str):
-        return "lost"
-    if not status.get("supervisor_pid"):
-        return "starting"
-    return "live" if supervisor_alive(status) else "lost"
-
-
-def effective_state(status: dict[str, Any]) -> str:
+def effective_state(status: Status) -> str:
     """The recorded state, or `lost` when it claims to be live but its supervisor is gone."""
-    state = status.get("state")
-    if not isinstance(state, str):
+    if status.state is None:
         return "unknown"
-    return "lost" if liveness(status) == "lost" else state
+    return "lost" if liveness(status) == "lost" else status.state
 
 
 def run_dirs(runs_dir: Path) -> list[Path]:

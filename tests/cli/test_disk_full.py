@@ -8,7 +8,7 @@ import pytest
 
 from mt import space
 from mt.contract import checkpoints
-from mt.events import FINAL_STATES
+from mt.contract.status import FINAL_STATES
 from mt.paths import RunPaths
 from tests.tmpfs import fill, resize, tmpfs
 
@@ -68,13 +68,15 @@ def test_supervisor_records_the_final_state_on_a_full_disk(tmp_path):
         sup = Supervisor(run)
         paths = RunPaths(run)
         assert space.ensure_reserve(paths.reserve)
-        sup.write_status("running", attempt=1)
+        sup.status.attempt = 1
+        sup.write_status("running")
         fill(mnt)
-        sup.write_status("failed", ended=time.time(), reason="rank 0: disk full")
+        sup.status.ended, sup.status.reason = time.time(), "rank 0: disk full"
+        sup.write_status("failed")
         assert json.loads(paths.status.read_text())["state"] == "failed"
         assert not paths.reserve.exists()  # spent to make that room
 
-        sup.status["attempts"] = [{"attempt": n, "note": "x" * 4096} for n in range(64)]  # no room now
+        sup.status.attempts = [{"attempt": n, "note": "x" * 4096} for n in range(64)]  # no room now
         sup.write_status("killed")  # does not raise, and leaves the previous file whole
         assert json.loads(paths.status.read_text())["state"] == "failed"
         assert not [p for p in run.iterdir() if p.name.startswith(".status.json.")]

@@ -4,24 +4,25 @@ from __future__ import annotations
 import os
 import subprocess
 
+from mt.contract.status import Status
 from tui.rundir import effective_state, liveness
 
 
 def test_liveness_of_every_kind_of_status() -> None:
     proc = subprocess.Popen(["sleep", "30"])
     try:
-        assert liveness({"state": "running", "supervisor_pid": proc.pid}) == "live"
-        assert liveness({"state": "running", "supervisor_pid": os.getpid()}) == "live"
+        assert liveness(Status.parse({"state": "running", "supervisor_pid": proc.pid})) == "live"
+        assert liveness(Status.parse({"state": "running", "supervisor_pid": os.getpid()})) == "live"
     finally:
         proc.kill()
         proc.wait()
-    assert liveness({"state": "running", "supervisor_pid": proc.pid}) == "lost"   # its process is gone
-    assert effective_state({"state": "running", "supervisor_pid": proc.pid}) == "lost"
-    assert liveness({"state": "starting", "supervisor_pid": None}) == "starting"
+    assert liveness(Status.parse({"state": "running", "supervisor_pid": proc.pid})) == "lost"   # its process is gone
+    assert effective_state(Status.parse({"state": "running", "supervisor_pid": proc.pid})) == "lost"
+    assert liveness(Status.parse({"state": "starting", "supervisor_pid": None})) == "starting"
     for final in ("completed", "stopped", "failed", "killed"):
-        assert liveness({"state": final, "supervisor_pid": os.getpid()}) == "final"
+        assert liveness(Status.parse({"state": final, "supervisor_pid": os.getpid()})) == "final"
     for odd in ({}, {"state": 3}, {"state": "running", "supervisor_pid": True}, {"state": "running", "supervisor_pid": "1"}):
-        assert liveness(odd) == "lost", odd
+        assert liveness(Status.parse(odd)) == "lost", odd
 
 
 def test_kill_never_signals_a_recorded_pid_that_now_belongs_to_another_program(tmp_path) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mt.events import FINAL_STATES
+from mt.contract.status import FINAL_STATES
 from mt.jsonl import read_events, read_json
 from mt.paths import RunPaths
 

@@ -259,6 +259,7 @@ def test_the_supervisors_tick_is_all_the_monitor_needs(tmp_path: Path) -> None:
     """Status, events and system samples come from the supervisor in memory: here status.json,
     events.jsonl and system.jsonl do not even exist, and the OOM killer is still named."""
     from mt.config import MonitorConfig
+    from mt.contract.status import Status
     from mt.records import parse_event
     from mt.system import clean_sample
     from tui.diagnose.monitor import IncidentMonitor, Tick
@@ -273,13 +274,13 @@ def test_the_supervisors_tick_is_all_the_monitor_needs(tmp_path: Path) -> None:
     events = [parse_event({"v": 1, "t": T0, "kind": "run_start", "attempt": 1, "world_size": 2})]
     events += [parse_event({"v": 1, "t": T0 + s, "kind": "step", "step": s, "loss": 2.0, "step_time_s": 0.3,
                             "data_wait_s": 0.0, "tokens_per_s": 100.0}) for s in range(1, 13)]
-    assert mon.observe(Tick(T0 + 12, status, events, [], {0: os.getpid(), 1: os.getpid()})) == []
+    assert mon.observe(Tick(T0 + 12, Status.parse(status), events, [], {0: os.getpid(), 1: os.getpid()})) == []
     (root / "logs" / "torchrun.log").write_text(TORCHRUN_REPORT.format(root=1, other=0, code=-9))
     (root / "logs" / "rank1.log").write_text("step 1\nstep 12\n")
     sample = clean_sample({"v": 1, "t": T0 + 12, "gpus": [], "ranks": [],
                            "host": {"mem_used_bytes": 97, "mem_total_bytes": 100}})
     status = {**status, "exit_code": 1, "reason": "a worker exited"}
-    got = mon.observe(Tick(T0 + 13, status, [], [sample], {0: dead_pid(), 1: dead_pid()}))
+    got = mon.observe(Tick(T0 + 13, Status.parse(status), [], [sample], {0: dead_pid(), 1: dead_pid()}))
     assert [(g["code"], g["evidence"]["rank"], g["evidence"]["signal"]) for g in got] == [("oom", 1, "SIGKILL")]
     assert not any((root / name).exists() for name in ("status.json", "events.jsonl", "system.jsonl", "config.json"))
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from mt.config import MonitorConfig
+from mt.contract.status import Status
 from mt.records import parse_event
 from tui.diagnose.findings import ChildProc, Observation, RankProc
 from tui.diagnose.rules import evaluate
@@ -27,7 +28,7 @@ def procs(main: dict[int, str], worker: dict[int, str]) -> dict[int, RankProc]:
 def observe(sig: RunSignals, idle: float, main: dict[int, str], worker: dict[int, str]) -> Observation:
     last = sig.last_step
     assert last is not None
-    return Observation(now=last.t + idle, status={"state": "running", "attempt": 1, "exit_code": None},
+    return Observation(now=last.t + idle, status=Status(state="running", attempt=1),
                        procs=procs(main, worker))
 
 

@@ -57,6 +57,7 @@ def test_no_gpus_says_why_and_sparkline_blanks_unknowns():
 
 
 def test_notice_for_every_state(tmp_path):
+    from mt.contract.status import Status
     from tui.state.runstate import CheckpointInfo, RunState
     from tui.widgets.notice import notice_text
 
@@ -67,9 +68,9 @@ def test_notice_for_every_state(tmp_path):
         return s
 
     assert "supervisor to start torchrun" in notice_text(st("starting"), [], None).plain
-    assert "run_start" in notice_text(st("starting", status={"torchrun_pid": 5}), [], None).plain
+    assert "run_start" in notice_text(st("starting", status=Status(torchrun_pid=5)), [], None).plain
     assert "first optimizer step" in notice_text(
-        st("running", status={"torchrun_pid": 5}, world_size=2), [], None).plain
+        st("running", status=Status(torchrun_pid=5), world_size=2), [], None).plain
     assert "final checkpoint" in notice_text(st("stopping", step=3), [], None).plain
     saved = CheckpointInfo(step=3, path="checkpoints/step-3", t=0.0, reason="stop")
     assert "press r" in notice_text(st("stopped", step=3, reason="stop requested", last_checkpoint=saved), [], None).plain

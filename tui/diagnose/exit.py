@@ -7,6 +7,7 @@ import signal
 from typing import Any
 
 from mt.config import MonitorConfig
+from mt.contract.status import CLEAN_STATES
 from mt.events import as_float
 from tui.diagnose.findings import Finding, Observation, RankProc
 from tui.diagnose.signals import RunSignals
@@ -104,8 +105,8 @@ def _first_failure(obs: Observation) -> tuple[list[Failure], str]:
     failures = torchrun_failures(obs.torchrun_log)
     if failures:
         return failures, "torchrun's report (first observed failure)"
-    rc = obs.status.get("exit_code")
-    if obs.status.get("direct") and isinstance(rc, int) and rc:
+    rc = obs.status.exit_code
+    if obs.status.direct and rc:
         return [Failure(0, rc)], "the worker's exit code"  # one process, started without torchrun
     ranked = []
     for rank, tail in sorted(obs.rank_logs.items()):
@@ -120,13 +121,13 @@ def _first_failure(obs: Observation) -> tuple[list[Failure], str]:
 def _worth_explaining(sig: RunSignals, obs: Observation, exited: bool) -> bool:
     """Whether a worker failed (or is failing) in a way nobody asked for."""
     st = obs.status
-    dying = st.get("state") in ("running", "stopping") and (
+    dying = st.state in ("running", "stopping") and (
         obs.fresh_error or any(p.alive is False for p in obs.procs.values()))
-    if st.get("state") == "killed" or st.get("reason") == "kill requested" or not (exited or dying):
+    if st.state == "killed" or st.reason == "kill requested" or not (exited or dying):
         return False  # mt kill: a SIGKILL after the grace period is the user's doing, not a crash
     if (obs.open_evidence.get("nan_loss") or {}).get("action") == "stop":
         return False  # the engine stopped on purpose, and said why (nan_loss)
-    return not (sig.run_end is not None and sig.run_end.status in ("completed", "stopped"))
+    return not (sig.run_end is not None and sig.run_end.status in CLEAN_STATES)
 
 
 def _root_cause(first: Failure, failures: list[Failure], obs: Observation) -> tuple[Failure, str | None, str]:
@@ -188,12 +189,12 @@ def worker_exit(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding 
     rank that has gone, or printed an error since the last step, with a clear cause in its
     log already counts.
     """
-    rc = obs.status.get("exit_code")
-    exited = rc not in (None, 0) or obs.status.get("state") == "failed"
+    rc = obs.status.exit_code
+    exited = rc not in (None, 0) or obs.status.state == "failed"
     if not _worth_explaining(sig, obs, exited):
         return None
     failures, source = _first_failure(obs)
-    first = failures[0] if failures else Failure(-1, rc if isinstance(rc, int) else None)
+    first = failures[0] if failures else Failure(-1, rc)
     first, kind, line = _root_cause(first, failures, obs)
     tail = obs.rank_logs.get(first.rank, "")   # the blamed rank's log, not torchrun's first
     signum, signame = _signal_name(first.exit_code)
@@ -204,7 +205,7 @@ def worker_exit(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding 
                                 first.exit_code if first.exit_code is not None else rc)
     # the steps the rules hold are this attempt's only once its run_start came (a factory that
     # raises, or a script that reports nothing, never writes one): else no step ran, none is named
-    last = sig.last_step if obs.status.get("attempt") in (None, sig.attempt) else None
+    last = sig.last_step if obs.status.attempt in (None, sig.attempt) else None
     step = last.step + 1 if last else None
     who = f"rank {first.rank}" if first.rank >= 0 else "a worker"
     stuck = (obs.open_evidence.get("hang") or {}).get("suspect_ranks")

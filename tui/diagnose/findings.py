@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from mt.contract.status import Status, judge
+
 # System calls that mean "waiting for someone else": a peer in a collective, a queue, a lock.
 WAITING_SYSCALLS = frozenset({"futex", "poll", "ppoll", "select", "pselect6", "epoll_wait", "epoll_pwait",
                               "epoll_pwait2", "recvfrom", "recvmsg", "read", "sched_yield"})
@@ -57,7 +59,7 @@ class Observation:
     """What the monitor read this poll, besides the streams."""
 
     now: float
-    status: dict[str, Any] = field(default_factory=dict)
+    status: Status = field(default_factory=Status)
     heartbeats: dict[int, dict[str, Any]] = field(default_factory=dict)
     procs: dict[int, RankProc] = field(default_factory=dict)
     rank_logs: dict[int, str] = field(default_factory=dict)
@@ -70,4 +72,11 @@ class Observation:
     open_codes: frozenset[str] = frozenset()
     open_evidence: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Code -> evidence of the incident open now, with its `step` added."""
+    supervisor_alive: bool = True
+    """Inside the supervisor it is; a monitor on its own asks the process table."""
+
+    @property
+    def live(self) -> bool:
+        """The run goes on, as `judge` says of its status and supervisor."""
+        return judge(self.status, lambda _: self.supervisor_alive) in ("starting", "live")
 

@@ -18,8 +18,9 @@ from typing import Any, Iterable
 
 from mt.anomaly import is_clear
 from mt.config import Config, ConfigError, MonitorConfig
-from mt.events import EXIT_CODES, FINAL_STATES, SCHEMA_VERSION, as_float, dumps
-from mt.jsonl import JsonlTail, read_json
+from mt.contract.status import CLEAN_STATES, FINAL_STATES, Status, read_status
+from mt.events import EXIT_CODES, SCHEMA_VERSION, as_float, dumps
+from mt.jsonl import JsonlTail
 from mt.paths import RunPaths
 from mt.preset import load_config_json
 from mt.records import Incident, Record, RecordTail, RunStart, Step, parse_incident, read_records
@@ -30,6 +31,7 @@ from tui.diagnose.probes import ProcReader, file_size, read_heartbeats, read_tai
 from tui.diagnose.rules import evaluate
 from tui.diagnose.signals import RunFacts, RunSignals
 from tui.run.torchrun import usable_cores
+from tui.rundir import supervisor_alive
 
 # What stays open once the run is over: the facts that explain how it ended.
 KEEP_WHEN_DONE = frozenset({"nan_loss", *EXIT_CODES})
@@ -41,10 +43,11 @@ class Tick:
     """What the supervisor knows at one poll, handed to the monitor in memory."""
 
     now: float
-    status: dict[str, Any]                                  # as the supervisor keeps it
+    status: Status                                          # as the supervisor keeps it
     events: Iterable[Record] = ()                           # read since the last tick
     samples: list[dict[str, Any]] = field(default_factory=list)   # system samples taken since
     worker_pids: dict[int, int] = field(default_factory=dict)     # this node's ranks, as found
+    supervisor_alive: bool = True                           # the supervisor's own tick: it is
 
 
 def facts_of(cfg: Config) -> RunFacts:
@@ -100,13 +103,11 @@ class IncidentMonitor:
     # -- the poll --------------------------------------------------------------------------
     def poll(self, now: float | None = None) -> list[dict[str, Any]]:
         """On its own: read what is new from the run directory, then `observe` it."""
-        status = read_json(self.paths.status)
-        status = status if isinstance(status, dict) else {}
+        status = read_status(self.paths.root)
         samples = [s for s in map(clean_sample, self.system.iter_new()) if s is not None]
-        pids = status.get("worker_pids")
-        pids = {int(r): p for r, p in pids.items() if str(r).isdigit() and isinstance(p, int)} \
-            if isinstance(pids, dict) else {}
-        return self.observe(Tick(time.time() if now is None else now, status, self.events.iter_new(), samples, pids))
+        pids = {int(r): p for r, p in status.worker_pids.items()}
+        return self.observe(Tick(time.time() if now is None else now, status, self.events.iter_new(), samples, pids,
+                                 supervisor_alive=status.supervisor_pid is None or supervisor_alive(status)))
 
     def observe(self, tick: Tick) -> list[dict[str, Any]]:
         """Take one tick, run the rules, append and return the records written."""
@@ -145,9 +146,9 @@ class IncidentMonitor:
 
     def _observe(self, tick: Tick) -> Observation:
         now, status = tick.now, tick.status
-        if status.get("attempt") != self.attempt_seen:
+        if status.attempt != self.attempt_seen:
             # logs are appended across attempts: only what this attempt wrote may explain its end
-            self.attempt_seen = status.get("attempt")
+            self.attempt_seen = status.attempt
             self.log_from = {p: file_size(p) for p in self._logs()}
         hbs = read_heartbeats(self.paths)
         self.sig.note_heartbeats(hbs, now, self.m.straggler_steps)
@@ -159,10 +160,10 @@ class IncidentMonitor:
         quiet = silent or progress is not None and now - progress > 2.0
         sample = self.sig.system[-1] if self.sig.system else None
         procs = self.procs.read(pids, sample, detailed=quiet)
-        obs = Observation(now, status, hbs, procs, open_codes=frozenset(self.open),
+        obs = Observation(now, status, hbs, procs, supervisor_alive=tick.supervisor_alive, open_codes=frozenset(self.open),
                           open_evidence={c: {**(r.get("evidence") or {}), "step": r.get("step")} for c, r in self.open.items()})
-        exited = status.get("exit_code") not in (None, 0) or status.get("state") == "failed"
-        ended_well = self.sig.run_end is not None and self.sig.run_end.status in ("completed", "stopped")
+        exited = status.exit_code not in (None, 0) or status.state == "failed"
+        ended_well = self.sig.run_end is not None and self.sig.run_end.status in CLEAN_STATES
         if quiet and not ended_well and not exited:
             obs.fresh_error = self._fresh_error()
         if exited or obs.fresh_error or (any(p.alive is False for p in procs.values()) and not ended_well):
@@ -238,7 +239,7 @@ class IncidentMonitor:
                 rec = {"v": SCHEMA_VERSION, "t": obs.now, **f.fields(), "status": "open", "source": "supervisor"}
                 self.open[code] = rec
                 out.append(rec)
-        state = obs.status.get("state")
+        state = obs.status.state
         if state not in FINAL_STATES and self.sig.run_end is not None:
             # the engine's run_end comes before torchrun and the supervisor finish: settle now,
             # as the supervisor may not poll again once it has written the final state

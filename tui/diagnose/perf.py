@@ -11,8 +11,6 @@ from tui.diagnose.findings import Finding, Observation
 from tui.diagnose.signals import RunSignals, StepRec
 from tui.format import fmt_s
 
-LIVE_STATES = ("starting", "running", "stopping")
-
 ADVICE_THROUGHPUT = (
     "Compare data_wait_s, step_time_s and GPU utilisation around the drop: a rising data wait "
     "is the input pipeline, a slower step with busy GPUs is thermal/clock throttling or "
@@ -28,9 +26,8 @@ ADVICE_MEMORY = (
 
 
 def is_live(sig: RunSignals, obs: Observation) -> bool:
-    """The run is (still) going: no run_end for this attempt, no final state."""
-    state = obs.status.get("state")
-    return sig.run_end is None and (state is None or state in LIVE_STATES)
+    """The run is (still) going: no run_end for this attempt, and status.json says it lives."""
+    return sig.run_end is None and obs.live
 
 
 def gpu_util(sig: RunSignals, obs: Observation, window_s: float) -> float | None:

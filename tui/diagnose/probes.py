@@ -12,6 +12,7 @@ from mt.events import as_float
 from mt.jsonl import read_json
 from mt.paths import RunPaths
 from tui.diagnose.findings import ChildProc, RankProc
+from tui.run.procs import alive
 
 # x86-64 numbers of the calls a training process blocks in (others are shown by number).
 _SYSCALLS_X86_64 = {
@@ -145,7 +146,7 @@ class ProcReader:
         for rank, pid in pids.items():
             p = RankProc(rank, pid)
             st = _stat(pid)
-            p.alive = st is not None and st[0] not in ("Z", "X")
+            p.alive = st is not None and alive(pid)
             if st is not None:
                 p.state = st[0]
                 last = self._ticks.get(pid)

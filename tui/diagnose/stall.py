@@ -5,7 +5,7 @@ import math
 
 from mt.config import MonitorConfig
 from tui.diagnose.findings import WAITING_SYSCALLS, ChildProc, Finding, Observation, RankProc
-from tui.diagnose.liveness import last_progress, running
+from tui.diagnose.hang import last_progress, running
 from tui.diagnose.perf import gpu_util, is_live
 from tui.diagnose.signals import WARMUP_STEPS, RunSignals, StepRec
 from tui.format import fmt_s
@@ -102,7 +102,7 @@ def silent_stall(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding
     their input queues while their DataLoader workers work, for stall_window_s (with NVML, the
     GPUs idle too: a rank waiting on its GPU looks alike), seen from /proc alone."""
     blocked = _blocked_on_input(obs) if sig.facts.script and sig.attempt is None and \
-        obs.status.get("state") == "running" else None
+        obs.status.state == "running" else None
     gpu = gpu_util(sig, obs, m.stall_window_s) if blocked else None
     if blocked is None or (gpu is not None and gpu > m.stall_gpu_util_pct):
         sig.blocked_on_input_since = None

@@ -13,14 +13,16 @@ from typing import Iterator
 import numpy as np
 
 from mt.contract.checkpoints import newest
-from mt.jsonl import MAX_LINE_BYTES, next_newline, read_json
+from mt.contract.status import read_status
+from mt.jsonl import MAX_LINE_BYTES, next_newline
 from mt.paths import RunPaths
 from mt.records import Record, Rejected, RunStart, Step, parse_event
 from tui.read import BULK_MIN_BYTES
 from tui.read.cache import has_cache, load_cache, save_cache
 from tui.read.columns import _NONSTEP, _STEP, CHUNK, COLS, Columns, ColumnScanner
 from tui.read.index import index_end, load_index
-from tui.state.runstate import BulkResult, CheckpointInfo, RunSeries, RunState, new_state, reduce_event, reduce_step
+from tui.state.runseries import RunSeries
+from tui.state.runstate import BulkResult, CheckpointInfo, RunState, new_state, reduce_event, reduce_step
 
 QUICK_TAIL_BYTES = 2 << 20       # steps a quick read parses (~5000 step lines)
 QUICK_SCAN_BYTES = 16 << 20      # how far back a quick read looks for other events (~40k steps)
@@ -210,8 +212,7 @@ def _head_run_start(paths: RunPaths, win_start: int) -> list[tuple[int, int, Rec
     """The current attempt's run_start when it lies before the scanned window."""
     with open(paths.events, "rb") as f:
         first = parse_event(f.readline(MAX_LINE_BYTES + 1))
-    status = read_json(paths.status) or {}
-    if isinstance(first, RunStart) and status.get("attempt") in (None, first.attempt):
+    if isinstance(first, RunStart) and read_status(paths.root).attempt in (None, first.attempt):
         return [(0, 0, first)]
     # a later attempt started before the window: find it the slow way (every non-step event)
     return [(off, 0, ev) for off, ev in _nonstep_events(paths.events, 0, win_start)]

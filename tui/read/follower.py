@@ -5,11 +5,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mt.jsonl import read_json
+from mt.contract.status import read_status
 from mt.paths import RunPaths
 from mt.records import Record, RecordTail, Step, incident_tail
 from tui.read import BULK_MIN_BYTES as BULK_MIN_BYTES  # re-exported: the follower's threshold (tests patch it here)
-from tui.state.runstate import BulkResult, RunSeries, RunState, add_incident, apply_status, new_state, reduce_event, reduce_step
+from tui.state.runseries import RunSeries
+from tui.state.runstate import BulkResult, RunState, add_incident, apply_status, new_state, reduce_event, reduce_step
 
 
 @dataclass
@@ -140,7 +141,7 @@ class RunFollower:
         if mtime == self._status_mtime:
             return False
         self._status_mtime = mtime
-        return apply_status(self.state, read_json(self.paths.status))
+        return apply_status(self.state, read_status(self.paths.root))
 
 
 def load_run_state(run_dir: Path, exact_best: bool = True) -> RunState:

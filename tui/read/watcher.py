@@ -197,7 +197,8 @@ class Watcher:
         """Every 2 s: does a run that claims to be live still have a supervisor?"""
         st = self.follower.state
         now = time.monotonic()
-        if st.is_final or not st.status.get("supervisor_pid") or now - self._live_checked < 2.0:
+        named = st.status.supervisor_pid is not None or "supervisor_pid" in st.status.invalid
+        if st.is_final or not named or now - self._live_checked < 2.0:
             st.supervisor_lost = False if st.is_final else st.supervisor_lost
             return
         self._live_checked = now

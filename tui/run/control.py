@@ -7,15 +7,19 @@ from __future__ import annotations
 import signal
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mt.events import CONTROL_ACTIONS, FINAL_STATES
+from mt.contract.status import Status, read_status, write_status
+from mt.events import CONTROL_ACTIONS
 from mt.jsonl import read_json, write_json_atomic
 from mt.paths import RunPaths
-from mt.records import Checkpoint, ControlEvent, RecordTail
-from tui.rundir import NotARunError, liveness, read_status, require_run_dir
+from mt.records import RecordTail
+from tui.rundir import NotARunError, liveness, require_run_dir
+from tui.state.answers import ControlAnswer, note_answer
+
+if TYPE_CHECKING:
+    from tui.run.procs import SignalReport
 
 
 class ControlError(RuntimeError):
@@ -26,40 +30,18 @@ class NotReporting(ControlError):
     """Nobody reads control/: the run's script has not called run.step in this attempt."""
 
 
-@dataclass
-class Answer:
-    """The engine's answer: status is done, rejected, timeout or ended (the run ended first)."""
-
-    request_id: str
-    action: str
-    status: str
-    detail: str = ""
-    checkpoint: Checkpoint | None = None
-    """The `checkpoint` event written for this request (checkpoint action), if any."""
-
-
-@dataclass
-class KillResult:
-    """What kill_run did; `survivors` is empty when no process of the run is left."""
-
-    terminated: list[int] = field(default_factory=list)
-    killed: list[int] = field(default_factory=list)
-    survivors: list[int] = field(default_factory=list)
-    state: str = "killed"
-
-
-def _require_live(run_dir: Path) -> dict[str, Any]:
+def _require_live(run_dir: Path) -> Status:
     run_dir = require_run_dir(run_dir)
     status = read_status(run_dir)
     live = liveness(status)
     if live == "final":
-        raise ControlError(f"{run_dir}: the run has already ended ({status.get('state')})")
+        raise ControlError(f"{run_dir}: the run has already ended ({status.state})")
     if live == "lost":
         raise ControlError(f"{run_dir}: the run is not running (its supervisor is gone)")
     return status
 
 
-def takes_requests(run_dir: Path, status: dict[str, Any]) -> bool:
+def takes_requests(run_dir: Path, status: Status) -> bool:
     """Whether the run reads control/: mt's engine does, a script once it calls run.step (rank
     0's heartbeat thread polls it from then on); a heartbeat of this attempt says it did."""
     from tui.diagnose.probes import read_heartbeats
@@ -67,9 +49,9 @@ def takes_requests(run_dir: Path, status: dict[str, Any]) -> bool:
     paths = RunPaths(Path(run_dir))
     raw = read_json(paths.config)
     launch = raw.get("launch") if isinstance(raw, dict) else None
-    if not (isinstance(launch, dict) and launch.get("script")) or status.get("owner") == "script":
+    if not (isinstance(launch, dict) and launch.get("script")) or status.by_script:
         return True  # the engine, or a run mt.init made (its rank 0 is the script, which uses mt)
-    return any(hb.get("attempt") == status.get("attempt") for hb in read_heartbeats(paths).values())
+    return any(hb.get("attempt") == status.attempt for hb in read_heartbeats(paths).values())
 
 
 def not_reporting_line(run_dir: Path, action: str) -> str:
@@ -103,53 +85,49 @@ def request_stop(run_dir: Path) -> str | None:
     except NotReporting:
         from tui.run.procs import run_process
 
-        status = read_status(Path(run_dir))
-        pid = status.get("supervisor_pid")
-        sup = run_process(pid, Path(run_dir)) if isinstance(pid, int) and not isinstance(pid, bool) else None
+        pid = read_status(Path(run_dir)).supervisor_pid
+        sup = run_process(pid, Path(run_dir)) if pid is not None else None
         if sup is None:
             raise ControlError(f"{run_dir}: the run is not running (its supervisor is gone)") from None
         sup.send_signal(signal.SIGTERM)
         return None
 
 
-def wait_answer(run_dir: Path, request_id: str, timeout: float) -> Answer:
+def wait_answer(run_dir: Path, request_id: str, timeout: float) -> ControlAnswer:
     """Follow events.jsonl until the engine answers request_id (done/rejected) or timeout.
 
     A checkpoint request counts as answered once both its `done` control event and its
-    `checkpoint` event are there. If the run ends first, status is `ended`.
+    `checkpoint` event are there. Status `timeout` when no answer came in time, `ended` when
+    the run ended first.
     """
     paths = RunPaths(Path(run_dir))
     tail = RecordTail(paths.events)
-    answer = Answer(request_id=request_id, action="", status="timeout")
+    answers = {request_id: ControlAnswer(request_id)}
     deadline = time.monotonic() + timeout
     while True:
         for ev in tail.iter_new():
-            if isinstance(ev, Checkpoint) and request_id in ev.request_ids:
-                answer.checkpoint = ev
-            elif isinstance(ev, ControlEvent) and ev.request_id == request_id:
-                answer.action = ev.action or answer.action
-                if ev.status in ("done", "rejected"):
-                    answer.status, answer.detail = ev.status, ev.detail
-                elif answer.status == "timeout":
-                    answer.detail = ev.detail
-        if answer.status == "rejected":
-            return answer
-        if answer.status == "done" and (answer.action != "checkpoint" or answer.checkpoint is not None):
+            note_answer(answers, ev, only=request_id)
+        answer = answers[request_id]
+        if answer.complete:
             return answer
         if time.monotonic() >= deadline:
-            return answer
+            return _unanswered(answer, "timeout")
         status = read_status(paths.root)
         if liveness(status) in ("final", "lost"):
             for ev in tail.iter_new():  # the answer may have landed just before the end
-                if isinstance(ev, Checkpoint) and request_id in ev.request_ids:
-                    answer.checkpoint = ev
-            if answer.status == "timeout":
-                answer.status, answer.detail = "ended", f"the run ended ({status.get('state')}) before answering"
-            return answer
+                note_answer(answers, ev, only=request_id)
+            return _unanswered(answer, "ended", f"the run ended ({status.state}) before answering")
         time.sleep(0.2)
 
 
-def wait_final(run_dir: Path, timeout: float) -> dict[str, Any]:
+def _unanswered(answer: ControlAnswer, status: str, detail: str | None = None) -> ControlAnswer:
+    """A done answer still waiting for its checkpoint stays done; anything else says `status`."""
+    if not answer.answered:
+        answer.status, answer.detail = status, answer.detail if detail is None else detail
+    return answer
+
+
+def wait_final(run_dir: Path, timeout: float) -> Status:
     """Wait until status.json shows a final state (or the supervisor is gone); returns it."""
     deadline = time.monotonic() + timeout
     while True:
@@ -159,13 +137,13 @@ def wait_final(run_dir: Path, timeout: float) -> dict[str, Any]:
         time.sleep(0.2)
 
 
-def kill_run(run_dir: Path, grace_s: float = 10.0) -> KillResult:
+def kill_run(run_dir: Path, grace_s: float = 10.0) -> SignalReport:
     """SIGTERM, then SIGKILL after grace_s, to the supervisor, torchrun and every worker.
 
     Workers live in their own process groups, so they are found one by one: recorded pids,
     processes naming the run directory, and all their descendants. Ends with state `killed`.
     """
-    from tui.run.procs import kill_all, run_processes, terminate_all  # psutil only when killing
+    from tui.run.procs import SignalReport, kill_all, run_processes, terminate_all  # psutil only when killing
 
     try:
         run_dir = require_run_dir(Path(run_dir)).resolve()
@@ -175,26 +153,24 @@ def kill_run(run_dir: Path, grace_s: float = 10.0) -> KillResult:
         orphans = run_processes(Path(run_dir).resolve())
         if not orphans:
             raise
-        result = KillResult(state="gone (the run directory no longer holds this run)")
+        result = SignalReport(state="gone (the run directory no longer holds this run)")
         # SIGKILL at once: a graceful stop would write a final checkpoint into whatever is at that path
-        _merge(result, kill_all(orphans))
+        result.merge(kill_all(orphans))
         result.survivors = [p.pid for p in run_processes(Path(run_dir).resolve())]
         return result
     paths = RunPaths(run_dir)
     status = read_status(run_dir)
-    sup_pid = status.get("supervisor_pid") if isinstance(status.get("supervisor_pid"), int) else None
-    recorded = [status.get("torchrun_pid"), *(status.get("worker_pids") or {}).values()]
-    recorded += [a.get("torchrun_pid") for a in status.get("attempts") or [] if isinstance(a, dict)]
-    procs = run_processes(run_dir, [p for p in recorded if isinstance(p, int)])
-    if status.get("owner") == "script":  # made by mt.init under plain python/torchrun: no supervisor
+    sup_pid = status.supervisor_pid
+    procs = run_processes(run_dir, status.recorded_pids())
+    if status.by_script:  # made by mt.init under plain python/torchrun: no supervisor
         procs += [p for p in _own_rank0(status) if p.pid not in {q.pid for q in procs}]
         sup_pid = None
-    was_final = status.get("state") in FINAL_STATES
+    was_final = status.is_final
     if was_final and not procs:
-        raise ControlError(f"{run_dir}: the run has already ended ({status.get('state')}); nothing to kill")
+        raise ControlError(f"{run_dir}: the run has already ended ({status.state}); nothing to kill")
     if not procs and sup_pid:
         raise ControlError(f"{run_dir}: no process of this run is running")
-    result = KillResult()
+    result = SignalReport(state="killed")
     # only a pid whose command line names this run is signalled: a stale pid may be reused
     sup = [p for p in procs if p.pid == sup_pid]
     if sup:
@@ -203,43 +179,40 @@ def kill_run(run_dir: Path, grace_s: float = 10.0) -> KillResult:
         except Exception:  # noqa: BLE001 - the supervisor may be gone already; the others are signalled below
             pass
     others = [p for p in procs if p.pid != sup_pid]
-    _merge(result, terminate_all(others, grace_s))
+    result.merge(terminate_all(others, grace_s))
     # the supervisor writes `killed` and exits once torchrun is gone; give it a moment
     if sup:
         import psutil
 
         _, alive = psutil.wait_procs(sup, timeout=max(5.0, grace_s))
-        _merge(result, terminate_all(alive, 2.0))
+        result.merge(terminate_all(alive, 2.0))
     # anything started meanwhile (a worker spawned during start-up) goes the same way
     for _ in range(3):
         rest = run_processes(run_dir)
         if not rest:
             break
-        _merge(result, terminate_all(rest, grace_s))
+        result.merge(terminate_all(rest, grace_s))
     result.survivors = [p.pid for p in run_processes(run_dir)]
     status = read_status(run_dir)
     if was_final:
-        result.state = str(status.get("state"))  # stragglers of an ended run: keep its outcome
-    elif status.get("state") != "killed":
-        status.update(state="killed", ended=time.time(), reason="killed by mt kill")
-        write_json_atomic(paths.status, status)
+        result.state = str(status.state)  # stragglers of an ended run: keep its outcome
+    elif status.state != "killed":
+        status.state, status.ended, status.reason = "killed", time.time(), "killed by mt kill"
+        write_status(paths, status)
     return result
 
 
-def _own_rank0(status: dict[str, Any]) -> list[Any]:
+def _own_rank0(status: Status) -> list[Any]:
     """Rank 0 of a run mt.init made, if its pid still runs the command line it recorded."""
     import psutil
 
-    pid, cmdline = status.get("supervisor_pid"), status.get("owner_cmdline")
-    if not isinstance(pid, int) or isinstance(pid, bool) or not isinstance(cmdline, list):
+    from tui.run.procs import alive
+
+    pid, cmdline = status.supervisor_pid, status.owner_cmdline
+    if pid is None or cmdline is None or not alive(pid, born_by=status.written):
         return []
     try:
         proc = psutil.Process(pid)
         return [proc] if proc.cmdline() == cmdline else []
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return []
-
-
-def _merge(result: KillResult, report: Any) -> None:
-    result.terminated += [p for p in report.terminated if p not in result.terminated]
-    result.killed += [p for p in report.killed if p not in result.killed]

@@ -18,13 +18,14 @@ from mt import fmt, space
 from mt.config import Config, ConfigError
 from mt.contract.attempt import ResumeRefused, attempt_config
 from mt.contract.checkpoints import newest, reported
+from mt.contract.status import Status, read_status, write_status
 from mt.jsonl import write_json_atomic
 from mt.paths import RunPaths, new_run_dir
 from mt.preset import check_paths, config_from_dict, load_config_json, load_preset, script_run_name, write_script_preset
 from mt.toolchain import cxx_problem
 from tui.run import lock as runlock
 from tui.run import usercheck
-from tui.rundir import liveness, read_status, require_run_dir
+from tui.rundir import liveness, require_run_dir
 
 
 class LaunchError(RuntimeError):
@@ -234,12 +235,9 @@ def create_run(preset: Path, over: Overrides) -> Path:
         shutil.copyfile(preset, paths.preset)
         os.chmod(paths.preset, 0o600)
     write_json_atomic(paths.config, cfg.to_dict())
-    write_json_atomic(paths.status, {
-        "state": "starting", "attempt": 0, "supervisor_pid": None, "torchrun_pid": None,
-        "started": time.time(), "ended": None, "exit_code": None, "reason": None,
-        "nproc": cfg.launch.nproc_per_node, "nnodes": cfg.launch.nnodes,
-        "node_rank": cfg.launch.node_rank, "preset": str(preset.resolve()),
-    })
+    write_status(paths, Status(state="starting", attempt=0, started=time.time(), nproc=cfg.launch.nproc_per_node,
+                               nnodes=cfg.launch.nnodes, node_rank=cfg.launch.node_rank,
+                               preset=str(preset.resolve())))
     usercheck.remember(cfg, checked)
     return run_dir
 
@@ -266,10 +264,10 @@ def start_supervisor(run_dir: Path, lock_fd: int) -> int:
         raise LaunchError(f"{run_dir}: the supervisor did not start; see {paths.supervisor_log}")
     pid = int(out)
     status = read_status(run_dir)
-    if not status.get("supervisor_pid"):
+    if status.supervisor_pid is None:
         # so that `mt kill` right after launch finds it even before it writes status itself
-        status["supervisor_pid"] = pid
-        write_json_atomic(paths.status, status)
+        status.supervisor_pid = pid
+        write_status(paths, status)
     return pid
 
 
@@ -289,8 +287,8 @@ def launch_run(preset: Path, over: Overrides) -> Path:
 
 def _mark_failed(run_dir: Path, reason: str) -> None:
     status = read_status(run_dir)
-    status.update(state="failed", ended=time.time(), reason=reason)
-    write_json_atomic(RunPaths(run_dir).status, status)
+    status.state, status.ended, status.reason = "failed", time.time(), reason
+    write_status(RunPaths(run_dir), status)
 
 
 def resume_run(run_dir: Path, nproc: int | None = None, from_scratch: bool = False) -> None:
@@ -313,14 +311,14 @@ def _resume_locked(run_dir: Path, nproc: int | None, lock: int, from_scratch: bo
     paths = RunPaths(run_dir)
     status = read_status(run_dir)
     if liveness(status) == "live":
-        raise ResumeError(f"{run_dir}: the run is still {status.get('state')} (supervisor pid {status.get('supervisor_pid')})")
+        raise ResumeError(f"{run_dir}: the run is still {status.state} (supervisor pid {status.supervisor_pid})")
     from tui.run.procs import run_processes  # psutil only here
 
     left = run_processes(run_dir)
     if left:
         raise ResumeError(f"{run_dir}: processes of the last attempt are still running "
                           f"({', '.join(str(p.pid) for p in left)}); wait for them or `mt kill` the run")
-    if status.get("state") == "completed":
+    if status.state == "completed":
         raise ResumeError(f"{run_dir}: the run already completed; nothing to resume")
     try:
         cfg = load_config_json(paths.config)
@@ -347,7 +345,7 @@ def _resume_locked(run_dir: Path, nproc: int | None, lock: int, from_scratch: bo
                    cfg.launch.nproc_per_node, lock)
 
 
-def _resume_script(run_dir: Path, cfg: Config, status: dict, nproc: int | None, lock: int, from_scratch: bool) -> None:
+def _resume_script(run_dir: Path, cfg: Config, status: Status, nproc: int | None, lock: int, from_scratch: bool) -> None:
     """A script's run goes on from the newest checkpoint it reported (`run.checkpoint_saved`)."""
     paths = RunPaths(run_dir)
     ckpt = reported(paths.events)
@@ -357,14 +355,15 @@ def _resume_script(run_dir: Path, cfg: Config, status: dict, nproc: int | None, 
     if nproc is not None and nproc != cfg.launch.nproc_per_node:
         cfg = dataclasses.replace(cfg, launch=dataclasses.replace(cfg.launch, nproc_per_node=nproc))
         _write_or_refuse(paths, paths.config, cfg.to_dict())
-    status.pop("owner", None)  # from here on a supervisor owns it, even if mt.init made it
+    status.owner = None  # from here on a supervisor owns it, even if mt.init made it
     _start_attempt(paths, status, f"resuming from {ckpt}" if ckpt else "starting the script again (--from-scratch)",
                    cfg.launch.nproc_per_node, lock)
 
 
-def _start_attempt(paths: RunPaths, status: dict, reason: str, nproc: int, lock: int) -> None:
-    status.update(state="starting", supervisor_pid=None, ended=None, exit_code=None, reason=reason, nproc=nproc)
-    _write_or_refuse(paths, paths.status, status)
+def _start_attempt(paths: RunPaths, status: Status, reason: str, nproc: int, lock: int) -> None:
+    status.state, status.supervisor_pid, status.ended, status.exit_code = "starting", None, None, None
+    status.reason, status.nproc = reason, nproc
+    _write_or_refuse(paths, paths.status, status.to_dict())
     try:
         start_supervisor(paths.root, lock)
     except (LaunchError, OSError, subprocess.TimeoutExpired) as e:

@@ -24,13 +24,21 @@ def die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
-def pid_alive(pid: int | None) -> bool:
-    """True if a process with this pid exists and is not a zombie."""
-    if not pid:
+_CLOCK_SLACK_S = 2.0  # a start time is boot time (whole seconds) + ticks: compare loosely
+
+
+def alive(proc: psutil.Process | int | None, born_by: float | None = None) -> bool:
+    """The one test of "is this process alive": it exists, is not a zombie, and is the process
+    meant. A psutil.Process must still have the start time it was found with; a bare pid, given
+    `born_by`, must have started by then (a later start is another program that reused the pid)."""
+    if proc is None or isinstance(proc, bool) or (isinstance(proc, int) and proc <= 0):
         return False
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        p = proc if isinstance(proc, psutil.Process) else psutil.Process(proc)
+        if not p.is_running() or p.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+            return False
+        return born_by is None or p.create_time() <= born_by + _CLOCK_SLACK_S
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
         return False
 
 
@@ -52,7 +60,7 @@ def run_process(pid: int, run_dir: Path) -> psutil.Process | None:
         proc = psutil.Process(pid)
     except (psutil.NoSuchProcess, ValueError):
         return None
-    return proc if _cmdline_names_run(proc, os.path.realpath(run_dir)) and _alive(proc) else None
+    return proc if _cmdline_names_run(proc, os.path.realpath(run_dir)) and alive(proc) else None
 
 
 def run_processes(run_dir: Path, pids: Iterable[int | None] = ()) -> list[psutil.Process]:
@@ -82,14 +90,7 @@ def run_processes(run_dir: Path, pids: Iterable[int | None] = ()) -> list[psutil
                     found.setdefault(child.pid, child)
         except psutil.NoSuchProcess:
             pass
-    return [p for p in found.values() if _alive(p)]
-
-
-def _alive(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+    return [p for p in found.values() if alive(p)]
 
 
 def rank_processes(torchrun_pid: int | None) -> dict[int, psutil.Process]:
@@ -113,11 +114,18 @@ def rank_processes(torchrun_pid: int | None) -> dict[int, psutil.Process]:
 
 @dataclass
 class SignalReport:
-    """What terminate_all did: who got SIGTERM, who needed SIGKILL, who is still there."""
+    """What signalling did (terminate_all, kill_all, `mt kill`): who got SIGTERM, who needed
+    SIGKILL, who is still there; `state`: the run's state after `mt kill`."""
 
     terminated: list[int] = field(default_factory=list)
     killed: list[int] = field(default_factory=list)
     survivors: list[int] = field(default_factory=list)
+    state: str = ""
+
+    def merge(self, other: "SignalReport") -> None:
+        """Add who `other` signalled (its survivors are for the caller to count again)."""
+        self.terminated += [p for p in other.terminated if p not in self.terminated]
+        self.killed += [p for p in other.killed if p not in self.killed]
 
 
 def terminate_all(procs: list[psutil.Process], grace_s: float) -> SignalReport:

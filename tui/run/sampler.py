@@ -11,6 +11,8 @@ from typing import Any, Callable
 
 import psutil
 
+from tui.run.procs import alive
+
 
 def _read(fn: Callable[[], Any]) -> Any:
     """fn() or None when the value is not available (NVML raises per unsupported field)."""
@@ -109,12 +111,11 @@ class SystemSampler:
             return entry
         try:
             with p.oneshot():
-                status = p.status()
                 cpu, rss = p.cpu_percent(None), p.memory_info().rss
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             return entry
         # an exiting process has already given back its memory (rss 0) before it is a zombie
-        if p.is_running() and status not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD) and rss > 0:
+        if alive(p) and rss > 0:
             entry.update(alive=True, cpu_pct=cpu, rss_bytes=rss)
         return entry
 

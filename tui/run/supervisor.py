@@ -22,61 +22,21 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from mt import fmt, space
-from mt.config import Config
 from mt.contract.checkpoints import newest
+from mt.contract.status import CLEAN_STATES, read_status, save_status
 from mt.events import dumps
-from mt.jsonl import write_json_atomic
 from mt.paths import RunPaths
 from mt.preset import load_config_json
 from mt.records import ControlEvent, Record, RecordTail, RunEnd, RunStart
 from mt.system import clean_sample
+from tui.diagnose.hook import IncidentHook
 from tui.run import lock as runlock
 from tui.run.procs import daemonize, die_with_parent, kill_all, rank_processes, run_processes, terminate_all
 from tui.run.sampler import SystemSampler
 from tui.run.torchrun import attempt_command, is_direct, worker_env, worker_exit_code
-from tui.rundir import read_status
-
-
-class IncidentHook:
-    """The IncidentMonitor, fed in memory; its failures are logged, never fatal."""
-
-    def __init__(self, run_dir: Path, cfg: Config, log: logging.Logger) -> None:
-        self.log = log
-        self.monitor: Any = None
-        try:
-            from tui.diagnose import monitor as incidents
-
-            self.monitor = incidents.IncidentMonitor(run_dir, cfg.monitor, facts=incidents.facts_of(cfg))
-        except (ImportError, AttributeError) as e:
-            log.info("incident rules not available (%s); running without them", e)
-        except Exception:
-            log.exception("incident monitor failed to start")
-
-    def catch_up(self, history: Iterable[Record]) -> None:
-        """The run's earlier events (a resume), before the first tick."""
-        try:
-            if self.monitor is not None:
-                self.monitor.catch_up(history)
-        except Exception:
-            self.log.exception("incident monitor failed to read the run's history")
-        for _ in history:  # whatever it did not take: the tail must end up at the end of the file
-            pass
-
-    def poll(self, status: dict[str, Any], events: list[Record], samples: list[dict[str, Any]],
-             worker_pids: dict[int, int]) -> None:
-        """One tick: what the supervisor knows now, passed in memory."""
-        if self.monitor is None:
-            return
-        try:
-            from tui.diagnose.monitor import Tick
-
-            for incident in self.monitor.observe(Tick(time.time(), status, events, samples, worker_pids)):
-                self.log.info("incident: %s", dumps(incident))
-        except Exception:
-            self.log.exception("incident monitor poll failed")
 
 
 class Supervisor:
@@ -88,7 +48,7 @@ class Supervisor:
         self.poll_s = poll_s
         self.log = _file_logger(self.paths.supervisor_log)
         self.cfg = load_config_json(self.paths.config)
-        self.status: dict[str, Any] = read_status(self.run_dir)
+        self.status = read_status(self.run_dir)
         self.stop_requested = False
         self.kill_requested = False
         self.events = RecordTail(self.paths.events)  # the one reader of events.jsonl here
@@ -100,35 +60,34 @@ class Supervisor:
         self.lost: str | None = None  # the run dir is gone or replaced: write nothing more there
 
     # -- status ----------------------------------------------------------------------------
-    def finish(self, state: str, code: int, **fields: Any) -> int:
+    def finish(self, state: str, code: int, exit_code: int | None, reason: str) -> int:
         """The last transition; the incident rules see the final state once more."""
-        self.write_status(state, ended=time.time(), **fields)
+        self.status.end(state, reason, time.time(), exit_code)
+        self.write_status(state)
         self.tick()
         self.paths.reserve.unlink(missing_ok=True)  # needed only while the run lives; a resume makes it again
         return code
 
-    def write_status(self, state: str, **fields: Any) -> None:
-        """Record a transition (atomic rename, so readers never see half a file)."""
-        self.status.update(fields, state=state, supervisor_pid=os.getpid())
+    def write_status(self, state: str, note: str = "") -> None:
+        """Record a transition to `state`, with the fields set before it (atomic: a reader never
+        sees half a file)."""
+        self.status.state, self.status.supervisor_pid = state, os.getpid()
         self.save_status()
-        self.log.info("state %s %s", state, dumps(fields) if fields else "")
+        self.log.info("state %s %s", state, note or dumps({"reason": self.status.reason}))
 
     def save_status(self) -> None:
         """Write status.json; on a full disk delete the reserve to make room, never half a file."""
-        while not self.lost:
-            try:
-                write_json_atomic(self.paths.status, self.status)
-                return
-            except OSError as e:
-                if not space.is_disk_full(e):
-                    raise
-            if not self.paths.reserve.exists():
-                break
-            self.paths.reserve.unlink()
-            self.log.warning("disk full: deleted %s to record the run's state", self.paths.reserve)
-        # the previous status.json stays whole (the rename never happened); next write retries
-        self.log.error("disk full: cannot write status.json (state %s); %s", self.status.get("state"),
-                       space.describe(self.run_dir))
+        if self.lost:
+            return
+        try:
+            if save_status(self.paths, self.status):
+                self.log.warning("disk full: deleted %s to record the run's state", self.paths.reserve)
+        except OSError as e:
+            if not space.is_disk_full(e):
+                raise
+            # the previous status.json stays whole (the rename never happened); next write retries
+            self.log.error("disk full: cannot write status.json (state %s); %s", self.status.state,
+                           space.describe(self.run_dir))
 
     # -- signals ---------------------------------------------------------------------------
     def _on_stop(self, signum: int, _frame: Any) -> None:
@@ -157,8 +116,7 @@ class Supervisor:
                           self.sampler.gpus.error)
         self.incidents = IncidentHook(self.run_dir, self.cfg, self.log)
         restarts_left = self.cfg.launch.max_restarts
-        attempt = int(self.status.get("attempt") or 0) + 1
-        self.status.setdefault("attempts", [])
+        attempt = (self.status.attempt or 0) + 1
         self.incidents.catch_up(self.events.iter_new())  # earlier attempts: history, not news
         try:
             while True:
@@ -170,8 +128,8 @@ class Supervisor:
                 ended = run_end.status if run_end else None
                 # torchrun itself exits 1 after forwarding a SIGTERM even when every worker
                 # stopped cleanly, so the engine's own run_end is the word on how it ended
-                if rc == 0 or ended in ("completed", "stopped"):
-                    state = ended if ended in ("completed", "stopped") else \
+                if rc == 0 or ended in CLEAN_STATES:
+                    state = ended if ended in CLEAN_STATES else \
                         ("stopped" if self.stop_requested else "completed")
                     return self.finish(state, 0, exit_code=rc, reason=(run_end.reason if run_end else "") or state)
                 reason = self.failure_reason(rc, worker_rc, run_end)
@@ -188,7 +146,7 @@ class Supervisor:
                     restarts_left -= 1
                     self.log.info("attempt %d failed (%s); restarting from %s (%d restarts left)", attempt, reason,
                                   newest(self.paths.checkpoints, "sizes").path or "the beginning", restarts_left)
-                    self.status["restarts_left"] = restarts_left
+                    self.status.restarts_left = restarts_left
                     attempt += 1
                     continue
                 return self.finish("failed", 1, exit_code=rc, reason=reason)
@@ -217,11 +175,11 @@ class Supervisor:
         """One torchrun (or, for one process, the worker itself: `direct`); returns (its exit code,
         the first worker's exit code, this attempt's run_end)."""
         started = time.time()
-        self.write_status("starting", attempt=attempt, torchrun_pid=None, worker_pids={},
-                          started=self.status.get("started") or started, ended=None, exit_code=None,
-                          reason=None, nproc=self.cfg.launch.nproc_per_node,
-                          nnodes=self.cfg.launch.nnodes, node_rank=self.cfg.launch.node_rank,
-                          direct=is_direct(self.cfg))
+        st, launch = self.status, self.cfg.launch
+        st.attempt, st.torchrun_pid, st.worker_pids, st.started = attempt, None, {}, st.started or started
+        st.ended, st.exit_code, st.reason = None, None, None
+        st.nproc, st.nnodes, st.node_rank, st.direct = launch.nproc_per_node, launch.nnodes, launch.node_rank, is_direct(self.cfg)
+        self.write_status("starting", f"attempt {attempt}")
         if self.kill_requested or self.stop_requested:  # a signal arrived before torchrun started
             return (-signal.SIGTERM, None, RunEnd(time.time(), {}, None, "stopped", "stopped before start"))
         self.current_attempt = None
@@ -250,20 +208,21 @@ class Supervisor:
             )
         tr = self.torchrun
         record = {"attempt": attempt, "started": started, "torchrun_pid": tr.pid, "ended": None, "exit_code": None}
-        self.status["attempts"].append(record)
-        self.write_status("running", torchrun_pid=tr.pid)
+        self.status.attempts.append(record)
+        self.status.torchrun_pid = tr.pid
+        self.write_status("running", f"torchrun pid {tr.pid}")
         if self.stop_requested or self.kill_requested:
             tr.send_signal(signal.SIGTERM)  # a signal that raced the start
         run_end = self.watch(attempt, tr)
         rc = tr.returncode
         record.update(ended=time.time(), exit_code=rc)
         worker_rc = (rc if is_direct(self.cfg) else worker_exit_code(log_path, log_offset)) if rc else None
-        clean = run_end is not None and run_end.status in ("completed", "stopped")
+        clean = run_end is not None and run_end.status in CLEAN_STATES
         if not self.kill_requested and not clean:
-            self.status["exit_code"] = rc
+            self.status.exit_code = rc
         # a kill, or a stop that torchrun reports as exit 1, is not a crash for the rules
         if rc and not self.kill_requested and not clean and not self.lost:
-            self.status["reason"] = self.failure_reason(rc, worker_rc, run_end)
+            self.status.reason = self.failure_reason(rc, worker_rc, run_end)
             self.save_status()
             self.tick()  # let the rules classify the crash (crash, oom, ...) now
         self.reap_leftovers()
@@ -291,13 +250,14 @@ class Supervisor:
                     found = {0: tr.pid} if is_direct(self.cfg) else {r: p.pid for r, p in rank_processes(tr.pid).items()}
                     if found != self.ranks:
                         self.ranks = found
-                        self.write_status(self.status["state"], worker_pids={str(r): p for r, p in found.items()})
+                        self.status.worker_pids = {str(r): p for r, p in found.items()}
+                        self.write_status(self.status.state or "running", f"workers {dumps(self.status.worker_pids)}")
                 self.tick(self.append_sample(self.ranks))
-            if self.stop_requested and self.status.get("state") == "running":
-                self.write_status("stopping", reason="SIGTERM: graceful stop")
+            if self.stop_requested and self.status.state == "running":
+                self.stopping("SIGTERM: graceful stop")
             if self.kill_requested and kill_deadline is None:
                 # said before the processes die, so the incident rules never read the kill as a crash
-                self.write_status("stopping", reason="kill requested")
+                self.stopping("kill requested")
                 # mt kill signals everything itself; this covers a supervisor-only SIGUSR1
                 kill_deadline = now + 15.0
                 if tr.poll() is None:
@@ -330,14 +290,18 @@ class Supervisor:
         self.news += new
         for ev in new:
             if isinstance(ev, ControlEvent) and ev.action == "stop" and ev.status == "accepted" \
-                    and self.status.get("state") == "running":
-                self.write_status("stopping", reason=f"stop requested ({ev.request_id})")
+                    and self.status.state == "running":
+                self.stopping(f"stop requested ({ev.request_id})")
             elif isinstance(ev, RunStart):
                 self.current_attempt = ev.attempt
             elif isinstance(ev, RunEnd) and self.current_attempt in (None, attempt):
                 # None: the engine ended before run_start (bad data, refused resume)
                 run_end = ev
         return run_end
+
+    def stopping(self, reason: str) -> None:
+        self.status.reason = reason
+        self.write_status("stopping")
 
     def tick(self, sample: dict[str, Any] | None = None) -> None:
         """Hand the incident rules what this supervisor knows now: status, news, the sample."""
@@ -405,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:
         sup.log.exception("supervisor crashed")
         try:
-            sup.write_status("failed", ended=time.time(), reason="supervisor crashed; see logs/supervisor.log")
+            sup.status.ended, sup.status.reason = time.time(), "supervisor crashed; see logs/supervisor.log"
+            sup.write_status("failed")
         except OSError:
             sup.log.exception("cannot record the crash in status.json")
         return 1

@@ -12,20 +12,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mt.events import EXIT_CODES, FAILURE_CODES, FINAL_STATES, RUN_STATES, as_float
+from mt.contract.status import FINAL_STATES, Status
+from mt.events import EXIT_CODES, FAILURE_CODES, as_float
 from mt.jsonl import read_json
 from mt.paths import RunPaths
 from mt.records import Checkpoint, ControlEvent, Eval, Metrics, Record, RunEnd, RunStart, Step
 from mt.records import Incident as IncidentRecord
+from tui.state.answers import ControlAnswer, note_answer
 
 if TYPE_CHECKING:
-    from tui.state.series import Series
-
-
-def _series() -> "Series":
-    # imported here: a Series loads numpy with its first point, which `mt ls` never pays for
-    from tui.state.series import Series
-    return Series()
+    from tui.state.runseries import RunSeries
 
 
 @dataclass
@@ -58,74 +54,6 @@ class TrackedIncident:
     t: float = 0.0
     status: str = "open"
     source: str = "engine"
-
-
-@dataclass
-class ControlAnswer:
-    """The engine's latest answer to a control request, and the checkpoint it produced."""
-
-    request_id: str
-    action: str
-    status: str
-    detail: str = ""
-    checkpoint_step: int | None = None
-
-
-@dataclass
-class RunSeries:
-    """Full plot history of a run, x = optimizer step."""
-
-    loss: "Series" = field(default_factory=_series)
-    val_loss: "Series" = field(default_factory=_series)
-    lr: "Series" = field(default_factory=_series)
-    grad_norm: "Series" = field(default_factory=_series)
-    tokens_per_s: "Series" = field(default_factory=_series)
-    extra: dict[str, "Series"] = field(default_factory=dict)
-    """A script's own metrics (run.step's keyword arguments and run.log's values), by name."""
-
-    def all(self) -> dict[str, "Series"]:
-        return {"loss": self.loss, "val_loss": self.val_loss, "lr": self.lr, "grad_norm": self.grad_norm,
-                "tokens_per_s": self.tokens_per_s}
-
-    def truncate_after(self, step: float) -> None:
-        for s in (*self.all().values(), *self.extra.values()):
-            s.truncate_after(step)
-
-    def replace(self, other: "RunSeries") -> None:
-        for name, s in self.all().items():
-            s.replace(other.all()[name])
-        for name, s in other.extra.items():
-            self.extra_series(name).replace(s)
-        for name in self.extra.keys() - other.extra.keys():
-            self.extra[name].clear()
-
-    def extra_series(self, name: str) -> "Series":
-        if name not in self.extra:
-            self.extra[name] = _series()
-        return self.extra[name]
-
-    def add_step(self, ev: Step) -> None:
-        self.loss.append(ev.step, _f(ev.loss))
-        self.lr.append(ev.step, _f(ev.lr))
-        self.grad_norm.append(ev.step, _f(ev.grad_norm))
-        self.tokens_per_s.append(ev.step, _f(ev.tokens_per_s))
-        for name, v in ev.extra.items():
-            self.extra_series(name).append(ev.step, v)
-
-    def add_event(self, ev: Record) -> None:
-        """A non-step event: a new attempt drops what followed its checkpoint; an eval adds a point."""
-        if isinstance(ev, RunStart):
-            self.truncate_after(ev.start_step)
-        elif isinstance(ev, Eval):
-            self.val_loss.append(ev.step, _f(ev.val_loss))
-        elif isinstance(ev, Metrics):
-            for name, v in ev.values.items():
-                (self.val_loss if name == "val_loss" else self.extra_series(name)).append(ev.step, v)
-
-
-def _f(v: float | None) -> float:
-    """A value as a plot y: an unknown one is a gap, like a NaN."""
-    return math.nan if v is None else v
 
 
 @dataclass
@@ -183,7 +111,7 @@ class RunState:
     script: str | None = None          # a user's script ([launch] script) instead of mt's engine
     n_steps: int = 0                   # step events seen (all attempts)
     attempt_t: float | None = None     # when the newest run_start was written
-    status: dict[str, Any] = field(default_factory=dict, repr=False)
+    status: Status = field(default_factory=Status, repr=False)   # found: False until status.json is read
     # (t, step) of recent step events, for a wall-clock ETA that includes eval/ckpt pauses
     recent: deque = field(default_factory=lambda: deque(maxlen=64), repr=False)
 
@@ -296,10 +224,6 @@ def _int(v: Any) -> int | None:
     return int(v) if isinstance(v, float) and math.isfinite(v) else None
 
 
-def _num(v: Any) -> float | None:
-    return None if v is None else as_float(v)
-
-
 def reduce_step(st: RunState, ev: Step) -> None:
     """Fold one `step` record into the state."""
     st.step = ev.step
@@ -337,7 +261,7 @@ def reduce_event(st: RunState, ev: Record) -> None:
         st.run_end_status = st.run_end_reason = None
         st.attempt_t = ev.t
         st.recent.clear()
-        if st.state in ("starting",) or not st.status:
+        if st.state in ("starting",) or not st.status.found:
             st.state = "running"
     elif isinstance(ev, Eval):
         st.val_loss, st.val_loss_step = ev.val_loss, ev.step
@@ -346,19 +270,14 @@ def reduce_event(st: RunState, ev: Record) -> None:
     elif isinstance(ev, Checkpoint):
         st.last_checkpoint = CheckpointInfo(step=ev.step, path=ev.path, t=ev.t or 0.0, reason=ev.reason,
                                             request_id=ev.request_id, seconds=ev.seconds, blocking_s=ev.blocking_s)
-        for rid in ev.request_ids:
-            if rid in st.controls:
-                st.controls[rid].checkpoint_step = ev.step
+        note_answer(st.controls, ev)
     elif isinstance(ev, ControlEvent):
-        prev = st.controls.get(ev.request_id)
-        st.controls[ev.request_id] = ControlAnswer(
-            request_id=ev.request_id, action=ev.action, status=ev.status, detail=ev.detail,
-            checkpoint_step=prev.checkpoint_step if prev else None)
+        note_answer(st.controls, ev)
     elif isinstance(ev, IncidentRecord):
         add_incident(st, ev, source="engine")
     elif isinstance(ev, RunEnd):
         st.run_end_status, st.run_end_reason = ev.status, ev.reason or None
-        if not st.status and ev.status in FINAL_STATES:
+        if not st.status.found and ev.status in FINAL_STATES:
             st.state = ev.status
 
 
@@ -378,17 +297,14 @@ def add_incident(st: RunState, rec: IncidentRecord, source: str) -> None:
         advice=rec.advice, evidence=rec.evidence, t=rec.t or 0.0, status="open", source=rec.source or source))
 
 
-def apply_status(st: RunState, status: Any) -> bool:
+def apply_status(st: RunState, status: Status) -> bool:
     """Take state/attempt/times from status.json (the supervisor's word wins); True if changed."""
-    if not isinstance(status, dict) or status == st.status:
+    if not status.found or status == st.status:
         return False
     st.status = status
-    if status.get("state") in RUN_STATES:   # anything else is not the supervisor's word
-        st.state = status["state"]
-    st.attempt = _int(status.get("attempt")) or st.attempt
-    st.started = _num(status.get("started"))
-    st.ended = _num(status.get("ended"))
-    st.exit_code = _int(status.get("exit_code"))
-    st.reason = status.get("reason") or None
+    if status.state is not None:   # the reader keeps only RUN_STATES: anything else is not the supervisor's word
+        st.state = status.state
+    st.attempt = status.attempt or st.attempt
+    st.started, st.ended, st.exit_code = status.started, status.ended, status.exit_code
+    st.reason = status.reason or None
     return True
-

@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 from typing import Callable, TextIO
 
-from mt.events import FINAL_STATES
+from mt.contract.status import CLEAN_STATES, FINAL_STATES, read_status
 from mt.paths import RunPaths
 from mt.records import Checkpoint, ControlEvent, Eval, Incident, Metrics, Record, RunEnd, RunStart, Step
 from tui.format import at_step, fmt_duration, fmt_num, fmt_rate, fmt_write_time, safe_text
 from tui.read.follower import PollResult, RunFollower
-from tui.rundir import liveness, read_status
+from tui.rundir import liveness
 from tui.state.runstate import RunState, TrackedIncident
 
 
@@ -53,7 +53,7 @@ def event_line(ev: Record) -> str | None:
 
 def exit_code_for(state: str) -> int:
     """0 for completed/stopped, 1 for anything else (failed, killed, lost)."""
-    return 0 if state in ("completed", "stopped") else 1
+    return 0 if state in CLEAN_STATES else 1
 
 
 def incident_open_line(inc: TrackedIncident) -> str:
@@ -196,7 +196,7 @@ def follow_run(run_dir: Path, out: TextIO, min_interval_s: float = 1.0, poll_s: 
             return st.state
         status = read_status(Path(run_dir))
         if liveness(status) == "lost" and liveness(read_status(Path(run_dir))) == "lost":
-            printer.write(f"run lost: its supervisor (pid {status.get('supervisor_pid')}) is gone: {run_dir}")
+            printer.write(f"run lost: its supervisor (pid {status.supervisor_pid}) is gone: {run_dir}")
             out.flush()
             return "lost"
         time.sleep(poll_s)
@@ -224,9 +224,9 @@ def follow_headless(run_dir: Path, out: TextIO, every_s: float = 1.0,
     Ctrl-C or a hang-up only detaches this viewer: the run keeps going.
     """
     def stop_run(_signum: int, _frame: object) -> None:
-        pid = read_status(Path(run_dir)).get("supervisor_pid")
+        pid = read_status(Path(run_dir)).supervisor_pid
         out.write("SIGTERM: stopping the run gracefully (final checkpoint)\n")
-        if isinstance(pid, int):
+        if pid is not None:
             try:
                 os.kill(pid, signal.SIGTERM)
             except ProcessLookupError:

@@ -13,7 +13,7 @@ from tui.state.compare import run_line, table_rows
 from tui.text.summary import format_summary
 
 if TYPE_CHECKING:
-    from tui.run.control import Answer
+    from tui.state.answers import ControlAnswer
 
 
 @dataclass
@@ -43,7 +43,7 @@ def run_row(path: Path, now: float | None = None) -> RunRow:
     try:
         # a big run with an index: its tail only (ms, no numpy); its best is then marked partial
         st = load_run_state(path, exact_best=False)
-        state = effective_state(st.status) if st.status else "(no status)"
+        state = effective_state(st.status) if st.status.found else "(no status)"
         total = "?" if st.max_steps is None else str(st.max_steps)
         return RunRow(
             name=path.name,
@@ -99,7 +99,7 @@ def compare_table(paths: list[Path]) -> str:
     for run_dir in paths:
         st = load_run_state(Path(run_dir))
         line = run_line(Path(run_dir).name, st)
-        if st.status:
+        if st.status.found:
             line.state = effective_state(st.status)   # lost when the supervisor is gone
         lines.append(line)
     return "\n".join("  ".join(r).rstrip() for r in table_rows(lines))
@@ -119,7 +119,7 @@ def last_checkpoint_line(run_dir: Path) -> str:
     return checkpoint_line(ck.step, ck.path)
 
 
-def answer_line(answer: Answer) -> str:
+def answer_line(answer: ControlAnswer) -> str:
     """What `mt ckpt` prints of the engine's answer: the checkpoint it saved, or why not."""
     ck = answer.checkpoint
     if answer.status == "done" and ck:

@@ -12,11 +12,12 @@ from textual.app import App
 from textual.screen import Screen
 from textual.worker import get_current_worker
 
+from mt.contract.status import FINAL_STATES, read_status
 from mt.records import Checkpoint, ControlEvent, Record
 from tui.format import safe_text
 from tui.read.follower import PollResult
 from tui.read.watcher import Watcher, WatchUpdate
-from tui.rundir import liveness, read_status
+from tui.rundir import liveness
 from tui.view.dashboard import DashboardScreen
 from tui.view.messages import ControlDone, RunUpdated
 from tui.widgets.dialogs import ConfirmScreen
@@ -127,7 +128,7 @@ class MtApp(App[int]):
 
     def _refuse_final(self, what: str) -> bool:
         st = self._state()
-        if st in ("completed", "stopped", "failed", "killed"):
+        if st in FINAL_STATES:
             self.say(f"the run is {st}: nothing to {what}", severity="warning")
             return True
         if st == "stopping" and what != "kill":

@@ -14,7 +14,7 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, OptionList, Static
 
-from mt.events import FINAL_STATES
+from mt.contract.status import FINAL_STATES
 from tui.format import safe_text
 from tui.read.watcher import Watcher, WatchUpdate
 from tui.state.layout import MIN_H, MIN_W, Tabs, choose_layout, strip_items
@@ -203,7 +203,7 @@ class DashboardScreen(PlotKeys, Screen[None]):
             self.call_after_refresh(self._redraw_plots)
             if self._dirty:
                 ended = st.state if st.state in FINAL_STATES else "lost" if st.supervisor_lost else None
-                self._system.show(self.watcher.system, ended, now, sampled=st.status.get("owner") != "script")
+                self._system.show(self.watcher.system, ended, now, sampled=not st.status.by_script)
                 self._incidents.show(st.incidents, now)
                 self._show_strip()
                 self._dirty = False

@@ -12,13 +12,13 @@ from tui.state.runstate import RunState
 def notice_text(st: RunState, log_tail: list[str], failing_rank: int | None) -> Text | None:
     """What to tell the user about the state right now (None: nothing to say)."""
     if st.supervisor_lost:
-        return Text(f"status.json says {_plain(st.state)}, but its supervisor (pid {st.status.get('supervisor_pid')})"
+        return Text(f"status.json says {_plain(st.state)}, but its supervisor (pid {st.status.supervisor_pid})"
                     f" is gone: the run is lost. {_resume_hint(st).capitalize()}.", style="bold red")
     hint = st.script_hint()
     if hint and st.state == "running":
         return Text(hint[0].upper() + hint[1:], style="yellow")
     if st.state == "starting" or (st.state == "running" and st.step is None):
-        what = ("the supervisor to start torchrun" if not st.status.get("torchrun_pid")
+        what = ("the supervisor to start torchrun" if st.status.torchrun_pid is None
                 else "rank 0 to report run_start" if not st.world_size else "the first optimizer step")
         return Text(f"Starting: waiting for {what}…", style="yellow")
     if st.state == "stopping":

@@ -1,4 +1,4 @@
-"""Liveness rules from heartbeats and rank processes: hang and straggler."""
+"""The hang rules, from heartbeats and rank processes: hang and straggler."""
 from __future__ import annotations
 
 import math
@@ -39,13 +39,10 @@ def _this_attempt(sig: RunSignals, obs: Observation) -> dict[int, dict[str, Any]
 
 def running(sig: RunSignals, obs: Observation) -> bool:
     """This attempt's engine is up and has not ended (a hang or a stall can only happen then)."""
-    state = obs.status.get("state")
-    if state is not None and state != "running":
+    st = obs.status
+    if not obs.live or st.state != "running" or st.exit_code not in (None, 0):
         return False
-    if obs.status.get("exit_code") not in (None, 0):
-        return False
-    status_attempt = obs.status.get("attempt")
-    if isinstance(status_attempt, int) and sig.attempt is not None and status_attempt > sig.attempt:
+    if st.attempt is not None and sig.attempt is not None and st.attempt > sig.attempt:
         return False  # a new attempt is starting; its engine has not announced itself yet
     return sig.attempt is not None and sig.run_end is None
 

@@ -1,0 +1,74 @@
+"""A run's plot history, x = optimizer step: mt's own series and a script's metrics by name."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from mt.records import Eval, Metrics, Record, RunStart, Step
+
+if TYPE_CHECKING:
+    from tui.state.series import Series
+
+
+def _series() -> "Series":
+    # imported here: a Series loads numpy with its first point, which `mt ls` never pays for
+    from tui.state.series import Series
+    return Series()
+
+
+@dataclass
+class RunSeries:
+    """Full plot history of a run, x = optimizer step."""
+
+    loss: "Series" = field(default_factory=_series)
+    val_loss: "Series" = field(default_factory=_series)
+    lr: "Series" = field(default_factory=_series)
+    grad_norm: "Series" = field(default_factory=_series)
+    tokens_per_s: "Series" = field(default_factory=_series)
+    extra: dict[str, "Series"] = field(default_factory=dict)
+    """A script's own metrics (run.step's keyword arguments and run.log's values), by name."""
+
+    def all(self) -> dict[str, "Series"]:
+        return {"loss": self.loss, "val_loss": self.val_loss, "lr": self.lr, "grad_norm": self.grad_norm,
+                "tokens_per_s": self.tokens_per_s}
+
+    def truncate_after(self, step: float) -> None:
+        for s in (*self.all().values(), *self.extra.values()):
+            s.truncate_after(step)
+
+    def replace(self, other: "RunSeries") -> None:
+        for name, s in self.all().items():
+            s.replace(other.all()[name])
+        for name, s in other.extra.items():
+            self.extra_series(name).replace(s)
+        for name in self.extra.keys() - other.extra.keys():
+            self.extra[name].clear()
+
+    def extra_series(self, name: str) -> "Series":
+        if name not in self.extra:
+            self.extra[name] = _series()
+        return self.extra[name]
+
+    def add_step(self, ev: Step) -> None:
+        self.loss.append(ev.step, _f(ev.loss))
+        self.lr.append(ev.step, _f(ev.lr))
+        self.grad_norm.append(ev.step, _f(ev.grad_norm))
+        self.tokens_per_s.append(ev.step, _f(ev.tokens_per_s))
+        for name, v in ev.extra.items():
+            self.extra_series(name).append(ev.step, v)
+
+    def add_event(self, ev: Record) -> None:
+        """A non-step event: a new attempt drops what followed its checkpoint; an eval adds a point."""
+        if isinstance(ev, RunStart):
+            self.truncate_after(ev.start_step)
+        elif isinstance(ev, Eval):
+            self.val_loss.append(ev.step, _f(ev.val_loss))
+        elif isinstance(ev, Metrics):
+            for name, v in ev.values.items():
+                (self.val_loss if name == "val_loss" else self.extra_series(name)).append(ev.step, v)
+
+
+def _f(v: float | None) -> float:
+    """A value as a plot y: an unknown one is a gap, like a NaN."""
+    return math.nan if v is None else v
