@@ -185,7 +185,7 @@ def test_a_run_that_ended_before_its_first_step_says_so(tmp_path: Path) -> None:
 def test_mt_ckpt_and_mt_stop_name_a_saved_checkpoint_in_one_line(tmp_path: Path) -> None:
     """`mt ckpt` (the engine's answer) and `mt stop` (the run's newest checkpoint) share checkpoint_line."""
     from mt.records import Checkpoint
-    from tui.run.control import Answer
+    from tui.state.answers import ControlAnswer
     from tui.text.runs import answer_line, last_checkpoint_line
 
     finished_run(tmp_path, steps=100)
@@ -193,6 +193,6 @@ def test_mt_ckpt_and_mt_stop_name_a_saved_checkpoint_in_one_line(tmp_path: Path)
     ck = parse_event(dumps(dict(v=1, t=1_800_000_000.0, kind="checkpoint", step=newest.step, path=newest.path, bytes=1,
                                 seconds=0.1, reason="request", request_id="r1")))
     assert isinstance(ck, Checkpoint)
-    assert answer_line(Answer("r1", "checkpoint", "done", checkpoint=ck)) == last_checkpoint_line(tmp_path) \
+    assert answer_line(ControlAnswer("r1", "checkpoint", "done", checkpoint=ck)) == last_checkpoint_line(tmp_path) \
         == f"checkpoint saved at step {newest.step}: {newest.path}"
-    assert answer_line(Answer("r2", "checkpoint", "rejected", "no room")) == "checkpoint rejected: no room"
+    assert answer_line(ControlAnswer("r2", "checkpoint", "rejected", "no room")) == "checkpoint rejected: no room"
