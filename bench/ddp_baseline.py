@@ -21,7 +21,7 @@ from engine.data import build_splits
 from engine.kinds import kind_of
 from engine.optim import build_optimizer, lr_at, set_lr
 from engine.user import add_workdir, call_model, loss_of
-from mt.preset import load_config_json
+from mt.contract.preset import load_config_json
 
 
 class Samples(Dataset):

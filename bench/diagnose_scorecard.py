@@ -20,7 +20,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mt.anomaly import StepAnomalies
-from mt.config import MonitorConfig
+from mt.contract.config import MonitorConfig
 from tests.diagnose.scenarios import CLEAN, FAULTS, MONITOR, Outcome, Scenario, launch
 from tests.diagnose.streams import steps as synthetic_steps
 

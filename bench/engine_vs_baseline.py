@@ -24,11 +24,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from mt.eventlog import EventWriter
-from mt.heartbeat import Heartbeat
-from mt.inbox import ControlInbox
-from mt.jsonl import read_events
-from mt.preset import config_from_dict
+from mt.contract.eventlog import EventWriter
+from mt.contract.heartbeat import Heartbeat
+from mt.contract.inbox import ControlInbox
+from mt.contract.jsonl import read_events
+from mt.contract.preset import config_from_dict
 
 CONFIG = {
     "run": {"name": "bench", "seed": 1},

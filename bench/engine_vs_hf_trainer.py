@@ -28,9 +28,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from mt.config import HF_OFFLINE
-from mt.jsonl import read_events
-from mt.preset import config_from_dict, load_config_json
+from mt.contract.config import HF_OFFLINE
+from mt.contract.jsonl import read_events
+from mt.contract.preset import config_from_dict, load_config_json
 
 CONFIG = {
     "run": {"name": "bench", "seed": 1},

@@ -69,7 +69,7 @@ def worker(a: argparse.Namespace) -> None:
     from engine.model import GPT
     from engine.optim import build_optimizer
     from engine.parallel import build, wrap
-    from mt.preset import config_from_dict
+    from mt.contract.preset import config_from_dict
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

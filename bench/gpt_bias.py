@@ -23,7 +23,7 @@ import torch
 
 from engine.model import GPT, count_params
 from engine.optim import build_optimizer
-from mt.config import ModelConfig, TrainConfig
+from mt.contract.config import ModelConfig, TrainConfig
 
 
 def main() -> None:

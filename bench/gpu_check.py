@@ -31,8 +31,8 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from mt.jsonl import read_events
-from mt.preset import config_from_dict
+from mt.contract.jsonl import read_events
+from mt.contract.preset import config_from_dict
 
 TINY = {
     "run": {"name": "gpu-tiny", "seed": 3},

@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from mt.jsonl import read_events, read_json
+from mt.contract.jsonl import read_events, read_json
 
 PRESET = """[run]
 name = "startup"

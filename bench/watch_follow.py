@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 WRITER = r"""
 import math, os, sys, time
-from mt.events import dumps
+from mt.contract.events import dumps
 root, rate, seconds = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
 ev_f = open(os.path.join(root, "events.jsonl"), "a"); sys_f = open(os.path.join(root, "system.jsonl"), "a")
 t0 = time.time(); step = 0; next_sys = t0
@@ -74,7 +74,7 @@ asyncio.run(main())
 
 def new_run(root: Path) -> None:
     """A run directory a writer can append to: config and run_start."""
-    from mt.events import dumps
+    from mt.contract.events import dumps
     root.mkdir(parents=True, exist_ok=True)
     (root / "config.json").write_text(json.dumps({"run": {"name": root.name}, "train": {"max_steps": 10**7}}))
     with open(root / "events.jsonl", "w") as f:
@@ -87,7 +87,7 @@ def new_run(root: Path) -> None:
 
 def mark_running(root: Path, writer_pid: int) -> None:
     """status.json as a supervisor would write it, with the writer as the live supervisor."""
-    from mt.jsonl import write_json_atomic
+    from mt.contract.jsonl import write_json_atomic
     write_json_atomic(root / "status.json", {"state": "running", "attempt": 1, "supervisor_pid": writer_pid,
                                              "torchrun_pid": None, "started": time.time(), "ended": None,
                                              "exit_code": None, "reason": None})

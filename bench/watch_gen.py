@@ -13,9 +13,9 @@ import math
 import random
 from pathlib import Path
 
-from mt.eventindex import index_path, open_index
-from mt.events import dumps
-from mt.jsonl import write_json_atomic
+from mt.contract.eventindex import index_path, open_index
+from mt.contract.events import dumps
+from mt.contract.jsonl import write_json_atomic
 
 T0 = 1_700_000_000.0
 

@@ -94,7 +94,7 @@ def main() -> None:
     if idx_away.exists() and not idx.exists():
         idx_away.rename(idx)            # an earlier run of this script was interrupted
     if not idx.exists():
-        subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from mt.eventindex import open_index; "
+        subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from mt.contract.eventindex import open_index; "
                         "open_index(Path(sys.argv[1]), catch_up_bytes=1 << 40).close()", str(run_dir / "events.jsonl")],
                        check=True, cwd=ROOT)
     shutil.rmtree(cache, ignore_errors=True)

@@ -9,10 +9,10 @@ import traceback
 from pathlib import Path
 
 from engine import exit_now
-from mt.config import ConfigError
-from mt.eventlog import EventWriter
-from mt.paths import RunPaths
-from mt.preset import load_config_json
+from mt.contract.config import ConfigError
+from mt.contract.eventlog import EventWriter
+from mt.contract.paths import RunPaths
+from mt.contract.preset import load_config_json
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,10 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     from engine.train import Trainer
     from engine.user import UserCodeError, add_workdir
     from engine.weights import InitFromError
-    from mt import space
+    from mt.contract import space
     from mt.contract.attempt import ResumeRefused
-    from mt.inbox import StopSignals
-    from mt.ranklog import redirect_output
+    from mt.contract.inbox import StopSignals
+    from mt.contract.ranklog import redirect_output
 
     rank = dist.read_env()[0]
     redirect_output(paths.rank_log(rank))

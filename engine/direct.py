@@ -15,7 +15,7 @@ import socket
 import sys
 
 from engine.loopback import serve_store
-from mt.config import STORE_FD_ENV
+from mt.contract.config import STORE_FD_ENV
 
 
 def host_store():  # -> torch.distributed.TCPStore | None

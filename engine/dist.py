@@ -12,8 +12,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from mt.config import Config
-from mt.space import DiskFullError
+from mt.contract.config import Config
+from mt.contract.space import DiskFullError
 
 
 @dataclass(frozen=True)

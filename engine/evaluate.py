@@ -12,7 +12,7 @@ from engine.dist import DistEnv
 from engine.parallel import Parallel
 from engine.precision import Precision
 from engine.user import call_model, loss_of, to_device
-from mt.config import Config
+from mt.contract.config import Config
 
 
 def eager_eval(cfg: Config) -> AbstractContextManager[Any]:

@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any, Callable
 
-from mt.config import Config
+from mt.contract.config import Config
 
 
 class UserCodeError(ValueError):

@@ -7,7 +7,7 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from engine.dist import log
-from mt.config import FaultsConfig
+from mt.contract.config import FaultsConfig
 
 if TYPE_CHECKING:
     import torch

@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mt.config import ModelConfig
+from mt.contract.config import ModelConfig
 
 
 class CausalSelfAttention(nn.Module):

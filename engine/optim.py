@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn as nn
 
-from mt.config import TrainConfig
+from mt.contract.config import TrainConfig
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:

@@ -24,8 +24,8 @@ from torch.utils.checkpoint import checkpoint
 from engine.dist import DistEnv
 from engine.kinds import kind_of
 from engine.user import UserCodeError
-from mt.config import Config
-from mt.toolchain import cxx_problem
+from mt.contract.config import Config
+from mt.contract.toolchain import cxx_problem
 
 
 @dataclass

@@ -14,7 +14,7 @@ import torch
 
 from engine.dist import DistEnv
 from engine.parallel import Parallel
-from mt.config import Config
+from mt.contract.config import Config
 
 _AMP = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -30,14 +30,14 @@ from engine.precision import Precision
 from engine.user import call_model, loss_of, to_device, tokens_per_sample
 from engine.weights import fit_problems, load_into, read_state
 from mt.anomaly import StepAnomalies, nan_incident, recompile_incident
-from mt.config import Config
 from mt.contract import builders as event_fields
 from mt.contract.attempt import ResumeRefused, plan
 from mt.contract.checkpoints import CheckpointError
-from mt.eventlog import EventWriter, NullEventWriter
-from mt.heartbeat import Heartbeat
-from mt.inbox import ControlInbox, Request, StopSignals
-from mt.paths import RunPaths
+from mt.contract.config import Config
+from mt.contract.eventlog import EventWriter, NullEventWriter
+from mt.contract.heartbeat import Heartbeat
+from mt.contract.inbox import ControlInbox, Request, StopSignals
+from mt.contract.paths import RunPaths
 
 
 @dataclass

@@ -18,8 +18,8 @@ from torch import nn
 
 from engine import exit_now, factory
 from engine.factory import UserCodeError, add_workdir, call_factory, check_args, import_callable
-from mt.config import Config, ConfigError
-from mt.preset import config_from_dict
+from mt.contract.config import Config, ConfigError
+from mt.contract.preset import config_from_dict
 
 
 class ModelOutputError(ValueError):

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from mt.contract import checkpoints
-from mt.paths import RunPaths
+from mt.contract.paths import RunPaths
 
 
 class InitFromError(ValueError):

@@ -14,10 +14,10 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from mt.config import MonitorConfig
-from mt.events import as_float
-from mt.fmt import short_num
-from mt.space import DiskFullError
+from mt.contract.config import MonitorConfig
+from mt.contract.events import as_float
+from mt.contract.fmt import short_num
+from mt.contract.space import DiskFullError
 
 # MAD * 1.4826 estimates the standard deviation of normally distributed noise; successive
 # differences carry sqrt(2) times the noise, and almost none of the (slow) trend, so the noise

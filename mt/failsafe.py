@@ -23,7 +23,7 @@ class WriteFailures:
         self.count += 1
         if self.count > 1:
             return
-        from mt.space import describe, is_disk_full
+        from mt.contract.space import describe, is_disk_full
         target = e.filename or where
         self.first = f"{Path(target).absolute()}: {e.strerror or e}" if target else str(e.strerror or e)
         room = f" ({describe(Path(target))})" if target and is_disk_full(e) else ""

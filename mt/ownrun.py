@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from mt.agree import process_group
-from mt.config import Config, LaunchConfig, RunConfig
+from mt.contract.config import Config, LaunchConfig, RunConfig
+from mt.contract.jsonl import write_json_atomic
+from mt.contract.paths import RunPaths, new_run_dir
+from mt.contract.preset import script_run_name, write_script_preset
+from mt.contract.space import ensure_reserve
 from mt.contract.status import CLEAN_STATES, Status, read_status, save_status, write_status
 from mt.failsafe import WriteFailures
-from mt.jsonl import write_json_atomic
-from mt.paths import RunPaths, new_run_dir
-from mt.preset import script_run_name, write_script_preset
-from mt.space import ensure_reserve
 
 
 def make_own_run(rank: int, world: int, name: str | None, runs_dir: Path,

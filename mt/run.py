@@ -21,12 +21,12 @@ from typing import Any, Mapping
 
 from mt.agree import Agreement
 from mt.contract import builders as event_fields
-from mt.eventlog import EventWriter
-from mt.events import INT_MAX
+from mt.contract.eventlog import EventWriter
+from mt.contract.events import INT_MAX
+from mt.contract.heartbeat import BackgroundHeartbeat
+from mt.contract.inbox import ControlInbox, Polled, Request, StopSignals
+from mt.contract.paths import RunPaths
 from mt.failsafe import WriteFailures
-from mt.heartbeat import BackgroundHeartbeat
-from mt.inbox import ControlInbox, Polled, Request, StopSignals
-from mt.paths import RunPaths
 from mt.stepbatch import StepBatch
 from mt.values import as_number, as_whole, plain, step_number
 
@@ -35,7 +35,7 @@ _KNOWN = ("loss", "lr", "grad_norm", "tokens")
 # rank 0's heartbeat thread, not the training thread, looks into control/ and writes the batched
 # step events this often: a key press is seen within it, the viewer polls about as often
 _TICK_S = 0.25
-_WHOLE_MAX = INT_MAX  # a step the parser takes (mt/events.py `whole`): 0 <= step < 2**63
+_WHOLE_MAX = INT_MAX  # a step the parser takes (mt/contract/events.py `whole`): 0 <= step < 2**63
 
 
 @dataclass(frozen=True)
@@ -301,7 +301,7 @@ class Run:
 
         assert self._events is not None
         if self._anomalies is None:
-            from mt.config import MonitorConfig
+            from mt.contract.config import MonitorConfig
             self._anomalies = StepAnomalies(MonitorConfig(), 0.0)
         for fields in steps:
             loss = fields["loss"]

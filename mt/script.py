@@ -13,8 +13,8 @@ import runpy
 import sys
 from pathlib import Path
 
-from mt.paths import RunPaths
-from mt.ranklog import redirect_output
+from mt.contract.paths import RunPaths
+from mt.contract.ranklog import redirect_output
 from mt.run import ENV_ATTEMPT, ENV_RUN_DIR
 
 

@@ -10,7 +10,7 @@ import math
 from collections import deque
 from typing import Any, Callable, Mapping
 
-from mt.events import SCHEMA, SCHEMA_VERSION, T_MAX, T_MIN, dumps
+from mt.contract.events import SCHEMA, SCHEMA_VERSION, T_MAX, T_MIN, dumps
 
 # what a script knows of a step, in the order drain fills them; every other required field is
 # engine-only and always null (docs/events.md, "step")
@@ -56,7 +56,7 @@ class StepBatch:
 
     def drain(self) -> tuple[list[bytes], list[tuple[float, ...] | None], list[dict[str, Any]]]:
         """(lines, index rows, rule fields) of every step noted so far, oldest first."""
-        from mt.eventindex import record_float  # here: `import mt` stays light (the writer loads it anyway)
+        from mt.contract.eventindex import record_float  # here: `import mt` stays light (the writer loads it anyway)
         lines: list[bytes] = []
         rows: list[tuple[float, ...] | None] = []
         fields: list[dict[str, Any]] = []

@@ -1,4 +1,4 @@
-"""A script's values as the event parser (mt/records.py) takes them, checked at the library's call.
+"""A script's values as the event parser (mt/contract/records.py) takes them, checked at the library's call.
 
 Wrong values are the script's own error: TypeError or ValueError naming the value, raised before
 anything is recorded. docs/library.md.
@@ -9,7 +9,7 @@ import json
 import math
 from typing import Any, Mapping
 
-from mt.events import SCHEMA, number, whole
+from mt.contract.events import SCHEMA, number, whole
 
 _NONNEG = frozenset(f.name for f in SCHEMA["step"] if f.rule == "number" and f.nonneg)  # lr, grad_norm, ...
 

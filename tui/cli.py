@@ -38,7 +38,7 @@ NprocOpt = Annotated[Optional[int], typer.Option("--nproc", help="Worker process
 
 def fail(message: str, code: int = BAD_INPUT) -> NoReturn:
     """One clear line on stderr, then exit with code (a path or reason from a run shown safely)."""
-    from tui.format import safe_text
+    from tui.text.format import safe_text
 
     typer.echo(f"mt: {safe_text(message, lines=True)}", err=True)
     raise typer.Exit(code)
@@ -61,7 +61,7 @@ def _attach(run_dir: Path, detach: bool, headless: bool, every: float = 1.0,
         typer.echo(str(run_dir))
         return
     if _no_dashboard(headless):
-        from tui.format import safe_text
+        from tui.text.format import safe_text
         from tui.text.headless import follow_headless
 
         typer.echo(f"run dir: {safe_text(run_dir)}")
@@ -93,7 +93,7 @@ def launch(
         mt launch presets/tiny-cpu.toml --headless --nproc 2
         mt launch train.py --nproc 2 -- --lr 3e-4
     """
-    from mt.config import ConfigError
+    from mt.contract.config import ConfigError
     from tui.run.launch import LaunchError, Overrides, launch_run
 
     over = Overrides(name=name, runs_dir=str(runs_dir) if runs_dir else None, nproc=nproc, node_rank=node_rank,
@@ -132,7 +132,7 @@ def watch(
         mt watch runs/tiny-cpu-20260101-120000 --once
         mt watch runs/tiny-cpu-20260101-120000 runs/tiny-cpu-20260101-130000
     """
-    from tui.rundir import NotARunError, require_run_dir
+    from tui.read.rundir import NotARunError, require_run_dir
 
     if len(run_dirs) > MAX_COMPARED:
         fail(f"{len(run_dirs)} runs: the compare view overlays at most {MAX_COMPARED}")
@@ -188,8 +188,8 @@ def resume(
     \b
         mt resume runs/tiny-cpu-20260101-120000 --nproc 1 --headless
     """
+    from tui.read.rundir import NotARunError, newest_run
     from tui.run.launch import ResumeError, resume_run
-    from tui.rundir import NotARunError, newest_run
     from tui.text.headless import resume_point
 
     if run_dir is None:
@@ -244,7 +244,7 @@ def diff(
     \b
         mt diff runs/tiny-cpu-20260101-120000 runs/tiny-cpu-20260101-130000
     """
-    from tui.rundir import NotARunError, require_run_dir
+    from tui.read.rundir import NotARunError, require_run_dir
     from tui.text.diff import DiffError, diff_text
 
     try:
@@ -255,8 +255,8 @@ def diff(
 
 def _ask(run_dir: Path, action: str, timeout: float) -> tuple[str, ControlAnswer]:
     """Send a control request and wait for the engine's answer; a run that cannot take one fails."""
+    from tui.read.rundir import NotARunError
     from tui.run.control import ControlError, send_request, wait_answer
-    from tui.rundir import NotARunError
 
     try:
         request_id = send_request(run_dir, action)
@@ -280,7 +280,7 @@ def ckpt(
     request_id, answer = _ask(run_dir, "checkpoint", timeout)
     if answer.status == "timeout":
         fail(f"{run_dir}: no answer to {request_id} within {timeout:g} s", RUN_FAILED)
-    from tui.format import safe_text
+    from tui.text.format import safe_text
     from tui.text.runs import answer_line
 
     typer.echo(safe_text(answer_line(answer)))
@@ -300,9 +300,9 @@ def stop(
     \b
         mt stop runs/tiny-cpu-20260101-120000
     """
-    from tui.format import safe_text
+    from tui.read.rundir import NotARunError
     from tui.run.control import ControlError, request_stop, wait_answer, wait_final
-    from tui.rundir import NotARunError
+    from tui.text.format import safe_text
     from tui.text.runs import last_checkpoint_line
 
     t0 = time.monotonic()
@@ -334,9 +334,9 @@ def kill(
     \b
         mt kill runs/tiny-cpu-20260101-120000 --grace 5
     """
-    from tui.format import safe_text
+    from tui.read.rundir import NotARunError
     from tui.run.control import ControlError, kill_run
-    from tui.rundir import NotARunError
+    from tui.text.format import safe_text
 
     try:
         result = kill_run(run_dir, grace)
@@ -365,7 +365,7 @@ def prepare(
         mt prepare corpus.txt --train-tokenizer tok.json --vocab 512
         mt prepare corpus.txt --tokenizer tok.json --out corpus.bin
     """
-    from tui.prepare import PrepareError, prepare_command
+    from tui.run.prepare import PrepareError, prepare_command
 
     try:
         prepare_command(text, tokenizer, out, train_tokenizer, vocab, typer.echo)

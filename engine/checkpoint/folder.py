@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from mt import fmt, space
+from mt.contract import fmt, space
 from mt.contract.checkpoints import FORMAT, FORMAT_VERSION, folder_name, folders, step_of
 
 

@@ -10,9 +10,8 @@ import torch.distributed as dist
 
 from engine.checkpoint import full, sharded
 from engine.dist import DistEnv, log
-from mt import space
-from mt.contract import checkpoints
-from mt.paths import RunPaths
+from mt.contract import checkpoints, space
+from mt.contract.paths import RunPaths
 
 
 def find_checkpoint(paths: RunPaths, env: DistEnv, events: Any, where: torch.device) -> tuple[str, dict[str, Any], list[tuple[str, str]]] | None:

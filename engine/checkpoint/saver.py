@@ -19,12 +19,12 @@ from engine.checkpoint import folder, full, sharded
 from engine.dist import DistEnv, log, report_failure
 from engine.faults import Faults
 from mt.anomaly import checkpoint_failed_incident, disk_full_incident
-from mt.config import Config
 from mt.contract import builders as event_fields
 from mt.contract import checkpoints
-from mt.inbox import ControlInbox, Request
-from mt.paths import RunPaths
-from mt.space import DiskFullError
+from mt.contract.config import Config
+from mt.contract.inbox import ControlInbox, Request
+from mt.contract.paths import RunPaths
+from mt.contract.space import DiskFullError
 
 Reason = Literal["stop", "final", "request", "interval"]  # why a checkpoint is written: its event's `reason`
 _LAST: tuple[Reason, ...] = ("final", "stop")  # the run's last weights: ending without them must not look like success

@@ -38,7 +38,7 @@ from torch.distributed.checkpoint.state_dict import (
 from engine.checkpoint import folder, full
 from engine.checkpoint.folder import Saved
 from mt.contract.checkpoints import CheckpointError
-from mt.space import DiskFullError
+from mt.contract.space import DiskFullError
 
 # What a real .metadata pickles (read off one written by fully_shard + AdamW, see
 # tests/engine/test_sharded.py): DCP's metadata dataclasses, torch.Size, dtypes, the layout helper.

@@ -6,10 +6,10 @@ from engine.kinds.base import ModelKind
 from engine.kinds.gpt import GptKind
 from engine.kinds.hf import HfKind
 from engine.kinds.python import PythonKind
-from mt.config import Config
+from mt.contract.config import Config
 
 
 def kind_of(cfg: Config) -> ModelKind:
-    """The preset's kind (mt/preset.py has refused any other name)."""
+    """The preset's kind (mt/contract/preset.py has refused any other name)."""
     kinds: dict[str, ModelKind] = {"gpt": GptKind(), "python": PythonKind(), "hf": HfKind()}
     return kinds[cfg.model.kind]

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 from torch import nn
 
 from engine.factory import UserCodeError
-from mt.config import Config
+from mt.contract.config import Config
 
 
 @dataclass

@@ -7,7 +7,7 @@ from torch import nn
 
 from engine.kinds.base import Checked
 from engine.model import GPT, flops_per_token
-from mt.config import Config
+from mt.contract.config import Config
 
 
 class GptKind:
@@ -32,4 +32,4 @@ class GptKind:
         return "the GPT"
 
     def check(self, cfg: Config) -> Checked:
-        return Checked()  # mt/preset.py checked its shape
+        return Checked()  # mt/contract/preset.py checked its shape

@@ -10,7 +10,7 @@ from torch.utils.data import Dataset
 
 from engine.factory import UserCodeError
 from engine.kinds.base import Checked, blocks_named
-from mt.config import HF_OFFLINE, Config
+from mt.contract.config import HF_OFFLINE, Config
 
 
 class HfKind:

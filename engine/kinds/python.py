@@ -8,7 +8,7 @@ from torch import nn
 
 from engine.factory import UserCodeError, call_factory, check_args, import_callable
 from engine.kinds.base import Checked, blocks_named
-from mt.config import Config
+from mt.contract.config import Config
 
 
 class PythonKind:
@@ -18,7 +18,7 @@ class PythonKind:
         return build_model(cfg)
 
     def blocks(self, model: nn.Module, cfg: Config) -> list[nn.Module]:
-        wrap = cfg.train.fsdp.wrap  # mt/preset.py requires it for fsdp and activation checkpointing
+        wrap = cfg.train.fsdp.wrap  # mt/contract/preset.py requires it for fsdp and activation checkpointing
         return blocks_named(model, set(wrap), "train.fsdp.wrap") if wrap else []
 
     def vocab(self, cfg: Config) -> tuple[int, str]:

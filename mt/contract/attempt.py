@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mt.config import Config
-from mt.preset import config_from_dict
+from mt.contract.config import Config
+from mt.contract.preset import config_from_dict
 
 
 class ResumeRefused(ValueError):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mt.events import SCHEMA
+from mt.contract.events import SCHEMA
 
 _RUN_START_FIELDS = frozenset(f.name for f in SCHEMA["run_start"])
 
@@ -21,7 +21,7 @@ def run_start(*, run_id: str, attempt: int, world_size: int, local_world_size: i
     each a run_start field of the schema (an unknown name is a bug: ValueError)."""
     unknown = [name for name in extra if name not in _RUN_START_FIELDS]
     if unknown:
-        raise ValueError(f"run_start has no field {unknown} (mt/events.py SCHEMA)")
+        raise ValueError(f"run_start has no field {unknown} (mt/contract/events.py SCHEMA)")
     return {
         "run_id": run_id, "attempt": attempt, "world_size": world_size,
         "nnodes": max(1, world_size // max(1, local_world_size)), "device": device, "backend": backend,

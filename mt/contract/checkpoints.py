@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from mt.events import JSON_ERRORS
+from mt.contract.events import JSON_ERRORS
 
 FORMAT = "mt-checkpoint"
 FORMAT_VERSION = 1
@@ -246,7 +246,7 @@ def newest(root: Path, verified: Verified = "sha256", check: Callable[[Path, dic
 def reported(events: Path, chunk: int = 1 << 20) -> Path | None:
     """The newest checkpoint a `checkpoint` event names that still exists (a script's own format,
     or an engine folder): events.jsonl read backwards, so a long run costs only its tail."""
-    from mt.records import Checkpoint, parse_event  # the typed parser: only for a script's run
+    from mt.contract.records import Checkpoint, parse_event  # the typed parser: only for a script's run
 
     try:
         f = open(events, "rb")

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from mt.jsonl import read_json, write_json_atomic
-from mt.paths import RunPaths
-from mt.space import is_disk_full
+from mt.contract.jsonl import read_json, write_json_atomic
+from mt.contract.paths import RunPaths
+from mt.contract.space import is_disk_full
 
 RUN_STATES = ("starting", "running", "stopping", "completed", "stopped", "failed", "killed")
 LIVE_STATES = ("starting", "running", "stopping")
@@ -121,7 +121,7 @@ class Status:
 
 def judge(status: Status, supervisor_alive: Callable[[Status], bool]) -> Liveness:
     """The one answer to "is this run live?"; `supervisor_alive` is asked only when it decides
-    (tui/rundir.py `liveness` asks the process table; the rules, inside the supervisor, know).
+    (tui/read/rundir.py `liveness` asks the process table; the rules, inside the supervisor, know).
 
     final: its state is final. starting: launch wrote it and no supervisor has recorded itself
     yet. live: its supervisor runs. lost: it claims to be live but its supervisor is gone, or

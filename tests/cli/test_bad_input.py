@@ -10,7 +10,7 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
-from mt.paths import RunPaths
+from mt.contract.paths import RunPaths
 from tests.cli.conftest import SMALL, toml_text, write_preset
 from tests.tui.synth import write_status
 from tui.cli import app
@@ -217,7 +217,7 @@ def test_resume_without_any_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
 
 def test_far_more_cpu_ranks_than_cores_is_a_warning(tmp_path: Path) -> None:
-    from mt.preset import load_preset
+    from mt.contract.preset import load_preset
     from tui.run.launch import device_warnings
     from tui.run.torchrun import usable_cores
 

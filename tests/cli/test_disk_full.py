@@ -6,10 +6,9 @@ import time
 
 import pytest
 
-from mt import space
-from mt.contract import checkpoints
+from mt.contract import checkpoints, space
+from mt.contract.paths import RunPaths
 from mt.contract.status import FINAL_STATES
-from mt.paths import RunPaths
 from tests.tmpfs import fill, resize, tmpfs
 
 from .conftest import events, mt, run_dir_from, status, wait_for, write_preset

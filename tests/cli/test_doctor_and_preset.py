@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mt.events import EVENT_FIELDS, SCHEMA, schema_errors
-from mt.preset import load_preset
+from mt.contract.events import EVENT_FIELDS, SCHEMA, schema_errors
+from mt.contract.preset import load_preset
 from tests.cli.conftest import REPO, events, mt, run_dir_from, status, toml_text
 from tests.cli.test_startup import _probe
 from tests.engine.runner import index_problem

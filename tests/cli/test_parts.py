@@ -10,8 +10,8 @@ from pathlib import Path
 import psutil
 
 from mt.contract.checkpoints import folders, newest
-from mt.paths import RunPaths
-from mt.preset import config_from_dict
+from mt.contract.paths import RunPaths
+from mt.contract.preset import config_from_dict
 from tests.cli.conftest import SMALL, wait_for
 from tui.run.lock import DirWatch
 from tui.run.procs import rank_processes, run_processes, terminate_all

@@ -5,7 +5,7 @@ import os
 import subprocess
 
 from mt.contract.status import Status
-from tui.rundir import effective_state, liveness
+from tui.read.rundir import effective_state, liveness
 
 
 def test_liveness_of_every_kind_of_status() -> None:

@@ -9,16 +9,16 @@ import sys
 import time
 from pathlib import Path
 
-from mt.config import MonitorConfig
+from mt.contract.config import MonitorConfig
+from mt.contract.paths import RunPaths
 from mt.contract.status import Status, read_status, write_status
-from mt.paths import RunPaths
 from tests.diagnose.fakerun import FakeRun, dead_pid
 from tests.tui.synth import SynthRun
 from tui.diagnose.probes import ProcReader
+from tui.read.rundir import liveness
 from tui.read.watcher import Watcher
 from tui.run.procs import alive
 from tui.run.sampler import SystemSampler
-from tui.rundir import liveness
 from tui.text.runs import run_row
 
 SUPERVISED = {

@@ -12,7 +12,7 @@ import pytest
 
 from tests.cli.conftest import mt, run_dir_from, write_preset
 from tests.corpus import write_corpus
-from tui import prepare
+from tui.run import prepare
 from tui.run.launch import Overrides, create_run
 
 pytest.importorskip("tokenizers")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mt.config import ConfigError
+from mt.contract.config import ConfigError
 from tests.cli.test_user_code_input import GOOD_DATA, GOOD_MODEL, preset_text
 from tests.engine.usercode import work_folder
 from tui.run import usercheck

@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mt.config import Config, MonitorConfig, RunConfig
-from mt.events import dumps
-from mt.jsonl import read_events
-from mt.paths import RunPaths
+from mt.contract.config import Config, MonitorConfig, RunConfig
+from mt.contract.events import dumps
+from mt.contract.jsonl import read_events
+from mt.contract.paths import RunPaths
 from tests.tui.synth import event_line, write_status
 from tui.diagnose.monitor import IncidentMonitor
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mt.contract.jsonl import read_events, read_json
+from mt.contract.paths import RunPaths
 from mt.contract.status import FINAL_STATES
-from mt.jsonl import read_events, read_json
-from mt.paths import RunPaths
 
 REPO = Path(__file__).resolve().parents[2]
 MT = [sys.executable, "-m", "tui.cli"]

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from mt.anomaly import RollingMedian, StepAnomalies, is_clear, nan_incident
-from mt.config import MonitorConfig
-from mt.events import INCIDENT_CODES, dumps, make_event, schema_errors
+from mt.contract.config import MonitorConfig
+from mt.contract.events import INCIDENT_CODES, dumps, make_event, schema_errors
 
 from .streams import steps
 

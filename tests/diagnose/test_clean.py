@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mt.config import MonitorConfig
+from mt.contract.config import MonitorConfig
 
 from .fakerun import FakeRun
 from .streams import loss_curve

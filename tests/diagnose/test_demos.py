@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from mt.preset import load_preset
+from mt.contract.preset import load_preset
 
 DEMOS = Path(__file__).resolve().parents[2] / "presets" / "demos"
 # demo file -> the [faults] keys it must set (the code it shows is in its header comment)

@@ -4,8 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from mt.anomaly import StepAnomalies, nan_incident
-from mt.config import MonitorConfig
-from mt.events import INCIDENT_CODES
+from mt.contract.config import MonitorConfig
+from mt.contract.events import INCIDENT_CODES
 from tui.diagnose.monitor import IncidentMonitor
 
 from .fakerun import FakeRun

@@ -258,10 +258,10 @@ def test_an_old_traceback_of_a_live_run_is_no_crash(tmp_path: Path) -> None:
 def test_the_supervisors_tick_is_all_the_monitor_needs(tmp_path: Path) -> None:
     """Status, events and system samples come from the supervisor in memory: here status.json,
     events.jsonl and system.jsonl do not even exist, and the OOM killer is still named."""
-    from mt.config import MonitorConfig
+    from mt.contract.config import MonitorConfig
+    from mt.contract.records import parse_event
     from mt.contract.status import Status
-    from mt.records import parse_event
-    from mt.system import clean_sample
+    from mt.contract.system import clean_sample
     from tui.diagnose.monitor import IncidentMonitor, Tick
     from tui.diagnose.signals import RunFacts
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mt.config import MonitorConfig
+from mt.contract.config import MonitorConfig
 
 from .fakerun import FakeRun, dead_pid
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mt.config import MonitorConfig
+from mt.contract.config import MonitorConfig
 
 from .fakerun import FakeRun
 

@@ -1,9 +1,9 @@
 """A stall seen while it happens (from /proc), told apart from a hang: pure evaluate() calls."""
 from __future__ import annotations
 
-from mt.config import MonitorConfig
+from mt.contract.config import MonitorConfig
+from mt.contract.records import parse_event
 from mt.contract.status import Status
-from mt.records import parse_event
 from tui.diagnose.findings import ChildProc, Observation, RankProc
 from tui.diagnose.rules import evaluate
 from tui.diagnose.signals import RunFacts, RunSignals

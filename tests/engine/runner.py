@@ -12,9 +12,9 @@ from typing import Any
 
 import psutil
 
-from mt.eventindex import HEADER, NEWEST_KINDS, RECORD, index_lines, index_path
-from mt.jsonl import read_events
-from mt.preset import config_from_dict
+from mt.contract.eventindex import HEADER, NEWEST_KINDS, RECORD, index_lines, index_path
+from mt.contract.jsonl import read_events
+from mt.contract.preset import config_from_dict
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -118,7 +118,7 @@ def test_retention_keeps_the_newest_and_refuses_foreign_folders(tmp_path):
 
 def test_a_symlinked_step_folder_is_never_a_checkpoint(finished, tmp_path):
     """checkpoints/step-99999 -> another run's checkpoint: not listed, not loaded, not shown."""
-    from mt.paths import RunPaths
+    from mt.contract.paths import RunPaths
     from tui.read.bulk import newest_checkpoint_dir
 
     other = Path(shutil.copytree(finished / "checkpoints/step-9", tmp_path / "elsewhere/step-9"))
@@ -200,8 +200,7 @@ def alarm():
 
 @pytest.mark.parametrize("how", DAMAGE)
 def test_a_structurally_bad_newest_checkpoint_is_not_intact_for_any_reader(tmp_path, how, alarm):
-    from mt import space
-
+    from mt.contract import space
     (tmp_path / "run").mkdir()
     root = tmp_path / "run" / "checkpoints"
     parts = {"model.pt": {"w": torch.ones(64)}, "optim.pt": {}, "train.pt": {"step": 1}}
@@ -225,8 +224,8 @@ def test_a_corrupted_file_under_a_good_manifest_is_passed_over_by_resume_the_pic
     """One flipped byte (same size, wrong sha256): `mt resume`'s check, the engine's pick and the
     room planning all judge by every byte, so none takes it for the newest intact checkpoint, and
     `mt resume` refuses exactly when the engine would find nothing to continue from."""
-    from mt import space
-    from mt.paths import RunPaths
+    from mt.contract import space
+    from mt.contract.paths import RunPaths
     from tui.run.launch import ResumeError, resume_run
 
     run = make_run(tmp_path)

@@ -11,8 +11,8 @@ import torch
 from engine.dist import DistEnv
 from engine.model import GPT
 from engine.parallel import wrap
-from mt.preset import config_from_dict
-from mt.toolchain import cxx_problem
+from mt.contract.preset import config_from_dict
+from mt.contract.toolchain import cxx_problem
 
 from .runner import SMALL, events, logs, make_run, merge, run_engine, steps_by_attempt
 from .test_parallel import Net
@@ -144,8 +144,8 @@ def test_a_recompile_reaches_the_incident_file_and_the_summary_says_compile(tmp_
     """The reader side: the step field parses (a bad one rejects the line), the engine's incident is
     copied by the supervisor's monitor and closed by steps without recompiles, `--once` shows the run's parts."""
     from mt.anomaly import recompile_incident
-    from mt.config import MonitorConfig
-    from mt.records import Rejected, Step, parse_event
+    from mt.contract.config import MonitorConfig
+    from mt.contract.records import Rejected, Step, parse_event
     from tests.diagnose.fakerun import FakeRun
     from tui.read.follower import load_run_state
     from tui.text.summary import format_summary

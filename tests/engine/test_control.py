@@ -102,7 +102,7 @@ def _plant_hostile(run, outside) -> None:
 
 
 def test_inbox_rejects_every_hostile_entry_and_empties_itself(tmp_path):
-    from mt.inbox import ControlInbox
+    from mt.contract.inbox import ControlInbox
 
     run = tmp_path / "run"
     run.mkdir()
@@ -123,7 +123,7 @@ def test_inbox_rejects_every_hostile_entry_and_empties_itself(tmp_path):
 
 
 def test_processed_stays_bounded(tmp_path):
-    from mt.inbox import ControlInbox
+    from mt.contract.inbox import ControlInbox
 
     inbox = ControlInbox(tmp_path / "control")
     for i in range(ControlInbox.KEEP_PROCESSED + 20):

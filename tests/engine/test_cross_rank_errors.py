@@ -13,8 +13,8 @@ import pytest
 import engine
 import mt
 from engine.user import UserCodeError
-from mt.config import ConfigError
-from mt.space import DiskFullError
+from mt.contract.config import ConfigError
+from mt.contract.space import DiskFullError
 
 # classes whose __init__ takes more than the one message: built with their own fields
 SAMPLES = {

@@ -7,9 +7,8 @@ import pytest
 import torch
 
 from engine.checkpoint import full, pick
-from mt import space
-from mt.contract import checkpoints
-from mt.space import DiskFullError
+from mt.contract import checkpoints, space
+from mt.contract.space import DiskFullError
 from tests.tmpfs import resize, tmpfs
 
 from .runner import events, finish, logs, make_run, start, wait_for

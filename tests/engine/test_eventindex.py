@@ -4,9 +4,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from mt.eventindex import HEADER, KIND_BAD, KIND_OTHER, MAGIC, RECORD, VERSION, IndexWriter, index_path, open_index
-from mt.eventlog import EventWriter
-from mt.jsonl import read_events
+from mt.contract.eventindex import HEADER, KIND_BAD, KIND_OTHER, MAGIC, RECORD, VERSION, IndexWriter, index_path, open_index
+from mt.contract.eventlog import EventWriter
+from mt.contract.jsonl import read_events
 
 from .runner import index_problem
 
@@ -138,7 +138,7 @@ def test_lines_from_elsewhere_are_indexed_without_failing_the_writer(tmp_path):
     w.close()
     assert index_problem(ev) is None
     recs = list(RECORD.iter_unpack(index_path(ev).read_bytes()[HEADER.size:]))
-    # what mt.records rejects is marked bad; a valid eval and an event of a kind unknown here are not
+    # what mt.contract.records rejects is marked bad; a valid eval and an event of a kind unknown here are not
     assert [r[1] for r in recs] == [KIND_BAD, KIND_BAD, KIND_BAD, KIND_BAD, 2, KIND_OTHER, 0, 0]
     assert recs[4][2] == 3 and recs[4][4] == float("inf")
 
@@ -148,9 +148,9 @@ def test_the_fast_step_record_equals_the_parsers_or_declines():
     import json
     import math
 
-    from mt.eventindex import encode, step_record
-    from mt.events import dumps
-    from mt.records import parse_event
+    from mt.contract.eventindex import encode, step_record
+    from mt.contract.events import dumps
+    from mt.contract.records import parse_event
 
     base = {"v": 1, "t": 1.8e9, "kind": "step", "step": 7, "loss": 2.5, "lr": 1e-3, "grad_norm": 0.5,
             "tokens_per_s": None, "epoch": None, "tokens_seen": 4096}

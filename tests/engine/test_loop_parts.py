@@ -16,8 +16,8 @@ from engine.evaluate import Evaluator
 from engine.faults import Faults
 from engine.parallel import Parallel
 from engine.precision import Precision
-from mt.config import FaultsConfig
-from mt.preset import config_from_dict
+from mt.contract.config import FaultsConfig
+from mt.contract.preset import config_from_dict
 
 from .runner import SMALL, merge
 

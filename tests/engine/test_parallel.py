@@ -10,7 +10,7 @@ from engine.model import GPT
 from engine.optim import build_optimizer
 from engine.parallel import _named, _numbered, _recompute
 from engine.user import UserCodeError
-from mt.preset import config_from_dict
+from mt.contract.preset import config_from_dict
 
 from .runner import SMALL, merge
 from .usercode import GPT2, hf_base
@@ -101,7 +101,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from engine.dist import DistEnv
 from engine.kinds import kind_of
 from engine.parallel import build, wrap
-from mt.preset import config_from_dict
+from mt.contract.preset import config_from_dict
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()

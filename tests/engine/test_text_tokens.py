@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from engine.data import DataError, build_splits
-from mt.preset import config_from_dict
+from mt.contract.preset import config_from_dict
 from tests.corpus import write_corpus
-from tui import prepare
+from tui.run import prepare
 
 from .runner import SMALL, events, make_run, merge, run_engine
 

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from mt.events import as_float
+from mt.contract.events import as_float
 
 from .runner import events, logs, make_run, run_engine
 

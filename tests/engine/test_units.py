@@ -13,8 +13,8 @@ from torch.utils.data import DistributedSampler
 import engine
 from engine.data import GlobalOrderSampler
 from engine.optim import lr_at
-from mt.config import TrainConfig
 from mt.contract.attempt import ResumeRefused, plan
+from mt.contract.config import TrainConfig
 
 from .runner import events, make_run, start, wait_for
 
@@ -43,7 +43,7 @@ def test_a_loader_workers_batch_carries_its_indices_as_a_list_in_sampler_order()
     import torch
 
     from engine.data import Indexed, Splits, build_loader
-    from mt.preset import config_from_dict
+    from mt.contract.preset import config_from_dict
 
     class Squares(torch.utils.data.Dataset):
         def __len__(self):
@@ -97,7 +97,7 @@ def test_second_signal_exits_at_once(tmp_path):
 def test_attempt_config_is_derived_in_one_place():
     """A 2-rank run with faults aimed at rank 1 resumes on 1 rank; grad_accum_steps is what the engine will run."""
     from mt.contract.attempt import attempt_config
-    from mt.preset import config_from_dict
+    from mt.contract.preset import config_from_dict
 
     raw = {"run": {"name": "t"}, "launch": {"nproc_per_node": 2, "device": "cpu"},
            "train": {"micro_batch_size": 4, "grad_accum_steps": 2, "max_steps": 40},
@@ -119,7 +119,7 @@ def test_gpt_without_bias_has_no_bias_parameters_and_trains():
 
     from engine.model import GPT, count_params
     from engine.optim import build_optimizer
-    from mt.config import ModelConfig
+    from mt.contract.config import ModelConfig
 
     shape = dict(vocab_size=32, n_layer=2, n_head=2, d_model=16, seq_len=8)
     with_bias, without = GPT(ModelConfig(**shape)), GPT(ModelConfig(**shape, bias=False))
@@ -142,7 +142,7 @@ def test_gpt_without_bias_has_no_bias_parameters_and_trains():
 
 
 def test_bias_is_a_boolean_in_the_preset(tmp_path):
-    from mt.preset import ConfigError, load_preset
+    from mt.contract.preset import ConfigError, load_preset
 
     p = tmp_path / "p.toml"
     p.write_text("[run]\nname = \"b\"\n[model]\nbias = false\n")

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from mt.contract.checkpoints import reported
-from mt.events import EVENT_FIELDS, SCHEMA, schema_errors
-from mt.records import Metrics, Rejected, Step, parse_event
+from mt.contract.events import EVENT_FIELDS, SCHEMA, schema_errors
+from mt.contract.records import Metrics, Rejected, Step, parse_event
 from tests.cli.conftest import events, mt, status, wait_for
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -242,8 +242,8 @@ def test_the_batched_step_lines_and_index_rows_equal_the_generic_writers() -> No
     """StepBatch makes a script's lines and index records without the generic encoder: same bytes."""
     import math
 
-    from mt.eventindex import RECORD, encode
-    from mt.events import dumps, make_event
+    from mt.contract.eventindex import RECORD, encode
+    from mt.contract.events import dumps, make_event
     from mt.stepbatch import StepBatch
 
     t = 1.8e9 + 0.123456789

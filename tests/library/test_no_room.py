@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mt.records import Rejected, parse_event
+from mt.contract.records import Rejected, parse_event
 from tests.cli.conftest import events, status, wait_for
 from tests.tmpfs import fill, read_only, tmpfs
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mt.jsonl import read_events
+from mt.contract.jsonl import read_events
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

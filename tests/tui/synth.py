@@ -1,4 +1,4 @@
-"""Synthetic run directories that follow the event schema (docs/events.md) exactly (written via mt.events).
+"""Synthetic run directories that follow the event schema (docs/events.md) exactly (written via mt.contract.events).
 
 `event_line` and `write_status` are the one way the tests write a synthetic run's events.jsonl
 lines and status.json (SynthRun here, FakeRun in tests/diagnose/fakerun.py).
@@ -11,16 +11,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mt.events import SCHEMA_VERSION, dumps, make_event
-from mt.jsonl import write_json_atomic
-from mt.paths import RunPaths
+from mt.contract.events import SCHEMA_VERSION, dumps, make_event
+from mt.contract.jsonl import write_json_atomic
+from mt.contract.paths import RunPaths
 
 T0 = 1_700_000_000.0
 
 
 def event_line(kind: str, t: float, *, partial: bool = False, **fields: Any) -> str:
     """One events.jsonl line as the engine writes it: make_event's envelope (v, t, kind) and
-    mt.events.dumps' encoding (non-finite floats as strings).
+    mt.contract.events.dumps' encoding (non-finite floats as strings).
 
     make_event raises on a field the schema requires and `fields` lacks; `partial` skips that
     check, for a line holding only the fields the rule under test reads (FakeRun's).

@@ -6,12 +6,12 @@ import json
 import pytest
 from textual.widgets import OptionList
 
-from mt.jsonl import read_events
+from mt.contract.jsonl import read_events
 from tests.tui.conftest import fixed_now
 from tests.tui.synth import SynthRun, write_status
-from tui.format import fmt_duration, fmt_num
 from tui.read.cache import CACHE_DIR
 from tui.read.follower import load_run_state
+from tui.text.format import fmt_duration, fmt_num
 from tui.view.app import MtApp
 from tui.widgets.dialogs import ConfirmScreen, HelpScreen
 
@@ -368,7 +368,7 @@ async def test_big_run_shows_the_newest_state_first_then_the_whole_history(tmp_p
 
 
 async def test_big_run_with_the_engine_index_opens_with_its_whole_history(tmp_path, monkeypatch):
-    from mt.eventindex import open_index
+    from mt.contract.eventindex import open_index
     from tests.tui.synth import finished_run
     from tui.read import bulk as scan
     from tui.read import follower, index_tail

@@ -6,8 +6,8 @@ import threading
 import time
 from pathlib import Path
 
-from mt.events import dumps
-from mt.records import parse_event
+from mt.contract.events import dumps
+from mt.contract.records import parse_event
 from tests.cli.conftest import mt
 from tests.tui.synth import SynthRun, finished_run
 from tui.read.follower import load_run_state
@@ -184,7 +184,7 @@ def test_a_run_that_ended_before_its_first_step_says_so(tmp_path: Path) -> None:
 
 def test_mt_ckpt_and_mt_stop_name_a_saved_checkpoint_in_one_line(tmp_path: Path) -> None:
     """`mt ckpt` (the engine's answer) and `mt stop` (the run's newest checkpoint) share checkpoint_line."""
-    from mt.records import Checkpoint
+    from mt.contract.records import Checkpoint
     from tui.state.answers import ControlAnswer
     from tui.text.runs import answer_line, last_checkpoint_line
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from mt.system import clean_sample
+from mt.contract.system import clean_sample
 from tests.tui.synth import finished_run
 from tests.tui.test_app import loaded, make_app, text_of
 
@@ -57,7 +57,7 @@ async def test_dashboard_survives_hostile_system_lines(tmp_path):
 
 
 def test_incident_rules_survive_hostile_system_lines(tmp_path):
-    from mt.config import MonitorConfig
+    from mt.contract.config import MonitorConfig
     from tui.diagnose.monitor import IncidentMonitor
 
     finished_run(tmp_path)

@@ -7,7 +7,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from mt.jsonl import read_events, read_json
+from mt.contract.jsonl import read_events, read_json
 from tests.tui.test_app import wait_for
 from tui.view.app import MtApp
 from tui.widgets.dialogs import ConfirmScreen

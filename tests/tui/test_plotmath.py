@@ -6,7 +6,6 @@ import math
 import numpy as np
 import pytest
 
-from tui.format import fmt_compact
 from tui.state.plotmath import (
     fit_rows,
     linear_ticks,
@@ -20,6 +19,7 @@ from tui.state.plotmath import (
     y_axis,
 )
 from tui.state.window import XWindow, narrow, next_window, widen, window_range
+from tui.text.format import fmt_compact
 
 
 @pytest.mark.parametrize("v, want", [

@@ -5,10 +5,10 @@ import io
 import json
 import tracemalloc
 
-from mt.config import MonitorConfig
-from mt.eventlog import EventWriter
-from mt.jsonl import MAX_LINE_BYTES, read_events
-from mt.records import RecordTail, Rejected, Step, parse_event
+from mt.contract.config import MonitorConfig
+from mt.contract.eventlog import EventWriter
+from mt.contract.jsonl import MAX_LINE_BYTES, read_events
+from mt.contract.records import RecordTail, Rejected, Step, parse_event
 from tests.tui.synth import SynthRun
 from tui.diagnose.monitor import IncidentMonitor
 from tui.read.bulk import bulk_read, quick_read

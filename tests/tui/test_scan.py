@@ -9,9 +9,9 @@ import os
 import numpy as np
 import pytest
 
-from mt.events import dumps
-from mt.paths import RunPaths
-from mt.records import RecordTail
+from mt.contract.events import dumps
+from mt.contract.paths import RunPaths
+from mt.contract.records import RecordTail
 from tests.tui.synth import SynthRun, finished_run
 from tui.read import bulk as scan
 from tui.read import follower
@@ -180,7 +180,7 @@ def test_quick_state_window_takes_run_start_from_the_head_and_checkpoint_from_di
 
 def indexed(run_dir):
     """Index events.jsonl the way an engine writer opening it would (catching up every line)."""
-    from mt.eventindex import open_index
+    from mt.contract.eventindex import open_index
     open_index(run_dir / "events.jsonl", catch_up_bytes=1 << 30).close()
 
 
@@ -211,7 +211,7 @@ def test_a_lagging_index_is_used_and_the_rest_scanned(tmp_path):
 
 @pytest.mark.parametrize("damage", ["replaced", "line_removed", "record_changed", "garbage"])
 def test_an_index_that_disagrees_with_events_jsonl_is_ignored(tmp_path, damage):
-    from mt.eventindex import index_path
+    from mt.contract.eventindex import index_path
     r = messy_run(tmp_path)
     indexed(tmp_path)
     idx = index_path(r.paths.events)
@@ -321,7 +321,7 @@ def test_mt_ls_reads_a_big_indexed_run_from_the_index_tail_without_numpy(tmp_pat
 
 
 def test_lines_from_elsewhere_never_break_any_reader(tmp_path):
-    from mt.eventlog import EventWriter
+    from mt.contract.eventlog import EventWriter
     from tui.read.index_tail import quick_read_index
     r = SynthRun(tmp_path)
     r.run_start()

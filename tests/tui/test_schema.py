@@ -1,4 +1,4 @@
-"""The event schema table (mt/events.py SCHEMA) against everything written from it: the parser,
+"""The event schema table (mt/contract/events.py SCHEMA) against everything written from it: the parser,
 the fast paths (the index's step record, the scanner's regex, the script's step batch), the
 builders both producers call, and the contract page (docs/events.md)."""
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any, Iterator
 import pytest
 
 from mt.contract import builders
-from mt.eventindex import RECORD, encode, step_record
-from mt.events import EVENT_FIELDS, SCHEMA, Field, make_event
-from mt.records import Rejected, Step, parse_event, parse_incident
+from mt.contract.eventindex import RECORD, encode, step_record
+from mt.contract.events import EVENT_FIELDS, SCHEMA, Field, make_event
+from mt.contract.records import Rejected, Step, parse_event, parse_incident
 from mt.stepbatch import StepBatch
 from mt.values import step_number
 from tui.read.columns import COLS, _step_pattern

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import os
 
-from mt.events import dumps
+from mt.contract.events import dumps
 from tests.tui.synth import SynthRun, finished_run, loss_at
 from tui.read.follower import RunFollower, load_run_state
 from tui.text.summary import format_summary

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mt.jsonl import read_events, read_json
+from mt.contract.jsonl import read_events, read_json
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
               pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")]

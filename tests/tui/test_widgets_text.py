@@ -115,9 +115,9 @@ def test_the_synthetic_data_loss_floor_is_shown_beside_the_loss(fixture_run):
 
 
 def test_system_numbers_print_as_fmt_num_does_everywhere_else():
-    """The panel's numbers share tui.format: a value as wide as the float range is cut to .4g, a
+    """The panel's numbers share tui.text.format: a value as wide as the float range is cut to .4g, a
     bool (not a number in JSON's sense) is N/A, as everywhere the viewer prints a number."""
-    from tui.format import fmt_field, fmt_gib, fmt_num
+    from tui.text.format import fmt_field, fmt_gib, fmt_num
 
     view = SystemView()
     rec = sample(1)

@@ -6,13 +6,13 @@ import re
 import signal
 from typing import Any
 
-from mt.config import MonitorConfig
+from mt.contract.config import MonitorConfig
+from mt.contract.events import as_float
 from mt.contract.status import CLEAN_STATES
-from mt.events import as_float
 from tui.diagnose.findings import Finding, Observation, RankProc
 from tui.diagnose.signals import RunSignals
-from tui.format import at_step
 from tui.run.torchrun import Failure, torchrun_failures
+from tui.text.format import at_step
 
 _OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|"
                   r"HIP out of memory|std::bad_alloc|\bMemoryError\b|Cannot allocate memory|"

@@ -4,11 +4,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from mt.config import MonitorConfig
-from mt.events import as_float
+from mt.contract.config import MonitorConfig
+from mt.contract.events import as_float
 from tui.diagnose.findings import WAITING_SYSCALLS, Finding, Observation, RankProc
 from tui.diagnose.signals import RunSignals
-from tui.format import fmt_s
+from tui.text.format import fmt_s
 
 ADVICE_HANG = (
     "Look at which rank stopped first and what the others do: ranks blocked in a collective "

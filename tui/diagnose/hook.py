@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from mt.config import Config
+from mt.contract.config import Config
+from mt.contract.events import dumps
+from mt.contract.records import Record
 from mt.contract.status import Status
-from mt.events import dumps
-from mt.records import Record
 
 
 class IncidentHook:

@@ -17,21 +17,21 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from mt.anomaly import is_clear
-from mt.config import Config, ConfigError, MonitorConfig
+from mt.contract.config import Config, ConfigError, MonitorConfig
+from mt.contract.events import EXIT_CODES, SCHEMA_VERSION, as_float, dumps
+from mt.contract.jsonl import JsonlTail
+from mt.contract.paths import RunPaths
+from mt.contract.preset import load_config_json
+from mt.contract.records import Incident, Record, RecordTail, RunStart, Step, parse_incident, read_records
 from mt.contract.status import CLEAN_STATES, FINAL_STATES, Status, read_status
-from mt.events import EXIT_CODES, SCHEMA_VERSION, as_float, dumps
-from mt.jsonl import JsonlTail
-from mt.paths import RunPaths
-from mt.preset import load_config_json
-from mt.records import Incident, Record, RecordTail, RunStart, Step, parse_incident, read_records
-from mt.system import clean_sample
+from mt.contract.system import clean_sample
 from tui.diagnose.exit import classify_log
 from tui.diagnose.findings import Finding, Observation
 from tui.diagnose.probes import ProcReader, file_size, read_heartbeats, read_tail
 from tui.diagnose.rules import evaluate
 from tui.diagnose.signals import RunFacts, RunSignals
+from tui.read.rundir import supervisor_alive
 from tui.run.torchrun import usable_cores
-from tui.rundir import supervisor_alive
 
 # What stays open once the run is over: the facts that explain how it ended.
 KEEP_WHEN_DONE = frozenset({"nan_loss", *EXIT_CODES})

@@ -5,11 +5,11 @@ import math
 import statistics
 from typing import Any
 
-from mt.config import MonitorConfig
-from mt.events import as_float
+from mt.contract.config import MonitorConfig
+from mt.contract.events import as_float
 from tui.diagnose.findings import Finding, Observation
 from tui.diagnose.signals import RunSignals, StepRec
-from tui.format import fmt_s
+from tui.text.format import fmt_s
 
 ADVICE_THROUGHPUT = (
     "Compare data_wait_s, step_time_s and GPU utilisation around the drop: a rising data wait "

@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mt.events import as_float
-from mt.jsonl import read_json
-from mt.paths import RunPaths
+from mt.contract.events import as_float
+from mt.contract.jsonl import read_json
+from mt.contract.paths import RunPaths
 from tui.diagnose.findings import ChildProc, RankProc
 from tui.run.procs import alive
 

@@ -7,7 +7,7 @@ is monitor.py's job; the rules live in perf.py, hang.py, stall.py and exit.py.
 """
 from __future__ import annotations
 
-from mt.config import MonitorConfig
+from mt.contract.config import MonitorConfig
 from tui.diagnose import exit as diagnose_exit
 from tui.diagnose import hang as diagnose_hang
 from tui.diagnose import perf as diagnose_perf

@@ -7,8 +7,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from mt.events import CONTROL_ACTIONS, as_float
-from mt.records import Checkpoint, ControlEvent, Eval, Record, RunEnd, RunStart, Step
+from mt.contract.events import CONTROL_ACTIONS, as_float
+from mt.contract.records import Checkpoint, ControlEvent, Eval, Record, RunEnd, RunStart, Step
 
 # Steps right after an attempt starts carry worker start-up, first-batch and allocator
 # warm-up costs; no rate or share is judged on them.
@@ -117,7 +117,7 @@ class RunSignals:
             self.pause_s[ev.kind] = max(self.pause_s.get(ev.kind, 0.0), ev.t - began)
 
     def feed_system(self, sample: dict[str, Any]) -> None:
-        """One sample as `mt.system.clean_sample` returns it (its t is a float)."""
+        """One sample as `mt.contract.system.clean_sample` returns it (its t is a float)."""
         t = sample["t"]
         self.system.append(sample)
         while self.system and t - self.system[0]["t"] > _KEEP_SYSTEM_S:

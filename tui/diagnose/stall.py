@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import math
 
-from mt.config import MonitorConfig
+from mt.contract.config import MonitorConfig
 from tui.diagnose.findings import WAITING_SYSCALLS, ChildProc, Finding, Observation, RankProc
 from tui.diagnose.hang import last_progress, running
 from tui.diagnose.perf import gpu_util, is_live
 from tui.diagnose.signals import WARMUP_STEPS, RunSignals, StepRec
-from tui.format import fmt_s
+from tui.text.format import fmt_s
 
 ADVICE_STALL = (
     "The accelerator is waiting for input. First raise [data] num_workers (one to a few per "

@@ -13,10 +13,10 @@ from typing import Iterator
 import numpy as np
 
 from mt.contract.checkpoints import newest
+from mt.contract.jsonl import MAX_LINE_BYTES, next_newline
+from mt.contract.paths import RunPaths
+from mt.contract.records import Record, Rejected, RunStart, Step, parse_event
 from mt.contract.status import read_status
-from mt.jsonl import MAX_LINE_BYTES, next_newline
-from mt.paths import RunPaths
-from mt.records import Record, Rejected, RunStart, Step, parse_event
 from tui.read import BULK_MIN_BYTES
 from tui.read.cache import has_cache, load_cache, save_cache
 from tui.read.columns import _NONSTEP, _STEP, CHUNK, COLS, Columns, ColumnScanner

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from mt.events import JSON_ERRORS
-from mt.jsonl import MAX_LINE_BYTES, write_json_atomic
-from mt.paths import RunPaths
-from mt.records import Record, Rejected, Step, parse_event
+from mt.contract.events import JSON_ERRORS
+from mt.contract.jsonl import MAX_LINE_BYTES, write_json_atomic
+from mt.contract.paths import RunPaths
+from mt.contract.records import Record, Rejected, Step, parse_event
 from tui.read.columns import COLS, Columns
 
 CACHE_DIR = ".mt-index"

@@ -2,7 +2,7 @@
 
 A `step` line is flat and written with the same key order every time, so one regex built
 from the first such line captures the plotted columns of a whole chunk in one C call. The
-regex accepts only values `mt.records.parse_event` would accept (a strict subset: whole-number
+regex accepts only values `mt.contract.records.parse_event` would accept (a strict subset: whole-number
 steps, plausible times, no negative rates), and every line must be accounted for, else the
 chunk is redone line by line by the parser itself (exact, slower).
 """
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from mt.events import JSON_ERRORS, SCHEMA, Field
-from mt.jsonl import MAX_LINE_BYTES, next_newline
-from mt.records import Record, Rejected, Step, parse_event
+from mt.contract.events import JSON_ERRORS, SCHEMA, Field
+from mt.contract.jsonl import MAX_LINE_BYTES, next_newline
+from mt.contract.records import Record, Rejected, Step, parse_event
 
 COLS = ("step", "loss", "lr", "grad_norm", "tokens_per_s")
 CHUNK = 4 << 20                  # bytes per read: bounds memory, and keeps each regex call
@@ -37,7 +37,7 @@ _BY_RULE = {"whole": _NONNEG_WHOLE, "values": rb"null"}   # a table of values: t
 
 
 def _strict(f: Field) -> bytes:
-    """What the regex takes for a step field, from its rule in mt/events.py SCHEMA."""
+    """What the regex takes for a step field, from its rule in mt/contract/events.py SCHEMA."""
     if f.rule == "number":
         return _NONNEG if f.nonneg else _REAL
     if f.rule == "free":

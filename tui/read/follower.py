@@ -5,9 +5,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mt.contract.paths import RunPaths
+from mt.contract.records import Record, RecordTail, Step, incident_tail
 from mt.contract.status import read_status
-from mt.paths import RunPaths
-from mt.records import Record, RecordTail, Step, incident_tail
 from tui.read import BULK_MIN_BYTES as BULK_MIN_BYTES  # re-exported: the follower's threshold (tests patch it here)
 from tui.state.runseries import RunSeries
 from tui.state.runstate import BulkResult, RunState, add_incident, apply_status, new_state, reduce_event, reduce_step

@@ -1,4 +1,4 @@
-"""Reading the engine's binary index of events.jsonl (`mt.eventindex`) into `Columns`.
+"""Reading the engine's binary index of events.jsonl (`mt.contract.eventindex`) into `Columns`.
 
 One read of 64 bytes per event instead of JSON parsing; a sample of records (first, last and
 evenly spaced ones) and every non-step event are checked against their lines, and an index
@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from mt.eventindex import FIELDS, HEADER, KIND_BAD, KIND_CODES, RECORD, index_path, kind_code, line_matches, read_header
-from mt.paths import RunPaths
-from mt.records import Rejected, parse_event
+from mt.contract.eventindex import FIELDS, HEADER, KIND_BAD, KIND_CODES, RECORD, index_path, kind_code, line_matches, read_header
+from mt.contract.paths import RunPaths
+from mt.contract.records import Rejected, parse_event
 from tui.read.columns import COLS, Columns
 
 SPOT_CHECKS = 16

@@ -11,9 +11,9 @@ import os
 from pathlib import Path
 from typing import BinaryIO
 
-from mt.eventindex import HEADER, KIND_BAD, KIND_CODES, RECORD, index_path, kind_code, line_matches, read_header
-from mt.paths import RunPaths
-from mt.records import Rejected, parse_event
+from mt.contract.eventindex import HEADER, KIND_BAD, KIND_CODES, RECORD, index_path, kind_code, line_matches, read_header
+from mt.contract.paths import RunPaths
+from mt.contract.records import Rejected, parse_event
 from tui.state.runstate import BulkResult, RunState, new_state, reduce_event
 
 TAIL_RECORDS = 4096

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from mt.jsonl import JsonlTail
-from mt.system import clean_sample
+from mt.contract.jsonl import JsonlTail
+from mt.contract.system import clean_sample
 from tui.read.follower import PollResult, RunFollower
 
 HISTORY = 60  # samples of GPU utilisation kept for the sparkline (1 per second)
@@ -203,7 +203,7 @@ class Watcher:
             return
         self._live_checked = now
         try:
-            from tui.rundir import liveness  # psutil loads with the first check
+            from tui.read.rundir import liveness  # psutil loads with the first check
             st.supervisor_lost = liveness(st.status) == "lost"
         except Exception:  # noqa: BLE001 - a failed check must not stop the following
             st.supervisor_lost = False

@@ -10,12 +10,12 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mt.contract.events import CONTROL_ACTIONS
+from mt.contract.jsonl import read_json, write_json_atomic
+from mt.contract.paths import RunPaths
+from mt.contract.records import RecordTail
 from mt.contract.status import Status, read_status, write_status
-from mt.events import CONTROL_ACTIONS
-from mt.jsonl import read_json, write_json_atomic
-from mt.paths import RunPaths
-from mt.records import RecordTail
-from tui.rundir import NotARunError, liveness, require_run_dir
+from tui.read.rundir import NotARunError, liveness, require_run_dir
 from tui.state.answers import ControlAnswer, note_answer
 
 if TYPE_CHECKING:

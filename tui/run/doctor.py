@@ -9,7 +9,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from tui.format import fmt_gib
+from tui.text.format import fmt_gib
 
 # Runs in a child `python -c`: torch facts, then a real 2-process gloo all_reduce (fork, so the
 # worker function needs no importable module).

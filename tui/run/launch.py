@@ -14,18 +14,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from mt import fmt, space
-from mt.config import Config, ConfigError
+from mt.contract import fmt, space
 from mt.contract.attempt import ResumeRefused, attempt_config
 from mt.contract.checkpoints import newest, reported
+from mt.contract.config import Config, ConfigError
+from mt.contract.jsonl import write_json_atomic
+from mt.contract.paths import RunPaths, new_run_dir
+from mt.contract.preset import check_paths, config_from_dict, load_config_json, load_preset, script_run_name, write_script_preset
 from mt.contract.status import Status, read_status, write_status
-from mt.jsonl import write_json_atomic
-from mt.paths import RunPaths, new_run_dir
-from mt.preset import check_paths, config_from_dict, load_config_json, load_preset, script_run_name, write_script_preset
-from mt.toolchain import cxx_problem
+from mt.contract.toolchain import cxx_problem
+from tui.read.rundir import liveness, require_run_dir
 from tui.run import lock as runlock
 from tui.run import usercheck
-from tui.rundir import liveness, require_run_dir
 
 
 class LaunchError(RuntimeError):
@@ -161,8 +161,7 @@ def with_token_cache(cfg: Config, source: str, model_vocab: int | None = None) -
     d = cfg.data
     if d.source != "text" or not d.tokenizer:
         return cfg
-    from tui import prepare
-
+    from tui.run import prepare
     try:
         tok = prepare.load_tokenizer(d.tokenizer)
         vocab = prepare.vocab_size(tok)
@@ -184,8 +183,7 @@ def _resume_token_cache(run_dir: Path, cfg: Config) -> Config:
     d = cfg.data
     if d.source != "text" or not d.tokenizer:
         return cfg
-    from tui import prepare
-
+    from tui.run import prepare
     recorded = Path(d.token_cache)
     here = prepare.cache_dir(run_dir.parent) / recorded.name  # the runs folder may have moved
     found = prepare.read_cache(recorded) or prepare.read_cache(here)

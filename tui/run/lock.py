@@ -10,7 +10,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from mt.paths import RunPaths
+from mt.contract.paths import RunPaths
 
 
 class RunBusy(RuntimeError):

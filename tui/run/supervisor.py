@@ -24,14 +24,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mt import fmt, space
+from mt.contract import fmt, space
 from mt.contract.checkpoints import newest
+from mt.contract.events import dumps
+from mt.contract.paths import RunPaths
+from mt.contract.preset import load_config_json
+from mt.contract.records import ControlEvent, Record, RecordTail, RunEnd, RunStart
 from mt.contract.status import CLEAN_STATES, read_status, save_status
-from mt.events import dumps
-from mt.paths import RunPaths
-from mt.preset import load_config_json
-from mt.records import ControlEvent, Record, RecordTail, RunEnd, RunStart
-from mt.system import clean_sample
+from mt.contract.system import clean_sample
 from tui.diagnose.hook import IncidentHook
 from tui.run import lock as runlock
 from tui.run.procs import daemonize, die_with_parent, kill_all, rank_processes, run_processes, terminate_all

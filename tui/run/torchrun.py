@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from mt.config import HF_OFFLINE, STORE_FD_ENV, Config
+from mt.contract.config import HF_OFFLINE, STORE_FD_ENV, Config
 
 
 def torchrun_command(cfg: Config, run_dir: Path, attempt: int, python: str = sys.executable,

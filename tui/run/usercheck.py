@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mt.config import Config, ConfigError
-from mt.jsonl import read_json, write_json_atomic
+from mt.contract.config import Config, ConfigError
+from mt.contract.jsonl import read_json, write_json_atomic
 
 CACHE_FORMAT = 1
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mt.records import Checkpoint, ControlEvent, Record
+from mt.contract.records import Checkpoint, ControlEvent, Record
 
 ANSWERED = ("done", "rejected")
 

@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from mt.records import Eval, Metrics, Record, RunStart, Step
+from mt.contract.records import Eval, Metrics, Record, RunStart, Step
 
 if TYPE_CHECKING:
     from tui.state.series import Series

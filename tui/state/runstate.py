@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mt.contract.events import EXIT_CODES, FAILURE_CODES, as_float
+from mt.contract.jsonl import read_json
+from mt.contract.paths import RunPaths
+from mt.contract.records import Checkpoint, ControlEvent, Eval, Metrics, Record, RunEnd, RunStart, Step
+from mt.contract.records import Incident as IncidentRecord
 from mt.contract.status import FINAL_STATES, Status
-from mt.events import EXIT_CODES, FAILURE_CODES, as_float
-from mt.jsonl import read_json
-from mt.paths import RunPaths
-from mt.records import Checkpoint, ControlEvent, Eval, Metrics, Record, RunEnd, RunStart, Step
-from mt.records import Incident as IncidentRecord
 from tui.state.answers import ControlAnswer, note_answer
 
 if TYPE_CHECKING:

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mt.events import JSON_ERRORS
-from mt.paths import RunPaths
-from tui.format import fmt_best, fmt_loss_cell, safe_text
+from mt.contract.events import JSON_ERRORS
+from mt.contract.paths import RunPaths
 from tui.read.follower import load_run_state
 from tui.state.runstate import RunState
+from tui.text.format import fmt_best, fmt_loss_cell, safe_text
 
 MISSING = "(missing)"
 

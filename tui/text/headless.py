@@ -12,13 +12,13 @@ import time
 from pathlib import Path
 from typing import Callable, TextIO
 
+from mt.contract.paths import RunPaths
+from mt.contract.records import Checkpoint, ControlEvent, Eval, Incident, Metrics, Record, RunEnd, RunStart, Step
 from mt.contract.status import CLEAN_STATES, FINAL_STATES, read_status
-from mt.paths import RunPaths
-from mt.records import Checkpoint, ControlEvent, Eval, Incident, Metrics, Record, RunEnd, RunStart, Step
-from tui.format import at_step, fmt_duration, fmt_num, fmt_rate, fmt_write_time, safe_text
 from tui.read.follower import PollResult, RunFollower
-from tui.rundir import liveness
+from tui.read.rundir import liveness
 from tui.state.runstate import RunState, TrackedIncident
+from tui.text.format import at_step, fmt_duration, fmt_num, fmt_rate, fmt_write_time, safe_text
 
 
 def step_line(st: RunState) -> str:

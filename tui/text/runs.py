@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tui.format import fmt_best, fmt_duration, fmt_loss_cell, safe_text
 from tui.read.follower import load_run_state
-from tui.rundir import effective_state, is_run_dir, run_dirs
+from tui.read.rundir import effective_state, is_run_dir, run_dirs
 from tui.state.compare import run_line, table_rows
+from tui.text.format import fmt_best, fmt_duration, fmt_loss_cell, safe_text
 from tui.text.summary import format_summary
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from tui.format import at_step, fmt_duration, fmt_loss, fmt_num, fmt_parallel, fmt_rate, fmt_write_time, safe_text
+from tui.text.format import at_step, fmt_duration, fmt_loss, fmt_num, fmt_parallel, fmt_rate, fmt_write_time, safe_text
 
 if TYPE_CHECKING:
     from tui.state.runstate import RunState

@@ -12,12 +12,12 @@ from textual.app import App
 from textual.screen import Screen
 from textual.worker import get_current_worker
 
+from mt.contract.records import Checkpoint, ControlEvent, Record
 from mt.contract.status import FINAL_STATES, read_status
-from mt.records import Checkpoint, ControlEvent, Record
-from tui.format import safe_text
 from tui.read.follower import PollResult
+from tui.read.rundir import liveness
 from tui.read.watcher import Watcher, WatchUpdate
-from tui.rundir import liveness
+from tui.text.format import safe_text
 from tui.view.dashboard import DashboardScreen
 from tui.view.messages import ControlDone, RunUpdated
 from tui.widgets.dialogs import ConfirmScreen

@@ -4,8 +4,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from tui.format import fmt_compact, fmt_duration, fmt_loss, fmt_num, fmt_parallel, fmt_rate, safe_text
 from tui.state.runstate import RunState
+from tui.text.format import fmt_compact, fmt_duration, fmt_loss, fmt_num, fmt_parallel, fmt_rate, safe_text
 
 STATE_STYLE = {
     "starting": "bold yellow", "running": "bold green", "stopping": "bold yellow",

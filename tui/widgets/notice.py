@@ -4,9 +4,9 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from mt.events import FAILURE_CODES
-from tui.format import safe_text
+from mt.contract.events import FAILURE_CODES
 from tui.state.runstate import RunState
+from tui.text.format import safe_text
 
 
 def notice_text(st: RunState, log_tail: list[str], failing_rank: int | None) -> Text | None:

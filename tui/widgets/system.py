@@ -7,8 +7,8 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import Static
 
-from tui.format import fmt_duration, fmt_field, fmt_gib, safe_text
 from tui.read.watcher import SystemView
+from tui.text.format import fmt_duration, fmt_field, fmt_gib, safe_text
 
 SPARK = "▁▂▃▄▅▆▇█"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from mt.events import T_MAX, T_MIN
+from mt.contract.events import T_MAX, T_MIN
 
 _GPU = {"index": int, "name": str, "util_pct": float, "mem_used_bytes": int, "mem_total_bytes": int,
         "temp_c": float, "power_w": float}

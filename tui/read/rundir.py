@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mt.contract.paths import RunPaths
 from mt.contract.status import Liveness, Status, judge
-from mt.paths import RunPaths
 
 
 class NotARunError(ValueError):

@@ -7,15 +7,15 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from mt.events import dumps, make_event
+from mt.contract.events import dumps, make_event
 
 
 class EventWriter:
     """Appends events to events.jsonl, one whole line per write so readers never see a torn one,
-    and a record per line to its binary index (`mt.eventindex`)."""
+    and a record per line to its binary index (`mt.contract.eventindex`)."""
 
     def __init__(self, path: Path, index: bool = True) -> None:
-        from mt.eventindex import open_index  # it builds on this module
+        from mt.contract.eventindex import open_index  # it builds on this module
         self.path = Path(path)
         self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)  # RDWR: to look at the last byte
         _end_torn_line(self._fd)

@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
-from mt.events import JSON_ERRORS, dumps, parse_line
+from mt.contract.events import JSON_ERRORS, dumps, parse_line
 
 
 def write_json_atomic(path: Path, obj: Any, mode: int = 0o600) -> None:

@@ -1,4 +1,4 @@
-"""Reading presets and config.json into the schema of mt/config.py: types, bounds, cross-key rules.
+"""Reading presets and config.json into the schema of mt/contract/config.py: types, bounds, cross-key rules.
 
 Every error names the file and the key (`x.toml: train.lr: ...`). Stdlib only.
 """
@@ -14,8 +14,8 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from mt.config import Config, ConfigError
-from mt.events import JSON_ERRORS
+from mt.contract.config import Config, ConfigError
+from mt.contract.events import JSON_ERRORS
 
 _RULE_TEXT = {"gt": "> {}", "ge": ">= {}", "lt": "< {}", "le": "<= {}"}
 _RULE_TEST = {

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from mt.contract.checkpoints import folders, intact
 from mt.contract.checkpoints import listed_bytes as checkpoint_bytes  # a checkpoint's size: what its verified manifest lists
-from mt.fmt import human_bytes
+from mt.contract.fmt import human_bytes
 
 # What the supervisor keeps allocated in every run directory (RunPaths.reserve) and deletes to
 # make room for the final status.json when the disk is full (a status file is a few KiB).

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator, TextIO
 
-from mt.events import JSON_ERRORS
-from mt.jsonl import write_json_atomic
+from mt.contract.events import JSON_ERRORS
+from mt.contract.jsonl import write_json_atomic
 from tui.run.torchrun import usable_cores
 
 if TYPE_CHECKING:

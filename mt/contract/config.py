@@ -1,6 +1,6 @@
 """The preset schema: one dataclass per TOML table, validated once at load. Stdlib only.
 
-Both sides import this; mt/preset.py reads a preset or config.json into it, checking every value.
+Both sides import this; mt/contract/preset.py reads a preset or config.json into it, checking every value.
 """
 from __future__ import annotations
 

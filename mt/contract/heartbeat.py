@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from mt.space import allocate
+from mt.contract.space import allocate
 
 
 class Heartbeat:

@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mt.events import SCHEMA, SCHEMA_VERSION, T_MAX, T_MIN
-from mt.records import Checkpoint, Eval, Incident, Record, Rejected, RunEnd, Step, parse_event
+from mt.contract.events import SCHEMA, SCHEMA_VERSION, T_MAX, T_MIN
+from mt.contract.records import Checkpoint, Eval, Incident, Record, Rejected, RunEnd, Step, parse_event
 
 MAGIC = b"MTEVIDX1"
 VERSION = 2
@@ -30,7 +30,7 @@ NEWEST_KINDS = (1, 2, 3, 4, 5, 6)        # the header keeps 1 + the number of th
 HEADER = struct.Struct(f"<8sII{len(NEWEST_KINDS)}q")
 assert HEADER.size == RECORD.size
 KIND_OTHER = 7      # a valid event of a kind this version does not know
-KIND_BAD = -1       # a line mt.records rejects (counted by readers, never shown)
+KIND_BAD = -1       # a line mt.contract.records rejects (counted by readers, never shown)
 CATCH_UP_BYTES = 64 << 20   # the most events.jsonl the writer re-reads to repair its index
 
 
@@ -54,7 +54,7 @@ def encode(rec: Record | Rejected, end: int) -> bytes:
     return RECORD.pack(end, kind, *(record_float(v) for v in (step, rec.t, loss, lr, gn, tps)))
 
 
-# a step's fields by the parser's rule (mt/events.py SCHEMA), for the fast path below
+# a step's fields by the parser's rule (mt/contract/events.py SCHEMA), for the fast path below
 _STEP_RULES = {f.rule for f in SCHEMA["step"]}
 assert _STEP_RULES <= {"whole", "number", "values", "free"} and not any(f.lo for f in SCHEMA["step"]), \
     f"step_record cannot judge {_STEP_RULES}"

@@ -1,5 +1,5 @@
 """Every number, byte count, duration and run-directory text the viewer prints, and one meaning of
-"not available". mt's own messages use `mt/fmt.py` (mt cannot import tui)."""
+"not available". mt's own messages use `mt/contract/fmt.py` (mt cannot import tui)."""
 from __future__ import annotations
 
 import math

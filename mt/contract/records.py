@@ -4,7 +4,7 @@ Every reader of events.jsonl and incidents.jsonl (viewer, rules, supervisor, con
 index) goes through `parse_event` / `parse_incident`, so they agree on what a line means. A
 missing field is unknown (None); a value that cannot be true (a step that is not a whole
 number, a loss that is a list, a time in 1970) rejects the whole line. Each field is judged by its
-rule in mt/events.py SCHEMA (tests/tui/test_schema.py walks every kind and field). docs/events.md.
+rule in mt/contract/events.py SCHEMA (tests/tui/test_schema.py walks every kind and field). docs/events.md.
 """
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Union
 
-from mt.events import JSON_ERRORS, SCHEMA, SCHEMA_VERSION, SEVERITIES, T_MAX, T_MIN, number, whole
-from mt.events import BadValue as _Bad
-from mt.events import show_value as _show
-from mt.jsonl import MAX_LINE_BYTES, JsonlTail
+from mt.contract.events import JSON_ERRORS, SCHEMA, SCHEMA_VERSION, SEVERITIES, T_MAX, T_MIN, number, whole
+from mt.contract.events import BadValue as _Bad
+from mt.contract.events import show_value as _show
+from mt.contract.jsonl import MAX_LINE_BYTES, JsonlTail
 
 
 @dataclass(frozen=True, slots=True)

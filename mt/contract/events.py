@@ -36,7 +36,7 @@ class Field:
 
     name: str
     type: str               # what writers write: int, float, str, bool, object, list (null: unknown)
-    rule: str               # the parser's (mt/records.py): one of RULES
+    rule: str               # the parser's (mt/contract/records.py): one of RULES
     required: bool = True   # every writer writes it (null where unknown); make_event checks
     key: bool = False       # a line without it (or with null) is rejected; else missing is unknown
     lo: int = 0             # whole: the least value
@@ -101,7 +101,7 @@ SCHEMA: dict[str, tuple[Field, ...]] = {
     "incident": (
         _whole("step"), _text("code", key=True), Field("severity", "str", "choice", choices=SEVERITIES),
         _text("title"), _text("detail"), _text("advice"), Field("evidence", "object", "object"),
-        # incidents.jsonl's own (the supervisor's records; mt/records.py parse_incident)
+        # incidents.jsonl's own (the supervisor's records; mt/contract/records.py parse_incident)
         Field("status", "str", "choice", False, choices=("open", "closed")), _text("source", False),
         Field("event_t", "float", "time", False),
     ),
@@ -185,7 +185,7 @@ def parse_line(line: bytes) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
-# ---- the rules of a line's values: the parser's (mt/records.py) and the writers' checks (mt/values.py)
+# ---- the rules of a line's values: the parser's (mt/contract/records.py) and the writers' checks (mt/values.py)
 INT_MAX = 1 << 63
 SPECIAL_FLOATS = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}   # as events.dumps writes them
 

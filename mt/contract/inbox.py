@@ -13,7 +13,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from mt.events import CONTROL_ACTIONS, JSON_ERRORS
+from mt.contract.events import CONTROL_ACTIONS, JSON_ERRORS
 
 
 @dataclass
