@@ -367,6 +367,28 @@ def kill(
 
 
 @app.command()
+def stacks(
+    run_dir: RunDirArg,
+    show_all: Annotated[bool, typer.Option("--all", help="Every rank's stack, every thread, after the groups.")] = False,
+) -> None:
+    """Take every rank's Python stack on this node now and say which rank holds the others.
+
+    Kept under RUN/stacks/. Example:
+
+    \b
+        mt stacks runs/tiny-cpu-20260101-120000 --all
+    """
+    from tui.run.stacks import NoRanksError
+    from tui.rundir import NotARunError
+    from tui.text.stacks import print_stacks
+
+    try:
+        print_stacks(run_dir, show_all, sys.stdout)
+    except (NotARunError, NoRanksError) as e:
+        fail(str(e))
+
+
+@app.command()
 def prepare(
     text: Annotated[Path, typer.Argument(help="A UTF-8 text file (the corpus).", show_default=False)],
     tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="A tokenizers JSON file (e.g. a Hugging Face tokenizer.json).", show_default=False)] = None,
