@@ -36,12 +36,10 @@ class Frame:
     func: str
 
     def where(self) -> str:
-        """`file:line` with the file short: relative to mt's tree inside it, else its name."""
-        path = Path(self.file)
-        try:
-            short = str(path.resolve().relative_to(_MT_ROOT)) if path.is_absolute() else path.name
-        except (ValueError, OSError):
-            short = path.name
+        """`file:line` with the file short: engine/train.py for mt's own tree, else the file's name."""
+        short = Path(self.file).name
+        if kind_of(self.file) in ("mt", "engine"):
+            short = os.path.relpath(os.path.realpath(self.file), _MT_ROOT)
         return f"{short}:{self.line}"
 
 
@@ -149,8 +147,9 @@ def place_of(thread: ThreadStack) -> Place | None:
     at = next((i for i, k in enumerate(kinds) if k == "user"), None)
     if at is None:
         at = next((i for i, k in enumerate(kinds) if k == "engine"), 0)
-    callee = next((f.func for f in reversed(frames[:at]) if f.func not in _WRAPPERS), None)
-    return Place(frames[at], callee.rsplit(".", 1)[-1] if callee else None)
+    # py-spy qualifies names (`_exception_logger.<locals>.wrapper`); faulthandler gives the bare one
+    callees = (f.func.rsplit(".", 1)[-1] for f in reversed(frames[:at]))
+    return Place(frames[at], next((name for name in callees if name not in _WRAPPERS), None))
 
 
 @dataclass(frozen=True)
