@@ -1,9 +1,9 @@
 """What `mt stacks` costs: the time to take 4 ranks' stacks, and how long each rank stops for it.
 
-    .venv/bin/python bench/stacks_capture.py [--ranks 4] [--repeat 5] [--torch]
+    .venv/bin/python bench/stacks_capture.py [--ranks 4] [--repeat 5] [--torch] [--py-spy]
 
 A launcher naming a scratch run directory starts N ranks (RANK set, stderr into logs/rank<N>.log,
-the dump installed by mt.stacks, --torch: torch imported first); each spins in a 40-frame-deep
+the dump installed by mt.stacks unless --py-spy, --torch: torch imported first); each spins in a 40-frame-deep
 loop beside two idle threads and records every gap of its loop over 0.2 ms (wall) or 0.1 ms (its thread's CPU
 time: the handler's own work, without the waits of a loaded machine). Per capture: its wall
 time (signal to verdict.json), and per rank the longest gap while it ran (the pause the dump
@@ -33,7 +33,8 @@ from mt.stacks import install_stack_dump
 run = sys.argv[sys.argv.index("--run-dir") + 1]
 from pathlib import Path
 redirect_output(Path(run, "logs", f"rank{os.environ['RANK']}.log"))
-install_stack_dump()
+if "--py-spy" not in sys.argv:
+    install_stack_dump()
 for _ in range(2):
     threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
 gaps, out = [], os.path.join(run, f"gaps{os.environ['RANK']}.json")
@@ -60,6 +61,7 @@ def main() -> None:
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--torch", action="store_true")
+    p.add_argument("--py-spy", action="store_true", help="ranks without the dump: every stack read by py-spy")
     args = p.parse_args()
     from tui.run.stacks import capture, find_ranks
 
@@ -69,7 +71,8 @@ def main() -> None:
         (run / "config.json").write_text("{}")
         env = {k: v for k, v in os.environ.items() if k != "RANK"} | {"PYTHONPATH": str(REPO)}
         cmd = [sys.executable, "-c", LAUNCHER, str(args.ranks), sys.executable, "-c", RANK, "--run-dir", str(run)]
-        launcher = subprocess.Popen(cmd + (["--torch"] if args.torch else []), env=env)
+        cmd += (["--torch"] if args.torch else []) + (["--py-spy"] if args.py_spy else [])
+        launcher = subprocess.Popen(cmd, env=env)
         deadline = time.monotonic() + 120
         while len(list(run.glob("ready*"))) < args.ranks and time.monotonic() < deadline:
             time.sleep(0.2)

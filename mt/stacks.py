@@ -12,12 +12,12 @@ def install_stack_dump() -> bool:
     """`kill -USR2 PID` writes every thread's stack to stderr (the rank log); True if installed.
 
     Only a SIG_DFL disposition is replaced (a handler the script set itself stays), and nothing
-    here may fail the run: a process without a usable stderr, or not on its main thread, has no dump.
+    here may fail the run: a process without a usable stderr simply has no dump.
     """
     try:
         if signal.getsignal(DUMP_SIGNAL) is not signal.SIG_DFL:
             return False
         faulthandler.register(DUMP_SIGNAL, file=sys.stderr, all_threads=True)
         return True
-    except (ValueError, OSError, AttributeError, RuntimeError):  # no stderr fd, not the main thread, ...
+    except (ValueError, OSError, AttributeError, RuntimeError):  # no stderr, or one without a file descriptor
         return False

@@ -141,3 +141,13 @@ def test_the_smallest_group_comes_first_and_a_tie_puts_the_running_rank_before_t
     two = verdict([stack(0, [lib, coll]), stack(1, [user])])
     assert two.line == "rank 1 is in `<module>` (train.py:40); rank 0 waits in `all_reduce` (train.py:45)"
     assert verdict([stack(r, [lib, coll]) for r in range(4)]).line == "all 4 ranks wait in `all_reduce` (train.py:45)"
+
+
+def test_installing_never_fails_the_run(monkeypatch):
+    import faulthandler
+
+    from mt.stacks import install_stack_dump
+
+    monkeypatch.setattr(sys, "stderr", None)  # pythonw, a closed stderr: no file to dump into
+    assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL and install_stack_dump() is False
+    assert not faulthandler.unregister(signal.SIGUSR2)  # nothing was left registered
