@@ -151,3 +151,29 @@ def test_installing_never_fails_the_run(monkeypatch):
     monkeypatch.setattr(sys, "stderr", None)  # pythonw, a closed stderr: no file to dump into
     assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL and install_stack_dump() is False
     assert not faulthandler.unregister(signal.SIGUSR2)  # nothing was left registered
+
+
+def test_a_rank_that_never_stops_printing_still_gives_its_dump(tmp_path):
+    run = _fake_run(tmp_path)
+    chatty = TARGET.format(install=(
+        "from pathlib import Path\nfrom mt.ranklog import redirect_output\n"
+        f"redirect_output(Path({str(run / 'logs' / 'rank0.log')!r}))\n"
+        "from mt.stacks import install_stack_dump; install_stack_dump()\n"
+        "def chat():\n    while True:\n        print('a line', file=sys.stderr, flush=True); time.sleep(0.002)\n"
+        "threading.Thread(target=chat, daemon=True).start()"))
+    launcher = subprocess.Popen([sys.executable, "-c", "import os, subprocess, sys; subprocess.run(sys.argv[1:], "
+                                 "env={**os.environ, 'RANK': '0'})", sys.executable, "-c", chatty,
+                                 "--run-dir", str(run)], stdout=subprocess.DEVNULL,
+                                env={k: v for k, v in os.environ.items() if k != "RANK"})
+    try:
+        deadline = time.monotonic() + 20
+        while not capture_mod.find_ranks(run) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)  # the target is in park()
+        cap = capture_mod.capture(run, wait_s=0.5)
+        assert cap.stacks[0].source == "faulthandler", cap.stacks[0]
+        assert cap.verdict.line.startswith("rank 0 is in `wait_here` (")
+    finally:
+        launcher.kill()
+        for p in (capture_mod.find_ranks(run) or {}).values():
+            p.kill()

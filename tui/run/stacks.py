@@ -107,6 +107,10 @@ def _signal_dumps(paths: RunPaths, ranks: dict[int, psutil.Process], wait_s: flo
                 if parse_faulthandler(text):
                     got[rank] = text
             last[rank] = size
+    for rank in sent:  # a rank that never stopped printing: its dump is in there all the same
+        text = _read_from(paths.rank_log(rank), start[rank]) if rank not in got else ""
+        if text and parse_faulthandler(text):
+            got[rank] = text
     return got
 
 
