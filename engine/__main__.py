@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import faulthandler
-import signal
 import sys
 import traceback
 from pathlib import Path
@@ -38,11 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     from mt.contract.attempt import ResumeRefused
     from mt.contract.inbox import StopSignals
     from mt.contract.ranklog import redirect_output
+    from mt.stacks import install_stack_dump
 
     rank = dist.read_env()[0]
     redirect_output(paths.rank_log(rank))
-    # `kill -USR2 PID` writes every thread's stack to this rank's log: what a hung rank is doing
-    faulthandler.register(signal.SIGUSR2, file=sys.stderr, all_threads=True)
+    install_stack_dump()  # `kill -USR2 PID` writes every thread's stack to this rank's log (mt stacks reads it)
     signals = StopSignals()
     signals.install()
     add_workdir(cfg)  # the user's factories are found where mt launch ran

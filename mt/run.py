@@ -27,6 +27,7 @@ from mt.contract.heartbeat import BackgroundHeartbeat
 from mt.contract.inbox import ControlInbox, Polled, Request, StopSignals
 from mt.contract.paths import RunPaths
 from mt.failsafe import WriteFailures
+from mt.stacks import install_stack_dump
 from mt.stepbatch import StepBatch
 from mt.values import as_number, as_whole, plain, step_number
 
@@ -377,6 +378,7 @@ def init(config: Mapping[str, Any] | None = None, *, name: str | None = None, ru
     run._previous_hook = sys.excepthook
     sys.excepthook = run._excepthook
     atexit.register(run._flush)  # a script that ends without run.finish() keeps its last steps
+    install_stack_dump()  # what `mt stacks` reads from the rank log, as the engine's ranks have it
     _LIVE[os.getpid()] = run
     return run
 

@@ -69,6 +69,11 @@ class RunPaths:
         return self.root / "checkpoints"
 
     @property
+    def stacks(self) -> Path:
+        """One folder per stack capture (`mt stacks`): rank<N>.txt and verdict.json."""
+        return self.root / "stacks"
+
+    @property
     def reserve(self) -> Path:
         """Space the supervisor holds so it can record the final state on a full disk."""
         return self.root / ".reserve"

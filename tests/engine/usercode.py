@@ -92,6 +92,9 @@ def keywords_only(vocab=64, hidden=32):
 '''
 
 DATA = '''
+import os
+import time
+
 import torch
 from torch.utils.data import Dataset
 
@@ -126,6 +129,29 @@ def points(split):
 
 def unreadable(split):
     raise ValueError("no shards under /data/shards")
+
+
+class Stuck(Pairs):
+    """Pairs whose rank `rank` blocks in slow_item from its `at`-th item on (a rank the others wait for)."""
+
+    def __init__(self, n, seq_len, seed, rank, at):
+        super().__init__(n, seq_len, seed)
+        self.stuck, self.at, self.served = int(os.environ.get("RANK", 0)) == rank, at, 0
+
+    def __getitem__(self, i):
+        self.served += 1
+        if self.stuck and self.served >= self.at:
+            slow_item()
+        return super().__getitem__(i)
+
+
+def slow_item():
+    while True:
+        time.sleep(0.05)
+
+
+def stuck(split, rank=2, at=20, n=512, seq_len=16):
+    return Stuck(n, seq_len, 1, rank, at) if split == "train" else None
 
 
 def build(split, n=512, seq_len=16, val_n=0):

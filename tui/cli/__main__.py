@@ -1,0 +1,4 @@
+"""`python -m tui.cli`: the `mt` command."""
+from tui.cli import main
+
+main()

@@ -1,0 +1,192 @@
+"""`mt launch`, `mt watch`, `mt resume`, `mt ls`, `mt diff`: starting runs and looking at them."""
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, NoReturn, Optional
+
+import typer
+
+from tui.cli.common import OK, RUN_FAILED, DetachOpt, EveryOpt, HeadlessOpt, NprocOpt, _attach, _no_dashboard, app, fail
+
+
+@app.command()
+def launch(
+    preset: Annotated[Path, typer.Argument(metavar="PRESET", help="A TOML preset (presets/tiny-cpu.toml), or a training script of your own (train.py).", show_default=False)],
+    script_args: Annotated[Optional[list[str]], typer.Argument(metavar="-- ARGS", help="Arguments for a script, after --.", show_default=False)] = None,
+    detach: DetachOpt = False,
+    headless: HeadlessOpt = False,
+    every: EveryOpt = 1.0,
+    name: Annotated[Optional[str], typer.Option("--name", help="Run name (overrides run.name).", show_default=False)] = None,
+    runs_dir: Annotated[Optional[Path], typer.Option("--runs-dir", help="Where run directories go (overrides run.runs_dir).", show_default=False)] = None,
+    nproc: NprocOpt = None,
+    node_rank: Annotated[Optional[int], typer.Option("--node-rank", help="This node's rank in a multi-node job (overrides launch.node_rank). Every node runs mt launch with the same preset and gets its own run dir (suffix -node<K>); the one that gets global rank 0 holds the events.", show_default=False)] = None,
+) -> None:
+    """Validate PRESET, create its run directory, start the run detached and open the dashboard.
+
+    PRESET may be your own script (train.py): it runs on every rank under torchrun, and the
+    mt library (mt.init, run.step) gives it plots, diagnosis and control. The run survives the
+    viewer quitting and the terminal closing. Example:
+
+    \b
+        mt launch presets/tiny-cpu.toml --headless --nproc 2
+        mt launch train.py --nproc 2 -- --lr 3e-4
+    """
+    from mt.contract.config import ConfigError
+    from tui.run.launch import LaunchError, Overrides, launch_run
+
+    over = Overrides(name=name, runs_dir=str(runs_dir) if runs_dir else None, nproc=nproc, node_rank=node_rank,
+                     script_args=script_args or None)
+    try:
+        run_dir = launch_run(preset, over)
+    except ConfigError as e:
+        fail(str(e))
+    except LaunchError as e:
+        fail(str(e), RUN_FAILED)
+    _check_every(every)
+    _attach(run_dir, detach, headless, every)
+
+
+def _check_every(every: float) -> None:
+    if not every >= 0:
+        fail(f"--every: expected a number of seconds >= 0, got {every}")
+
+
+MAX_COMPARED = 8   # runs one compare view overlays (colours that stay distinct)
+
+
+@app.command()
+def watch(
+    run_dirs: Annotated[list[Path], typer.Argument(metavar="RUN_DIR...", help="A run directory, e.g. runs/tiny-cpu-20260101-120000; several (up to 8) open the compare view.", show_default=False)],
+    once: Annotated[bool, typer.Option("--once", help="Print a plain-text summary and exit.")] = False,
+    headless: Annotated[bool, typer.Option("--headless", help="No dashboard: print progress lines until the run ends and exit with its result (SIGTERM stops the run gracefully; Ctrl-C only detaches).")] = False,
+    every: EveryOpt = 1.0,
+) -> None:
+    """Open the dashboard on a live or finished run (--once: print a summary and exit;
+    --headless: print progress lines until it ends). Several runs: their losses overlaid.
+
+    Example:
+
+    \b
+        mt watch runs/tiny-cpu-20260101-120000 --once
+        mt watch runs/tiny-cpu-20260101-120000 runs/tiny-cpu-20260101-130000
+    """
+    from tui.read.rundir import NotARunError, require_run_dir
+
+    if len(run_dirs) > MAX_COMPARED:
+        fail(f"{len(run_dirs)} runs: the compare view overlays at most {MAX_COMPARED}")
+    try:
+        for run_dir in run_dirs:
+            require_run_dir(run_dir)
+    except NotARunError as e:
+        fail(str(e))
+    if len(run_dirs) > 1:
+        _compare(run_dirs, once, headless)
+    run_dir = run_dirs[0]
+    if once:
+        from tui.text.runs import run_summary
+
+        typer.echo(run_summary(run_dir))
+        return
+    _check_every(every)
+    if _no_dashboard(headless):
+        _attach(run_dir, False, True, every)
+    from tui.view.app import run_app
+
+    raise typer.Exit(run_app(run_dir))
+
+
+def _compare(run_dirs: list[Path], once: bool, headless: bool) -> NoReturn:
+    """`mt watch A B ...`: the overlay of their losses, or (--once) its header as text."""
+    if headless:
+        fail("--headless follows one run; give one RUN_DIR")
+    once = once or _no_dashboard(False, "the compare table, as with --once")
+    if once:
+        from tui.text.runs import compare_table
+
+        typer.echo(compare_table(run_dirs))
+        raise typer.Exit(OK)
+    from tui.view.compare import run_compare
+
+    raise typer.Exit(run_compare(run_dirs))
+
+
+@app.command()
+def resume(
+    run_dir: Annotated[Optional[Path], typer.Argument(help="The run to resume (default: the newest run under runs/).", show_default=False)] = None,
+    nproc: NprocOpt = None,
+    detach: DetachOpt = False,
+    headless: HeadlessOpt = False,
+    every: EveryOpt = 1.0,
+    from_scratch: Annotated[bool, typer.Option("--from-scratch", help="When no checkpoint is intact (or there is none), start again from step 0 instead of refusing; the damaged checkpoints are not deleted first.")] = False,
+) -> None:
+    """Start a new attempt of a stopped or failed run from its newest intact checkpoint.
+
+    --nproc resumes on another number of workers (the global batch is kept). Example:
+
+    \b
+        mt resume runs/tiny-cpu-20260101-120000 --nproc 1 --headless
+    """
+    from tui.read.rundir import NotARunError, newest_run
+    from tui.run.launch import ResumeError, resume_run
+    from tui.text.headless import resume_point
+
+    if run_dir is None:
+        run_dir = newest_run(Path("runs"))
+        if run_dir is None:
+            fail("no run under runs/ to resume; name one: mt resume RUN_DIR")
+    if nproc is not None and nproc < 1:
+        fail(f"--nproc: expected an integer >= 1, got {nproc}")
+    _check_every(every)
+    since = resume_point(run_dir)   # --headless prints only the new attempt's lines
+    try:
+        resume_run(run_dir, nproc, from_scratch)
+    except (NotARunError, ResumeError) as e:
+        fail(str(e))
+    _attach(run_dir.resolve(), detach, headless, every, since)
+
+
+class LsSort(str, Enum):
+    started = "started"
+    loss = "loss"
+    name = "name"
+
+
+@app.command("ls")
+def ls_runs(
+    runs_dir: Annotated[Path, typer.Argument(help="Folder holding run directories.")] = Path("runs"),
+    sort: Annotated[LsSort, typer.Option("--sort", help="started: newest first; loss: lowest best loss first; name.")] = LsSort.started,
+) -> None:
+    """List runs, newest first: name, state, attempt, step/max, last and best loss, started, duration.
+
+    Example:
+
+    \b
+        mt ls runs --sort loss
+    """
+    from tui.text.runs import runs_table
+
+    if not runs_dir.is_dir():
+        fail(f"{runs_dir}: no such directory")
+    typer.echo(runs_table(runs_dir, sort.value))
+
+
+@app.command()
+def diff(
+    run_a: Annotated[Path, typer.Argument(metavar="RUN_A", help="A run directory.", show_default=False)],
+    run_b: Annotated[Path, typer.Argument(metavar="RUN_B", help="Another run directory.", show_default=False)],
+) -> None:
+    """Compare two runs: the resolved config keys that differ, world size, final and best loss.
+
+    Example:
+
+    \b
+        mt diff runs/tiny-cpu-20260101-120000 runs/tiny-cpu-20260101-130000
+    """
+    from tui.read.rundir import NotARunError, require_run_dir
+    from tui.text.diff import DiffError, diff_text
+
+    try:
+        typer.echo(diff_text(require_run_dir(run_a), require_run_dir(run_b)))
+    except (NotARunError, DiffError) as e:
+        fail(str(e))

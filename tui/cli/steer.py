@@ -1,0 +1,131 @@
+"""`mt ckpt`, `mt stop`, `mt kill`, `mt stacks`: acting on a live run from outside."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from tui.cli.common import RUN_FAILED, RunDirArg, app, fail
+
+if TYPE_CHECKING:
+    from tui.state.answers import ControlAnswer
+
+def _ask(run_dir: Path, action: str, timeout: float) -> tuple[str, ControlAnswer]:
+    """Send a control request and wait for the engine's answer; a run that cannot take one fails."""
+    from tui.read.rundir import NotARunError
+    from tui.run.control import ControlError, send_request, wait_answer
+
+    try:
+        request_id = send_request(run_dir, action)
+    except (NotARunError, ControlError) as e:
+        fail(str(e))
+    return request_id, wait_answer(run_dir, request_id, timeout)
+
+
+@app.command()
+def ckpt(
+    run_dir: RunDirArg,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for the engine's answer.")] = 120.0,
+) -> None:
+    """Ask a live run for a checkpoint now and wait for the engine's answer.
+
+    Example:
+
+    \b
+        mt ckpt runs/tiny-cpu-20260101-120000
+    """
+    request_id, answer = _ask(run_dir, "checkpoint", timeout)
+    if answer.status == "timeout":
+        fail(f"{run_dir}: no answer to {request_id} within {timeout:g} s", RUN_FAILED)
+    from tui.text.format import safe_text
+    from tui.text.runs import answer_line
+
+    typer.echo(safe_text(answer_line(answer)))
+    if answer.status != "done":
+        raise typer.Exit(RUN_FAILED)
+
+
+@app.command()
+def stop(
+    run_dir: RunDirArg,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for the run to stop.")] = 300.0,
+) -> None:
+    """Stop a live run gracefully: it finishes the step, writes a final checkpoint and exits.
+
+    Resume it later with `mt resume`. Example:
+
+    \b
+        mt stop runs/tiny-cpu-20260101-120000
+    """
+    from tui.read.rundir import NotARunError
+    from tui.run.control import ControlError, request_stop, wait_answer, wait_final
+    from tui.text.format import safe_text
+    from tui.text.runs import last_checkpoint_line
+
+    t0 = time.monotonic()
+    try:
+        request_id = request_stop(run_dir)  # None: a script with no mt calls got SIGTERM instead
+    except (NotARunError, ControlError) as e:
+        fail(str(e))
+    answer = wait_answer(run_dir, request_id, timeout) if request_id is not None else None
+    if answer is not None and answer.status == "rejected":
+        fail(f"stop rejected: {answer.detail}", RUN_FAILED)
+    status = wait_final(run_dir, max(1.0, timeout - (time.monotonic() - t0)))
+    state = status.state
+    if state in ("failed", "killed"):  # e.g. no room for the final checkpoint: say why
+        fail(f"{run_dir}: the run ended {state}: {status.reason}", RUN_FAILED)
+    if not status.ended_well:
+        fail(f"{run_dir}: the run did not stop within {timeout:g} s (state {state})", RUN_FAILED)
+    typer.echo(safe_text(f"run {state}; {last_checkpoint_line(run_dir)}"))
+
+
+@app.command()
+def kill(
+    run_dir: RunDirArg,
+    grace: Annotated[float, typer.Option("--grace", help="Seconds between SIGTERM and SIGKILL.")] = 10.0,
+) -> None:
+    """Terminate every process of a run (SIGTERM, then SIGKILL after --grace seconds).
+
+    No checkpoint is promised; use `mt stop` for a graceful end. Example:
+
+    \b
+        mt kill runs/tiny-cpu-20260101-120000 --grace 5
+    """
+    from tui.read.rundir import NotARunError
+    from tui.run.control import ControlError, kill_run
+    from tui.text.format import safe_text
+
+    try:
+        result = kill_run(run_dir, grace)
+    except (NotARunError, ControlError) as e:
+        fail(str(e))
+    n = len(set(result.terminated) | set(result.killed))
+    forced = f", {len(result.killed)} needed SIGKILL" if result.killed else ""
+    if result.survivors:
+        fail(f"{run_dir}: processes still alive after SIGKILL: {result.survivors}", RUN_FAILED)
+    typer.echo(f"killed: {n} process(es) terminated{forced}; state {safe_text(result.state)}")
+
+
+@app.command()
+def stacks(
+    run_dir: RunDirArg,
+    show_all: Annotated[bool, typer.Option("--all", help="Every rank's stack, every thread, after the groups.")] = False,
+) -> None:
+    """Take every rank's Python stack on this node now and say which rank holds the others.
+
+    Kept under RUN/stacks/. Example:
+
+    \b
+        mt stacks runs/tiny-cpu-20260101-120000 --all
+    """
+    from tui.read.rundir import NotARunError
+    from tui.run.stacks import NoRanksError
+    from tui.text.stacks import print_stacks
+
+    try:
+        print_stacks(run_dir, show_all, sys.stdout)
+    except (NotARunError, NoRanksError) as e:
+        fail(str(e))

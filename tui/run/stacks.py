@@ -1,0 +1,191 @@
+"""Take every rank's stacks on this node now: SIGUSR2 (faulthandler into the rank log), else py-spy.
+
+A capture is kept as RUN/stacks/<UTC time>-<why>/rank<N>.txt (the raw dump) and verdict.json
+(docs/run-directory.md). Nothing here runs until someone asks for a capture.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from mt.contract.paths import RunPaths
+from mt.stacks import DUMP_SIGNAL
+from tui.diagnose.probes import file_size
+from tui.diagnose.stacks import RankStack, Verdict, parse_faulthandler, parse_py_spy, place_of, verdict
+from tui.read.rundir import read_status, require_run_dir
+from tui.run.procs import rank_processes, run_processes
+
+_POLL_S = 0.02
+_SPY_TIMEOUT_S = 10.0
+PY_SPY_HINT = "py-spy would read it without a signal handler: pip install 'mt[stacks]'"
+
+
+class NoRanksError(RuntimeError):
+    """No live rank process of the run on this node; str() is the message for the user."""
+
+
+@dataclass(frozen=True)
+class Capture:
+    """One capture: where it was kept, every rank's stacks, the verdict, and how long it took."""
+
+    folder: Path
+    stacks: tuple[RankStack, ...]
+    verdict: Verdict
+    seconds: float
+
+
+def find_ranks(run_dir: Path) -> dict[int, psutil.Process]:
+    """This node's live rank processes by global rank: the RANK-carrying children of the run's launchers."""
+    status = read_status(run_dir)
+    recorded = [status.get("torchrun_pid"), status.get("supervisor_pid")]
+    ranks: dict[int, psutil.Process] = {}
+    for proc in run_processes(run_dir, [p for p in recorded if isinstance(p, int)]):
+        try:
+            if "RANK" in proc.environ():
+                continue  # a rank, or a rank's own child (a DataLoader worker): not a launcher
+        except psutil.Error:
+            continue
+        ranks.update(rank_processes(proc.pid))
+    return ranks
+
+
+def py_spy() -> str | None:
+    """The py-spy binary: on PATH, or beside this interpreter (the `stacks` extra installs it there)."""
+    found = shutil.which("py-spy")
+    beside = Path(sys.executable).parent / "py-spy"
+    return found or (str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None)
+
+
+def catches_dump_signal(pid: int) -> bool:
+    """Whether the process handles SIGUSR2 (SigCgt): an unhandled one would end it."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            caught = next((line.split()[1] for line in f if line.startswith("SigCgt:")), "0")
+        return bool(int(caught, 16) >> (DUMP_SIGNAL - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+def _read_from(path: Path, offset: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _signal_dumps(paths: RunPaths, ranks: dict[int, psutil.Process], wait_s: float) -> dict[int, str]:
+    """SIGUSR2 to every rank that handles it; what each rank log gained once its dump stopped growing."""
+    start = {r: file_size(paths.rank_log(r)) for r in ranks}
+    sent = []
+    for rank, proc in ranks.items():
+        if catches_dump_signal(proc.pid):
+            try:
+                proc.send_signal(DUMP_SIGNAL)
+                sent.append(rank)
+            except psutil.Error:
+                pass
+    got: dict[int, str] = {}
+    last = {r: start[r] for r in sent}
+    deadline = time.monotonic() + wait_s
+    while len(got) < len(sent) and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
+        for rank in sent:
+            size = file_size(paths.rank_log(rank))
+            # complete when it holds a thread block and did not grow over one poll
+            if rank not in got and size == last[rank] > start[rank]:
+                text = _read_from(paths.rank_log(rank), start[rank])
+                if parse_faulthandler(text):
+                    got[rank] = text
+            last[rank] = size
+    for rank in sent:  # a rank that never stopped printing: its dump is in there all the same
+        text = _read_from(paths.rank_log(rank), start[rank]) if rank not in got else ""
+        if text and parse_faulthandler(text):
+            got[rank] = text
+    return got
+
+
+def _spy(binary: str, pid: int) -> tuple[str, str]:
+    """(py-spy's dump, '') or ('', why it gave none)."""
+    try:
+        out = subprocess.run([binary, "dump", "--pid", str(pid), "--nonblocking", "--full-filenames"],
+                             capture_output=True, text=True, timeout=_SPY_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return "", f"py-spy failed: {e}"
+    if out.returncode != 0 or not parse_py_spy(out.stdout):
+        why = (out.stderr.strip().splitlines() or ["no stack"])[-1][:300]
+        return "", f"py-spy failed ({why}); it needs ptrace rights over the process (same user, ptrace_scope 0, or root)"
+    return out.stdout, ""
+
+
+def _folder(paths: RunPaths, why: str) -> Path:
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    for i in range(1, 1000):
+        folder = paths.stacks / (f"{stamp}-{why}" if i == 1 else f"{stamp}-{why}.{i}")
+        try:
+            folder.mkdir(parents=True)
+            return folder
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free capture folder for {stamp}-{why}")
+
+
+def capture(run_dir: Path, why: str = "request", wait_s: float = 2.0) -> Capture:
+    """Every rank's stacks now, kept under RUN/stacks/; NotARunError / NoRanksError when there is nothing to take."""
+    run_dir = require_run_dir(Path(run_dir)).resolve()
+    t0 = time.monotonic()
+    paths = RunPaths(run_dir)
+    ranks = find_ranks(run_dir)
+    if not ranks:
+        raise NoRanksError(f"{run_dir}: no live rank process of this run on this node")
+    dumps = _signal_dumps(paths, ranks, wait_s)
+    binary = py_spy()
+    stacks, raw = [], {}
+    for rank, proc in sorted(ranks.items()):
+        if rank in dumps:
+            raw[rank] = dumps[rank]
+            stacks.append(RankStack(rank, proc.pid, "faulthandler", tuple(parse_faulthandler(dumps[rank]))))
+            continue
+        handled = catches_dump_signal(proc.pid)
+        lack = f"no dump within {wait_s:g} s of SIGUSR2" if handled else "no SIGUSR2 handler (no mt in the script)"
+        if binary is None:
+            stacks.append(RankStack(rank, proc.pid, "none", note=f"{lack}; {PY_SPY_HINT}"))
+            continue
+        text, failed = _spy(binary, proc.pid)
+        raw[rank] = text
+        stacks.append(RankStack(rank, proc.pid, "py-spy" if text else "none",
+                                tuple(parse_py_spy(text)), f"{lack}; {failed}" if failed else lack))
+    found = verdict(stacks)
+    folder = _folder(paths, why)
+    for rank, text in raw.items():
+        (folder / f"rank{rank}.txt").write_text(text)
+    seconds = time.monotonic() - t0
+    (folder / "verdict.json").write_text(json.dumps(verdict_record(found, stacks, why, seconds), indent=1) + "\n")
+    return Capture(folder, tuple(stacks), found, seconds)
+
+
+def verdict_record(found: Verdict, stacks: list[RankStack], why: str, seconds: float) -> dict[str, object]:
+    """verdict.json: the line, the groups (odd one first), each rank's path and place."""
+    def place(s: RankStack) -> dict[str, object] | None:
+        main = s.main_thread()
+        p = place_of(main) if main else None
+        return None if p is None else {"file": p.frame.file, "line": p.frame.line, "func": p.frame.func,
+                                       "waits_in": p.waits_in}
+
+    return {
+        "v": 1, "t": time.time(), "why": why, "capture_s": round(seconds, 4), "line": found.line,
+        "groups": [{"ranks": list(g.ranks), "file": g.place.frame.file, "line": g.place.frame.line,
+                    "func": g.place.frame.func, "waits_in": g.place.waits_in} for g in found.groups],
+        "missing": list(found.missing),
+        "ranks": {str(s.rank): {"pid": s.pid, "source": s.source, "threads": len(s.threads), "note": s.note,
+                                "place": place(s)} for s in stacks},
+    }
