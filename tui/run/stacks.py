@@ -17,10 +17,11 @@ from pathlib import Path
 import psutil
 
 from mt.contract.paths import RunPaths
+from mt.contract.status import read_status
 from mt.stacks import DUMP_SIGNAL
 from tui.diagnose.probes import file_size
 from tui.diagnose.stacks import RankStack, Verdict, parse_faulthandler, parse_py_spy, place_of, verdict
-from tui.read.rundir import read_status, require_run_dir
+from tui.read.rundir import require_run_dir
 from tui.run.procs import rank_processes, run_processes
 
 _POLL_S = 0.02
@@ -45,7 +46,7 @@ class Capture:
 def find_ranks(run_dir: Path) -> dict[int, psutil.Process]:
     """This node's live rank processes by global rank: the RANK-carrying children of the run's launchers."""
     status = read_status(run_dir)
-    recorded = [status.get("torchrun_pid"), status.get("supervisor_pid")]
+    recorded = [status.torchrun_pid, status.supervisor_pid]
     ranks: dict[int, psutil.Process] = {}
     for proc in run_processes(run_dir, [p for p in recorded if isinstance(p, int)]):
         try:
