@@ -105,6 +105,15 @@ def _fake_run(tmp_path: Path) -> Path:
     return run
 
 
+def _end(launcher: subprocess.Popen, run: Path) -> None:
+    """Kill the launcher and its rank: the rank first found through the launcher, which must still live."""
+    ranks = capture_mod.find_ranks(run)
+    launcher.kill()
+    launcher.wait()
+    for p in ranks.values():
+        p.kill()
+
+
 def test_a_rank_without_a_handler_is_never_signalled_and_py_spy_reads_it(tmp_path, monkeypatch):
     run = _fake_run(tmp_path)
     launcher = subprocess.Popen([sys.executable, "-c", "import os, subprocess, sys; subprocess.run(sys.argv[1:], "
@@ -129,9 +138,7 @@ def test_a_rank_without_a_handler_is_never_signalled_and_py_spy_reads_it(tmp_pat
             assert "in park" not in (cap.folder / "rank0.txt").read_text()  # py-spy's own format, kept raw
             assert "park (" in (cap.folder / "rank0.txt").read_text()
     finally:
-        launcher.kill()
-        for p in (capture_mod.find_ranks(run) or {}).values():
-            p.kill()
+        _end(launcher, run)
 
 
 def test_the_smallest_group_comes_first_and_a_tie_puts_the_running_rank_before_the_waiting_one():
@@ -174,6 +181,4 @@ def test_a_rank_that_never_stops_printing_still_gives_its_dump(tmp_path):
         assert cap.stacks[0].source == "faulthandler", cap.stacks[0]
         assert cap.verdict.line.startswith("rank 0 is in `wait_here` (")
     finally:
-        launcher.kill()
-        for p in (capture_mod.find_ranks(run) or {}).values():
-            p.kill()
+        _end(launcher, run)
