@@ -14,10 +14,10 @@ import torch
 import torch.distributed as dist
 
 from engine import parallel
-from engine.agree import Agreed, agree
 from engine.checkpoint import full, sharded
 from engine.checkpoint.pick import find_checkpoint
 from engine.checkpoint.saver import Checkpointer, Reason
+from engine.consensus import Agreed, agree
 from engine.data import GlobalOrderSampler, Splits, build_loader
 from engine.dist import DistEnv, log, seed_everything
 from engine.evaluate import Evaluator
@@ -224,10 +224,10 @@ class Trainer:
             return found
         polled = self.inbox.poll()
         for rid, action, why in polled.rejected:
-            self.events.emit("control", request_id=rid, action=action, status="rejected", detail=why)
+            self.events.emit("control", **event_fields.control_answer(rid, action, "rejected", why))
         for req in polled.requests:
             (found.stop if req.action == "stop" else found.checkpoint).append(req)
-            self.events.emit("control", request_id=req.id, action=req.action, status="accepted", detail=f"at step {self.step + 1}")
+            self.events.emit("control", **event_fields.accepted(req.id, req.action, self.step + 1))
         return found
 
     def _save(self, reason: Reason, requests: Requests, rng_override: dict | None = None) -> None:

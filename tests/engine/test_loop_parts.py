@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from engine.agree import Agreed, _gathered, agree
 from engine.checkpoint.saver import Checkpointer
+from engine.consensus import Agreed, _gathered, agree
 from engine.dist import DistEnv
 from engine.evaluate import Evaluator
 from engine.faults import Faults

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator, TextIO
 from mt.contract.events import JSON_ERRORS
 from mt.contract.jsonl import write_json_atomic
 from tui.run.torchrun import usable_cores
+from tui.text.format import fmt_mb, fmt_mb_rate
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -147,7 +148,7 @@ class Progress:
             return
         self.last = now
         pct = 100 * done / self.total if self.total else 100
-        line = f"tokenizing: {pct:3.0f}% ({_mb(done)} of {_mb(self.total)} MB, {_rate(done, now - self.t0)} MB/s)"
+        line = f"tokenizing: {pct:3.0f}% ({fmt_mb(done)} of {fmt_mb(self.total)} MB, {fmt_mb_rate(done, now - self.t0)} MB/s)"
         self.stream.write(f"\r{line}" if self.tty else line + "\n")
         self.stream.flush()
 
@@ -167,7 +168,7 @@ def tokenize_file(text: str | Path, tok: Tokenizer, out: str | Path, piece_bytes
     progress = None
     if show:
         total = text.stat().st_size if text.is_file() else 0
-        print(f"tokenizing {text} ({_mb(total)} MB) on {threads()} threads into {out}", file=sys.stderr, flush=True)
+        print(f"tokenizing {text} ({fmt_mb(total)} MB) on {threads()} threads into {out}", file=sys.stderr, flush=True)
         progress = Progress(total)
     dtype = dtype_for(vocab_size(tok))
     code = "H" if dtype == "uint16" else "I"
@@ -262,8 +263,8 @@ def build_cache(text: str | Path, tok: Tokenizer, tokenizer: str | Path, path: P
 
 def summary(made: Tokens) -> str:
     """How many tokens of which type, from how much text, how fast."""
-    return (f"{made.tokens:,} tokens ({made.dtype}) from {_mb(made.text_bytes)} MB in {made.seconds:.1f} s, "
-            f"{_rate(made.text_bytes, made.seconds)} MB/s on {threads()} threads")
+    return (f"{made.tokens:,} tokens ({made.dtype}) from {fmt_mb(made.text_bytes)} MB in {made.seconds:.1f} s, "
+            f"{fmt_mb_rate(made.text_bytes, made.seconds)} MB/s on {threads()} threads")
 
 
 def cached_tokens(text: str | Path, tok: Tokenizer, tokenizer: str | Path, folder: Path) -> Tokens:
@@ -329,11 +330,3 @@ def prepare_command(text: Path, tokenizer: Path | None, out: Path | None, train_
 
 def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
-
-
-def _mb(n: int) -> str:
-    return f"{n / 1e6:.1f}"
-
-
-def _rate(n: int, seconds: float) -> str:
-    return f"{n / 1e6 / seconds:.1f}" if seconds > 0 else "-"

@@ -112,6 +112,16 @@ def fmt_compact(v: float | None, sig: int = 3) -> str:
     return f"{sign}{mantissa}e{int(exp)}"
 
 
+def fmt_mb(n: int) -> str:
+    """Bytes as decimal megabytes, one decimal: how `mt prepare` reports text it tokenizes."""
+    return f"{n / 1e6:.1f}"
+
+
+def fmt_mb_rate(n: int, seconds: float) -> str:
+    """Decimal megabytes a second, one decimal; '-' before any time has passed."""
+    return f"{n / 1e6 / seconds:.1f}" if seconds > 0 else "-"
+
+
 def fmt_rate(tokens_per_s: float | None, samples_per_s: float | None) -> str:
     """Throughput: tokens/s where the samples have tokens, else samples/s (the label says which)."""
     if tokens_per_s is None and samples_per_s is not None:
