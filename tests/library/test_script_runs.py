@@ -30,11 +30,12 @@ def _losses(run_dir: Path) -> dict[int, float]:
 def test_a_ddp_script_is_watched_checkpointed_stopped_and_resumed_exactly(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     # the same script under plain torchrun, beside it: the reference, and a run mt.init made itself
-    # (slower steps, same losses: it stays live while it is checkpointed)
+    # (slower steps, same losses: it must stay live through the launched run's checkpoint and stop,
+    # ~15 s on a loaded 2-core machine, and then its own checks: 40 x 0.6 s)
     plain_dir = tmp_path / "plain"
     plain_dir.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MT_")}
-    plain = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(EXAMPLE), *ARGS, "--sleep", "0.3"],
+    plain = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(EXAMPLE), *ARGS, "--sleep", "0.6"],
                              cwd=plain_dir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         launch = mt("launch", EXAMPLE, "--nproc", "2", "--runs-dir", runs, "--detach", "--", *ARGS, cwd=tmp_path)
