@@ -2,17 +2,14 @@
 incident, printed under it by --once and --headless, headed in the dashboard's detail."""
 from __future__ import annotations
 
-import io
-import threading
 import time
 from pathlib import Path
 
 from mt.contract.events import SCHEMA, dumps, schema_errors
 from mt.contract.records import Incident, parse_incident
 from tests.tui.synth import SynthRun, finished_run
-from tests.tui.test_headless_text import append, incident
+from tests.tui.test_headless_text import append, headless, incident
 from tui.read.follower import load_run_state
-from tui.text.headless import follow_run
 from tui.text.summary import format_summary
 from tui.widgets.incidents import incident_detail
 
@@ -64,11 +61,7 @@ def test_headless_prints_the_verdict_once_when_the_update_comes(tmp_path: Path) 
         r.step(s)
     r.flush()
     r.status("running")
-    out = io.StringIO()
-    result: list[str] = []
-    th = threading.Thread(target=lambda: result.append(follow_run(tmp_path, out, poll_s=0.02)))
-    th.start()
-    try:
+    with headless(tmp_path) as (out, result):
         append(r.paths.incidents, incident(r.t + 1, "hang", 6))
         time.sleep(0.3)
         assert "stacks:" not in out.getvalue()
@@ -78,8 +71,6 @@ def test_headless_prints_the_verdict_once_when_the_update_comes(tmp_path: Path) 
         r.event("run_end", step=5, status="completed", reason="max_steps reached")
         r.flush()
         r.status("completed", exit_code=0, ended=r.t)
-    finally:
-        th.join(timeout=10)
     assert result == ["completed"]
     lines = out.getvalue().splitlines()
     at = lines.index("incident [error] hang at step 6: hang title")
