@@ -97,6 +97,3 @@ class IncidentCaptures:
             done, self._done = self._done, []
         self._next()
         return done
-
-    def busy(self) -> bool:
-        return bool(self._queue) or self._thread is not None and self._thread.is_alive()
