@@ -102,7 +102,7 @@ SCHEMA: dict[str, tuple[Field, ...]] = {
         _whole("step"), _text("code", key=True), Field("severity", "str", "choice", choices=SEVERITIES),
         _text("title"), _text("detail"), _text("advice"), Field("evidence", "object", "object"),
         # incidents.jsonl's own (the supervisor's records; mt/contract/records.py parse_incident)
-        Field("status", "str", "choice", False, choices=("open", "closed")), _text("source", False),
+        Field("status", "str", "choice", False, choices=("open", "update", "closed")), _text("source", False),
         Field("event_t", "float", "time", False),
     ),
     "control": (_text("request_id", key=True), _text("action"), _text("status", key=True), _text("detail")),

@@ -119,7 +119,7 @@ class Incident(Event):
     detail: str
     advice: str
     evidence: dict[str, Any]
-    status: str            # "open" | "closed"
+    status: str            # "open" | "update" (more evidence for the open one) | "closed"
     source: str | None     # "engine" | "supervisor" (incidents.jsonl only)
     event_t: float | None  # when the engine raised a copied incident
     kind: ClassVar[str] = "incident"
@@ -268,7 +268,7 @@ def _incident(raw: dict[str, Any], t: float | None) -> Incident:
         raise _Bad(f"severity {_show(severity)} is not one of {', '.join(SEVERITIES)}")
     status = _str(raw, "status") or "open"
     if status not in _INCIDENT_STATES:
-        raise _Bad(f"status {_show(status)} is not open or closed")
+        raise _Bad(f"status {_show(status)} is not one of {', '.join(_INCIDENT_STATES)}")
     evidence = raw.get("evidence")
     if evidence is not None and not isinstance(evidence, dict):
         raise _Bad("evidence is not an object")

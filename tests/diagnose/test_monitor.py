@@ -151,3 +151,23 @@ def test_open_incidents_settle_when_the_engine_ends_the_run(tmp_path: Path) -> N
     run.event("run_end", step=run.step, status="completed", reason="reached max_steps")
     run.poll()  # status.json still says running: the supervisor has not caught up yet
     assert [(r["code"], r["closed_reason"]) for r in run.closed()] == [("dataloader_stall", "run completed")]
+
+
+def test_an_update_adds_evidence_to_the_open_incident_and_survives_a_restart(tmp_path: Path) -> None:
+    m = MonitorConfig(hang_floor_s=5.0)
+    run = FakeRun(tmp_path / "r", monitor=m)
+    run.start()
+    for _ in range(10):
+        run.do_step(step_time=0.2)
+    run.idle(8)
+    opened = run.opened("hang")[0]
+    mon = run.monitor
+    upd = mon.update("hang", {"verdict": "rank 1 is in `f` (a.py:1)"}, "stacks: rank 1 is in `f` (a.py:1)")
+    assert upd is not None and upd["status"] == "update" and upd["step"] == opened["step"]
+    assert upd["detail"] == f"{opened['detail']}; stacks: rank 1 is in `f` (a.py:1)"
+    assert {**opened["evidence"], "verdict": "rank 1 is in `f` (a.py:1)"} == upd["evidence"]
+    assert run.file()[-1] == upd and mon.update("nan_loss", {"x": 1}, "x") is None   # only an open one
+    # a restarted monitor keeps it open, with the evidence, and closes it with that evidence
+    again = IncidentMonitor(run.paths.root, m)
+    assert again.poll(now=run.now + 1) == [] and again.open["hang"]["evidence"]["verdict"].startswith("rank 1")
+    assert mon._close("hang", run.now, "test")["evidence"]["verdict"].startswith("rank 1")

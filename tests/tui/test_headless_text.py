@@ -4,7 +4,9 @@ from __future__ import annotations
 import io
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from mt.contract.events import dumps
 from mt.contract.records import parse_event
@@ -24,6 +26,19 @@ def incident(t: float, code: str, step: int, status: str = "open", source: str =
                       title=f"{code} title", detail="", advice="", evidence=evidence or {})) + "\n"
 
 
+@contextmanager
+def headless(run_dir: Path) -> Iterator[tuple[io.StringIO, list[str]]]:
+    """`--headless` following run_dir in a thread: (what it printed, [its result once it ended])."""
+    out = io.StringIO()
+    result: list[str] = []
+    th = threading.Thread(target=lambda: result.append(follow_run(run_dir, out, poll_s=0.02)))
+    th.start()
+    try:
+        yield out, result
+    finally:
+        th.join(timeout=10)
+
+
 def append(path: Path, text: str) -> None:
     with open(path, "a") as fh:
         fh.write(text)
@@ -38,11 +53,7 @@ def test_headless_prints_every_incident_once_opened_and_closed(tmp_path: Path) -
     r.event("incident", **spike)
     r.flush()
     r.status("running")
-    out = io.StringIO()
-    result: list[str] = []
-    th = threading.Thread(target=lambda: result.append(follow_run(tmp_path, out, poll_s=0.02)))
-    th.start()
-    try:
+    with headless(tmp_path) as (out, result):
         time.sleep(0.3)
         # the supervisor copies the engine's incident, then diagnoses a hang that later clears
         append(r.paths.incidents, dumps(dict(v=1, t=r.t, status="open", source="engine", **spike)) + "\n")
@@ -56,8 +67,6 @@ def test_headless_prints_every_incident_once_opened_and_closed(tmp_path: Path) -
         r.event("run_end", step=5, status="completed", reason="max_steps reached")
         r.flush()
         r.status("completed", exit_code=0, ended=r.t)
-    finally:
-        th.join(timeout=10)
     assert result == ["completed"]
     lines = out.getvalue().splitlines()
     inc = [ln for ln in lines if ln.startswith("incident")]

@@ -18,11 +18,16 @@ class IncidentHook:
 
     def __init__(self, run_dir: Path, cfg: Config, log: logging.Logger) -> None:
         self.log = log
+        self.run_dir = Path(run_dir)
         self.monitor: Any = None
+        self.captures: Any = None
         try:
             from tui.diagnose import monitor as incidents
 
             self.monitor = incidents.IncidentMonitor(run_dir, cfg.monitor, facts=incidents.facts_of(cfg))
+            from tui.run.autostacks import IncidentCaptures
+
+            self.captures = IncidentCaptures(self.run_dir, log)
         except (ImportError, AttributeError) as e:
             log.info("incident rules not available (%s); running without them", e)
         except Exception:
@@ -48,5 +53,25 @@ class IncidentHook:
 
             for incident in self.monitor.observe(Tick(time.time(), status, events, samples, worker_pids)):
                 self.log.info("incident: %s", dumps(incident))
+                if incident.get("status") == "open" and self.captures is not None:
+                    self.captures.opened(incident["code"])
         except Exception:
             self.log.exception("incident monitor poll failed")
+        self._captured()
+
+    def _captured(self) -> None:
+        """The stacks captured for open incidents, each written as an update of its incident."""
+        if self.captures is None:
+            return
+        try:
+            from tui.run.autostacks import detail_of, evidence_of
+
+            for done in self.captures.take():
+                if done.capture is None:
+                    rec = self.monitor.update(done.code, {"stacks_error": done.error}, f"no stacks: {done.error}")
+                else:
+                    rec = self.monitor.update(done.code, evidence_of(done.capture, self.run_dir), detail_of(done.capture))
+                if rec is not None:
+                    self.log.info("incident stacks: %s", dumps(rec))
+        except Exception:
+            self.log.exception("incident stacks update failed")

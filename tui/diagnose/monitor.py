@@ -4,8 +4,8 @@ The supervisor hands it a `Tick` about once a second while the run lives and onc
 worker exits: its status, the events it read and the system samples it took, in memory. The
 monitor itself reads only what the workers write (heartbeats and, after an exit, the tails of
 the logs). `poll()` does the same from the files, for a monitor with no supervisor around it. Every incident is
-one `open` line and later one `closed` line with the same code; a code is never opened again
-while it is open. Engine-side incidents (from `incident` events) are copied with source
+one `open` line, maybe `update` lines (a capture's stacks), and later one `closed` line with
+the same code; a code is never opened again while it is open. Engine-side incidents (from `incident` events) are copied with source
 "engine" and closed once `close_after_steps` logged steps show the condition gone.
 """
 from __future__ import annotations
@@ -94,7 +94,7 @@ class IncidentMonitor:
         for rec in read_records(self.paths.incidents, parse_incident):
             if rec.source == "engine":
                 self.copied.add(_engine_key(rec))
-            if rec.status == "open":
+            if rec.status in ("open", "update"):  # an update carries the open record's fields and more
                 self.open[rec.code] = rec.raw
                 self.clean_steps[rec.code] = 0
             else:
@@ -257,6 +257,18 @@ class IncidentMonitor:
             # a new attempt must be able to report its own crash: exits close at once
             if code in EXIT_CODES or obs.now - since >= self.m.close_after_s:
                 out.append(self._close(code, obs.now, f"condition clear for {obs.now - since:.0f} s"))
+        return out
+
+    def update(self, code: str, evidence: dict[str, Any], detail: str, now: float | None = None) -> dict[str, Any] | None:
+        """Add evidence (and a sentence of detail) to the open incident `code`: one `update` line
+        with all its fields; None when it is no longer open (closed before the evidence came)."""
+        if code not in self.open:
+            return None
+        old = self.open[code]   # a new dict: the open record already handed out stays as written
+        rec = self.open[code] = {**old, "evidence": {**(old.get("evidence") or {}), **evidence},
+                                 "detail": f"{old.get('detail') or ''}; {detail}".lstrip("; ")}
+        out = {**rec, "t": time.time() if now is None else now, "status": "update"}
+        self._append([out])
         return out
 
     def _close(self, code: str, now: float, reason: str) -> dict[str, Any]:

@@ -20,17 +20,37 @@ from mt.contract.paths import RunPaths
 from mt.contract.status import read_status
 from mt.stacks import DUMP_SIGNAL
 from tui.diagnose.probes import file_size
-from tui.diagnose.stacks import RankStack, Verdict, parse_faulthandler, parse_py_spy, place_of, verdict
+from tui.diagnose.stacks import Frame, Place, RankStack, Verdict, parse_faulthandler, parse_py_spy, place_of, verdict
 from tui.read.rundir import require_run_dir
 from tui.run.procs import rank_processes, run_processes
 
 _POLL_S = 0.02
 _SPY_TIMEOUT_S = 10.0
 PY_SPY_HINT = "py-spy would read it without a signal handler: pip install 'mt[stacks]'"
+WORKER_HINT = "py-spy reads DataLoader workers (they are never signalled): pip install 'mt[stacks]'"
 
 
 class NoRanksError(RuntimeError):
     """No live rank process of the run on this node; str() is the message for the user."""
+
+
+@dataclass(frozen=True)
+class WorkerStack:
+    """One DataLoader worker of a rank, read by py-spy: where its main thread is (None: no stack, see note)."""
+
+    rank: int
+    pid: int
+    place: Place | None
+    item: Frame | None = None   # the dataset's `__getitem__` frame when the place is below it
+    note: str = ""
+
+    def line(self) -> str:
+        """`rank 1's DataLoader worker 4242 is in `slow_item` (my_data.py:149) under `__getitem__` (my_data.py:144)`."""
+        who = f"rank {self.rank}'s DataLoader worker {self.pid}"
+        if self.place is None:
+            return f"{who}: no stack ({self.note})"
+        under = f" under `{self.item.func}` ({self.item.where()})" if self.item and self.item != self.place.frame else ""
+        return f"{who} {self.place.describe(False)}{under}"
 
 
 @dataclass(frozen=True)
@@ -41,6 +61,7 @@ class Capture:
     stacks: tuple[RankStack, ...]
     verdict: Verdict
     seconds: float
+    workers: tuple[WorkerStack, ...] = ()
 
 
 def find_ranks(run_dir: Path) -> dict[int, psutil.Process]:
@@ -140,8 +161,32 @@ def _folder(paths: RunPaths, why: str) -> Path:
     raise FileExistsError(f"no free capture folder for {stamp}-{why}")
 
 
-def capture(run_dir: Path, why: str = "request", wait_s: float = 2.0) -> Capture:
-    """Every rank's stacks now, kept under RUN/stacks/; NotARunError / NoRanksError when there is nothing to take."""
+def _workers(ranks: dict[int, psutil.Process], binary: str | None) -> list[tuple[WorkerStack, str]]:
+    """Each rank's DataLoader workers (its children carrying RANK) by py-spy, with the raw dump.
+
+    Never by signal: a forked worker inherits the rank's SIGUSR2 handler and its stderr, so its
+    dump would land in the rank's log mixed with the rank's own, and a spawned one has no handler
+    at all (SIGUSR2 would end it, and the DataLoader would fail the step)."""
+    out: list[tuple[WorkerStack, str]] = []
+    for rank, proc in sorted(ranks.items()):
+        try:
+            kids = [c for c in proc.children() if "RANK" in c.environ()]
+        except psutil.Error:
+            continue
+        for kid in kids:
+            if binary is None:
+                out.append((WorkerStack(rank, kid.pid, None, note=WORKER_HINT), ""))
+                continue
+            text, failed = _spy(binary, kid.pid)
+            main = next((t for t in parse_py_spy(text) if t.main), None)
+            item = next((f for f in main.frames if f.func.rsplit(".", 1)[-1] == "__getitem__"), None) if main else None
+            out.append((WorkerStack(rank, kid.pid, place_of(main) if main else None, item, failed), text))
+    return out
+
+
+def capture(run_dir: Path, why: str = "request", wait_s: float = 2.0, workers: bool = False) -> Capture:
+    """Every rank's stacks now (and with `workers`, their DataLoader workers'), kept under RUN/stacks/;
+    NotARunError / NoRanksError when there is nothing to take."""
     run_dir = require_run_dir(Path(run_dir)).resolve()
     t0 = time.monotonic()
     paths = RunPaths(run_dir)
@@ -166,12 +211,21 @@ def capture(run_dir: Path, why: str = "request", wait_s: float = 2.0) -> Capture
         stacks.append(RankStack(rank, proc.pid, "py-spy" if text else "none",
                                 tuple(parse_py_spy(text)), f"{lack}; {failed}" if failed else lack))
     found = verdict(stacks)
+    loaders = _workers(ranks, binary) if workers else []
     folder = _folder(paths, why)
     for rank, text in raw.items():
         (folder / f"rank{rank}.txt").write_text(text)
+    for w, text in loaders:
+        if text:
+            (folder / f"rank{w.rank}-worker{w.pid}.txt").write_text(text)
     seconds = time.monotonic() - t0
-    (folder / "verdict.json").write_text(json.dumps(verdict_record(found, stacks, why, seconds), indent=1) + "\n")
-    return Capture(folder, tuple(stacks), found, seconds)
+    kept = verdict_record(found, stacks, why, seconds)
+    if workers:
+        kept["workers"] = [{"rank": w.rank, "pid": w.pid, "line": w.line(), "func": w.place and w.place.frame.func,
+                            "file": w.place and w.place.frame.file, "line_no": w.place and w.place.frame.line,
+                            "item": w.item and w.item.where(), "note": w.note} for w, _ in loaders]
+    (folder / "verdict.json").write_text(json.dumps(kept, indent=1) + "\n")
+    return Capture(folder, tuple(stacks), found, seconds, tuple(w for w, _ in loaders))
 
 
 def verdict_record(found: Verdict, stacks: list[RankStack], why: str, seconds: float) -> dict[str, object]:

@@ -282,7 +282,12 @@ def reduce_event(st: RunState, ev: Record) -> None:
 
 
 def add_incident(st: RunState, rec: IncidentRecord, source: str) -> None:
-    """Open, merge or close an incident; the same code+step from engine and supervisor is one."""
+    """Open, update, merge or close an incident; the same code+step from engine and supervisor is one."""
+    if rec.status == "update":  # more evidence (a capture's stacks) for the one still open
+        for inc in st.incidents:
+            if inc.code == rec.code and inc.status == "open":
+                inc.detail, inc.evidence = rec.detail, rec.evidence
+        return
     if rec.status == "closed":
         for inc in st.incidents:
             if inc.code == rec.code and inc.status == "open":

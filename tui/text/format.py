@@ -151,3 +151,14 @@ def safe_text(text: object, lines: bool = False) -> str:
 
 def _visible(ch: str) -> str:
     return f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
+
+
+def stacks_lines(evidence: dict[str, object]) -> list[str]:
+    """An incident's captured stacks in words: `stacks: <verdict>`, then each DataLoader worker's place
+    (nothing when it has none; values of the wrong type are skipped, as a file may hold anything)."""
+    verdict = evidence.get("verdict")
+    if not isinstance(verdict, str):
+        return []
+    workers = evidence.get("workers")
+    more = [w for w in workers if isinstance(w, str)] if isinstance(workers, list) else []
+    return [safe_text(f"stacks: {verdict}"), *(safe_text(w) for w in more)]

@@ -18,7 +18,7 @@ from mt.contract.status import CLEAN_STATES, FINAL_STATES, read_status
 from tui.read.follower import PollResult, RunFollower
 from tui.read.rundir import liveness
 from tui.state.runstate import RunState, TrackedIncident
-from tui.text.format import at_step, fmt_duration, fmt_num, fmt_rate, fmt_write_time, safe_text
+from tui.text.format import at_step, fmt_duration, fmt_num, fmt_rate, fmt_write_time, safe_text, stacks_lines
 
 
 def step_line(st: RunState) -> str:
@@ -100,6 +100,7 @@ class _Printer:
         self.state_shown: str | None = None
         self.opened: set[tuple[str, int | None, int]] = set()
         self.closed: set[tuple[str, int | None, int]] = set()
+        self.verdicts: set[tuple[str, int | None, int]] = set()   # incidents whose stacks were printed
         self.silent: set[tuple[str, int | None, int]] = set()   # before a resume: read, never printed
         self.pending_end: tuple[RunEnd, float] | None = None   # a failed run_end waiting for its exit incident
 
@@ -118,6 +119,10 @@ class _Printer:
             if key not in self.opened:
                 self.opened.add(key)
                 self.write(incident_open_line(inc))
+            if "verdict" in inc.evidence and key not in self.verdicts:
+                self.verdicts.add(key)
+                for line in stacks_lines(inc.evidence):
+                    self.write(f"  {line}")
             if inc.status == "closed" and key not in self.closed:
                 self.closed.add(key)
                 self.write(incident_close_line(inc))

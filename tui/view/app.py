@@ -205,6 +205,22 @@ class MtApp(App[int]):
         except Exception as e:  # noqa: BLE001 - a failed resume is said in the UI, never a crash
             self.post_message(ControlDone(f"cannot resume: {e}", "error"))
 
+    def action_stacks(self) -> None:
+        if self._state() in FINAL_STATES:
+            self.say(f"the run is {self._state()}: no rank to capture", severity="warning")
+            return
+        self.say("capturing every rank's stack…", title="stacks")
+        self._stacks()
+
+    @work(thread=True, exclusive=True, group="stacks", name="capture stacks")
+    def _stacks(self) -> None:
+        try:
+            from tui.run.stacks import capture
+            cap = capture(self.run_dir)
+            self.post_message(ControlDone(f"stacks: {cap.verdict.line} ({cap.folder.name})"))
+        except Exception as e:  # noqa: BLE001 - a failed capture is said in the UI, never a crash
+            self.post_message(ControlDone(f"no stacks: {e}", "error"))
+
     @on(ControlDone)
     def _control_done(self, message: ControlDone) -> None:
         self.say(message.text, severity=message.severity)

@@ -55,6 +55,8 @@ class DashboardScreen(PlotKeys, Screen[None]):
         Binding("right_square_bracket", "widen", "Widen", show=False, id="widen", key_display="]",
                 tooltip="Twice the plots' window of steps (up to all of them)"),
         Binding("g", "next_rank", "Next log", id="next-rank", tooltip="Show the next rank's log"),
+        Binding("p", "app.stacks", "Stacks", show=False, id="stacks",
+                tooltip="Capture every rank's stack now (RUN/stacks/) and show the verdict"),
         Binding("1", "focus_panel(1)", "Plots", show=False, id="focus-1",
                 tooltip="Focus the plots (in a small terminal: show the loss plot)"),
         Binding("2", "focus_panel(2)", "System", show=False, id="focus-2",

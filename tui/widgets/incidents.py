@@ -11,7 +11,7 @@ from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
 from tui.state.runstate import TrackedIncident
-from tui.text.format import fmt_duration, fmt_num, safe_text
+from tui.text.format import fmt_duration, fmt_num, safe_text, stacks_lines
 
 MAX_VALUE_CHARS = 300  # an evidence value longer than this (a whole traceback line) is cut
 
@@ -43,10 +43,31 @@ def evidence_value(v: Any) -> str:
     return out if len(out) <= MAX_VALUE_CHARS else out[: MAX_VALUE_CHARS - 1] + "…"
 
 
+STACKS_KEYS = ("verdict", "groups", "frames", "workers")  # shown as the stacks block, not as raw evidence
+
+
+def stacks_block(evidence: dict[str, Any]) -> Text:
+    """A capture's verdict, then the odd rank's innermost user frames one a line (empty without a capture)."""
+    t = Text()
+    lines = stacks_lines(evidence)
+    if not lines:
+        return t
+    t.append("stacks: ", style="bold magenta")
+    t.append(lines[0].removeprefix("stacks: ") + "\n")
+    for line in lines[1:]:  # the DataLoader workers' places
+        t.append(f"  {line}\n")
+    frames = evidence.get("frames")
+    for f in frames if isinstance(frames, list) else []:
+        t.append(f"  {safe_text(f)}\n", style="" if str(f).startswith("rank ") else "dim")
+    return t
+
+
 def incident_detail(inc: TrackedIncident) -> Text:
-    """The detail, the advice, then the evidence as `key: value` lines (Static wraps them)."""
+    """The captured stacks, the detail, the advice, then the evidence as `key: value` lines (Static wraps them)."""
     t = Text()
     t.append(f"{safe_text(inc.code)} ({inc.status}, from {safe_text(inc.source)})\n", style="bold")
+    stacks = stacks_block(inc.evidence)
+    t.append_text(stacks)  # the answer first: which rank, where
     if inc.detail:
         t.append(safe_text(inc.detail, lines=True) + "\n")
     if inc.advice:  # what to do comes before the numbers that show why
@@ -55,6 +76,8 @@ def incident_detail(inc: TrackedIncident) -> Text:
     if inc.evidence:
         t.append("evidence:\n", style="dim")
         for k, v in inc.evidence.items():
+            if k in STACKS_KEYS and stacks:
+                continue
             t.append(f"  {safe_text(k)}: ", style="dim")
             t.append(evidence_value(v) + "\n")
     t.rstrip()
@@ -81,7 +104,7 @@ class IncidentsPanel(Vertical, can_focus=False):
 
     def show(self, incidents: list[TrackedIncident], now: float) -> None:
         items = ordered(incidents)[:50]
-        sig = tuple((i.code, i.step, i.status) for i in items) + (int(now) // 10,)
+        sig = tuple((i.code, i.step, i.status, "verdict" in i.evidence) for i in items) + (int(now) // 10,)
         if sig == self._sig:
             return
         self._sig = sig
