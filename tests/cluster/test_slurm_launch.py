@@ -142,3 +142,27 @@ def test_a_held_job_reads_pending_and_a_cancel_keeps_it_recorded(slurm: Cluster,
     once = _mt("watch", run_dir, "--once", env=slurm.env)
     assert "no longer in the queue and never started" in once.stdout, once.stdout
     assert json.loads((run_dir / "status.json").read_text())["state"] == "pending"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cancel", [
+    ["--signal=USR1", "--batch"],   # what --signal=B:USR1@N delivers before the time limit: USR1 to the batch shell only
+    [],                             # scancel: TERM to every task (then KILL after KillWait)
+], ids=["time-limit-warning", "scancel"])
+def test_the_time_limit_warning_and_a_cancel_are_a_graceful_stop_with_a_checkpoint(
+        slurm: Cluster, tmp_path: Path, cancel: list[str]) -> None:
+    preset = write_preset(tmp_path / "p.toml", tmp_path / "runs", launch={"nproc_per_node": 1},
+                          train={"max_steps": 10_000, "warmup_steps": 1}, checkpoint={"every_steps": 10_000},
+                          faults={"step_sleep_s": 0.05}, slurm={"signal_grace_s": 30})
+    done = _mt("launch", preset, "--slurm", env=slurm.env)
+    assert done.returncode == 0, done.stderr
+    run_dir = run_dir_from(done.stdout)
+    job = status(run_dir)["slurm_job_id"]
+    slurm.wait_for("a few steps", lambda: len(events(run_dir, "step")) >= 3, timeout=60)
+    slurm.run("scancel", *cancel, job)
+    final = slurm.wait_for("the run to end", lambda: status(run_dir)["state"] in
+                           ("completed", "failed", "killed", "stopped") and status(run_dir), timeout=60)
+    assert final["state"] == "stopped", (run_dir / "logs" / "supervisor.log").read_text()
+    saved = events(run_dir, "checkpoint")
+    assert saved and saved[-1]["step"] == events(run_dir, "step")[-1]["step"]   # the stop's own checkpoint
+    slurm.wait_for("the job to leave the queue", lambda: slurm.state(job) == "" or None, timeout=30)

@@ -69,9 +69,11 @@ def batch_script(cfg: Config, run_dir: Path, python: str = sys.executable) -> st
     lines = ["#!/bin/bash", *(f"#SBATCH {o}" for o in opts),
              f"# mt run {run_dir} (mt launch --slurm); the supervisor runs in the foreground of each node's task",
              f"cd {shlex.quote(cfg.run.workdir or str(run_dir))}",
-             # the time-limit warning (USR1) and a cancel/preemption (TERM) become the supervisor's
-             # graceful stop: srun forwards TERM to every node's supervisor, which stops its ranks
-             "trap 'kill -TERM \"$step\" 2>/dev/null' USR1 TERM",
+             # the time-limit warning (USR1, to this shell only) becomes every node's supervisor's
+             # graceful stop (SIGTERM to the step's tasks; a TERM to srun itself would kill the step).
+             # A cancel or preemption sends the tasks TERM itself: this shell only waits on.
+             "trap 'scancel --signal=TERM \"$SLURM_JOB_ID.0\"' USR1",
+             "trap ':' TERM",
              # through `bash -c` as one word: srun's own command line must not name the run
              # (`--run-dir RUN`), or the supervisor would take srun for a leftover of its run and end it
              f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c {shlex.quote('exec ' + shlex.join(sup))} &",
