@@ -166,3 +166,16 @@ def test_the_time_limit_warning_and_a_cancel_are_a_graceful_stop_with_a_checkpoi
     saved = events(run_dir, "checkpoint")
     assert saved and saved[-1]["step"] == events(run_dir, "step")[-1]["step"]   # the stop's own checkpoint
     slurm.wait_for("the job to leave the queue", lambda: slurm.state(job) == "" or None, timeout=30)
+
+
+@pytest.mark.slow
+def test_a_script_of_the_users_own_runs_as_a_job_too(slurm: Cluster, tmp_path: Path) -> None:
+    script = REPO / "tests" / "library" / "scripts" / "plain_loop.py"   # the mt library, no torch: fast
+    done = _mt("launch", script, "--slurm", "--runs-dir", tmp_path / "runs", "--", "--steps", "12", "--sleep", "0.01",
+               env=slurm.env)
+    assert done.returncode == 0, done.stderr
+    run_dir = run_dir_from(done.stdout)
+    final = slurm.wait_for("the run to complete", lambda: status(run_dir)["state"] in
+                           ("completed", "failed", "killed", "stopped") and status(run_dir), timeout=60)
+    assert final["state"] == "completed", (run_dir / "logs" / "supervisor.log").read_text()
+    assert [e["step"] for e in events(run_dir, "step")][-1] == 12
