@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -179,3 +182,33 @@ def test_a_script_of_the_users_own_runs_as_a_job_too(slurm: Cluster, tmp_path: P
                            ("completed", "failed", "killed", "stopped") and status(run_dir), timeout=60)
     assert final["state"] == "completed", (run_dir / "logs" / "supervisor.log").read_text()
     assert [e["step"] for e in events(run_dir, "step")][-1] == 12
+
+
+STOPPER = """
+import sys, time
+from mt.contract.inbox import StopSignals
+s = StopSignals()
+s.install()
+print("ready", flush=True)
+while s.received is None:
+    time.sleep(0.01)
+print("stopping", flush=True)
+time.sleep(float(sys.argv[1]))
+print("clean", flush=True)
+"""
+
+
+def test_a_repeated_sigterm_within_a_second_is_the_same_stop_and_a_later_one_exits_at_once() -> None:
+    # under Slurm a rank gets a cancel's SIGTERM twice (from Slurm, and forwarded): that must not end it hard
+    for gap, rc, says in ((0.05, 0, "clean"), (1.5, 128 + signal.SIGTERM, "stopping")):
+        proc = subprocess.Popen([sys.executable, "-c", STOPPER, "3"], cwd=REPO, stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+            proc.send_signal(signal.SIGTERM)
+            assert proc.stdout.readline().strip() == "stopping"
+            time.sleep(gap)
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=20)
+        finally:
+            proc.kill()
+        assert proc.returncode == rc and (out.strip().splitlines() or ["stopping"])[-1] == says, (gap, proc.returncode, out)
