@@ -161,7 +161,7 @@ class StopSignals:
     SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
     # Slurm signals every process of a step: a rank gets a cancel's SIGTERM from Slurm and again from
     # torchrun or the supervisor forwarding it, moments apart; that repeat is the same stop
-    SAME_STOP_S = 1.0
+    SAME_STOP_S = 0.2
 
     def __init__(self, signals: tuple[int, ...] = SIGNALS) -> None:
         self.received: int | None = None
