@@ -249,6 +249,24 @@ class DebugConfig:
 
 
 @dataclass
+class SlurmConfig:
+    """`mt launch --slurm`: the allocation; the shape is [launch] nnodes x nproc_per_node."""
+
+    partition: str = ""
+    time: str = ""
+    """Slurm's time limit (`MM`, `MM:SS`, `HH:MM:SS`, `D-HH`, `D-HH:MM`, `D-HH:MM:SS`); empty: the partition's."""
+    account: str = ""
+    qos: str = ""
+    gpus_per_node: int = _c(0, ge=0)
+    cpus_per_task: int = _c(0, ge=0)
+    """CPUs for each node's one task (the supervisor and its ranks); 0: Slurm's default."""
+    signal_grace_s: int = _c(120, ge=0, le=65535)
+    """Slurm sends SIGUSR1 to the batch shell this long before the time limit (`--signal=B:USR1@N`); 0: none."""
+    extra: list[str] = _c([])
+    """Raw `#SBATCH` lines (`--hold`, `--exclusive`, ...), written after mt's own."""
+
+
+@dataclass
 class Config:
     run: RunConfig
     launch: LaunchConfig = field(default_factory=LaunchConfig)
@@ -258,6 +276,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
 
     def to_dict(self) -> dict[str, Any]:

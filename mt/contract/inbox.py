@@ -156,12 +156,16 @@ def _parse_request(raw: Any, path: Path) -> Request | str:
 
 
 class StopSignals:
-    """First SIGTERM/SIGINT/SIGHUP asks for a graceful stop; a second one exits at once."""
+    """First SIGTERM/SIGINT/SIGHUP asks for a graceful stop; a second one, SAME_STOP_S later or more, exits at once."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    # Slurm signals every process of a step: a rank gets a cancel's SIGTERM from Slurm and again from
+    # torchrun or the supervisor forwarding it, moments apart; that repeat is the same stop
+    SAME_STOP_S = 0.2
 
     def __init__(self, signals: tuple[int, ...] = SIGNALS) -> None:
         self.received: int | None = None
+        self.received_at = 0.0
         self.signals = signals
 
     def install(self) -> None:
@@ -170,8 +174,10 @@ class StopSignals:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.received is not None:
+            if time.monotonic() - self.received_at < self.SAME_STOP_S:
+                return
             os._exit(128 + signum)  # second signal: the user means it; skip every cleanup
-        self.received = signum
+        self.received, self.received_at = signum, time.monotonic()
 
     @property
     def name(self) -> str:

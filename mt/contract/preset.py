@@ -171,6 +171,34 @@ def _check(cfg: Config, source: str) -> None:
                           "or \"auto\" under train.strategy = \"fsdp\"); full checkpoints are written blocking")
     if cfg.faults.hang_rank >= cfg.world_size and cfg.faults.hang_at_step:
         raise ConfigError(source, "faults.hang_rank", f"must be < world size ({cfg.world_size})")
+    _check_slurm(cfg, source)
+
+
+# sbatch --time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (Slurm's own list), or unlimited
+_SLURM_TIME = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(:\d{1,2}(:\d{1,2})?)?|unlimited|infinite)$")
+_SLURM_NAME = re.compile(r"^[A-Za-z0-9_.,\-]*$")  # partitions, accounts, qos: what lands in an #SBATCH line
+
+
+def sbatch_option(line: str) -> str:
+    """An [slurm] extra entry as the sbatch option it is (`#SBATCH --hold` and `--hold` alike)."""
+    line = line.strip()
+    return line[len("#SBATCH"):].strip() if line.startswith("#SBATCH") else line
+
+
+def _check_slurm(cfg: Config, source: str) -> None:
+    """[slurm] values that sbatch would refuse, or that would break the batch script, named here."""
+    s = cfg.slurm
+    if s.time and not _SLURM_TIME.match(s.time):
+        raise ConfigError(source, "slurm.time", f"expected Slurm's time format (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, "
+                                                f"D-HH:MM:SS), got {_show(s.time)}")
+    for key in ("partition", "account", "qos"):
+        if not _SLURM_NAME.match(getattr(s, key)):
+            raise ConfigError(source, f"slurm.{key}", f"expected letters, digits, '.', '_', ',' or '-', got {_show(getattr(s, key))}")
+    for i, line in enumerate(s.extra):
+        if not sbatch_option(line).startswith("-") or "\n" in line or "\r" in line:
+            raise ConfigError(source, f"slurm.extra[{i}]", f"expected one sbatch option such as \"--hold\", got {_show(line)}")
+        if any(c.isspace() for c in sbatch_option(line).split("=", 1)[0]):  # one #SBATCH line is one option
+            raise ConfigError(source, f"slurm.extra[{i}]", f"one option per entry, got {_show(line)}")
 
 
 def _check_hf(hf: dict[str, Any], source: str) -> None:

@@ -15,15 +15,16 @@ from mt.contract.jsonl import read_json, write_json_atomic
 from mt.contract.paths import RunPaths
 from mt.contract.space import is_disk_full
 
-RUN_STATES = ("starting", "running", "stopping", "completed", "stopped", "failed", "killed")
+RUN_STATES = ("pending", "starting", "running", "stopping", "completed", "stopped", "failed", "killed")
 LIVE_STATES = ("starting", "running", "stopping")
 FINAL_STATES = ("completed", "stopped", "failed", "killed")
 CLEAN_STATES = ("completed", "stopped")  # ended as asked: exit code 0, no failure to diagnose
+# pending: submitted to Slurm (`mt launch --slurm`), no supervisor yet: neither live nor final
 
-Liveness = Literal["starting", "live", "lost", "final"]
+Liveness = Literal["pending", "starting", "live", "lost", "final"]
 
 # written only once set (docs: "added by the supervisor", "present after ...", "removed by mt resume")
-_OPTIONAL = frozenset({"direct", "attempts", "restarts_left", "owner", "owner_cmdline"})
+_OPTIONAL = frozenset({"direct", "attempts", "restarts_left", "owner", "owner_cmdline", "slurm_job_id"})
 
 
 @dataclass
@@ -48,6 +49,7 @@ class Status:
     restarts_left: int | None = None
     owner: str | None = None
     owner_cmdline: list[str] | None = None
+    slurm_job_id: str | None = None
     # not keys of the file: what reading it found
     found: bool = field(default=False, compare=False)
     """The file was there and held a JSON object."""
@@ -116,19 +118,22 @@ class Status:
             exit_code=get("exit_code", _int), reason=get("reason", _str), nproc=get("nproc", _int),
             nnodes=get("nnodes", _int), node_rank=get("node_rank", _int), preset=get("preset", _str),
             attempts=attempts, restarts_left=get("restarts_left", _int), owner=get("owner", _str),
-            owner_cmdline=get("owner_cmdline", _strs), found=True, invalid=frozenset(bad))
+            owner_cmdline=get("owner_cmdline", _strs), slurm_job_id=get("slurm_job_id", _job_id), found=True, invalid=frozenset(bad))
 
 
 def judge(status: Status, supervisor_alive: Callable[[Status], bool]) -> Liveness:
     """The one answer to "is this run live?"; `supervisor_alive` is asked only when it decides
     (tui/read/rundir.py `liveness` asks the process table; the rules, inside the supervisor, know).
 
-    final: its state is final. starting: launch wrote it and no supervisor has recorded itself
+    final: its state is final. pending: queued in Slurm, no supervisor yet (a supervisor_pid it
+    claims is not trusted: only the job's own supervisor writes one, with another state). starting: launch wrote it and no supervisor has recorded itself
     yet. live: its supervisor runs. lost: it claims to be live but its supervisor is gone, or
     the file says nothing a reader may trust (no state, a pid that is not one).
     """
     if status.is_final:
         return "final"
+    if status.state == "pending":
+        return "pending"
     if status.state is None or "supervisor_pid" in status.invalid:
         return "lost"
     if status.supervisor_pid is None:
@@ -169,6 +174,10 @@ def save_status(paths: RunPaths, status: Status) -> bool:
 
 def _state(v: Any) -> str | None:
     return v if v in RUN_STATES else None
+
+
+def _job_id(v: Any) -> str | None:
+    return v if isinstance(v, str) and v.isdigit() and v.isascii() else None   # squeue -j takes it as is
 
 
 def _str(v: Any) -> str | None:

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, NoReturn, Optional
+from typing import TYPE_CHECKING, Annotated, NoReturn, Optional
 
 import typer
 
 from tui.cli.common import OK, RUN_FAILED, DetachOpt, EveryOpt, HeadlessOpt, NprocOpt, _attach, _no_dashboard, app, fail
+
+if TYPE_CHECKING:
+    from tui.run.launch import Overrides
 
 
 @app.command()
@@ -20,6 +23,8 @@ def launch(
     name: Annotated[Optional[str], typer.Option("--name", help="Run name (overrides run.name).", show_default=False)] = None,
     runs_dir: Annotated[Optional[Path], typer.Option("--runs-dir", help="Where run directories go (overrides run.runs_dir).", show_default=False)] = None,
     nproc: NprocOpt = None,
+    slurm: Annotated[bool, typer.Option("--slurm", help="Submit the run to Slurm (sbatch) instead of starting it here: [slurm] and [launch] nnodes/nproc_per_node give the allocation; prints the run directory and the job id and returns.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="With --slurm: print the batch script and submit nothing (no run directory is made).")] = False,
     node_rank: Annotated[Optional[int], typer.Option("--node-rank", help="This node's rank in a multi-node job (overrides launch.node_rank). Every node runs mt launch with the same preset and gets its own run dir (suffix -node<K>); the one that gets global rank 0 holds the events.", show_default=False)] = None,
 ) -> None:
     """Validate PRESET, create its run directory, start the run detached and open the dashboard.
@@ -37,6 +42,10 @@ def launch(
 
     over = Overrides(name=name, runs_dir=str(runs_dir) if runs_dir else None, nproc=nproc, node_rank=node_rank,
                      script_args=script_args or None)
+    if dry_run and not slurm:
+        fail("--dry-run: only with --slurm (it prints the batch script)")
+    if slurm:
+        _launch_slurm(preset, over, dry_run)
     try:
         run_dir = launch_run(preset, over)
     except ConfigError as e:
@@ -45,6 +54,24 @@ def launch(
         fail(str(e), RUN_FAILED)
     _check_every(every)
     _attach(run_dir, detach, headless, every)
+
+
+def _launch_slurm(preset: Path, over: Overrides, dry_run: bool) -> NoReturn:
+    """`mt launch --slurm`: submit (or print the script) and return; the job runs the supervisor."""
+    from mt.contract.config import ConfigError
+    from tui.run.slurm import SlurmError, launch_slurm
+    from tui.run.slurm import dry_run as script_for
+
+    try:
+        if dry_run:
+            typer.echo(script_for(preset, over), nl=False)
+            raise typer.Exit(OK)
+        sub = launch_slurm(preset, over)
+    except (ConfigError, SlurmError) as e:
+        fail(str(e))
+    held = " (held: scontrol release it to start)" if sub.held else ""
+    typer.echo(f"run dir: {sub.run_dir}\nslurm job: {sub.job_id}{held}")
+    raise typer.Exit(OK)
 
 
 def _check_every(every: float) -> None:

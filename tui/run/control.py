@@ -38,6 +38,8 @@ def _require_live(run_dir: Path) -> Status:
         raise ControlError(f"{run_dir}: the run has already ended ({status.state})")
     if live == "lost":
         raise ControlError(f"{run_dir}: the run is not running (its supervisor is gone)")
+    if live == "pending":  # queued in Slurm: nothing reads control/ until its supervisor starts
+        raise ControlError(f"{run_dir}: the run has not started yet (pending in Slurm, job {status.slurm_job_id})")
     return status
 
 

@@ -308,6 +308,8 @@ def resume_run(run_dir: Path, nproc: int | None = None, from_scratch: bool = Fal
 def _resume_locked(run_dir: Path, nproc: int | None, lock: int, from_scratch: bool) -> None:
     paths = RunPaths(run_dir)
     status = read_status(run_dir)
+    if liveness(status) == "pending":
+        raise ResumeError(f"{run_dir}: the run is still pending in Slurm (job {status.slurm_job_id}); it has not started")
     if liveness(status) == "live":
         raise ResumeError(f"{run_dir}: the run is still {status.state} (supervisor pid {status.supervisor_pid})")
     from tui.run.procs import run_processes  # psutil only here

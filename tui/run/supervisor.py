@@ -6,12 +6,13 @@ from the newest checkpoint when a worker dies and `[launch] max_restarts` allows
 
 Signals: SIGTERM/SIGINT = graceful stop (forwarded to torchrun, which forwards to the workers;
 they write a final checkpoint). SIGUSR1 = `mt kill` is terminating the run: never restart,
-record `killed`. Run it with `python -m tui.run.supervisor --run-dir DIR [--daemon]`.
+record `killed`. Run it with `python -m tui.run.supervisor --run-dir DIR [--daemon | --slurm]`.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -36,19 +37,25 @@ from tui.diagnose.hook import IncidentHook
 from tui.run import lock as runlock
 from tui.run.procs import daemonize, die_with_parent, kill_all, rank_processes, run_processes, terminate_all
 from tui.run.sampler import SystemSampler
+from tui.run.slurm import slurm_launch
 from tui.run.torchrun import attempt_command, is_direct, worker_env, worker_exit_code
 
 
 class Supervisor:
     """Runs attempts until the run completes, stops, is killed or runs out of restarts."""
 
-    def __init__(self, run_dir: Path, poll_s: float = 1.0) -> None:
+    def __init__(self, run_dir: Path, poll_s: float = 1.0, slurm: bool = False) -> None:
         self.run_dir = Path(run_dir).resolve()
         self.paths = RunPaths(self.run_dir)
         self.poll_s = poll_s
         self.log = _file_logger(self.paths.supervisor_log)
         self.cfg = load_config_json(self.paths.config)
         self.status = read_status(self.run_dir)
+        if slurm:  # inside an allocation: this node's identity, the shape and the rendezvous are Slurm's
+            self.cfg = dataclasses.replace(self.cfg, launch=slurm_launch(self.cfg.launch, os.environ))
+            self.status.slurm_job_id = os.environ.get("SLURM_JOB_ID") or self.status.slurm_job_id
+            self.log.info("slurm job %s, node %s (node rank %d of %d)", os.environ.get("SLURM_JOB_ID"),
+                          os.environ.get("SLURMD_NODENAME"), self.cfg.launch.node_rank, self.cfg.launch.nnodes)
         self.stop_requested = False
         self.kill_requested = False
         self.events = RecordTail(self.paths.events)  # the one reader of events.jsonl here
@@ -348,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tui.run.supervisor", description=__doc__)
     parser.add_argument("--run-dir", required=True, type=Path)
     parser.add_argument("--daemon", action="store_true", help="fork, print the pid and return")
+    parser.add_argument("--slurm", action="store_true",
+                        help="inside a Slurm job (srun task): stay in the foreground, a child of the task Slurm tracks and signals")
     parser.add_argument("--lock-fd", type=int, help="the run's lock, taken by the caller and handed down")
     args = parser.parse_args(argv)
     os.umask(0o077)  # everything in a run directory is private to its owner, like the folder
@@ -360,10 +369,10 @@ def main(argv: list[str] | None = None) -> int:
     except (runlock.RunBusy, OSError) as e:
         print(f"mt supervisor: {e}", file=sys.stderr)
         return 2
-    if args.daemon:
+    if args.daemon and not args.slurm:
         daemonize(RunPaths(args.run_dir).supervisor_log)
     runlock.note_holder(lock, f"supervisor pid {os.getpid()}")
-    sup = Supervisor(args.run_dir)
+    sup = Supervisor(args.run_dir, slurm=args.slurm)
     try:
         return sup.run()
     except Exception:

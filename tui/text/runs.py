@@ -90,7 +90,23 @@ def run_summary(run_dir: Path) -> str:
     text = format_summary(st)
     if st.supervisor_lost:
         text += f"\nwarning: status says {safe_text(st.state)}, but its supervisor is gone (state lost)"
+    if st.status.state == "pending":
+        text += "\n" + pending_line(st.status.slurm_job_id)
     return text
+
+
+def pending_line(job_id: str | None) -> str:
+    """What a queued run waits for, in Slurm's words (squeue), or why that is not known."""
+    from tui.run.slurm import queue_state
+
+    if job_id is None:
+        return "pending: submitted to Slurm, no job id recorded"
+    got = queue_state(job_id)
+    if got is None:
+        return f"pending: Slurm job {job_id} (squeue not available here to say why)"
+    if not got:
+        return f"pending: Slurm job {job_id} is no longer in the queue and never started (cancelled?)"
+    return f"pending: Slurm job {job_id} {got}"
 
 
 def compare_table(paths: list[Path]) -> str:

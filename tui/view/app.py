@@ -235,7 +235,7 @@ def run_app(run_dir: Path) -> int:
         return 2
     app = MtApp(run_dir)
     app.run()
-    if liveness(read_status(run_dir)) in ("starting", "live"):  # the viewer quit, the run did not
+    if liveness(read_status(run_dir)) in ("pending", "starting", "live"):  # the viewer quit, the run did not
         shown = safe_text(run_dir)
         print(f"run dir: {shown}\nthe run goes on; re-attach with: mt watch {shown}")
     return app.return_code or 0  # 1 when the app died of an error (Textual printed it)

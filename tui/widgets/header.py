@@ -8,7 +8,7 @@ from tui.state.runstate import RunState
 from tui.text.format import fmt_compact, fmt_duration, fmt_loss, fmt_num, fmt_parallel, fmt_rate, safe_text
 
 STATE_STYLE = {
-    "starting": "bold yellow", "running": "bold green", "stopping": "bold yellow",
+    "pending": "bold blue", "starting": "bold yellow", "running": "bold green", "stopping": "bold yellow",
     "completed": "bold cyan", "stopped": "bold magenta", "failed": "bold red", "killed": "bold red",
 }
 
