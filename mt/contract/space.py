@@ -10,8 +10,6 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mt.contract.checkpoints import folders, intact
-from mt.contract.checkpoints import listed_bytes as checkpoint_bytes  # a checkpoint's size: what its verified manifest lists
 from mt.contract.fmt import human_bytes
 
 # What the supervisor keeps allocated in every run directory (RunPaths.reserve) and deletes to
@@ -175,6 +173,9 @@ def plan_room(root: Path, step: int | None, keep_last: int, extra: int = 0) -> R
     If not, prune_first lists what retention would delete after that save anyway, less the newest
     intact checkpoint (every byte verified, as the engine picks: kept until the new one is on
     disk); `extra`: bytes needed besides."""
+    # the listing is loaded only when room is planned: a script's `import mt` needs space.py, not this
+    from mt.contract.checkpoints import folders, intact
+
     older = [p for s, p in folders(root) if step is None or s < step]
     last = next((b for b in map(checkpoint_bytes, older) if b is not None), None)
     free = free_bytes(root)
@@ -188,3 +189,9 @@ def plan_room(root: Path, step: int | None, keep_last: int, extra: int = 0) -> R
     gained = sum(disk_usage(p) for p in doomed)
     return Room(free, needed, doomed, free + gained >= needed, len(older) - len(doomed))
 
+
+def checkpoint_bytes(path: Path) -> int | None:
+    """A checkpoint's size: what its verified manifest lists (None when it is not intact)."""
+    from mt.contract.checkpoints import listed_bytes
+
+    return listed_bytes(path)
