@@ -3,16 +3,59 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+# The node a process belongs to in a job's shared run directory (Slurm's SLURMD_NODENAME); the
+# supervisor sets it for its ranks, so a rank's heartbeat lands in its node's folder.
+ENV_NODE = "MT_NODE"
+# A node folder's name: what a host name may hold, never a path (a hostile `nodes/..` is skipped)
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def node_name_ok(name: str) -> bool:
+    """Whether `name` can name a node's folder (a host name, no separators, not `.`/`..`)."""
+    return bool(_NODE_NAME.fullmatch(name)) and name not in (".", "..")
+
 
 @dataclass(frozen=True)
 class RunPaths:
-    """Where everything lives inside one run directory."""
+    """Where everything lives inside one run directory.
+
+    `node` None: one machine's files at the top (one node, or a run directory per node). A node's
+    name: a job's shared run directory, where what rank 0 writes stays at the top (config, events,
+    control, checkpoints, status.json of the job, incidents) and what this node's supervisor writes
+    (system samples, heartbeats, logs, its own status, stacks, lock, reserve) is under nodes/<node>/."""
 
     root: Path
+    node: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.node is not None and not node_name_ok(self.node):
+            raise ValueError(f"not a node name: {self.node!r}")
+
+    def on(self, node: str | None) -> RunPaths:
+        """The same run directory seen from `node` (None: the top)."""
+        return RunPaths(self.root, node)
+
+    @property
+    def nodes_dir(self) -> Path:
+        return self.root / "nodes"
+
+    @property
+    def here(self) -> Path:
+        """The folder of this node's supervisor files: the top, or nodes/<node>/."""
+        return self.root if self.node is None else self.nodes_dir / self.node
+
+    def node_names(self) -> list[str]:
+        """The nodes with a folder under nodes/, sorted; [] for a one-machine run directory."""
+        try:
+            names = [e.name for e in os.scandir(self.nodes_dir) if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            return []
+        return sorted(n for n in names if node_name_ok(n))
 
     @property
     def preset(self) -> Path:
@@ -27,12 +70,17 @@ class RunPaths:
         return self.root / "status.json"
 
     @property
+    def node_status(self) -> Path:
+        """This node's supervisor's own status: status.json at the top, or nodes/<node>/status.json."""
+        return self.here / "status.json"
+
+    @property
     def events(self) -> Path:
         return self.root / "events.jsonl"
 
     @property
     def system(self) -> Path:
-        return self.root / "system.jsonl"
+        return self.here / "system.jsonl"
 
     @property
     def incidents(self) -> Path:
@@ -40,14 +88,14 @@ class RunPaths:
 
     @property
     def heartbeat_dir(self) -> Path:
-        return self.root / "heartbeat"
+        return self.here / "heartbeat"
 
     def heartbeat(self, rank: int) -> Path:
         return self.heartbeat_dir / f"rank{rank}"
 
     @property
     def logs(self) -> Path:
-        return self.root / "logs"
+        return self.here / "logs"
 
     def rank_log(self, rank: int) -> Path:
         return self.logs / f"rank{rank}.log"
@@ -62,7 +110,7 @@ class RunPaths:
 
     @property
     def supervisor_lock(self) -> Path:
-        return self.root / "supervisor.lock"
+        return self.here / "supervisor.lock"
 
     @property
     def checkpoints(self) -> Path:
@@ -70,13 +118,13 @@ class RunPaths:
 
     @property
     def stacks(self) -> Path:
-        """One folder per stack capture (`mt stacks`): rank<N>.txt and verdict.json."""
-        return self.root / "stacks"
+        """One folder per stack capture (`mt stacks`) of this node's ranks: rank<N>.txt and verdict.json."""
+        return self.here / "stacks"
 
     @property
     def reserve(self) -> Path:
         """Space the supervisor holds so it can record the final state on a full disk."""
-        return self.root / ".reserve"
+        return self.here / ".reserve"
 
 
 def new_run_dir(runs_dir: Path, name: str, node_rank: int = 0) -> Path:
