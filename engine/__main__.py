@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", required=True, type=Path)
     parser.add_argument("--attempt", type=int, default=1)
     args = parser.parse_args(argv)
-    paths = RunPaths(args.run_dir)
+    paths = RunPaths.of_process(args.run_dir)   # a rank's heartbeat and log go to its node's folder (MT_NODE)
     try:
         cfg = load_config_json(paths.config)
     except ConfigError as e:

@@ -366,7 +366,7 @@ def init(config: Mapping[str, Any] | None = None, *, name: str | None = None, ru
     joined = os.environ.get(ENV_RUN_DIR)
     failures = WriteFailures()
     if joined:
-        paths, attempt, owned, usable = RunPaths(Path(joined)), int(os.environ.get(ENV_ATTEMPT) or 1), False, True
+        paths, attempt, owned, usable = RunPaths.of_process(Path(joined)), int(os.environ.get(ENV_ATTEMPT) or 1), False, True
     else:
         from mt.ownrun import make_own_run
         made = make_own_run(rank, world, name, Path(runs_dir), failures)

@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("script", type=Path)
     parser.add_argument("args", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
-    paths = RunPaths(ns.run_dir.resolve())
+    paths = RunPaths.of_process(ns.run_dir.resolve())   # its node's folder in a job's shared run directory
     redirect_output(paths.rank_log(int(os.environ.get("RANK", 0))))
     os.environ[ENV_RUN_DIR] = str(paths.root)
     os.environ[ENV_ATTEMPT] = str(ns.attempt)

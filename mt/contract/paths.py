@@ -7,6 +7,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 # The node a process belongs to in a job's shared run directory (Slurm's SLURMD_NODENAME); the
 # supervisor sets it for its ranks, so a rank's heartbeat lands in its node's folder.
@@ -18,6 +19,13 @@ _NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 def node_name_ok(name: str) -> bool:
     """Whether `name` can name a node's folder (a host name, no separators, not `.`/`..`)."""
     return bool(_NODE_NAME.fullmatch(name)) and name not in (".", "..")
+
+
+def node_from_env(env: Mapping[str, str] | None = None) -> str | None:
+    """This process's node in a job's shared run directory (MT_NODE), None without one; a value
+    that cannot name a node folder is ignored (the top), never a crash in a training process."""
+    name = (os.environ if env is None else env).get(ENV_NODE) or ""
+    return name if node_name_ok(name) else None
 
 
 @dataclass(frozen=True)
@@ -35,6 +43,11 @@ class RunPaths:
     def __post_init__(self) -> None:
         if self.node is not None and not node_name_ok(self.node):
             raise ValueError(f"not a node name: {self.node!r}")
+
+    @classmethod
+    def of_process(cls, root: Path, env: Mapping[str, str] | None = None) -> RunPaths:
+        """The run directory as a rank sees it: its node's folder from MT_NODE (set by its supervisor)."""
+        return cls(Path(root), node_from_env(env))
 
     def on(self, node: str | None) -> RunPaths:
         """The same run directory seen from `node` (None: the top)."""

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 
 from mt.contract.jsonl import read_json, write_json_atomic
-from mt.contract.paths import RunPaths
+from mt.contract.paths import RunPaths, node_name_ok
 from mt.contract.space import is_disk_full
 
 RUN_STATES = ("pending", "starting", "running", "stopping", "completed", "stopped", "failed", "killed")
@@ -24,7 +24,8 @@ CLEAN_STATES = ("completed", "stopped")  # ended as asked: exit code 0, no failu
 Liveness = Literal["pending", "starting", "live", "lost", "final"]
 
 # written only once set (docs: "added by the supervisor", "present after ...", "removed by mt resume")
-_OPTIONAL = frozenset({"direct", "attempts", "restarts_left", "owner", "owner_cmdline", "slurm_job_id"})
+_OPTIONAL = frozenset({"direct", "attempts", "restarts_left", "owner", "owner_cmdline", "slurm_job_id", "node",
+                       "failures"})
 
 
 @dataclass
@@ -50,6 +51,10 @@ class Status:
     owner: str | None = None
     owner_cmdline: list[str] | None = None
     slurm_job_id: str | None = None
+    node: str | None = None
+    """The node whose supervisor wrote it (a job's shared run directory: nodes/<node>/status.json)."""
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    """This attempt's failed workers on that node, as torchrun reported them: rank, exit_code, pid."""
     # not keys of the file: what reading it found
     found: bool = field(default=False, compare=False)
     """The file was there and held a JSON object."""
@@ -118,7 +123,9 @@ class Status:
             exit_code=get("exit_code", _int), reason=get("reason", _str), nproc=get("nproc", _int),
             nnodes=get("nnodes", _int), node_rank=get("node_rank", _int), preset=get("preset", _str),
             attempts=attempts, restarts_left=get("restarts_left", _int), owner=get("owner", _str),
-            owner_cmdline=get("owner_cmdline", _strs), slurm_job_id=get("slurm_job_id", _job_id), found=True, invalid=frozenset(bad))
+            owner_cmdline=get("owner_cmdline", _strs), slurm_job_id=get("slurm_job_id", _job_id),
+            node=get("node", lambda v: v if isinstance(v, str) and node_name_ok(v) else None),
+            failures=get("failures", _failures, []), found=True, invalid=frozenset(bad))
 
 
 def judge(status: Status, supervisor_alive: Callable[[Status], bool]) -> Liveness:
@@ -141,9 +148,10 @@ def judge(status: Status, supervisor_alive: Callable[[Status], bool]) -> Livenes
     return "live" if supervisor_alive(status) else "lost"
 
 
-def read_status(run_dir: Path) -> Status:
-    """The run's status.json (defaults when it is missing or unreadable); never raises."""
-    path = RunPaths(Path(run_dir)).status
+def read_status(run_dir: Path, node: str | None = None) -> Status:
+    """The run's status.json, or with `node` that node's supervisor's (nodes/<node>/status.json);
+    defaults when it is missing or unreadable; never raises."""
+    path = RunPaths(Path(run_dir)).status if node is None else RunPaths(Path(run_dir), node).node_status
     try:
         written: float | None = path.stat().st_mtime
     except OSError:
@@ -153,22 +161,26 @@ def read_status(run_dir: Path) -> Status:
     return status
 
 
-def write_status(paths: RunPaths, status: Status) -> None:
-    """status.json, atomically (renamed into place: a reader never sees half of it)."""
-    write_json_atomic(paths.status, status.to_dict())
+def write_status(paths: RunPaths, status: Status, node_only: bool = False) -> None:
+    """status.json, atomically (renamed into place: a reader never sees half of it); with a node,
+    its nodes/<node>/status.json too, or (`node_only`, a node that is not the job's) only that."""
+    if paths.node is not None:
+        write_json_atomic(paths.node_status, status.to_dict())
+    if paths.node is None or not node_only:
+        write_json_atomic(paths.status, status.to_dict())
 
 
-def save_status(paths: RunPaths, status: Status) -> bool:
+def save_status(paths: RunPaths, status: Status, node_only: bool = False) -> bool:
     """write_status, deleting the run's `.reserve` to make room on a full disk (what it is for:
     the run's last state); True when it did. OSError when even that leaves no room."""
     try:
-        write_status(paths, status)
+        write_status(paths, status, node_only)
         return False
     except OSError as e:
         if not is_disk_full(e) or not paths.reserve.exists():
             raise
     paths.reserve.unlink()
-    write_status(paths, status)
+    write_status(paths, status, node_only)
     return True
 
 
@@ -214,6 +226,13 @@ def _pids(v: Any) -> dict[str, int] | None:
     if not isinstance(v, dict):
         return None
     return {str(r): p for r, p in v.items() if str(r).isdigit() and _pid(p) is not None}
+
+
+def _failures(v: Any) -> list[dict[str, Any]] | None:
+    if not isinstance(v, list):
+        return None
+    return [{k: _int(f.get(k)) for k in ("rank", "exit_code", "pid")}
+            for f in v if isinstance(f, dict) and _int(f.get("rank")) is not None]
 
 
 def _strs(v: Any) -> list[str] | None:

@@ -1,6 +1,7 @@
 """Why a worker exited: crash, oom or nccl_timeout, from exit codes and log tails (pure text)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import signal
@@ -102,7 +103,9 @@ def _host_memory_share(sig: RunSignals) -> float | None:
 
 def _first_failure(obs: Observation) -> tuple[list[Failure], str]:
     """Failed ranks, the first first: from torchrun's report, or the logs."""
-    failures = torchrun_failures(obs.torchrun_log)
+    failures = [dataclasses.replace(f, node=obs.node) for f in torchrun_failures(obs.torchrun_log)]
+    if obs.peer_failures:  # a job: this node's torchrun report, then the other nodes' supervisors'
+        return failures + obs.peer_failures, "torchrun's reports (first observed failure on each node)"
     if failures:
         return failures, "torchrun's report (first observed failure)"
     rc = obs.status.exit_code
@@ -137,7 +140,8 @@ def _root_cause(first: Failure, failures: list[Failure], obs: Observation) -> tu
     if kind in ("peer", "terminated"):
         for f in failures[1:] + [Failure(r, None) for r in sorted(obs.rank_logs) if r != first.rank]:
             k2, l2 = classify_log(obs.rank_logs.get(f.rank, ""))
-            if k2 not in (None, "peer", "terminated"):
+            # a rank killed by a signal (kill -9 leaves nothing in its log) is a cause of its own too
+            if k2 not in (None, "peer", "terminated") or (k2 is None and (f.exit_code or 0) < 0):
                 return f, k2, l2
     return first, kind, line
 
@@ -166,7 +170,7 @@ def _what_happened(kind: str | None, line: str, signum: int | None, signame: str
 def _detail(who: str, what: str, source: str, first: Failure, failures: list[Failure],
             code: str, stuck: list[int] | None) -> str:
     detail = f"{who} {what} (first to fail, per {source})"
-    others = [f"rank {f.rank} exit {f.exit_code}" for f in failures if f.rank != first.rank]
+    others = [f"rank {f.rank}{f' on node {f.node}' if f.node else ''} exit {f.exit_code}" for f in failures if f.rank != first.rank]
     if others:
         detail += "; then " + ", ".join(others)
     if code == "nccl_timeout" and stuck:
@@ -207,12 +211,13 @@ def worker_exit(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding 
     # raises, or a script that reports nothing, never writes one): else no step ran, none is named
     last = sig.last_step if obs.status.attempt in (None, sig.attempt) else None
     step = last.step + 1 if last else None
-    who = f"rank {first.rank}" if first.rank >= 0 else "a worker"
+    who = (f"rank {first.rank}" if first.rank >= 0 else "a worker") + (f" on node {first.node}" if first.node else "")
     stuck = (obs.open_evidence.get("hang") or {}).get("suspect_ranks")
     evidence: dict[str, Any] = {
-        "rank": first.rank if first.rank >= 0 else None, "exit_code": first.exit_code, "pid": first.pid,
+        "rank": first.rank if first.rank >= 0 else None, "node": first.node, "exit_code": first.exit_code, "pid": first.pid,
         "signal": signame, "line": line or None, "source": source, "torchrun_exit_code": rc,
-        "failures": [{"rank": f.rank, "exit_code": f.exit_code, "pid": f.pid} for f in failures],
+        "failures": [{"rank": f.rank, "exit_code": f.exit_code, "pid": f.pid, **({"node": f.node} if f.node else {})}
+                     for f in failures],
         "log_tail": [ln for ln in tail.splitlines() if ln.strip()][-8:], "host_mem_share": host_mem,
         "last_step": last.step if last else None,
     }

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mt.contract.status import Status, judge
+from tui.run.torchrun import Failure
 
 # System calls that mean "waiting for someone else": a peer in a collective, a queue, a lock.
 WAITING_SYSCALLS = frozenset({"futex", "poll", "ppoll", "select", "pselect6", "epoll_wait", "epoll_pwait",
@@ -74,6 +75,10 @@ class Observation:
     """Code -> evidence of the incident open now, with its `step` added."""
     supervisor_alive: bool = True
     """Inside the supervisor it is; a monitor on its own asks the process table."""
+    node: str | None = None
+    """The node whose files the monitor reads (a job's shared run directory), None for one machine."""
+    peer_failures: list[Failure] = field(default_factory=list)
+    """Workers that failed on the other nodes of a job, as their supervisors reported (each with its node)."""
 
     @property
     def live(self) -> bool:

@@ -11,12 +11,13 @@ from mt.contract.config import Config
 from mt.contract.events import dumps
 from mt.contract.records import Record
 from mt.contract.status import Status
+from tui.run.torchrun import Failure
 
 
 class IncidentHook:
     """The IncidentMonitor, fed in memory; its failures are logged, never fatal."""
 
-    def __init__(self, run_dir: Path, cfg: Config, log: logging.Logger) -> None:
+    def __init__(self, run_dir: Path, cfg: Config, log: logging.Logger, node: str | None = None) -> None:
         self.log = log
         self.run_dir = Path(run_dir)
         self.monitor: Any = None
@@ -24,7 +25,7 @@ class IncidentHook:
         try:
             from tui.diagnose import monitor as incidents
 
-            self.monitor = incidents.IncidentMonitor(run_dir, cfg.monitor, facts=incidents.facts_of(cfg))
+            self.monitor = incidents.IncidentMonitor(run_dir, cfg.monitor, facts=incidents.facts_of(cfg), node=node)
             from tui.run.autostacks import IncidentCaptures
 
             self.captures = IncidentCaptures(self.run_dir, log)
@@ -44,14 +45,15 @@ class IncidentHook:
             pass
 
     def poll(self, status: Status, events: list[Record], samples: list[dict[str, Any]],
-             worker_pids: dict[int, int]) -> None:
-        """One tick: what the supervisor knows now, passed in memory."""
+             worker_pids: dict[int, int], peer_failures: list[Failure] | None = None) -> None:
+        """One tick: what the supervisor knows now, passed in memory (with the other nodes' failed workers)."""
         if self.monitor is None:
             return
         try:
             from tui.diagnose.monitor import Tick
 
-            for incident in self.monitor.observe(Tick(time.time(), status, events, samples, worker_pids)):
+            tick = Tick(time.time(), status, events, samples, worker_pids, peer_failures=peer_failures or [])
+            for incident in self.monitor.observe(tick):
                 self.log.info("incident: %s", dumps(incident))
                 if incident.get("status") == "open" and self.captures is not None:
                     self.captures.opened(incident["code"])

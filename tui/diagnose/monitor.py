@@ -31,7 +31,7 @@ from tui.diagnose.probes import ProcReader, file_size, read_heartbeats, read_tai
 from tui.diagnose.rules import evaluate
 from tui.diagnose.signals import RunFacts, RunSignals
 from tui.read.rundir import supervisor_alive
-from tui.run.torchrun import usable_cores
+from tui.run.torchrun import Failure, usable_cores
 
 # What stays open once the run is over: the facts that explain how it ended.
 KEEP_WHEN_DONE = frozenset({"nan_loss", *EXIT_CODES})
@@ -48,6 +48,7 @@ class Tick:
     samples: list[dict[str, Any]] = field(default_factory=list)   # system samples taken since
     worker_pids: dict[int, int] = field(default_factory=dict)     # this node's ranks, as found
     supervisor_alive: bool = True                           # the supervisor's own tick: it is
+    peer_failures: list[Failure] = field(default_factory=list)   # other nodes' failed workers (a job)
 
 
 def facts_of(cfg: Config) -> RunFacts:
@@ -73,8 +74,9 @@ class IncidentMonitor:
     it reads the same facts from the run directory's files.
     """
 
-    def __init__(self, run_dir: Path, monitor: MonitorConfig, facts: RunFacts | None = None) -> None:
-        self.paths = RunPaths(Path(run_dir))
+    def __init__(self, run_dir: Path, monitor: MonitorConfig, facts: RunFacts | None = None,
+                 node: str | None = None) -> None:
+        self.paths = RunPaths(Path(run_dir), node)   # this node's files; events and incidents at the top
         self.m = monitor
         self.sig = RunSignals(facts or run_facts(self.paths))
         self.events = RecordTail(self.paths.events)
@@ -115,7 +117,7 @@ class IncidentMonitor:
         for sample in tick.samples:
             self.sig.feed_system(sample)
         if new_steps:  # the logs up to here belong to a run that was still stepping
-            self.log_mark = {r: file_size(self.paths.rank_log(r)) for r in range(self.sig.world_size or 0)}
+            self.log_mark = {r: file_size(self.rank_log(r)) for r in range(self.sig.world_size or 0)}
         obs = self._observe(tick)
         obs.new_steps = new_steps
         found = evaluate(self.sig, obs, self.m)
@@ -161,6 +163,7 @@ class IncidentMonitor:
         sample = self.sig.system[-1] if self.sig.system else None
         procs = self.procs.read(pids, sample, detailed=quiet)
         obs = Observation(now, status, hbs, procs, supervisor_alive=tick.supervisor_alive, open_codes=frozenset(self.open),
+                          node=self.paths.node, peer_failures=list(tick.peer_failures),
                           open_evidence={c: {**(r.get("evidence") or {}), "step": r.get("step")} for c, r in self.open.items()})
         exited = status.exit_code not in (None, 0) or status.state == "failed"
         ended_well = self.sig.run_end is not None and self.sig.run_end.status in CLEAN_STATES
@@ -168,8 +171,7 @@ class IncidentMonitor:
             obs.fresh_error = self._fresh_error()
         if exited or obs.fresh_error or (any(p.alive is False for p in procs.values()) and not ended_well):
             ranks = set(pids) | set(range(self.sig.world_size or 0))
-            logs = {r: read_tail(self.paths.rank_log(r), since=self.log_from.get(self.paths.rank_log(r), 0))
-                    for r in sorted(ranks)}
+            logs = {r: read_tail(self.rank_log(r), since=self.log_from.get(self.rank_log(r), 0)) for r in sorted(ranks)}
             obs.rank_logs = {r: t for r, t in logs.items() if t}
             trl = self.paths.logs / "torchrun.log"
             obs.torchrun_log = read_tail(trl, 65536, since=self.log_from.get(trl, 0))
@@ -181,16 +183,27 @@ class IncidentMonitor:
         if last is None or self.sig.pauses_due(last.step):
             return False
         for rank, mark in self.log_mark.items():
-            kind, _ = classify_log(read_tail(self.paths.rank_log(rank), since=mark))
+            kind, _ = classify_log(read_tail(self.rank_log(rank), since=mark))
             if kind in ("exception", "oom", "timeout", "killed"):
                 return True
         return False
 
+    def rank_log(self, rank: int) -> Path:
+        """A rank's log: this node's, or in a job's shared run directory the node's that has it."""
+        mine = self.paths.rank_log(rank)
+        if self.paths.node is None or mine.exists():
+            return mine
+        return next((p for p in (self.paths.on(n).rank_log(rank) for n in self.paths.node_names()) if p.exists()), mine)
+
     def _logs(self) -> list[Path]:
-        try:
-            return [p for p in self.paths.logs.iterdir() if p.suffix == ".log"]
-        except OSError:
-            return []
+        folders = [self.paths.logs] if self.paths.node is None else [self.paths.on(n).logs for n in self.paths.node_names()]
+        found = []
+        for folder in folders:
+            try:
+                found += [p for p in folder.iterdir() if p.suffix == ".log"]
+            except OSError:
+                pass
+        return found
 
     def _heartbeat_pids(self, hbs: dict[int, dict[str, Any]]) -> dict[int, int]:
         """Without the supervisor's list of this node's workers (a bare torchrun), the heartbeats name them."""

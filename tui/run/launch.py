@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mt.contract import fmt, space
+from mt.contract import preset as presets
 from mt.contract.attempt import ResumeRefused, attempt_config
 from mt.contract.checkpoints import newest, reported
 from mt.contract.config import Config, ConfigError
@@ -68,9 +69,8 @@ def _load(preset: Path) -> Config:
     return config_from_dict({"run": {"name": script_run_name(preset.stem)}, "launch": {"script": str(preset.resolve())}}, str(preset))
 
 
-def resolve_config(preset: Path, over: Overrides) -> tuple[Config, usercheck.UserCheck | None]:
-    """Load and validate the preset with overrides applied, and check its own code (None: it has
-    none); ConfigError names file and key."""
+def resolve_config(preset: Path, over: Overrides, slurm: bool = False) -> tuple[Config, usercheck.UserCheck | None]:
+    """Validate the preset with overrides applied and check its code (None: none); ConfigError names file and key."""
     cfg = _load(Path(preset))
     raw = cfg.to_dict()
     source = str(preset)
@@ -92,6 +92,8 @@ def resolve_config(preset: Path, over: Overrides) -> tuple[Config, usercheck.Use
     try:
         cfg = config_from_dict(raw, source)  # the overrides pass the same checks as the file
         check_paths(cfg, source)
+        if not slurm:
+            presets.require_rendezvous(cfg, source)
         if not cfg.launch.script:
             check_devices(cfg, source)
     except ConfigError as e:
@@ -211,10 +213,10 @@ def _check_runs_dir(runs_dir: Path, source: str) -> None:
         raise ConfigError(source, "run.runs_dir", f"cannot write to {probe}")
 
 
-def create_run(preset: Path, over: Overrides) -> Path:
+def create_run(preset: Path, over: Overrides, slurm: bool = False) -> Path:
     """Validate, then make the run directory with preset.toml, config.json and status.json."""
     preset = Path(preset)
-    cfg, checked = resolve_config(preset, over)
+    cfg, checked = resolve_config(preset, over, slurm)
     for warning in device_warnings(cfg):
         print(f"mt: warning: {warning}", file=sys.stderr)
     runs_dir = Path(cfg.run.runs_dir).expanduser()

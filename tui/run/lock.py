@@ -17,9 +17,11 @@ class RunBusy(RuntimeError):
     """Someone else holds the run; str() names the holder."""
 
 
-def acquire(run_dir: Path, holder: str) -> int:
-    """The locked descriptor of run_dir's lock file, or RunBusy naming who holds it."""
-    path = RunPaths(Path(run_dir)).supervisor_lock
+def acquire(run_dir: Path, holder: str, node: str | None = None) -> int:
+    """The locked descriptor of run_dir's lock file (with `node`, that node's in a job's shared run
+    directory: one supervisor per node), or RunBusy naming who holds it."""
+    path = RunPaths(Path(run_dir), node).supervisor_lock
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

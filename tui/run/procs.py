@@ -11,6 +11,8 @@ from typing import Iterable
 
 import psutil
 
+from mt.contract.paths import ENV_NODE
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -63,12 +65,13 @@ def run_process(pid: int, run_dir: Path) -> psutil.Process | None:
     return proc if _cmdline_names_run(proc, os.path.realpath(run_dir)) and alive(proc) else None
 
 
-def run_processes(run_dir: Path, pids: Iterable[int | None] = ()) -> list[psutil.Process]:
+def run_processes(run_dir: Path, pids: Iterable[int | None] = (), node: str | None = None) -> list[psutil.Process]:
     """Every live process of a run: anything whose command line names the run directory
     (supervisor, torchrun, workers — even orphans), and all their descendants.
 
     `pids` (recorded in status.json) are only a hint: a pid whose command line does not name
-    the run may have been reused by another program, and is never included."""
+    the run may have been reused by another program, and is never included. `node`: only that
+    node's (MT_NODE, or Slurm's SLURMD_NODENAME, in its environment): a job's nodes may share a machine."""
     target = os.path.realpath(run_dir)
     me = os.getpid()
     found: dict[int, psutil.Process] = {}
@@ -83,6 +86,8 @@ def run_processes(run_dir: Path, pids: Iterable[int | None] = ()) -> list[psutil
     for proc in psutil.process_iter():
         if proc.pid != me and proc.pid not in found and _cmdline_names_run(proc, target):
             found[proc.pid] = proc
+    if node is not None:
+        found = {pid: p for pid, p in found.items() if _on_node(p, node)}
     for proc in list(found.values()):
         try:
             for child in proc.children(recursive=True):
@@ -91,6 +96,14 @@ def run_processes(run_dir: Path, pids: Iterable[int | None] = ()) -> list[psutil
         except psutil.NoSuchProcess:
             pass
     return [p for p in found.values() if alive(p)]
+
+
+def _on_node(proc: psutil.Process, node: str) -> bool:
+    try:
+        env = proc.environ()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+    return (env.get(ENV_NODE) or env.get("SLURMD_NODENAME")) == node
 
 
 def rank_processes(torchrun_pid: int | None) -> dict[int, psutil.Process]:

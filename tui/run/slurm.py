@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
-from mt.contract.config import Config, ConfigError, LaunchConfig
-from mt.contract.paths import RunPaths
+from mt.contract.config import Config, LaunchConfig
+from mt.contract.paths import RunPaths, node_name_ok
 from mt.contract.preset import load_config_json, sbatch_option
 from mt.contract.status import read_status, write_status
 
@@ -135,13 +135,10 @@ def submit(cfg: Config, run_dir: Path) -> Submitted:
 def launch_slurm(preset: Path, over: Overrides) -> Submitted:
     """`mt launch PRESET --slurm`: the run directory as mt launch makes it, then submit; a failed
     submission leaves nothing behind (nothing ran)."""
-    from tui.run.launch import create_run, resolve_config
+    from tui.run.launch import create_run
 
     require_sbatch()
-    cfg, _ = resolve_config(Path(preset), over)
-    if cfg.launch.nnodes > 1:  # one node's supervisor owns the run directory for now
-        raise ConfigError(str(preset), "launch.nnodes", f"--slurm runs one node for now, got {cfg.launch.nnodes}")
-    run_dir = create_run(Path(preset), over)
+    run_dir = create_run(Path(preset), over, slurm=True)
     try:
         return submit(load_config_json(RunPaths(run_dir).config), run_dir)   # as the supervisor will read it
     except BaseException:
@@ -156,7 +153,7 @@ def dry_run(preset: Path, over: Overrides) -> str:
     """`mt launch PRESET --slurm --dry-run`: the batch script, for a run directory not made."""
     from tui.run.launch import resolve_config
 
-    cfg, _ = resolve_config(Path(preset), over)
+    cfg, _ = resolve_config(Path(preset), over, slurm=True)
     return batch_script(cfg, dry_run_dir(cfg))
 
 
@@ -191,7 +188,9 @@ def dry_run_dir(cfg: Config) -> Path:
 
 
 def rendezvous_port(job_id: str) -> int:
-    """One port per job, the same on every node without asking anyone."""
+    """One port per job, the same on every node without asking anyone: PORT_BASE + id mod PORT_SPAN
+    (20000-39999: above the well-known and registered services most clusters run, below Linux's
+    default ephemeral range 32768-60999 only in part, so two jobs on one node rarely meet)."""
     return PORT_BASE + int(job_id) % PORT_SPAN if job_id.isdigit() else PORT_BASE
 
 
@@ -205,12 +204,39 @@ def first_host(nodelist: str) -> str:
     return names[0] if names else nodelist.split(",")[0]
 
 
+def node_addr(node: str) -> str:
+    """Where the other nodes reach `node`: its NodeAddr in slurm.conf (`scontrol show node`), which
+    is the node's name on most clusters and 127.0.0.1 for the test cluster's n1/n2; the name without it."""
+    try:
+        done = _slurm("scontrol", "show", "node", "-o", node)
+    except SlurmError:
+        return node
+    for word in done.stdout.split() if done.returncode == 0 else []:
+        key, _, value = word.partition("=")
+        if key == "NodeAddr" and value and value != "(null)":
+            return value
+    return node
+
+
+def slurm_node(env: Mapping[str, str]) -> str | None:
+    """This supervisor's node folder in the job's shared run directory: SLURMD_NODENAME (never the
+    host name: nodes may share one) for a job of several nodes; None for one node (today's layout)."""
+    nnodes = int(env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES") or 1)
+    name = env.get("SLURMD_NODENAME") or ""
+    if nnodes <= 1:
+        return None
+    if not node_name_ok(name):
+        raise SlurmError(f"SLURMD_NODENAME {name!r} cannot name a node folder")
+    return name
+
+
 def slurm_launch(launch: LaunchConfig, env: Mapping[str, str]) -> LaunchConfig:
     """[launch] as this node of the allocation runs it: nnodes and node rank from Slurm, and with
-    several nodes the rendezvous on the first node at the job's port (one node: today's loopback)."""
+    several nodes the rendezvous on the first node (its NodeAddr) at the job's port (one node: today's loopback)."""
     nnodes = int(env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES") or launch.nnodes)
     node_rank = int(env.get("SLURM_NODEID") or 0)
     endpoint = launch.rdzv_endpoint
     if nnodes > 1:
-        endpoint = f"{first_host(env.get('SLURM_JOB_NODELIST', ''))}:{rendezvous_port(env.get('SLURM_JOB_ID', ''))}"
+        first = node_addr(first_host(env.get("SLURM_JOB_NODELIST", "")))
+        endpoint = f"{first}:{rendezvous_port(env.get('SLURM_JOB_ID', ''))}"
     return dataclasses.replace(launch, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=endpoint)

@@ -35,10 +35,12 @@ from mt.contract.status import CLEAN_STATES, read_status, save_status
 from mt.contract.system import clean_sample
 from tui.diagnose.hook import IncidentHook
 from tui.run import lock as runlock
+from tui.run.failure import attempt_failure, failures_since
+from tui.run.peers import JOB_END_WAIT_S, JOB_START_WAIT_S, PEER_WAIT_S, PeerNodes
 from tui.run.procs import daemonize, die_with_parent, kill_all, rank_processes, run_processes, terminate_all
 from tui.run.sampler import SystemSampler
-from tui.run.slurm import slurm_launch
-from tui.run.torchrun import attempt_command, is_direct, worker_env, worker_exit_code
+from tui.run.slurm import SlurmError, node_addr, slurm_launch, slurm_node
+from tui.run.torchrun import NodeRole, attempt_command, is_direct, worker_env, worker_exit_code
 
 
 class Supervisor:
@@ -46,16 +48,23 @@ class Supervisor:
 
     def __init__(self, run_dir: Path, poll_s: float = 1.0, slurm: bool = False) -> None:
         self.run_dir = Path(run_dir).resolve()
-        self.paths = RunPaths(self.run_dir)
+        # a Slurm job of several nodes shares one run directory: this node's files under nodes/<node>/
+        self.node = slurm_node(os.environ) if slurm else None
+        self.paths = RunPaths(self.run_dir, self.node)
         self.poll_s = poll_s
         self.log = _file_logger(self.paths.supervisor_log)
         self.cfg = load_config_json(self.paths.config)
-        self.status = read_status(self.run_dir)
+        self.status = read_status(self.run_dir)   # the job's: where the attempts count from on every node
         if slurm:  # inside an allocation: this node's identity, the shape and the rendezvous are Slurm's
             self.cfg = dataclasses.replace(self.cfg, launch=slurm_launch(self.cfg.launch, os.environ))
             self.status.slurm_job_id = os.environ.get("SLURM_JOB_ID") or self.status.slurm_job_id
             self.log.info("slurm job %s, node %s (node rank %d of %d)", os.environ.get("SLURM_JOB_ID"),
                           os.environ.get("SLURMD_NODENAME"), self.cfg.launch.node_rank, self.cfg.launch.nnodes)
+        # the job's supervisor (the only one without a node, or node rank 0) writes the job's files
+        self.is_job = self.node is None or self.cfg.launch.node_rank == 0
+        self.role = None if self.node is None else NodeRole(is_host=self.is_job, addr=node_addr(self.node))
+        self.status.node = self.node
+        self.peers = PeerNodes(self.paths, self.log)
         self.stop_requested = False
         self.kill_requested = False
         self.events = RecordTail(self.paths.events)  # the one reader of events.jsonl here
@@ -76,18 +85,17 @@ class Supervisor:
         return code
 
     def write_status(self, state: str, note: str = "") -> None:
-        """Record a transition to `state`, with the fields set before it (atomic: a reader never
-        sees half a file)."""
+        """Record a transition to `state`, with the fields set before it (atomic)."""
         self.status.state, self.status.supervisor_pid = state, os.getpid()
         self.save_status()
         self.log.info("state %s %s", state, note or dumps({"reason": self.status.reason}))
 
     def save_status(self) -> None:
-        """Write status.json; on a full disk delete the reserve to make room, never half a file."""
+        """Write status.json (the job's and this node's, or this node's); a full disk spends the reserve."""
         if self.lost:
             return
         try:
-            if save_status(self.paths, self.status):
+            if save_status(self.paths, self.status, node_only=not self.is_job):
                 self.log.warning("disk full: deleted %s to record the run's state", self.paths.reserve)
         except OSError as e:
             if not space.is_disk_full(e):
@@ -121,10 +129,12 @@ class Supervisor:
         if not self.sampler.gpus.ok:
             self.log.info("NVML not available (%s): no GPU readings, sampling CPU only",
                           self.sampler.gpus.error)
-        self.incidents = IncidentHook(self.run_dir, self.cfg, self.log)
+        # one writer of incidents.jsonl: the job's supervisor, whose rules hear the other nodes' failures
+        self.incidents = IncidentHook(self.run_dir, self.cfg, self.log, node=self.node) if self.is_job else None
         restarts_left = self.cfg.launch.max_restarts
         attempt = (self.status.attempt or 0) + 1
-        self.incidents.catch_up(self.events.iter_new())  # earlier attempts: history, not news
+        if self.incidents is not None:
+            self.incidents.catch_up(self.events.iter_new())  # earlier attempts: history, not news
         try:
             while True:
                 rc, worker_rc, run_end = self.run_attempt(attempt)
@@ -159,28 +169,14 @@ class Supervisor:
                 return self.finish("failed", 1, exit_code=rc, reason=reason)
         finally:
             self.sampler.close()
+            if not self.is_job:  # srun's --kill-on-bad-exit must not end the job's supervisor mid-record
+                self.peers.wait_for_job_end(JOB_END_WAIT_S)
 
     def failure_reason(self, rc: int, worker_rc: int | None, run_end: RunEnd | None) -> str:
-        if run_end and run_end.reason:
-            return run_end.reason
-        if is_direct(self.cfg):  # no torchrun ran: the one worker's own exit
-            what = f"the script {Path(self.cfg.launch.script).name}" if self.cfg.launch.script else "the worker"
-            why = f"{what} was killed by signal {-rc}" if rc < 0 else f"{what} exited with code {rc}"
-            why += f"; see logs/{self.paths.rank_log(0).name}"
-        elif worker_rc is not None and worker_rc < 0:
-            why = f"a worker was killed by signal {-worker_rc} (torchrun exit {rc})"
-        elif worker_rc is not None:
-            why = f"a worker exited with code {worker_rc} (torchrun exit {rc}); see logs/"
-        else:
-            why = f"torchrun exited with code {rc}; see logs/torchrun.log"
-        free = space.free_bytes(self.run_dir)
-        if free is not None and free < space.RESERVE_BYTES:  # the engine could not even write its run_end
-            why += f"; disk full: {space.describe(self.run_dir)}"
-        return why
+        return attempt_failure(self.cfg, self.paths, rc, worker_rc, run_end, self.peers.killed_elsewhere(self.status.attempt))
 
     def run_attempt(self, attempt: int) -> tuple[int, int | None, RunEnd | None]:
-        """One torchrun (or, for one process, the worker itself: `direct`); returns (its exit code,
-        the first worker's exit code, this attempt's run_end)."""
+        """One torchrun (or the one worker itself: `direct`); returns (its exit code, the first worker's, the run_end)."""
         started = time.time()
         st, launch = self.status, self.cfg.launch
         st.attempt, st.torchrun_pid, st.worker_pids, st.started = attempt, None, {}, st.started or started
@@ -202,7 +198,10 @@ class Supervisor:
 
     def _attempt(self, attempt: int, started: float, log_path: Path, log_offset: int,
                  scratch: Path | None) -> tuple[int, int | None, RunEnd | None]:
-        cmd = attempt_command(self.cfg, self.run_dir, attempt, log_dir=scratch)
+        cmd = attempt_command(self.cfg, self.run_dir, attempt, log_dir=scratch, node=self.role)
+        if not self.is_job and not self.peers.wait_for_job_attempt(attempt, JOB_START_WAIT_S):
+            why = f"node {self.node}: the job's supervisor did not start attempt {attempt} in {JOB_START_WAIT_S:.0f} s"
+            return (1, None, RunEnd(time.time(), {}, None, "failed", why))
         self.log.info("attempt %d: %s", attempt, " ".join(cmd))
         # one process: no torchrun agent hosts the group's store, so its worker serves one on a
         # loopback socket bound here (a free port, no race; engine/direct.py)
@@ -210,7 +209,7 @@ class Supervisor:
         with open(log_path, "ab") as out, store or contextlib.nullcontext():
             self.torchrun = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                env=worker_env(self.cfg, store=store, attempt=attempt), preexec_fn=die_with_parent,
+                env=worker_env(self.cfg, store=store, attempt=attempt, node=self.node), preexec_fn=die_with_parent,
                 close_fds=True, pass_fds=(store.fileno(),) if store else (), cwd=self.script_cwd(),
             )
         tr = self.torchrun
@@ -227,6 +226,14 @@ class Supervisor:
         clean = run_end is not None and run_end.status in CLEAN_STATES
         if not self.kill_requested and not clean:
             self.status.exit_code = rc
+        if self.node is not None and rc and not is_direct(self.cfg):
+            # what the job's supervisor needs to name the rank and node that failed first
+            self.status.failures = failures_since(log_path, log_offset)
+            if self.is_job:
+                self.peers.wait_for_attempt_end(attempt, PEER_WAIT_S)
+            else:
+                self.status.reason = self.failure_reason(rc, worker_rc, run_end)
+                self.save_status()
         # a kill, or a stop that torchrun reports as exit 1, is not a crash for the rules
         if rc and not self.kill_requested and not clean and not self.lost:
             self.status.reason = self.failure_reason(rc, worker_rc, run_end)
@@ -270,7 +277,7 @@ class Supervisor:
                 if tr.poll() is None:
                     tr.send_signal(signal.SIGTERM)
             if kill_deadline is not None and now > kill_deadline:
-                terminate_all(run_processes(self.run_dir, [tr.pid]), grace_s=1.0)
+                terminate_all(run_processes(self.run_dir, [tr.pid], node=self.node), grace_s=1.0)
             try:
                 tr.wait(timeout=min(0.25, self.poll_s))
             except subprocess.TimeoutExpired:
@@ -286,7 +293,7 @@ class Supervisor:
         if self.lost:
             self.log.error("%s; ending the run (nothing more is written there)", self.lost)
             # SIGKILL: a graceful stop would write its final checkpoint into whatever is there now
-            kill_all([p for p in run_processes(self.run_dir, [tr.pid]) if p.pid != os.getpid()])
+            kill_all([p for p in run_processes(self.run_dir, [tr.pid], node=self.node) if p.pid != os.getpid()])
             tr.wait()
         return self.lost is not None
 
@@ -315,7 +322,9 @@ class Supervisor:
         news, self.news = self.news, []
         if self.lost:
             return
-        self.incidents.poll(self.status, news, [] if sample is None else [sample], self.ranks)
+        if self.incidents is not None:
+            self.incidents.poll(self.status, news, [] if sample is None else [sample], self.ranks,
+                                self.peers.failures(self.status.attempt))
 
     def append_sample(self, ranks: dict[int, int]) -> dict[str, Any] | None:
         """Take a system sample and append it to system.jsonl; returns it (None if it failed)."""
@@ -333,7 +342,7 @@ class Supervisor:
 
     def reap_leftovers(self) -> None:
         """After torchrun is gone, no worker of this run may survive it (orphans after SIGKILL)."""
-        leftovers = [p for p in run_processes(self.run_dir) if p.pid != os.getpid()]
+        leftovers = [p for p in run_processes(self.run_dir, node=self.node) if p.pid != os.getpid()]
         if leftovers:
             self.log.warning("terminating %d leftover processes: %s", len(leftovers), [p.pid for p in leftovers])
             terminate_all(leftovers, grace_s=10.0)
@@ -360,13 +369,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lock-fd", type=int, help="the run's lock, taken by the caller and handed down")
     args = parser.parse_args(argv)
     os.umask(0o077)  # everything in a run directory is private to its owner, like the folder
-    try:  # before anything else: a second supervisor must not touch the run
+    try:  # before anything else: a second supervisor must not touch the run (or its node's files)
+        node = slurm_node(os.environ) if args.slurm else None
         if args.lock_fd is not None:
             runlock.adopt(args.run_dir, args.lock_fd, "a starting supervisor")
             lock = args.lock_fd
         else:
-            lock = runlock.acquire(args.run_dir, "a starting supervisor")
-    except (runlock.RunBusy, OSError) as e:
+            lock = runlock.acquire(args.run_dir, "a starting supervisor", node=node)
+    except (runlock.RunBusy, SlurmError, OSError) as e:
         print(f"mt supervisor: {e}", file=sys.stderr)
         return 2
     if args.daemon and not args.slurm:

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mt.contract.config import HF_OFFLINE, STORE_FD_ENV, Config
+from mt.contract.paths import ENV_NODE
 
 
 def torchrun_command(cfg: Config, run_dir: Path, attempt: int, python: str = sys.executable,
-                     log_dir: Path | None = None) -> list[str]:
+                     log_dir: Path | None = None, node: NodeRole | None = None) -> list[str]:
     """`python -P -m engine.loopback ... --no-python <worker_command>`.
 
     `-P`: the working directory is not put on sys.path, so a user's own `engine.py` (or
@@ -31,7 +32,7 @@ def torchrun_command(cfg: Config, run_dir: Path, attempt: int, python: str = sys
     at `rdzv_endpoint`; every node passes the same `--rdzv-id`, derived from the run name.
     `--max-restarts 0`: restarts are fresh attempts started by the supervisor (docs/control.md).
     `log_dir`: torchrun's scratch (per-rank error files); without it torchrun leaves a
-    `torchelastic_*` folder in the temp dir for good.
+    `torchelastic_*` folder in the temp dir for good. `node`: a node of a Slurm job (below).
     """
     launch = cfg.launch
     if launch.nnodes == 1:
@@ -46,9 +47,22 @@ def torchrun_command(cfg: Config, run_dir: Path, attempt: int, python: str = sys
             "--rdzv-endpoint", launch.rdzv_endpoint,
             "--rdzv-id", f"mt-{cfg.run.name}-a{attempt}",
         ]
+        if node is not None:
+            # the first node hosts the rendezvous store, said outright: torchrun's own guess (does
+            # the endpoint name this machine?) is true on every node when they share an address.
+            # --local-addr: what the others dial for the agent store, and the key ranks are sorted by
+            cmd += ["--rdzv-conf", f"is_host={'true' if node.is_host else 'false'}", "--local-addr", node.addr]
     if log_dir is not None:
         cmd += ["--log-dir", str(log_dir)]
     return cmd + ["--max-restarts", "0", "--no-python", *worker_command(cfg, run_dir, attempt, python)]
+
+
+@dataclass(frozen=True)
+class NodeRole:
+    """This node in a Slurm job of several nodes: whether it hosts the rendezvous, its address."""
+
+    is_host: bool
+    addr: str
 
 
 def worker_command(cfg: Config, run_dir: Path, attempt: int, python: str = sys.executable) -> list[str]:
@@ -73,27 +87,31 @@ def is_direct(cfg: Config) -> bool:
 
 
 def attempt_command(cfg: Config, run_dir: Path, attempt: int, python: str = sys.executable,
-                    log_dir: Path | None = None) -> list[str]:
+                    log_dir: Path | None = None, node: NodeRole | None = None) -> list[str]:
     """What the supervisor starts for an attempt: torchrun, or the one worker under
     `engine.direct`, which first serves the store torchrun's agent would."""
     if is_direct(cfg):
         cmd = worker_command(cfg, run_dir, attempt, python)
         return [*cmd[:3], "engine.direct", *cmd[3:]]  # python -P -m engine.direct MODULE ARGS
-    return torchrun_command(cfg, run_dir, attempt, python, log_dir)
+    return torchrun_command(cfg, run_dir, attempt, python, log_dir, node)
 
 
 def worker_env(cfg: Config, base: dict[str, str] | None = None, store: socket.socket | None = None,
-               attempt: int = 1) -> dict[str, str]:
+               attempt: int = 1, node: str | None = None) -> dict[str, str]:
     """The environment for torchrun and its workers.
 
     torchrun sets OMP_NUM_THREADS=1 only when nproc > 1 and leaves it unset for one process,
     so we choose: the cores split evenly between the local workers (a user's value wins).
+    `node`: MT_NODE, the node folder its ranks write their heartbeats and logs in (none: the top).
     `store`: a direct attempt's listening socket on loopback, which its worker serves the
     process group's store on (engine/direct.py), as torchrun's agent would.
     """
     env = dict(os.environ if base is None else base)
     env.setdefault("OMP_NUM_THREADS", str(max(1, usable_cores() // cfg.launch.nproc_per_node)))
     env["PYTHONUNBUFFERED"] = "1"  # worker logs arrive as they are written
+    env.pop(ENV_NODE, None)  # a value from the user's shell would send the heartbeats to another node's folder
+    if node is not None:
+        env[ENV_NODE] = node
     env.update(HF_OFFLINE)  # a worker never reaches for the network (Hugging Face hub)
     if cfg.launch.nnodes == 1:
         # one node: gloo's and NCCL's bootstrap sockets listen on loopback, not the host's address
@@ -131,6 +149,8 @@ class Failure:
     exit_code: int | None
     pid: int | None = None
     traceback: str = ""
+    node: str | None = None
+    """The node it ran on, in a job of several nodes (its supervisor's report)."""
 
 
 def torchrun_failures(text: str) -> list[Failure]:
@@ -169,13 +189,18 @@ def _parse_blocks(text: str) -> list[Failure]:
     return found
 
 
-def worker_exit_code(log_path: Path, offset: int) -> int | None:
-    """The first failed worker's exit code, from torchrun's ChildFailedError report after `offset`."""
+def read_failures(log_path: Path, offset: int) -> list[Failure]:
+    """torchrun's ChildFailedError report in its log after `offset` (the root cause first); [] without one."""
     try:
         with open(log_path, "rb") as f:
             f.seek(offset)
             text = f.read().decode("utf-8", "replace")
     except OSError:
-        return None
-    failures = torchrun_failures(text)
+        return []
+    return torchrun_failures(text)
+
+
+def worker_exit_code(log_path: Path, offset: int) -> int | None:
+    """The first failed worker's exit code, from torchrun's ChildFailedError report after `offset`."""
+    failures = read_failures(log_path, offset)
     return failures[0].exit_code if failures else None

@@ -1,0 +1,104 @@
+"""A Slurm job of two nodes (n1, n2 of the test cluster), one rank per node on CPU (gloo), in one
+shared run directory: each node's supervisor writes under nodes/<node>/, the job's (n1) the top.
+
+Issue #24 tests 1 (the job completes; both nodes' samples and heartbeats meanwhile), 4 (rank 1
+killed on n2: a crash incident naming the node and the rank) and 5 (a held job reads `pending`)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.cli.conftest import MT, REPO, events, run_dir_from, status, write_preset
+from tests.cluster.conftest import Cluster
+
+FINAL = ("completed", "failed", "killed", "stopped")
+
+
+def _mt(*args: object, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*MT, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                          env={**env, "PYTHONUNBUFFERED": "1"})
+
+
+def _preset(tmp_path: Path, steps: int, sleep_s: float, **over: Any) -> Path:
+    return write_preset(tmp_path / "p.toml", tmp_path / "runs", launch={"nproc_per_node": 1, "nnodes": 2, **over},
+                        train={"max_steps": steps, "warmup_steps": 1}, checkpoint={"every_steps": 1000},
+                        faults={"step_sleep_s": sleep_s}, slurm={"time": "0:05:00"})
+
+
+def _submit(slurm: Cluster, preset: Path) -> tuple[Path, str]:
+    done = _mt("launch", preset, "--slurm", env=slurm.env)
+    assert done.returncode == 0, done.stderr
+    run_dir = run_dir_from(done.stdout)
+    return run_dir, status(run_dir)["slurm_job_id"]
+
+
+def _node_status(run_dir: Path, node: str) -> dict[str, Any]:
+    try:
+        return json.loads((run_dir / "nodes" / node / "status.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.is_file() else []
+
+
+def _logs(run_dir: Path) -> str:
+    return "\n".join(f"--- {p.relative_to(run_dir)}\n{p.read_text(errors='replace')[-3000:]}"
+                     for p in sorted(run_dir.glob("nodes/*/logs/*.log")) + sorted((run_dir / "slurm").glob("*.out")))
+
+
+def _leftovers(run_dir: Path) -> list[str]:
+    """Processes of this run still there (on this machine: both test nodes)."""
+    out = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        if p.info["status"] != psutil.STATUS_ZOMBIE and str(run_dir) in " ".join(p.info["cmdline"] or []):
+            out.append(f"{p.pid} {' '.join(p.info['cmdline'])}")
+    return out
+
+
+def _final(slurm: Cluster, run_dir: Path, job: str, timeout: float = 180) -> dict[str, Any]:
+    final = slurm.wait_for("the job to end", lambda: status(run_dir).get("state") in FINAL and status(run_dir),
+                           timeout=timeout, every=0.5)
+    slurm.wait_for("the job to leave the queue", lambda: slurm.state(job) == "" or None, timeout=60)
+    slurm.wait_for("no process of the run left", lambda: not _leftovers(run_dir), timeout=30)
+    return final
+
+
+@pytest.mark.slow
+def test_a_two_node_job_completes_with_each_nodes_files_in_its_folder(slurm: Cluster, tmp_path: Path) -> None:
+    run_dir, job = _submit(slurm, _preset(tmp_path, steps=40, sleep_s=0.15))
+    nodes = run_dir / "nodes"
+    # during the run: both nodes' system samples and both ranks' heartbeats, each in its node's folder
+    slurm.wait_for("samples and heartbeats of both nodes", lambda: all(
+        len(_lines(nodes / n / "system.jsonl")) >= 2 and any((nodes / n / "heartbeat").glob("rank*"))
+        for n in ("n1", "n2")), timeout=120, every=0.5)
+    beats = {n: sorted(p.name for p in (nodes / n / "heartbeat").iterdir()) for n in ("n1", "n2")}
+    assert sorted(beats["n1"] + beats["n2"]) == ["rank0", "rank1"], beats
+    assert beats["n1"] == ["rank0"], beats   # the job's node starts first: rank 0 (docs/run-directory.md)
+    n2 = _node_status(run_dir, "n2")
+    assert n2["node"] == "n2" and n2["slurm_job_id"] == job and list(n2["worker_pids"]) == ["1"], n2
+    slurm.wait_for("a few steps", lambda: len(events(run_dir, "step")) >= 3, timeout=60)
+    once = _mt("watch", run_dir, "--once", env=slurm.env)
+    assert once.returncode == 0, once.stderr
+    print(once.stdout)
+    final = _final(slurm, run_dir, job)
+    assert final["state"] == "completed", _logs(run_dir)
+    assert [e["step"] for e in events(run_dir, "step")] == list(range(1, 41))
+    assert events(run_dir, "run_start")[0]["world_size"] == 2
+    assert final["slurm_job_id"] == job and final["nnodes"] == 2 and final["node"] == "n1"
+    assert _node_status(run_dir, "n2")["state"] == "completed"
+    # the one-machine files stay away from the top; the job's files stay there
+    assert not (run_dir / "system.jsonl").exists() and not list((run_dir / "heartbeat").glob("*"))
+    assert not (run_dir / "logs" / "supervisor.log").exists()
+    for n, rank in (("n1", 0), ("n2", 1)):
+        assert (nodes / n / "logs" / f"rank{rank}.log").is_file() and (nodes / n / "logs" / "supervisor.log").is_file()
+        assert f"node {n} (node rank {rank} of 2)" in (nodes / n / "logs" / "supervisor.log").read_text()
+    assert (run_dir / "events.jsonl").is_file() and (run_dir / "status.json").is_file()

@@ -1,0 +1,93 @@
+"""What one node's supervisor learns of the others in a Slurm job's shared run directory.
+
+One writer per file: each node's supervisor writes only its nodes/<node>/status.json (its
+attempt, its ranks, the workers that failed there); the job's supervisor (node rank 0) reads them
+to name the node and rank that failed first, and the others read the job's top-level status.json
+to start an attempt after the job's supervisor has (it hosts the rendezvous) and to end with it.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from typing import Any
+
+from mt.contract.paths import RunPaths
+from mt.contract.status import Status, read_status
+from tui.run.torchrun import Failure
+
+JOB_START_WAIT_S = 120.0  # a node waits this long for the job's supervisor to start an attempt
+JOB_END_WAIT_S = 60.0     # ... and, once its own part is over, for the job's supervisor to record the end
+PEER_WAIT_S = 20.0        # the job's supervisor waits this long for the other nodes to report a failed attempt
+_POLL_S = 0.2
+
+
+class PeerNodes:
+    """The other nodes' statuses, as this node's supervisor reads them (never writes them)."""
+
+    def __init__(self, paths: RunPaths, log: logging.Logger) -> None:
+        self.paths = paths
+        self.log = log
+        self.seen: dict[str, Status] = {}   # the other nodes' statuses at the last read
+
+    def others(self) -> list[str]:
+        """The other nodes with a folder (a node that never started has none)."""
+        return [n for n in self.paths.node_names() if n != self.paths.node]
+
+    def wait_for_job_attempt(self, attempt: int, timeout_s: float) -> bool:
+        """Until the job's supervisor has started `attempt` (its torchrun hosts the rendezvous, and
+        starting first gives the first node the lower ranks where nodes share a host name)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            st = read_status(self.paths.root)
+            if (st.attempt or 0) > attempt or (st.attempt == attempt and st.torchrun_pid and st.state != "starting"):
+                return True
+            if st.is_final and (st.attempt or 0) >= attempt - 1:
+                return False   # the job ended without this attempt
+            time.sleep(_POLL_S)
+        return False
+
+    def wait_for_job_end(self, timeout_s: float) -> None:
+        """Until the job's status.json is final (or `timeout_s`)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not read_status(self.paths.root).is_final:
+            time.sleep(_POLL_S)
+
+    def wait_for_attempt_end(self, attempt: int, timeout_s: float) -> None:
+        """Until every other node has recorded the end of `attempt` (its failures with it)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.seen = {n: read_status(self.paths.root, n) for n in self.others()}
+            if all(_attempt_over(st, attempt) for st in self.seen.values()) or time.monotonic() > deadline:
+                break
+            time.sleep(_POLL_S)
+        waiting = [n for n, st in self.seen.items() if not _attempt_over(st, attempt)]
+        if waiting:
+            self.log.warning("attempt %d: no end reported by node %s within %.0f s", attempt, ", ".join(waiting), timeout_s)
+
+    def failures(self, attempt: int | None) -> list[Failure]:
+        """The other nodes' failed workers in `attempt`, each with its node."""
+        return [Failure(_int(f.get("rank"), -1), _int(f.get("exit_code")), _int(f.get("pid")), node=n)
+                for n, st in sorted(self.seen.items()) if st.attempt == attempt for f in st.failures]
+
+    def killed_elsewhere(self, attempt: int | None) -> str:
+        """`rank 1 on node n2 was killed by signal 9 (SIGKILL)` for the first such failure, else ""."""
+        for f in self.failures(attempt):
+            if f.exit_code is not None and f.exit_code < 0:
+                try:
+                    name = f" ({signal.Signals(-f.exit_code).name})"
+                except ValueError:
+                    name = ""
+                return f"rank {f.rank} on node {f.node} was killed by signal {-f.exit_code}{name}"
+        return ""
+
+
+def _attempt_over(st: Status, attempt: int) -> bool:
+    """A node's status shows `attempt` ended (or a later one, or the node's end)."""
+    if st.is_final or (st.attempt or 0) > attempt:
+        return True
+    return st.attempt == attempt and any(a.get("attempt") == attempt and a.get("ended") is not None for a in st.attempts)
+
+
+def _int(v: Any, default: int | None = None) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else default
