@@ -88,7 +88,7 @@ def test_a_two_node_job_completes_with_each_nodes_files_in_its_folder(slurm: Clu
     slurm.wait_for("a few steps", lambda: len(events(run_dir, "step")) >= 3, timeout=60)
     once = _mt("watch", run_dir, "--once", env=slurm.env)
     assert once.returncode == 0, once.stderr
-    print(once.stdout)
+    assert "[running]" in once.stdout and "world 2 x cpu" in once.stdout, once.stdout
     final = _final(slurm, run_dir, job)
     assert final["state"] == "completed", _logs(run_dir)
     assert [e["step"] for e in events(run_dir, "step")] == list(range(1, 41))
@@ -102,3 +102,27 @@ def test_a_two_node_job_completes_with_each_nodes_files_in_its_folder(slurm: Clu
         assert (nodes / n / "logs" / f"rank{rank}.log").is_file() and (nodes / n / "logs" / "supervisor.log").is_file()
         assert f"node {n} (node rank {rank} of 2)" in (nodes / n / "logs" / "supervisor.log").read_text()
     assert (run_dir / "events.jsonl").is_file() and (run_dir / "status.json").is_file()
+
+
+def _incidents(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in _lines(run_dir / "incidents.jsonl")]
+
+
+@pytest.mark.slow
+def test_a_rank_killed_on_n2_fails_the_job_with_a_crash_naming_the_node_and_rank(slurm: Cluster, tmp_path: Path) -> None:
+    run_dir, job = _submit(slurm, _preset(tmp_path, steps=10_000, sleep_s=0.1, max_restarts=0))
+    slurm.wait_for("a few steps", lambda: len(events(run_dir, "step")) >= 3, timeout=120, every=0.5)
+    pids = slurm.wait_for("n2's worker pid", lambda: _node_status(run_dir, "n2").get("worker_pids"), timeout=30)
+    assert list(pids) == ["1"], pids
+    os.kill(pids["1"], signal.SIGKILL)   # what the OOM killer (or kill -9 on that node) does
+    final = _final(slurm, run_dir, job)
+    assert final["state"] == "failed", _logs(run_dir)
+    assert final["reason"].startswith("rank 1 on node n2 was killed by signal 9 (SIGKILL)"), final["reason"]
+    n2 = _node_status(run_dir, "n2")
+    assert n2["state"] == "failed" and n2["failures"][0]["rank"] == 1 and n2["failures"][0]["exit_code"] == -9, n2
+    crash = [i for i in _incidents(run_dir) if i["code"] == "crash" and i["status"] == "open"]
+    assert crash, _incidents(run_dir)
+    assert crash[0]["title"].startswith("Worker crashed: rank 1 on node n2"), crash[0]
+    assert crash[0]["evidence"]["rank"] == 1 and crash[0]["evidence"]["node"] == "n2", crash[0]
+    assert "SIGKILL" in crash[0]["detail"], crash[0]
+    assert not (run_dir / "nodes" / "n2" / "incidents.jsonl").exists()   # one writer: the job's supervisor
