@@ -102,6 +102,8 @@ def test_a_two_node_job_completes_with_each_nodes_files_in_its_folder(slurm: Clu
         assert (nodes / n / "logs" / f"rank{rank}.log").is_file() and (nodes / n / "logs" / "supervisor.log").is_file()
         assert f"node {n} (node rank {rank} of 2)" in (nodes / n / "logs" / "supervisor.log").read_text()
     assert (run_dir / "events.jsonl").is_file() and (run_dir / "status.json").is_file()
+    header, row = _ls_row(tmp_path / "runs", slurm.env)
+    assert " completed " in row and header.split()[-1] == "SLURM" and f"  {job} " in row, row
 
 
 def _incidents(run_dir: Path) -> list[dict[str, Any]]:
@@ -126,3 +128,36 @@ def test_a_rank_killed_on_n2_fails_the_job_with_a_crash_naming_the_node_and_rank
     assert crash[0]["evidence"]["rank"] == 1 and crash[0]["evidence"]["node"] == "n2", crash[0]
     assert "SIGKILL" in crash[0]["detail"], crash[0]
     assert not (run_dir / "nodes" / "n2" / "incidents.jsonl").exists()   # one writer: the job's supervisor
+
+
+def _ls_row(runs: Path, env: dict[str, str]) -> tuple[str, str]:
+    done = _mt("ls", runs, env=env)
+    assert done.returncode == 0, done.stderr
+    header, row = done.stdout.splitlines()[:2]
+    return header, row
+
+
+@pytest.mark.slow
+def test_a_held_job_shows_pending_with_slurms_reason_in_ls_and_watch(slurm: Cluster, tmp_path: Path) -> None:
+    preset = write_preset(tmp_path / "p.toml", tmp_path / "runs", launch={"nproc_per_node": 1, "nnodes": 2},
+                          slurm={"extra": ["--begin=now+600"]})   # queued long enough to be held by hand
+    run_dir, job = _submit(slurm, preset)
+    try:
+        slurm.run("scontrol", "hold", job)
+        slurm.wait_for("the hold", lambda: "JobHeld" in slurm.state(job), timeout=30)
+        header, row = _ls_row(tmp_path / "runs", slurm.env)
+        assert header.split()[-1] == "SLURM" and " pending " in row, row
+        assert row.endswith(f"{job} PENDING (JobHeldAdmin)") or row.endswith(f"{job} PENDING (JobHeldUser)"), row
+        once = _mt("watch", run_dir, "--once", env=slurm.env)
+        assert once.returncode == 0, once.stderr
+        assert "[pending]" in once.stdout and f"pending: Slurm job {job} PENDING (JobHeld" in once.stdout, once.stdout
+        # no Slurm tools here (a laptop reading a copied run directory): what status.json says
+        bare = {**slurm.env, "PATH": str(Path(os.__file__).parent)}
+        _, row = _ls_row(tmp_path / "runs", bare)
+        assert row.endswith(f"{job} pending"), row
+        once = _mt("watch", run_dir, "--once", env=bare)
+        assert once.returncode == 0 and f"pending: Slurm job {job} (squeue not available" in once.stdout, once.stdout
+    finally:
+        slurm.run("scancel", job, check=False)
+    slurm.wait_for("the job to leave the queue", lambda: slurm.state(job) == "" or None, timeout=30)
+    assert status(run_dir)["state"] == "pending" and not (run_dir / "nodes").exists()   # it never started

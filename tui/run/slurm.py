@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from tui.run.launch import Overrides
 
 SUBMIT_TIMEOUT_S = 60.0
+QUERY_TIMEOUT_S = 5.0   # squeue/sacct for a view (mt ls, mt watch): a slow slurmctld must not hang it
 PORT_BASE, PORT_SPAN = 20000, 20000   # the c10d port of a job: PORT_BASE + job id mod PORT_SPAN
 
 
@@ -90,13 +91,13 @@ def require_sbatch() -> None:
         raise SlurmError("mt launch --slurm: sbatch not found on PATH (is this a Slurm login node?)")
 
 
-def _slurm(*args: str) -> subprocess.CompletedProcess[str]:
+def _slurm(*args: str, timeout_s: float = SUBMIT_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
     try:
-        return subprocess.run(list(args), capture_output=True, text=True, timeout=SUBMIT_TIMEOUT_S, check=False)
+        return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout_s, check=False)
     except FileNotFoundError:
         raise SlurmError(f"{args[0]}: not found on PATH") from None
     except subprocess.TimeoutExpired:
-        raise SlurmError(f"{args[0]}: no answer in {SUBMIT_TIMEOUT_S:.0f} s (is slurmctld up?)") from None
+        raise SlurmError(f"{args[0]}: no answer in {timeout_s:.0f} s (is slurmctld up?)") from None
 
 
 def _failed(what: str, done: subprocess.CompletedProcess[str]) -> SlurmError:
@@ -168,17 +169,42 @@ def cancel_quietly(job_id: str) -> None:
 def queue_state(job_id: str) -> str | None:
     """Slurm's word on the job, `PENDING (JobHeldUser)`; "" once squeue no longer lists it;
     None without squeue (or when it fails)."""
+    states = queue_states([job_id])
+    return None if states is None else states.get(job_id, "")
+
+
+def queue_states(job_ids: list[str]) -> dict[str, str] | None:
+    """One squeue for many jobs: id -> `RUNNING` or `PENDING (JobHeldUser)`, for the jobs it still
+    lists; None without squeue (or when it fails)."""
+    if not job_ids:
+        return {}
     try:
-        done = _slurm("squeue", "-h", "-j", job_id, "-o", "%T,%r")
+        done = _slurm("squeue", "-h", "-j", ",".join(job_ids), "-o", "%i,%T,%r", timeout_s=QUERY_TIMEOUT_S)
     except SlurmError:
         return None
     if done.returncode != 0:
         # squeue exits 1 with "Invalid job id specified" for a job it has forgotten
-        return "" if "Invalid job id" in done.stderr else None
-    state, _, reason = done.stdout.strip().partition(",")
-    if not state:
-        return ""
-    return f"{state} ({reason})" if reason and reason != "None" else state
+        return {} if "Invalid job id" in done.stderr else None
+    out = {}
+    for line in done.stdout.splitlines():
+        job, _, rest = line.strip().partition(",")
+        state, _, reason = rest.partition(",")
+        if job in job_ids and state:
+            out[job] = f"{state} ({reason})" if reason and reason != "None" else state
+    return out
+
+
+def accounted_states(job_ids: list[str]) -> dict[str, str]:
+    """sacct's final word (COMPLETED, CANCELLED by 0, ...) on jobs squeue no longer lists; {} without
+    accounting (sacct missing, or the cluster keeps none)."""
+    if not job_ids:
+        return {}
+    try:
+        done = _slurm("sacct", "-n", "-X", "-P", "-j", ",".join(job_ids), "-o", "JobID,State", timeout_s=QUERY_TIMEOUT_S)
+    except SlurmError:
+        return {}
+    pairs = (line.split("|", 1) for line in done.stdout.splitlines() if "|" in line) if done.returncode == 0 else ()
+    return {job: state.strip() for job, state in pairs if job in job_ids and state.strip()}
 
 
 def dry_run_dir(cfg: Config) -> Path:

@@ -28,7 +28,10 @@ class RunRow:
     best: str = "-"
     started: str = "-"
     duration: str = "-"
+    slurm: str = ""
+    """A Slurm run's job id and Slurm's state for it (`1234 PENDING (JobHeldUser)`); "" for any other."""
     best_loss: float | None = None   # what --sort loss orders by; not a column
+    job_id: str | None = None        # status.json's slurm_job_id; not a column
 
 
 COLUMNS = ("name", "state", "attempt", "step", "loss", "best", "started", "duration")
@@ -54,7 +57,8 @@ def run_row(path: Path, now: float | None = None) -> RunRow:
             best=fmt_best(st.best_loss, st.best_loss_step, st.best_loss_partial),
             started=time.strftime("%Y-%m-%d %H:%M", time.localtime(st.started)) if st.started else "-",
             duration=fmt_duration(st.elapsed_s(now)) if st.started else "-",
-            best_loss=st.best_loss,
+            best_loss=st.best_loss, job_id=st.status.slurm_job_id,
+            slurm=f"{st.status.slurm_job_id} {state}" if st.status.slurm_job_id else "",
         )
     except Exception as e:  # noqa: BLE001 - one broken run directory must not break `mt ls`
         return RunRow(path.name, f"(broken: {type(e).__name__})")
@@ -77,10 +81,29 @@ def runs_table(runs_dir: Path, sort: str = "started") -> str:
     rows = sorted_rows([run_row(p) for p in run_dirs(runs_dir)], sort)
     if not rows:
         return f"no runs in {runs_dir}"
-    header = RunRow("NAME", "STATE", "ATTEMPT", "STEP", "LOSS", "BEST", "STARTED", "DURATION")
-    table = [{c: safe_text(getattr(r, c)) for c in COLUMNS} for r in (header, *rows)]   # a folder's name is anyone's
-    widths = {c: max(len(r[c]) for r in table) for c in COLUMNS}
-    return "\n".join("  ".join(r[c].ljust(widths[c]) for c in COLUMNS).rstrip() for r in table)
+    columns = COLUMNS + (("slurm",) if with_slurm_states(rows) else ())
+    header = RunRow("NAME", "STATE", "ATTEMPT", "STEP", "LOSS", "BEST", "STARTED", "DURATION", "SLURM")
+    table = [{c: safe_text(getattr(r, c)) for c in columns} for r in (header, *rows)]   # a folder's name is anyone's
+    widths = {c: max(len(r[c]) for r in table) for c in columns}
+    return "\n".join("  ".join(r[c].ljust(widths[c]) for c in columns).rstrip() for r in table)
+
+
+def with_slurm_states(rows: list[RunRow]) -> bool:
+    """Fill the SLURM cell of the Slurm runs with Slurm's state (one squeue, then sacct for the jobs it
+    no longer lists; without them the cell keeps status.json's state); False when no row is one."""
+    from tui.run.slurm import accounted_states, queue_states
+
+    ids = [r.job_id for r in rows if r.job_id]
+    if not ids:
+        return False
+    queued = queue_states(ids)
+    known = {**(queued or {}), **accounted_states([j for j in ids if j not in (queued or {})] if queued is not None else [])}
+    for r in rows:
+        if r.job_id in known:
+            r.slurm = f"{r.job_id} {known[r.job_id]}"
+        elif r.job_id and queued is not None:
+            r.slurm = f"{r.job_id} (not in the queue)"
+    return True
 
 
 def run_summary(run_dir: Path) -> str:
