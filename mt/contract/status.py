@@ -165,6 +165,7 @@ def write_status(paths: RunPaths, status: Status, node_only: bool = False) -> No
     """status.json, atomically (renamed into place: a reader never sees half of it); with a node,
     its nodes/<node>/status.json too, or (`node_only`, a node that is not the job's) only that."""
     if paths.node is not None:
+        paths.here.mkdir(mode=0o700, parents=True, exist_ok=True)
         write_json_atomic(paths.node_status, status.to_dict())
     if paths.node is None or not node_only:
         write_json_atomic(paths.status, status.to_dict())

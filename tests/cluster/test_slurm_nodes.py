@@ -15,8 +15,16 @@ from typing import Any
 import psutil
 import pytest
 
+from mt.contract.config import Config, LaunchConfig, MonitorConfig, RunConfig
+from mt.contract.paths import ENV_NODE, RunPaths
+from mt.contract.status import Status, read_status, write_status
 from tests.cli.conftest import MT, REPO, events, run_dir_from, status, write_preset
 from tests.cluster.conftest import Cluster
+from tui.diagnose.exit import worker_exit
+from tui.diagnose.findings import Observation
+from tui.diagnose.signals import RunFacts, RunSignals
+from tui.run.procs import run_processes
+from tui.run.torchrun import Failure, NodeRole, torchrun_command, worker_env
 
 FINAL = ("completed", "failed", "killed", "stopped")
 
@@ -37,6 +45,86 @@ def _submit(slurm: Cluster, preset: Path) -> tuple[Path, str]:
     assert done.returncode == 0, done.stderr
     run_dir = run_dir_from(done.stdout)
     return run_dir, status(run_dir)["slurm_job_id"]
+
+
+def test_a_rank_finds_its_nodes_folder_in_mt_node_and_a_bad_value_is_the_top(tmp_path: Path) -> None:
+    assert RunPaths.of_process(tmp_path, {ENV_NODE: "n2"}).heartbeat(1) == tmp_path / "nodes" / "n2" / "heartbeat" / "rank1"
+    assert RunPaths.of_process(tmp_path, {ENV_NODE: "n2"}).events == tmp_path / "events.jsonl"
+    for bad in ("", "..", "a/b"):
+        assert RunPaths.of_process(tmp_path, {ENV_NODE: bad}).node is None
+
+
+def test_each_node_names_the_rendezvous_host_and_passes_its_node_to_the_ranks(tmp_path: Path) -> None:
+    cfg = Config(RunConfig(name="t"), launch=LaunchConfig(nnodes=2, nproc_per_node=1, rdzv_endpoint="127.0.0.1:20042"))
+    cmd = torchrun_command(cfg, tmp_path, 1, node=NodeRole(is_host=False, addr="127.0.0.1"))
+    at = cmd.index("--rdzv-conf")
+    assert cmd[at:at + 4] == ["--rdzv-conf", "is_host=false", "--local-addr", "127.0.0.1"], cmd
+    assert "--rdzv-conf" not in torchrun_command(cfg, tmp_path, 1)   # by hand (--node-rank K): as before
+    assert worker_env(cfg, base={ENV_NODE: "stale"}, node="n2")[ENV_NODE] == "n2"
+    assert ENV_NODE not in worker_env(cfg, base={ENV_NODE: "stale"})
+
+
+def test_a_node_that_is_not_the_jobs_writes_only_its_own_status(tmp_path: Path) -> None:
+    st = Status(state="failed", attempt=1, node="n2", failures=[{"rank": 1, "exit_code": -9, "pid": 7}])
+    write_status(RunPaths(tmp_path, "n2"), st, node_only=True)
+    assert not (tmp_path / "status.json").exists()
+    back = read_status(tmp_path, "n2")
+    assert (back.node, back.failures, back.state) == ("n2", [{"rank": 1, "exit_code": -9, "pid": 7}], "failed")
+    write_status(RunPaths(tmp_path, "n1"), Status(state="running", node="n1"))   # the job's: both files
+    assert read_status(tmp_path).node == "n1" and read_status(tmp_path, "n1").state == "running"
+    assert Status.parse({"node": "../x", "failures": "no"}).invalid == {"node", "failures"}
+
+
+REPORT = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-02_10:00:00
+  host      : vm
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 55)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
+
+def test_the_crash_names_the_other_nodes_rank_killed_by_a_signal_not_the_one_that_lost_it() -> None:
+    obs = Observation(0.0, Status(state="failed", exit_code=1, attempt=1), torchrun_log=REPORT, node="n1",
+                      rank_logs={0: "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:5"},
+                      peer_failures=[Failure(1, -9, 77, node="n2")])
+    found = worker_exit(RunSignals(RunFacts(world_size=2)), obs, MonitorConfig())
+    assert found is not None and found.code == "crash", found
+    assert found.title.startswith("Worker crashed: rank 1 on node n2"), found.title
+    assert found.detail.startswith("rank 1 on node n2 was killed by SIGKILL") and "rank 0 on node n1 exit 1" in found.detail
+    assert (found.evidence["rank"], found.evidence["node"], found.evidence["signal"]) == (1, "n2", "SIGKILL")
+
+
+def test_a_nodes_processes_are_told_apart_by_their_node(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    code = "import time; time.sleep(30)"
+    procs = [subprocess.Popen([*MT[:1], "-c", code, "--run-dir", str(run)], env={**os.environ, ENV_NODE: n}) for n in ("n1", "n2")]
+    try:
+        psutil.wait_procs([], timeout=0)
+        mine = {p.pid for p in run_processes(run, node="n2")}
+        assert mine == {procs[1].pid}, mine
+        assert {p.pid for p in run_processes(run)} >= {procs[0].pid, procs[1].pid}
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_dry_run_of_two_nodes_asks_for_both_without_a_rendezvous_in_the_preset(tmp_path: Path) -> None:
+    done = _mt("launch", _preset(tmp_path, steps=5, sleep_s=0), "--slurm", "--dry-run", env=dict(os.environ))
+    assert done.returncode == 0, done.stderr
+    assert "#SBATCH --nodes=2" in done.stdout.splitlines() and "#SBATCH --ntasks-per-node=1" in done.stdout.splitlines()
+    by_hand = _mt("launch", _preset(tmp_path, steps=5, sleep_s=0), "--detach", env=dict(os.environ))
+    assert by_hand.returncode == 2 and "launch.rdzv_endpoint: required when launch.nnodes > 1" in by_hand.stderr
 
 
 def _node_status(run_dir: Path, node: str) -> dict[str, Any]:

@@ -28,7 +28,7 @@ class IncidentHook:
             self.monitor = incidents.IncidentMonitor(run_dir, cfg.monitor, facts=incidents.facts_of(cfg), node=node)
             from tui.run.autostacks import IncidentCaptures
 
-            self.captures = IncidentCaptures(self.run_dir, log)
+            self.captures = IncidentCaptures(self.run_dir, log, node=node)
         except (ImportError, AttributeError) as e:
             log.info("incident rules not available (%s); running without them", e)
         except Exception:

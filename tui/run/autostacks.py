@@ -63,8 +63,8 @@ def detail_of(cap: Capture) -> str:
 class IncidentCaptures:
     """Starts captures off the supervisor's thread and hands back the finished ones (`take`)."""
 
-    def __init__(self, run_dir: Path, log: logging.Logger, wait_s: float = 2.0) -> None:
-        self.run_dir, self.log, self.wait_s = Path(run_dir), log, wait_s
+    def __init__(self, run_dir: Path, log: logging.Logger, wait_s: float = 2.0, node: str | None = None) -> None:
+        self.run_dir, self.log, self.wait_s, self.node = Path(run_dir), log, wait_s, node
         self._queue: list[str] = []
         self._done: list[Done] = []
         self._lock = threading.Lock()   # _done is filled by the capture thread, emptied by the tick
@@ -84,7 +84,8 @@ class IncidentCaptures:
 
     def _run(self, code: str) -> None:
         try:
-            done = Done(code, capture(self.run_dir, why=code, wait_s=self.wait_s, workers=code == "dataloader_stall"))
+            done = Done(code, capture(self.run_dir, why=code, wait_s=self.wait_s, workers=code == "dataloader_stall",
+                                      node=self.node))
         except Exception as e:  # never the end of the run: the incident just goes without stacks
             self.log.exception("stacks capture for %s failed", code)
             done = Done(code, None, str(e))

@@ -64,12 +64,13 @@ class Capture:
     workers: tuple[WorkerStack, ...] = ()
 
 
-def find_ranks(run_dir: Path) -> dict[int, psutil.Process]:
-    """This node's live rank processes by global rank: the RANK-carrying children of the run's launchers."""
-    status = read_status(run_dir)
+def find_ranks(run_dir: Path, node: str | None = None) -> dict[int, psutil.Process]:
+    """This node's live rank processes by global rank: the RANK-carrying children of the run's launchers
+    (`node`: that node's of a job's shared run directory)."""
+    status = read_status(run_dir, node)
     recorded = [status.torchrun_pid, status.supervisor_pid]
     ranks: dict[int, psutil.Process] = {}
-    for proc in run_processes(run_dir, [p for p in recorded if isinstance(p, int)]):
+    for proc in run_processes(run_dir, [p for p in recorded if isinstance(p, int)], node=node):
         try:
             if "RANK" in proc.environ():
                 continue  # a rank, or a rank's own child (a DataLoader worker): not a launcher
@@ -184,13 +185,14 @@ def _workers(ranks: dict[int, psutil.Process], binary: str | None) -> list[tuple
     return out
 
 
-def capture(run_dir: Path, why: str = "request", wait_s: float = 2.0, workers: bool = False) -> Capture:
-    """Every rank's stacks now (and with `workers`, their DataLoader workers'), kept under RUN/stacks/;
-    NotARunError / NoRanksError when there is nothing to take."""
+def capture(run_dir: Path, why: str = "request", wait_s: float = 2.0, workers: bool = False,
+            node: str | None = None) -> Capture:
+    """Every rank's stacks now (and with `workers`, their DataLoader workers'), kept under RUN/stacks/
+    (`node`: its ranks, under nodes/<node>/stacks/); NotARunError / NoRanksError when there is nothing to take."""
     run_dir = require_run_dir(Path(run_dir)).resolve()
     t0 = time.monotonic()
-    paths = RunPaths(run_dir)
-    ranks = find_ranks(run_dir)
+    paths = RunPaths(run_dir, node)
+    ranks = find_ranks(run_dir, node)
     if not ranks:
         raise NoRanksError(f"{run_dir}: no live rank process of this run on this node")
     dumps = _signal_dumps(paths, ranks, wait_s)
