@@ -249,3 +249,18 @@ def test_a_held_job_shows_pending_with_slurms_reason_in_ls_and_watch(slurm: Clus
         slurm.run("scancel", job, check=False)
     slurm.wait_for("the job to leave the queue", lambda: slurm.state(job) == "" or None, timeout=30)
     assert status(run_dir)["state"] == "pending" and not (run_dir / "nodes").exists()   # it never started
+
+
+@pytest.mark.slow
+def test_with_a_restart_left_both_nodes_start_the_next_attempt_and_the_job_completes(slurm: Cluster, tmp_path: Path) -> None:
+    run_dir, job = _submit(slurm, _preset(tmp_path, steps=25, sleep_s=0.1, max_restarts=1))
+    slurm.wait_for("a few steps", lambda: len(events(run_dir, "step")) >= 3, timeout=120, every=0.5)
+    pids = slurm.wait_for("n2's worker pid", lambda: _node_status(run_dir, "n2").get("worker_pids"), timeout=30)
+    os.kill(pids["1"], signal.SIGKILL)
+    final = _final(slurm, run_dir, job)
+    assert final["state"] == "completed" and final["attempt"] == 2, _logs(run_dir)
+    assert [e["attempt"] for e in events(run_dir, "run_start")] == [1, 2]
+    n2 = _node_status(run_dir, "n2")
+    assert (n2["state"], n2["attempt"]) == ("completed", 2), n2
+    crash = [i for i in _incidents(run_dir) if i["code"] == "crash" and i["status"] == "open"]
+    assert crash and crash[0]["title"].startswith("Worker crashed: rank 1 on node n2"), _incidents(run_dir)

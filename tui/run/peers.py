@@ -66,9 +66,11 @@ class PeerNodes:
             self.log.warning("attempt %d: no end reported by node %s within %.0f s", attempt, ", ".join(waiting), timeout_s)
 
     def failures(self, attempt: int | None) -> list[Failure]:
-        """The other nodes' failed workers in `attempt`, each with its node."""
+        """The other nodes' failed workers in `attempt`, each with its node (from the attempt's record:
+        a node that has started the next attempt already keeps it there)."""
         return [Failure(_int(f.get("rank"), -1), _int(f.get("exit_code")), _int(f.get("pid")), node=n)
-                for n, st in sorted(self.seen.items()) if st.attempt == attempt for f in st.failures]
+                for n, st in sorted(self.seen.items()) for a in st.attempts if a.get("attempt") == attempt
+                for f in (a.get("failures") if isinstance(a.get("failures"), list) else []) if isinstance(f, dict)]
 
     def killed_elsewhere(self, attempt: int | None) -> str:
         """`rank 1 on node n2 was killed by signal 9 (SIGKILL)` for the first such failure, else ""."""

@@ -180,7 +180,7 @@ class Supervisor:
         started = time.time()
         st, launch = self.status, self.cfg.launch
         st.attempt, st.torchrun_pid, st.worker_pids, st.started = attempt, None, {}, st.started or started
-        st.ended, st.exit_code, st.reason = None, None, None
+        st.ended, st.exit_code, st.reason, st.failures = None, None, None, []
         st.nproc, st.nnodes, st.node_rank, st.direct = launch.nproc_per_node, launch.nnodes, launch.node_rank, is_direct(self.cfg)
         self.write_status("starting", f"attempt {attempt}")
         if self.kill_requested or self.stop_requested:  # a signal arrived before torchrun started
@@ -228,7 +228,7 @@ class Supervisor:
             self.status.exit_code = rc
         if self.node is not None and rc and not is_direct(self.cfg):
             # what the job's supervisor needs to name the rank and node that failed first
-            self.status.failures = failures_since(log_path, log_offset)
+            record["failures"] = self.status.failures = failures_since(log_path, log_offset)
             if self.is_job:
                 self.peers.wait_for_attempt_end(attempt, PEER_WAIT_S)
             else:
