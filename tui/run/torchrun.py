@@ -6,6 +6,8 @@ Multi-node: run `mt launch PRESET --node-rank K` once per node with the same pre
 c10d rendezvous assigns global ranks (sorted by host name, then torchrun pid), so the node
 that receives global rank 0 holds events.jsonl and the checkpoints; the others hold their ranks'
 logs, heartbeats, status.json and system.jsonl (status.json `worker_pids` lists the ranks).
+Under Slurm (`mt launch --slurm`) the nodes share one run directory instead (docs/run-directory.md):
+`NodeRole` says which node hosts the rendezvous, `worker_env(node=...)` tells the ranks their node.
 """
 from __future__ import annotations
 
