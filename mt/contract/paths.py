@@ -122,6 +122,12 @@ class RunPaths:
         return self.here / "stacks"
 
     @property
+    def stack_requests(self) -> Path:
+        """Requests for every node's capture (`mt stacks` on a job's shared run directory), one file
+        per request, written by the requester only; dot-named so rank 0's control inbox skips it."""
+        return self.control / ".stacks"
+
+    @property
     def reserve(self) -> Path:
         """Space the supervisor holds so it can record the final state on a full disk."""
         return self.here / ".reserve"

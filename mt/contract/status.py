@@ -141,9 +141,9 @@ def judge(status: Status, supervisor_alive: Callable[[Status], bool]) -> Livenes
     return "live" if supervisor_alive(status) else "lost"
 
 
-def read_status(run_dir: Path) -> Status:
-    """The run's status.json (defaults when it is missing or unreadable); never raises."""
-    path = RunPaths(Path(run_dir)).status
+def read_status(run_dir: Path, node: str | None = None) -> Status:
+    """The run's status.json, or with `node` that node's supervisor's (defaults when it is missing or unreadable); never raises."""
+    path = RunPaths(Path(run_dir), node).node_status
     try:
         written: float | None = path.stat().st_mtime
     except OSError:

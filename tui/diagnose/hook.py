@@ -25,9 +25,9 @@ class IncidentHook:
             from tui.diagnose import monitor as incidents
 
             self.monitor = incidents.IncidentMonitor(run_dir, cfg.monitor, facts=incidents.facts_of(cfg))
-            from tui.run.autostacks import IncidentCaptures
+            from tui.run.autostacks import IncidentCaptures, this_node
 
-            self.captures = IncidentCaptures(self.run_dir, log)
+            self.captures = IncidentCaptures(self.run_dir, log, node=this_node())
         except (ImportError, AttributeError) as e:
             log.info("incident rules not available (%s); running without them", e)
         except Exception:
@@ -70,7 +70,8 @@ class IncidentHook:
                 if done.capture is None:
                     rec = self.monitor.update(done.code, {"stacks_error": done.error}, f"no stacks: {done.error}")
                 else:
-                    rec = self.monitor.update(done.code, evidence_of(done.capture, self.run_dir), detail_of(done.capture))
+                    rec = self.monitor.update(done.code, evidence_of(done.capture, self.run_dir, done.nodes),
+                                              detail_of(done.capture, done.nodes))
                 if rec is not None:
                     self.log.info("incident stacks: %s", dumps(rec))
         except Exception:
