@@ -21,6 +21,7 @@ class IncidentHook:
         self.run_dir = Path(run_dir)
         self.monitor: Any = None
         self.captures: Any = None
+        self.flight: list[Any] = []   # flight-recorder reports waiting for an incident to join
         try:
             from tui.diagnose import monitor as incidents
 
@@ -66,6 +67,8 @@ class IncidentHook:
         try:
             from tui.run.autostacks import detail_of, evidence_of
 
+            self.flight += [d.flight for d in self.captures.take_flight()]
+            self._flight()
             for done in self.captures.take():
                 if done.capture is None:
                     rec = self.monitor.update(done.code, {"stacks_error": done.error}, f"no stacks: {done.error}")
@@ -76,3 +79,16 @@ class IncidentHook:
                     self.log.info("incident stacks: %s", dumps(rec))
         except Exception:
             self.log.exception("incident stacks update failed")
+
+    def _flight(self) -> None:
+        """Each flight-recorder report joins the open incident it explains (a hang first), once one is open."""
+        code = next((c for c in ("hang", *self.monitor.open) if c in self.monitor.open), None)
+        if code is None or not self.flight:
+            return
+        from tui.run.autostacks import flight_evidence
+
+        for report in self.flight:
+            rec = self.monitor.update(code, flight_evidence(report, self.run_dir), report.line())
+            if rec is not None:
+                self.log.info("incident flight recorder: %s", dumps(rec))
+        self.flight = []

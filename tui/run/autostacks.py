@@ -18,6 +18,7 @@ from typing import Any
 
 from mt.contract.paths import ENV_NODE, RunPaths, node_name_ok
 from tui.diagnose.stacks import kind_of
+from tui.run.flight import FlightReport, FlightWatch, analyze
 from tui.run.stacknodes import NodesVerdict, gather, nodes_record, pending_requests, request_stacks
 from tui.run.stacks import Capture, capture
 
@@ -33,6 +34,7 @@ class Done:
     capture: Capture | None
     error: str = ""
     nodes: NodesVerdict | None = None   # a job's shared run directory: the verdict over every node
+    flight: FlightReport | None = None  # code "flight": torch's analyzer over this node's flight-recorder dumps
 
 
 def evidence_of(cap: Capture, run_dir: Path, nodes: NodesVerdict | None = None) -> dict[str, Any]:
@@ -78,6 +80,16 @@ def detail_of(cap: Capture, nodes: NodesVerdict | None = None) -> str:
     return "; ".join([f"stacks: {line}", *(w.line() for w in cap.workers), *([silent] if silent else [])])
 
 
+def flight_evidence(report: FlightReport, run_dir: Path) -> dict[str, Any]:
+    """What an incident gains from the flight recorder: the dumps' folder, each collective not every rank joined."""
+    ev: dict[str, Any] = {"flight": os.path.relpath(report.folder, run_dir), "flight_line": report.line()}
+    if report.error:
+        ev["flight_error"] = report.error
+    ev["unjoined"] = [{"seq": u.seq, "op": u.op, "group": u.group, "missing_ranks": list(u.missing),
+                       "expected_ranks": list(u.expected), "state": u.state} for u in report.unjoined]
+    return ev
+
+
 def this_node() -> str | None:
     """The node this supervisor serves in a job's shared run directory (MT_NODE), else None."""
     node = os.environ.get(ENV_NODE) or None
@@ -95,8 +107,10 @@ class IncidentCaptures:
         self._queue: list[str] = []
         self._answering: set[str] = set()   # request ids taken (answered or failed: never twice)
         self._done: list[Done] = []
+        self._flights: list[Done] = []
         self._lock = threading.Lock()   # _done is filled by the capture thread, emptied by the tick
         self._thread: threading.Thread | None = None
+        self.flight = FlightWatch(RunPaths(self.run_dir, node).flight)
 
     def opened(self, code: str) -> None:
         """An incident opened: capture for it (now, or after the capture that runs)."""
@@ -110,12 +124,23 @@ class IncidentCaptures:
                 if req.id not in self._answering:
                     self._answering.add(req.id)
                     self._queue.append(f"request:{req.id}:{int(req.workers)}")
+        if self.flight.ready(time.monotonic()):
+            self._queue.append("flight")
         if self._queue and (self._thread is None or not self._thread.is_alive()):
             code = self._queue.pop(0)
             self._thread = threading.Thread(target=self._run, args=(code,), name=f"mt-stacks-{code}", daemon=True)
             self._thread.start()
 
     def _run(self, code: str) -> None:
+        if code == "flight":
+            try:
+                report = analyze(self.flight.dir)
+            except Exception as e:  # never the end of the run
+                self.log.exception("flight recorder analysis failed")
+                report = FlightReport(self.flight.dir, (), str(e))
+            with self._lock:
+                self._flights.append(Done(code, None, flight=report))
+            return
         if code.startswith("request:"):  # another node's (or a viewer's) request: the capture is the answer
             _, rid, workers = code.split(":")
             try:
@@ -137,6 +162,12 @@ class IncidentCaptures:
             done = Done(code, None, str(e))
         with self._lock:
             self._done.append(done)
+
+    def take_flight(self) -> list[Done]:
+        """The flight-recorder analyses finished since the last call."""
+        with self._lock:
+            done, self._flights = self._flights, []
+        return done
 
     def take(self) -> list[Done]:
         """The captures finished since the last call; starts a queued one."""

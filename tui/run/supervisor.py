@@ -210,7 +210,7 @@ class Supervisor:
         with open(log_path, "ab") as out, store or contextlib.nullcontext():
             self.torchrun = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                env=worker_env(self.cfg, store=store, attempt=attempt), preexec_fn=die_with_parent,
+                env=worker_env(self.cfg, store=store, attempt=attempt, flight_dir=self.paths.flight), preexec_fn=die_with_parent,
                 close_fds=True, pass_fds=(store.fileno(),) if store else (), cwd=self.script_cwd(),
             )
         tr = self.torchrun

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mt.contract.config import HF_OFFLINE, STORE_FD_ENV, Config
+from tui.run.flight import recorder_env
 
 
 def torchrun_command(cfg: Config, run_dir: Path, attempt: int, python: str = sys.executable,
@@ -83,13 +84,14 @@ def attempt_command(cfg: Config, run_dir: Path, attempt: int, python: str = sys.
 
 
 def worker_env(cfg: Config, base: dict[str, str] | None = None, store: socket.socket | None = None,
-               attempt: int = 1) -> dict[str, str]:
+               attempt: int = 1, flight_dir: Path | None = None) -> dict[str, str]:
     """The environment for torchrun and its workers.
 
     torchrun sets OMP_NUM_THREADS=1 only when nproc > 1 and leaves it unset for one process,
     so we choose: the cores split evenly between the local workers (a user's value wins).
     `store`: a direct attempt's listening socket on loopback, which its worker serves the
-    process group's store on (engine/direct.py), as torchrun's agent would.
+    process group's store on (engine/direct.py), as torchrun's agent would. `flight_dir`: where
+    PyTorch's flight recorder dumps on an NCCL timeout (tui/run/flight.py; not for device cpu).
     """
     env = dict(os.environ if base is None else base)
     env.setdefault("OMP_NUM_THREADS", str(max(1, usable_cores() // cfg.launch.nproc_per_node)))
@@ -104,6 +106,8 @@ def worker_env(cfg: Config, base: dict[str, str] | None = None, store: socket.so
             env.pop(name, None)  # a value from the user's shell would point at someone else's store
         env.update(direct_rank_env(cfg, attempt, store))
         env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # as torchrun: the user's value wins
+    if flight_dir is not None:
+        env.update(recorder_env(cfg, flight_dir, env))
     return env
 
 
