@@ -81,8 +81,9 @@ class IncidentHook:
             self.log.exception("incident stacks update failed")
 
     def _flight(self) -> None:
-        """Each flight-recorder report joins the open incident it explains (a hang first), once one is open."""
-        code = next((c for c in ("hang", *self.monitor.open) if c in self.monitor.open), None)
+        """Each flight-recorder report joins the open incident it explains (an NCCL timeout, a hang, else
+        any), once one is open: torch dumps before the watchdog ends the ranks, the exit rule opens after."""
+        code = next((c for c in ("nccl_timeout", "hang", *self.monitor.open) if c in self.monitor.open), None)
         if code is None or not self.flight:
             return
         from tui.run.autostacks import flight_evidence
