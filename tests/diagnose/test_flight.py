@@ -21,8 +21,10 @@ import pytest
 from mt.contract.config import Config
 from mt.contract.paths import RunPaths
 from mt.contract.preset import config_from_dict
+from mt.contract.status import Status
 from tests.cli.conftest import REPO, SMALL, wait_for
 from tui.diagnose.flight import parse_fr_trace
+from tui.diagnose.hook import IncidentHook
 from tui.run.autostacks import IncidentCaptures, flight_evidence
 from tui.run.flight import analyze, recorder_env
 from tui.run.torchrun import worker_env
@@ -103,3 +105,23 @@ def test_a_gloo_job_is_recorded_but_not_dumped_and_the_analyzer_names_the_rank_t
                                "expected_ranks": [0, 1], "state": "scheduled"}]
     time.sleep(1.0)
     assert caps.take() == [] and caps.take_flight() == []   # once per set of dumps
+
+    # the supervisor's hook: the report joins the open incident (a hang an earlier tick opened)
+    hooked = tmp_path / "hooked"
+    (hooked / "control").mkdir(parents=True)
+    (hooked / "config.json").write_text("{}")
+    (hooked / "incidents.jsonl").write_text(json.dumps({
+        "v": 1, "t": time.time(), "code": "hang", "severity": "error", "step": 3, "title": "no progress",
+        "detail": "rank 1 has not reported for 60 s", "advice": "py-spy dump it", "evidence": {}, "status": "open",
+        "source": "supervisor"}) + "\n")
+    hook = IncidentHook(hooked, _cfg("auto"), logging.getLogger("test"))
+    hook.captures.flight.settle_s = 0.3
+    shutil.copytree(nccl_like, RunPaths(hooked).flight)
+
+    def updated() -> dict | None:
+        hook.poll(Status(state="running"), [], [], {})
+        lines = [json.loads(line) for line in (hooked / "incidents.jsonl").read_text().splitlines()]
+        return next((r for r in lines if r["status"] == "update" and "flight" in r["evidence"]), None)
+    upd = wait_for(updated, 120, "the hang's flight update", every=0.3)
+    assert upd["code"] == "hang" and upd["evidence"]["unjoined"][0]["missing_ranks"] == [1]
+    assert upd["detail"] == f"rank 1 has not reported for 60 s; flight recorder: {want}"
