@@ -120,7 +120,7 @@ class IncidentCaptures:
 
     def _next(self) -> None:
         if self.node is not None and (self._thread is None or not self._thread.is_alive()):
-            for req in pending_requests(RunPaths(self.run_dir, self.node), self.since):
+            for req in pending_requests(RunPaths(self.run_dir, self.node), self.since, frozenset(self._answering)):
                 if req.id not in self._answering:
                     self._answering.add(req.id)
                     self._queue.append(f"request:{req.id}:{int(req.workers)}")

@@ -38,11 +38,14 @@ class StackRequest:
     workers: bool
 
 
-def pending_requests(paths: RunPaths, since: float) -> list[StackRequest]:
+def pending_requests(paths: RunPaths, since: float, taken: frozenset[str] = frozenset()) -> list[StackRequest]:
     """Requests made since `since` that this node (paths.node) has not answered yet, oldest first;
-    files that are not requests are skipped."""
+    `taken`: ids already answered (their files are not read again); files that are not requests are skipped."""
+    # an id starts with its UTC second: older files are passed over by name, unread
+    floor = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(since - 1))
     try:
-        names = sorted(e.name for e in os.scandir(paths.stack_requests) if e.name.endswith(".json"))
+        names = sorted(e.name for e in os.scandir(paths.stack_requests)
+                       if e.name.endswith(".json") and e.name >= floor and e.name[:-5] not in taken)
     except OSError:
         return []
     out = []

@@ -30,8 +30,8 @@ def find_ranks(run_dir: Path, node: str | None = None) -> dict[int, psutil.Proce
     for proc in run_processes(run_dir, [p for p in recorded if isinstance(p, int)]):
         if not _has_rank(proc):  # a rank, or a rank's own child (a DataLoader worker), is not a launcher
             ranks.update(rank_processes(proc.pid))
-    if node is not None:  # a job's shared run directory: only the ranks this node's supervisor started (MT_NODE)
-        ranks = {r: p for r, p in ranks.items() if _env(p).get(ENV_NODE) == node}
+    if node is not None:  # a job's shared run directory: not the ranks another node's supervisor started (MT_NODE)
+        ranks = {r: p for r, p in ranks.items() if _env(p).get(ENV_NODE, node) == node}
     return ranks
 
 
