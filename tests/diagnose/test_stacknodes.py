@@ -51,3 +51,17 @@ def test_the_verdict_over_nodes_groups_ranks_and_names_the_silent_node(tmp_path)
                                   "no stack from ranks 1, 2")
     (folder / "verdict.json").write_text("[1, 2")
     assert nodes_verdict(run, rid).silent == ("n1", "n2")
+
+
+def test_an_incident_says_what_py_spy_would_add_for_the_ranks_without_a_stack(tmp_path):
+    from tui.diagnose.stacks import Frame, RankStack, ThreadStack, verdict
+    from tui.run.autostacks import detail_of, evidence_of
+    from tui.run.stacks import PY_SPY_HINT, Capture
+
+    main = ThreadStack("0x1", (Frame("/w/train.py", 9, "step"),), main=True)
+    note = f"no dump within 2 s of SIGUSR2; {PY_SPY_HINT}"
+    stacks = (RankStack(0, 10, "faulthandler", (main,)), RankStack(1, 11, "none", note=note))
+    cap = Capture(tmp_path / "stacks" / "x-hang", stacks, verdict(list(stacks)), 0.1)
+    ev = evidence_of(cap, tmp_path)
+    assert ev["no_stack"] == {"1": note} and ev["verdict"].endswith("no stack from rank 1")
+    assert detail_of(cap).endswith(f"; rank 1: {PY_SPY_HINT}")

@@ -20,7 +20,7 @@ from mt.contract.paths import ENV_NODE, RunPaths, node_name_ok
 from tui.diagnose.stacks import kind_of
 from tui.run.flight import FlightReport, FlightWatch, analyze
 from tui.run.stacknodes import NodesVerdict, gather, nodes_record, pending_requests, request_stacks
-from tui.run.stacks import Capture, capture
+from tui.run.stacks import PY_SPY_HINT, Capture, capture
 
 CAPTURE_CODES = ("hang", "dataloader_stall")
 ODD_FRAMES = 6  # the odd rank's innermost user frames kept in the incident: what fits a panel at 80x24
@@ -53,6 +53,9 @@ def evidence_of(cap: Capture, run_dir: Path, nodes: NodesVerdict | None = None) 
         ev["frames"] = frames
     if cap.workers:
         ev["workers"] = [w.line() for w in cap.workers]
+    lacking = {str(st.rank): st.note for st in cap.stacks if st.rank in cap.verdict.missing}
+    if lacking:  # why those ranks have no stack: e.g. what py-spy would add
+        ev["no_stack"] = lacking
     if nodes is not None:
         kept = nodes_record(nodes)
         ev["groups"], ev["silent_nodes"] = kept["groups"], kept["silent_nodes"]
@@ -77,7 +80,9 @@ def detail_of(cap: Capture, nodes: NodesVerdict | None = None) -> str:
     """The sentence added to the incident's detail: the verdict, then the workers' places."""
     line = nodes.verdict.line if nodes is not None else cap.verdict.line
     silent = f"no capture from node {', '.join(nodes.silent)}" if nodes is not None and nodes.silent else ""
-    return "; ".join([f"stacks: {line}", *(w.line() for w in cap.workers), *([silent] if silent else [])])
+    spy = [st.rank for st in cap.stacks if st.rank in cap.verdict.missing and PY_SPY_HINT in st.note]
+    lack = f"{'rank' if len(spy) == 1 else 'ranks'} {', '.join(map(str, spy))}: {PY_SPY_HINT}" if spy else ""
+    return "; ".join([f"stacks: {line}", *(w.line() for w in cap.workers), *(x for x in (lack, silent) if x)])
 
 
 def flight_evidence(report: FlightReport, run_dir: Path) -> dict[str, Any]:
