@@ -6,7 +6,10 @@
 2. checkpoint + SIGKILL + resume on CUDA: later losses compared with the uninterrupted bf16 run;
 3. MFU of gpt2-small (124M, seq 1024, bf16) on one GPU for a few hundred steps;
 4. gpt2-small under fsdp, eager then `train.compile = true` (MFU of each, the ratio, the first
-   step's compile time, recompiles), both with sharded `[checkpoint] async = true` checkpoints.
+   step's compile time, recompiles), both with sharded `[checkpoint] async = true` checkpoints;
+5. PyTorch's flight recorder with mt's variables (tui/run/flight.py): a 2-rank job whose rank 1
+   never joins collective #4 (bench/flight_job.py), on NCCL (needs 2 GPUs) and on gloo: whether
+   torch dumped on the timeout into flight/, and what torch's analyzer (run as mt runs it) says.
 OUT/gpu_check.json is rewritten after every part; a part that failed, compared nothing or was
 skipped is listed under "problems" and the script exits 1. Needs only torch, numpy and psutil.
 `--dry`: the same code on CPU with tiny models and a few steps (checks the script itself on a
@@ -18,6 +21,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -244,6 +248,40 @@ def fsdp_part(root: Path, gpt2: dict, n: int, dry_run: bool) -> tuple[dict, list
     return out, problems
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def flight_part(root: Path) -> tuple[dict, list[str]]:
+    """The flight recorder on NCCL (2 GPUs) and gloo: dumps on timeout, and the analyzer's verdict."""
+    from tui.run.flight import analyze, dumps_in, recorder_env
+
+    gpus = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+                          capture_output=True, text=True).stdout.strip()
+    backends = ["gloo"] + (["nccl"] if gpus.isdigit() and int(gpus) >= 2 else [])
+    out: dict[str, Any] = {"gpus": gpus}
+    problems = [] if "nccl" in backends else [f"flight: NCCL needs 2 GPUs (found {gpus or '?'}): not checked"]
+    for backend in backends:
+        flight, explicit = root / f"flight-{backend}", root / f"explicit-{backend}"
+        explicit.mkdir(parents=True)
+        env = {**os.environ, "FLIGHT_TIMEOUT_S": "10",
+               **recorder_env(config_from_dict(TINY, "gpu_check"), flight, dict(os.environ))}
+        job = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                              "127.0.0.1", "--master-port", str(free_port()), str(REPO / "bench" / "flight_job.py"),
+                              backend, str(explicit), "--dump"], capture_output=True, text=True, env=env, timeout=240)
+        dumped = sorted(dumps_in(flight))
+        res = out[backend] = {
+            "rc": job.returncode, "dumped_on_timeout": dumped,
+            "analyzer_on_timeout_dump": analyze(flight).line() if dumped else None,
+            "analyzer_on_explicit_dump": analyze(explicit).line() if any(explicit.iterdir()) else None,
+            "job_tail": (job.stdout + job.stderr)[-1500:]}
+        if backend == "nccl" and "rank 1 did not join collective #4" not in (res["analyzer_on_timeout_dump"] or ""):
+            problems.append(f"flight: NCCL's dump on timeout did not name rank 1 ({res['analyzer_on_timeout_dump']})")
+    return out, problems
+
+
 def run_part(report: Report, name: str, part: Callable[[], tuple[dict, list[str]]]) -> None:
     """One part into the report; one that raises is a problem, and the parts after it still run."""
     t0 = time.monotonic()
@@ -275,6 +313,7 @@ def main() -> None:
         run_part(report, "resume", lambda: resume_part(root, tiny, root / "bf16", report.data["bf16"].get("rc")))
         run_part(report, "gpt2_small", lambda: gpt2_part(root, gpt2, a.gpt2_steps, a.dry))
         run_part(report, "gpt2_fsdp", lambda: fsdp_part(root, gpt2, a.fsdp_steps, a.dry))
+        run_part(report, "flight", lambda: flight_part(root))
     if report.data["problems"]:
         print(f"gpu_check FAILED, {len(report.data['problems'])} problem(s) (in {report.path}):", file=sys.stderr)
         for p in report.data["problems"]:

@@ -135,6 +135,17 @@ class RunPaths:
         return self.here / "stacks"
 
     @property
+    def flight(self) -> Path:
+        """PyTorch's flight-recorder dumps of this node's ranks (rank_<N>, written by torch on an NCCL timeout)."""
+        return self.here / "flight"
+
+    @property
+    def stack_requests(self) -> Path:
+        """Requests for every node's capture (`mt stacks` on a job's shared run directory), one file
+        per request, written by the requester only; dot-named so rank 0's control inbox skips it."""
+        return self.control / ".stacks"
+
+    @property
     def reserve(self) -> Path:
         """Space the supervisor holds so it can record the final state on a full disk."""
         return self.here / ".reserve"

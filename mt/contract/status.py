@@ -149,9 +149,8 @@ def judge(status: Status, supervisor_alive: Callable[[Status], bool]) -> Livenes
 
 
 def read_status(run_dir: Path, node: str | None = None) -> Status:
-    """The run's status.json, or with `node` that node's supervisor's (nodes/<node>/status.json);
-    defaults when it is missing or unreadable; never raises."""
-    path = RunPaths(Path(run_dir)).status if node is None else RunPaths(Path(run_dir), node).node_status
+    """The run's status.json, or with `node` that node's supervisor's (defaults when it is missing or unreadable); never raises."""
+    path = RunPaths(Path(run_dir), node).node_status
     try:
         written: float | None = path.stat().st_mtime
     except OSError:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
@@ -111,21 +111,35 @@ def kill(
 
 @app.command()
 def stacks(
-    run_dir: RunDirArg,
+    run_dir: Annotated[Optional[Path], typer.Argument(help="A run directory, e.g. runs/tiny-cpu-20260101-120000.", show_default=False)] = None,
+    pid: Annotated[Optional[int], typer.Option("--pid", help="Instead of a run: the torchrun agent's pid or any rank's (a job started without mt; read by py-spy).", show_default=False)] = None,
+    out_dir: Annotated[Optional[Path], typer.Option("--out", metavar="DIR", help="With --pid: keep the capture in a new folder under DIR (default: printed only).", show_default=False)] = None,
     show_all: Annotated[bool, typer.Option("--all", help="Every rank's stack, every thread, after the groups.")] = False,
+    timeout: Annotated[float, typer.Option("--timeout", help="A job's shared run directory: seconds to wait for every node's capture.")] = 15.0,
 ) -> None:
-    """Take every rank's Python stack on this node now and say which rank holds the others.
+    """Take every rank's Python stack now and say which rank holds the others.
 
-    Kept under RUN/stacks/. Example:
+    Kept under RUN/stacks/ (a job's shared run directory: every node's supervisor captures its own
+    ranks into RUN/nodes/<node>/stacks/). Examples:
 
     \b
         mt stacks runs/tiny-cpu-20260101-120000 --all
+        mt stacks --pid 4242 --out stacks/
     """
     from tui.read.rundir import NotARunError
     from tui.run.stacks import NoRanksError
-    from tui.text.stacks import print_stacks
+    from tui.text.stacks import print_pid_stacks, print_stacks
 
+    if (run_dir is None) == (pid is None):
+        fail("mt stacks: give a run directory or --pid PID (one of them)")
+    if out_dir is not None and pid is None:
+        fail("mt stacks: --out goes with --pid (a run keeps its captures under RUN/stacks/)")
     try:
-        print_stacks(run_dir, show_all, sys.stdout)
+        if pid is not None:
+            print_pid_stacks(pid, out_dir, show_all, sys.stdout)
+        else:
+            print_stacks(run_dir, show_all, sys.stdout, timeout)
     except (NotARunError, NoRanksError) as e:
         fail(str(e))
+    except OSError as e:
+        fail(f"{e.filename or out_dir}: cannot keep the capture there ({e.strerror or e})")

@@ -17,15 +17,20 @@ from tui.run.torchrun import Failure
 class IncidentHook:
     """The IncidentMonitor, fed in memory; its failures are logged, never fatal."""
 
-    def __init__(self, run_dir: Path, cfg: Config, log: logging.Logger, node: str | None = None) -> None:
+    def __init__(self, run_dir: Path, cfg: Config, log: logging.Logger, node: str | None = None,
+                 rules: bool = True) -> None:
+        """`rules` False: a job's node that is not the job's own: no rules (the job's supervisor runs
+        them over every node), but it still answers stacks requests for its ranks."""
         self.log = log
         self.run_dir = Path(run_dir)
         self.monitor: Any = None
         self.captures: Any = None
+        self.flight: list[Any] = []   # flight-recorder reports waiting for an incident to join
         try:
             from tui.diagnose import monitor as incidents
 
-            self.monitor = incidents.IncidentMonitor(run_dir, cfg.monitor, facts=incidents.facts_of(cfg), node=node)
+            if rules:
+                self.monitor = incidents.IncidentMonitor(run_dir, cfg.monitor, facts=incidents.facts_of(cfg), node=node)
             from tui.run.autostacks import IncidentCaptures
 
             self.captures = IncidentCaptures(self.run_dir, log, node=node)
@@ -48,6 +53,7 @@ class IncidentHook:
              worker_pids: dict[int, int], peer_failures: list[Failure] | None = None) -> None:
         """One tick: what the supervisor knows now, passed in memory (with the other nodes' failed workers)."""
         if self.monitor is None:
+            self._captured()
             return
         try:
             from tui.diagnose.monitor import Tick
@@ -65,15 +71,39 @@ class IncidentHook:
         """The stacks captured for open incidents, each written as an update of its incident."""
         if self.captures is None:
             return
+        if self.monitor is None:  # no incident to update: only keep answering requests
+            try:
+                self.captures.take()
+                self.captures.take_flight()
+            except Exception:
+                self.log.exception("stacks requests failed")
+            return
         try:
             from tui.run.autostacks import detail_of, evidence_of
 
+            self.flight += [d.flight for d in self.captures.take_flight()]
+            self._flight()
             for done in self.captures.take():
                 if done.capture is None:
                     rec = self.monitor.update(done.code, {"stacks_error": done.error}, f"no stacks: {done.error}")
                 else:
-                    rec = self.monitor.update(done.code, evidence_of(done.capture, self.run_dir), detail_of(done.capture))
+                    rec = self.monitor.update(done.code, evidence_of(done.capture, self.run_dir, done.nodes),
+                                              detail_of(done.capture, done.nodes))
                 if rec is not None:
                     self.log.info("incident stacks: %s", dumps(rec))
         except Exception:
             self.log.exception("incident stacks update failed")
+
+    def _flight(self) -> None:
+        """Each flight-recorder report joins the open incident it explains (an NCCL timeout, a hang, else
+        any), once one is open: torch dumps before the watchdog ends the ranks, the exit rule opens after."""
+        code = next((c for c in ("nccl_timeout", "hang", *self.monitor.open) if c in self.monitor.open), None)
+        if code is None or not self.flight:
+            return
+        from tui.run.autostacks import flight_evidence
+
+        for report in self.flight:
+            rec = self.monitor.update(code, flight_evidence(report, self.run_dir), report.line())
+            if rec is not None:
+                self.log.info("incident flight recorder: %s", dumps(rec))
+        self.flight = []

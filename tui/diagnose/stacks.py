@@ -178,22 +178,30 @@ def _who(ranks: tuple[int, ...], world: int) -> str:
 
 
 def verdict(stacks: list[RankStack]) -> Verdict:
-    """Group the ranks by place and say it in one line: the smallest group first (on a tie, one
-    running its own frame before one waiting in a call: the waiting ranks wait for it)."""
-    by_place: dict[tuple[str, int, str], list[int]] = {}
-    places: dict[tuple[str, int, str], Place] = {}
-    missing = []
-    for s in sorted(stacks, key=lambda s: s.rank):
+    """Group the ranks by place and say it in one line (`verdict_of_places`)."""
+    places: dict[int, Place | None] = {}
+    for s in stacks:
         main = s.main_thread()
-        place = place_of(main) if main else None
+        places[s.rank] = place_of(main) if main else None
+    return verdict_of_places(places)
+
+
+def verdict_of_places(places: dict[int, Place | None]) -> Verdict:
+    """Group the ranks by place (None: no stack) and say it in one line: the smallest group first (on a
+    tie, one running its own frame before one waiting in a call: the waiting ranks wait for it)."""
+    by_place: dict[tuple[str, int, str], list[int]] = {}
+    keyed: dict[tuple[str, int, str], Place] = {}
+    missing = []
+    for rank in sorted(places):
+        place = places[rank]
         if place is None:
-            missing.append(s.rank)
+            missing.append(rank)
             continue
-        by_place.setdefault(place.key(), []).append(s.rank)
-        places[place.key()] = place
-    groups = tuple(sorted((Group(tuple(r), places[k]) for k, r in by_place.items()),
+        by_place.setdefault(place.key(), []).append(rank)
+        keyed[place.key()] = place
+    groups = tuple(sorted((Group(tuple(r), keyed[k]) for k, r in by_place.items()),
                           key=lambda g: (len(g.ranks), g.place.waits_in is not None, g.ranks)))
-    world = len(stacks)
+    world = len(places)
     parts = [f"{_who(g.ranks, world)} {g.place.describe(len(g.ranks) > 1)}" for g in groups]
     if missing:
         parts.append(f"no stack from {_who(tuple(missing), world)}")

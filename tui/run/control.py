@@ -165,7 +165,7 @@ def kill_run(run_dir: Path, grace_s: float = 10.0) -> SignalReport:
     sup_pid = status.supervisor_pid
     procs = run_processes(run_dir, status.recorded_pids())
     if status.by_script:  # made by mt.init under plain python/torchrun: no supervisor
-        procs += [p for p in _own_rank0(status) if p.pid not in {q.pid for q in procs}]
+        procs += [p for p in own_rank0(status) if p.pid not in {q.pid for q in procs}]
         sup_pid = None
     was_final = status.is_final
     if was_final and not procs:
@@ -204,7 +204,7 @@ def kill_run(run_dir: Path, grace_s: float = 10.0) -> SignalReport:
     return result
 
 
-def _own_rank0(status: Status) -> list[Any]:
+def own_rank0(status: Status) -> list[Any]:
     """Rank 0 of a run mt.init made, if its pid still runs the command line it recorded."""
     import psutil
 

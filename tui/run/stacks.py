@@ -22,16 +22,14 @@ from mt.stacks import DUMP_SIGNAL
 from tui.diagnose.probes import file_size
 from tui.diagnose.stacks import Frame, Place, RankStack, Verdict, parse_faulthandler, parse_py_spy, place_of, verdict
 from tui.read.rundir import require_run_dir
-from tui.run.procs import rank_processes, run_processes
+from tui.run.stackranks import NoRanksError, find_ranks, ranks_of_pid
+
+__all__ = ["NoRanksError", "find_ranks", "ranks_of_pid", "capture", "capture_ranks", "py_spy"]
 
 _POLL_S = 0.02
 _SPY_TIMEOUT_S = 10.0
 PY_SPY_HINT = "py-spy would read it without a signal handler: pip install 'mt[stacks]'"
 WORKER_HINT = "py-spy reads DataLoader workers (they are never signalled): pip install 'mt[stacks]'"
-
-
-class NoRanksError(RuntimeError):
-    """No live rank process of the run on this node; str() is the message for the user."""
 
 
 @dataclass(frozen=True)
@@ -57,27 +55,11 @@ class WorkerStack:
 class Capture:
     """One capture: where it was kept, every rank's stacks, the verdict, and how long it took."""
 
-    folder: Path
+    folder: Path | None   # None: printed only (`mt stacks --pid` without --out)
     stacks: tuple[RankStack, ...]
     verdict: Verdict
     seconds: float
     workers: tuple[WorkerStack, ...] = ()
-
-
-def find_ranks(run_dir: Path, node: str | None = None) -> dict[int, psutil.Process]:
-    """This node's live rank processes by global rank: the RANK-carrying children of the run's launchers
-    (`node`: that node's of a job's shared run directory)."""
-    status = read_status(run_dir, node)
-    recorded = [status.torchrun_pid, status.supervisor_pid]
-    ranks: dict[int, psutil.Process] = {}
-    for proc in run_processes(run_dir, [p for p in recorded if isinstance(p, int)], node=node):
-        try:
-            if "RANK" in proc.environ():
-                continue  # a rank, or a rank's own child (a DataLoader worker): not a launcher
-        except psutil.Error:
-            continue
-        ranks.update(rank_processes(proc.pid))
-    return ranks
 
 
 def py_spy() -> str | None:
@@ -150,10 +132,10 @@ def _spy(binary: str, pid: int) -> tuple[str, str]:
     return out.stdout, ""
 
 
-def _folder(paths: RunPaths, why: str) -> Path:
+def _folder(parent: Path, why: str) -> Path:
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     for i in range(1, 1000):
-        folder = paths.stacks / (f"{stamp}-{why}" if i == 1 else f"{stamp}-{why}.{i}")
+        folder = parent / (f"{stamp}-{why}" if i == 1 else f"{stamp}-{why}.{i}")
         try:
             folder.mkdir(parents=True)
             return folder
@@ -186,16 +168,27 @@ def _workers(ranks: dict[int, psutil.Process], binary: str | None) -> list[tuple
 
 
 def capture(run_dir: Path, why: str = "request", wait_s: float = 2.0, workers: bool = False,
-            node: str | None = None) -> Capture:
-    """Every rank's stacks now (and with `workers`, their DataLoader workers'), kept under RUN/stacks/
-    (`node`: its ranks, under nodes/<node>/stacks/); NotARunError / NoRanksError when there is nothing to take."""
+            node: str | None = None, request: str = "") -> Capture:
+    """Every rank's stacks on this node now (and with `workers`, their DataLoader workers'), kept under
+    the node's stacks/; NotARunError / NoRanksError when there is nothing to take."""
     run_dir = require_run_dir(Path(run_dir)).resolve()
     t0 = time.monotonic()
     paths = RunPaths(run_dir, node)
     ranks = find_ranks(run_dir, node)
     if not ranks:
         raise NoRanksError(f"{run_dir}: no live rank process of this run on this node")
-    dumps = _signal_dumps(paths, ranks, wait_s)
+    # a script's own run (mt.init under plain torchrun) has no rank logs: its dump would go to the terminal
+    logs = None if read_status(run_dir, node).by_script else paths
+    return capture_ranks(ranks, paths.stacks, why, wait_s, workers, logs, request, t0)
+
+
+def capture_ranks(ranks: dict[int, psutil.Process], into: Path | None, why: str = "request", wait_s: float = 2.0,
+                  workers: bool = False, logs: RunPaths | None = None, request: str = "",
+                  t0: float | None = None) -> Capture:
+    """These ranks' stacks: by SIGUSR2 into their logs under `logs` (None: py-spy only), kept in a new
+    folder under `into` (None: kept nowhere)."""
+    t0 = time.monotonic() if t0 is None else t0
+    dumps = _signal_dumps(logs, ranks, wait_s) if logs is not None else {}
     binary = py_spy()
     stacks, raw = [], {}
     for rank, proc in sorted(ranks.items()):
@@ -204,7 +197,10 @@ def capture(run_dir: Path, why: str = "request", wait_s: float = 2.0, workers: b
             stacks.append(RankStack(rank, proc.pid, "faulthandler", tuple(parse_faulthandler(dumps[rank]))))
             continue
         handled = catches_dump_signal(proc.pid)
-        lack = f"no dump within {wait_s:g} s of SIGUSR2" if handled else "no SIGUSR2 handler (no mt in the script)"
+        if logs is None:
+            lack = "no rank log to read a SIGUSR2 dump from"
+        else:
+            lack = f"no dump within {wait_s:g} s of SIGUSR2" if handled else "no SIGUSR2 handler (no mt in the script)"
         if binary is None:
             stacks.append(RankStack(rank, proc.pid, "none", note=f"{lack}; {PY_SPY_HINT}"))
             continue
@@ -214,19 +210,22 @@ def capture(run_dir: Path, why: str = "request", wait_s: float = 2.0, workers: b
                                 tuple(parse_py_spy(text)), f"{lack}; {failed}" if failed else lack))
     found = verdict(stacks)
     loaders = _workers(ranks, binary) if workers else []
-    folder = _folder(paths, why)
-    for rank, text in raw.items():
-        (folder / f"rank{rank}.txt").write_text(text)
-    for w, text in loaders:
-        if text:
-            (folder / f"rank{w.rank}-worker{w.pid}.txt").write_text(text)
     seconds = time.monotonic() - t0
-    kept = verdict_record(found, stacks, why, seconds)
-    if workers:
-        kept["workers"] = [{"rank": w.rank, "pid": w.pid, "line": w.line(), "func": w.place and w.place.frame.func,
-                            "file": w.place and w.place.frame.file, "line_no": w.place and w.place.frame.line,
-                            "item": w.item and w.item.where(), "note": w.note} for w, _ in loaders]
-    (folder / "verdict.json").write_text(json.dumps(kept, indent=1) + "\n")
+    folder = _folder(into, f"{why}-{request}" if request else why) if into is not None else None
+    if folder is not None:
+        for rank, text in raw.items():
+            (folder / f"rank{rank}.txt").write_text(text)
+        for w, text in loaders:
+            if text:
+                (folder / f"rank{w.rank}-worker{w.pid}.txt").write_text(text)
+        kept = verdict_record(found, stacks, why, seconds)
+        if request:
+            kept["request"] = request
+        if workers:
+            kept["workers"] = [{"rank": w.rank, "pid": w.pid, "line": w.line(), "func": w.place and w.place.frame.func,
+                                "file": w.place and w.place.frame.file, "line_no": w.place and w.place.frame.line,
+                                "item": w.item and w.item.where(), "note": w.note} for w, _ in loaders]
+        (folder / "verdict.json").write_text(json.dumps(kept, indent=1) + "\n")
     return Capture(folder, tuple(stacks), found, seconds, tuple(w for w, _ in loaders))
 
 

@@ -130,7 +130,7 @@ class Supervisor:
             self.log.info("NVML not available (%s): no GPU readings, sampling CPU only",
                           self.sampler.gpus.error)
         # one writer of incidents.jsonl: the job's supervisor, whose rules hear the other nodes' failures
-        self.incidents = IncidentHook(self.run_dir, self.cfg, self.log, node=self.node) if self.is_job else None
+        self.incidents = IncidentHook(self.run_dir, self.cfg, self.log, node=self.node, rules=self.is_job)
         restarts_left = self.cfg.launch.max_restarts
         attempt = (self.status.attempt or 0) + 1
         if self.incidents is not None:
@@ -209,8 +209,8 @@ class Supervisor:
         with open(log_path, "ab") as out, store or contextlib.nullcontext():
             self.torchrun = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                env=worker_env(self.cfg, store=store, attempt=attempt, node=self.node), preexec_fn=die_with_parent,
-                close_fds=True, pass_fds=(store.fileno(),) if store else (), cwd=self.script_cwd(),
+                env=worker_env(self.cfg, store=store, attempt=attempt, node=self.node, flight_dir=self.paths.flight),
+                preexec_fn=die_with_parent, close_fds=True, pass_fds=(store.fileno(),) if store else (), cwd=self.script_cwd(),
             )
         tr = self.torchrun
         record = {"attempt": attempt, "started": started, "torchrun_pid": tr.pid, "ended": None, "exit_code": None}

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from mt.contract.config import HF_OFFLINE, STORE_FD_ENV, Config
 from mt.contract.paths import ENV_NODE
+from tui.run.flight import recorder_env
 
 
 def torchrun_command(cfg: Config, run_dir: Path, attempt: int, python: str = sys.executable,
@@ -99,14 +100,15 @@ def attempt_command(cfg: Config, run_dir: Path, attempt: int, python: str = sys.
 
 
 def worker_env(cfg: Config, base: dict[str, str] | None = None, store: socket.socket | None = None,
-               attempt: int = 1, node: str | None = None) -> dict[str, str]:
+               attempt: int = 1, node: str | None = None, flight_dir: Path | None = None) -> dict[str, str]:
     """The environment for torchrun and its workers.
 
     torchrun sets OMP_NUM_THREADS=1 only when nproc > 1 and leaves it unset for one process,
     so we choose: the cores split evenly between the local workers (a user's value wins).
     `node`: MT_NODE, the node folder its ranks write their heartbeats and logs in (none: the top).
     `store`: a direct attempt's listening socket on loopback, which its worker serves the
-    process group's store on (engine/direct.py), as torchrun's agent would.
+    process group's store on (engine/direct.py), as torchrun's agent would. `flight_dir`: where
+    PyTorch's flight recorder dumps on an NCCL timeout (tui/run/flight.py; not for device cpu).
     """
     env = dict(os.environ if base is None else base)
     env.setdefault("OMP_NUM_THREADS", str(max(1, usable_cores() // cfg.launch.nproc_per_node)))
@@ -124,6 +126,8 @@ def worker_env(cfg: Config, base: dict[str, str] | None = None, store: socket.so
             env.pop(name, None)  # a value from the user's shell would point at someone else's store
         env.update(direct_rank_env(cfg, attempt, store))
         env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # as torchrun: the user's value wins
+    if flight_dir is not None:
+        env.update(recorder_env(cfg, flight_dir, env))
     return env
 
 

@@ -1,11 +1,12 @@
-"""`mt stacks RUN`: take a capture now and print the groups, the odd one first (--all: every rank's stack)."""
+"""`mt stacks`: take a capture now and print the groups, the odd one first (--all: every rank's stack)."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TextIO
 
-from tui.diagnose.stacks import RankStack
-from tui.run.stacks import Capture, capture
+from tui.diagnose.stacks import Group, RankStack
+from tui.run.stacknodes import NodesVerdict, gather, request_stacks
+from tui.run.stacks import Capture, capture, capture_ranks, ranks_of_pid
 from tui.text.format import safe_text
 
 
@@ -21,26 +22,64 @@ def _stack_lines(stack: RankStack) -> list[str]:
     return lines
 
 
+def _group_line(g: Group, tag: str) -> str:
+    who = f"rank {g.ranks[0]}" if len(g.ranks) == 1 else "ranks " + ", ".join(map(str, g.ranks))
+    return (f"  {who}: {g.place.frame.func} ({g.place.frame.where()})"
+            + (f" -> {g.place.waits_in}" if g.place.waits_in else "") + f"  [{tag}]")
+
+
 def render(cap: Capture, show_all: bool) -> list[str]:
     """The verdict line, then one line per group (and per rank without a stack), then --all's stacks."""
     by_rank = {s.rank: s for s in cap.stacks}
     out = [cap.verdict.line]
     for g in cap.verdict.groups:
-        paths = sorted({by_rank[r].source for r in g.ranks})
-        who = f"rank {g.ranks[0]}" if len(g.ranks) == 1 else "ranks " + ", ".join(map(str, g.ranks))
-        out.append(f"  {who}: {g.place.frame.func} ({g.place.frame.where()})"
-                   + (f" -> {g.place.waits_in}" if g.place.waits_in else "") + f"  [{', '.join(paths)}]")
+        out.append(_group_line(g, ", ".join(sorted({by_rank[r].source for r in g.ranks}))))
     for r in cap.verdict.missing:
         out.append(f"  rank {r}: no stack: {by_rank[r].note}")
     if show_all:
         for s in cap.stacks:
             out.append(f"rank {s.rank} (pid {s.pid}, {s.source}{': ' + s.note if s.note else ''}):")
             out += _stack_lines(s)
-    out.append(f"kept in {cap.folder} ({cap.seconds:.2f} s)")
+    out.append(f"kept in {cap.folder} ({cap.seconds:.2f} s)" if cap.folder is not None
+               else f"kept nowhere (--out DIR keeps it) ({cap.seconds:.2f} s)")
     return [safe_text(line) for line in out]
 
 
-def print_stacks(run_dir: Path, show_all: bool, out: TextIO) -> None:
-    """Capture now and print; NotARunError / NoRanksError go to the caller (exit 2)."""
-    for line in render(capture(run_dir), show_all):
+def render_nodes(found: NodesVerdict, show_all: bool) -> list[str]:
+    """The verdict over every node's capture, one line per group naming its nodes, then each node's folder."""
+    out = [found.verdict.line]
+    for g in found.verdict.groups:
+        out.append(_group_line(g, "node " + ", ".join(sorted({found.node_of[r] for r in g.ranks}))))
+    for r in found.verdict.missing:
+        out.append(f"  rank {r}: no stack (node {found.node_of.get(r, '?')}; see its verdict.json)")
+    for node, folder in sorted(found.folders.items()):
+        out.append(f"node {node}: kept in {folder}")
+        if show_all:
+            for f in sorted(folder.glob("rank*.txt")):
+                out.append(f"  {f.name}:")
+                out += ["    " + line for line in f.read_text(errors="replace").splitlines()]
+    if found.silent:
+        out.append(f"no capture from node {', '.join(found.silent)} (its supervisor did not answer)")
+    return [safe_text(line) for line in out]
+
+
+def print_stacks(run_dir: Path, show_all: bool, out: TextIO, timeout: float = 15.0) -> None:
+    """Capture now and print (a job's shared run directory: ask every node's supervisor and wait up
+    to `timeout`); NotARunError / NoRanksError go to the caller (exit 2)."""
+    from mt.contract.paths import RunPaths
+    from tui.read.rundir import require_run_dir
+
+    if RunPaths(require_run_dir(Path(run_dir))).node_names():
+        lines = render_nodes(gather(run_dir, request_stacks(run_dir, workers=False), timeout), show_all)
+    else:
+        lines = render(capture(run_dir), show_all)
+    for line in lines:
+        print(line, file=out)
+
+
+def print_pid_stacks(pid: int, out_dir: Path | None, show_all: bool, out: TextIO) -> None:
+    """`mt stacks --pid`: the ranks of the torchrun job `pid` belongs to, by py-spy (kept under out_dir if given)."""
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    for line in render(capture_ranks(ranks_of_pid(pid), out_dir), show_all):
         print(line, file=out)

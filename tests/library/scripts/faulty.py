@@ -17,6 +17,7 @@ p.add_argument("--fault", choices=["none", "crash", "hang", "oom"], default="non
 p.add_argument("--at", type=int, default=5)
 p.add_argument("--rank", type=int, default=1)
 p.add_argument("--no-mt", action="store_true")
+p.add_argument("--run-dir", help="ignored: names a run directory in the command line, as mt's own workers do")
 p.add_argument("--save-at", type=int, default=0, help="rank 0 reports a checkpoint (a JSON file) at this step")
 args = p.parse_args()
 
