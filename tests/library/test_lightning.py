@@ -65,3 +65,26 @@ def test_the_lightning_callback_saves_on_c_stops_on_s_and_resumes_at_the_next_st
     assert every[second]["start_step"] == final["step"] and every[second]["resumed_from"] == {"path": final["path"]}
     # the Trainer restored from cb.resume_from: the new attempt's first step is the saved one + 1, and it goes on to the end
     assert [e["step"] for e in every[second:] if e["kind"] == "step"] == list(range(final["step"] + 1, STEPS + 1))
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_lightning_script_saves_and_stops_it(tmp_path: Path) -> None:
+    pytest.importorskip("lightning")
+    import os
+    import signal
+
+    # plain python: mt.init (in the callback's setup) makes ./runs/train-<stamp> itself
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MT_")}
+    proc = subprocess.Popen([sys.executable, str(EXAMPLE), "--steps", "400", "--sleep", "0.1"], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        run_dir = wait_for(lambda: next(iter((tmp_path / "runs").glob("train-*")), None), 120, "the run directory")
+        wait_for(lambda: len(events(run_dir, "step")) >= 2, 120, "steps")
+        proc.send_signal(signal.SIGTERM)  # Lightning's handler and mt's both see it: saved at the next batch end
+        assert proc.wait(60) == 0, proc.stderr.read()
+    finally:
+        proc.kill()
+    end, saves = events(run_dir, "run_end")[-1], events(run_dir, "checkpoint")
+    assert (end["status"], end["reason"]) == ("stopped", "SIGTERM received") and end["step"] < 400, end
+    assert [(c["reason"], c["step"]) for c in saves] == [("stop", end["step"])] and Path(saves[0]["path"]).is_file()
+    assert status(run_dir)["state"] == "stopped"
