@@ -17,6 +17,7 @@ except ImportError:
     raise ImportError("mt.integrations.lightning needs PyTorch Lightning: pip install 'mt[lightning]' (or lightning)") from None
 
 import mt
+from mt.integrations.lazyrun import LazyRun
 from mt.run import ENV_RUN_DIR
 
 _OWN = ("loss", "lr", "grad_norm", "tokens", "step")  # a step's own fields, and run.step's keywords
@@ -36,22 +37,15 @@ def _number(value: Any) -> float | None:
     return None
 
 
-class MtCallback(Callback):
+class MtCallback(LazyRun, Callback):
     """Reports a Lightning Trainer to mt and obeys mt's checkpoint and stop requests (on every rank).
 
     `dirpath`: where the requested checkpoints go (default `<run dir>/ckpt`), `step<N>.ckpt` each."""
 
     def __init__(self, run: mt.Run | None = None, dirpath: str | Path | None = None) -> None:
-        self._run = run
+        super().__init__(run)
         self._dirpath = Path(dirpath) if dirpath is not None else None
         self._last: int | None = None  # the global step last reported: accumulating batches make none
-
-    @property
-    def run(self) -> mt.Run:
-        """The mt run, joined (or made) on first use."""
-        if self._run is None:
-            self._run = mt.init()
-        return self._run
 
     @property
     def resume_from(self) -> str | None:
@@ -60,8 +54,7 @@ class MtCallback(Callback):
             # a run mt.init makes itself has no earlier attempt, and under torchrun it is made only
             # once fit has a process group (setup): asking now would be too early
             return None
-        path = self.run.resume_from
-        return str(path) if path is not None else None
+        return super().resume_from
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         # before fit registers Lightning's SIGTERM handler, which then calls mt's as well
