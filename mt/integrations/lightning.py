@@ -14,7 +14,7 @@ try:
     from lightning.pytorch import Callback
 except ImportError:
     # one line naming the fix, not a traceback of lightning's own imports
-    raise ImportError("mt.integrations.lightning needs PyTorch Lightning: pip install 'mt[lightning]' (or lightning)") from None
+    raise ImportError('mt.integrations.lightning needs PyTorch Lightning: pip install -e ".[lightning]" (or pip install lightning)') from None
 
 import mt
 from mt.integrations.lazyrun import LazyRun

@@ -20,7 +20,7 @@ def test_importing_the_adapter_without_lightning_names_the_extra() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines() == [
-        "mt.integrations.lightning needs PyTorch Lightning: pip install 'mt[lightning]' (or lightning)"]
+        'mt.integrations.lightning needs PyTorch Lightning: pip install -e ".[lightning]" (or pip install lightning)']
 
 
 @pytest.mark.slow
