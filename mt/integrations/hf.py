@@ -11,30 +11,16 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-import mt
+from mt.integrations.lazyrun import LazyRun
 
 _SKIP = ("epoch", "total_flos", "train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss")
 _OWN = ("loss", "learning_rate", "grad_norm", "step", "lr", "tokens")  # a step's own fields, and run.record's keywords
 
 
-class MtCallback(TrainerCallback):
-    """Reports a Trainer to mt and obeys mt's checkpoint and stop requests (on every rank)."""
+class MtCallback(LazyRun, TrainerCallback):
+    """Reports a Trainer to mt and obeys mt's checkpoint and stop requests (on every rank).
 
-    def __init__(self, run: mt.Run | None = None) -> None:
-        self._run = run
-
-    @property
-    def run(self) -> mt.Run:
-        """The mt run, joined (or made) on first use: after the Trainer exists, so every rank agrees."""
-        if self._run is None:
-            self._run = mt.init()
-        return self._run
-
-    @property
-    def resume_from(self) -> str | None:
-        """The newest checkpoint folder an earlier attempt saved, for `trainer.train(resume_from_checkpoint=...)`."""
-        path = self.run.resume_from
-        return str(path) if path is not None else None
+    `resume_from`: the newest checkpoint folder, for `trainer.train(resume_from_checkpoint=...)`."""
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         run = self.run
