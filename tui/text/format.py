@@ -77,6 +77,14 @@ def fmt_s(seconds: float | None) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
+def fmt_ms(seconds: float | None) -> str:
+    """A step's part in a sentence: 130 ms, 4.2 ms, 0.31 ms; `n/a` when unknown."""
+    if seconds is None:
+        return "n/a"
+    ms = seconds * 1000
+    return f"{ms:.0f} ms" if ms >= 10 else f"{ms:.2g} ms"
+
+
 def fmt_write_time(seconds: float | None, blocking_s: float | None) -> str:
     """A checkpoint's write time and what the loop waited of it: `0.94 s, loop waited 0.18 s`."""
     if seconds is None:
