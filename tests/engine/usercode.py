@@ -172,11 +172,11 @@ def stuck(split, rank=2, at=20, n=512, seq_len=16):
 
 
 class Slow(Pairs):
-    """Pairs that take `delay_s` an item on rank `rank` only: the rank the others wait for."""
+    """Pairs that take `delay_s` an item on rank `rank` only (the rank the others wait for), or on "all"."""
 
     def __init__(self, n, seq_len, seed, rank, delay_s):
         super().__init__(n, seq_len, seed)
-        self.delay_s = delay_s if int(os.environ.get("RANK", 0)) == rank else 0.0
+        self.delay_s = delay_s if rank == "all" or int(os.environ.get("RANK", 0)) == rank else 0.0
 
     def __getitem__(self, i):
         if self.delay_s:

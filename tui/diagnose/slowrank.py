@@ -103,13 +103,13 @@ def slow_rank(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | 
     verb = "waits" if len(others) == 1 else "wait"
     own = f"it waits {fmt_ms(me.data_s)} a step for data" if input_bound else \
         f"its forward/backward and optimizer take {fmt_ms(me.work_s)} a step"
-    detail = (f"rank {slow} is {bound}-bound: {own} while rank {peers} {verb} ~{fmt_ms(wait_s)} in all-reduce for it "
-              f"(medians of the ranks' last steps; a step takes {fmt_ms(step_s)})")
+    why = f"rank {slow} is {bound}-bound: {own} while rank {peers} {verb} ~{fmt_ms(wait_s)} in all-reduce for it"
+    detail = f"{why} (medians of the ranks' last steps; a step takes {fmt_ms(step_s)})"
     busy = _host_busy(sig, obs) if bound == "compute" else None
     if busy is not None and busy >= HOST_BUSY_CORES:
         detail += f"; its host's CPU is busy with something else ({busy:.1f} cores besides the ranks)"
     evidence: dict[str, Any] = {
-        "rank": slow, "bound": bound, "gap_s": round(gap, 4), "wait_s": round(wait_s, 4), "step_s": round(step_s, 4),
+        "why": why, "rank": slow, "bound": bound, "gap_s": round(gap, 4), "wait_s": round(wait_s, 4), "step_s": round(step_s, 4),
         "host_busy_cores": None if busy is None else round(busy, 2),
         "anatomy": {str(r): {k: v for k, v in p.__dict__.items() if v is not None} for r, p in sorted(parts.items())},
     }

@@ -161,6 +161,28 @@ def _visible(ch: str) -> str:
     return f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
 
 
+_ANATOMY_NAMES = (("data_s", "data"), ("compute_s", "compute"), ("work_s", "compute"), ("optim_s", "optim"),
+                  ("comm_s", "wait"))
+
+
+def anatomy_text(parts: dict[str, object]) -> str:
+    """One rank's median step in parts (a heartbeat's anatomy or an incident's): `step 90 ms: data 83 ms, wait 2.4 ms`."""
+    def part(key: str) -> float | None:
+        v = parts.get(key)
+        return float(v) if type(v) in (int, float) else None  # type: ignore[arg-type]
+    shown = [f"{name} {fmt_ms(part(key))}" for key, name in _ANATOMY_NAMES if part(key) is not None]
+    return f"step {fmt_ms(part('step_s'))}" + (": " + ", ".join(shown) if shown else "")
+
+
+def anatomy_lines(evidence: dict[str, object]) -> list[str]:
+    """A straggler's verdict, then each rank's step anatomy (nothing without them; wrong types are skipped)."""
+    why, anatomy = evidence.get("why"), evidence.get("anatomy")
+    if not isinstance(why, str) or not isinstance(anatomy, dict):
+        return []
+    ranks = sorted((k for k, v in anatomy.items() if isinstance(v, dict)), key=lambda k: (len(str(k)), str(k)))
+    return [safe_text(why), *(safe_text(f"rank {r}: {anatomy_text(anatomy[r])}") for r in ranks)]
+
+
 def stacks_lines(evidence: dict[str, object]) -> list[str]:
     """An incident's captured stacks in words: `stacks: <verdict>`, then each DataLoader worker's place
     (nothing when it has none; values of the wrong type are skipped, as a file may hold anything)."""
