@@ -123,8 +123,8 @@ class Run:
         now = time.perf_counter()
         if data_s is not None and not (type(data_s) is float and 0.0 <= data_s < math.inf):
             data_s = as_number(data_s, "data_s", nonneg=True, finite=True)
-        if self._last_t is not None:  # the step: since the last call; mt's own part: its agreement then
-            self._heartbeat.anatomy.add(now - self._last_t, data_s, None, None, self._agreed_s)
+        if self._last_t is not None:  # the step: since the last call; mt's own part: inside that call
+            self._heartbeat.anatomy.add(now - self._last_t, data_s, mt_s=self._agreed_s)
         # checked before anything is noted, so a refused value changes nothing; a plain float
         # passes on a type check (NaN too: the parser keeps it)
         if type(loss) is not float and loss is not None:

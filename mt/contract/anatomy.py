@@ -4,8 +4,9 @@ from __future__ import annotations
 from collections import deque
 
 # the parts of a step, in seconds: all of it, waiting for the next batch, forward+backward (this
-# rank's own work), the optimizer step, and waiting in the step's collectives for the other ranks
-PARTS = ("step_s", "data_s", "compute_s", "optim_s", "comm_s")
+# rank's own work), the optimizer step, waiting in the step's collectives for the other ranks, and
+# (a script's) the time inside mt's run.step (its agreement); the rest of a script's step is its own
+PARTS = ("step_s", "data_s", "compute_s", "optim_s", "comm_s", "mt_s")
 WINDOW = 20
 
 
@@ -18,9 +19,9 @@ class StepAnatomy:
         self._parts: dict[str, deque[float]] = {k: deque(maxlen=window) for k in PARTS}
 
     def add(self, step_s: float, data_s: float | None = None, compute_s: float | None = None,
-            optim_s: float | None = None, comm_s: float | None = None) -> None:
+            optim_s: float | None = None, comm_s: float | None = None, mt_s: float | None = None) -> None:
         """One step's parts; None: a part this producer cannot see (it stays out of the record)."""
-        for name, value in zip(PARTS, (step_s, data_s, compute_s, optim_s, comm_s)):
+        for name, value in zip(PARTS, (step_s, data_s, compute_s, optim_s, comm_s, mt_s)):
             if value is not None:
                 self._parts[name].append(value)
 

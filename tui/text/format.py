@@ -162,7 +162,7 @@ def _visible(ch: str) -> str:
 
 
 _ANATOMY_NAMES = (("data_s", "data"), ("compute_s", "compute"), ("work_s", "compute"), ("optim_s", "optim"),
-                  ("comm_s", "wait"))
+                  ("comm_s", "wait"), ("mt_s", "mt"))
 
 
 def anatomy_text(parts: dict[str, object]) -> str:
