@@ -8,15 +8,20 @@ from collections import deque
 # (a script's) the time inside mt's run.step (its agreement); the rest of a script's step is its own
 PARTS = ("step_s", "data_s", "compute_s", "optim_s", "comm_s", "mt_s")
 WINDOW = 20
+# the medians are taken again after this many steps: a reader polls about once a second and the
+# window moves slowly, while taking them costs ~10 µs (a quarter of that a step this way)
+REFRESH = 4
 
 
 class StepAnatomy:
     """The last `window` steps' parts; `fragment()` is their medians as the heartbeat's JSON field.
 
-    `add` is a few appends (the training thread's cost); medians are taken when a beat is written."""
+    `add` is a few appends (the training thread's cost); medians are taken when a beat is written,
+    at most every `refresh` steps."""
 
-    def __init__(self, window: int = WINDOW) -> None:
+    def __init__(self, window: int = WINDOW, refresh: int = REFRESH) -> None:
         self._parts: dict[str, deque[float]] = {k: deque(maxlen=window) for k in PARTS}
+        self._refresh, self._since, self._fragment = refresh, refresh, ""
 
     def add(self, step_s: float, data_s: float | None = None, compute_s: float | None = None,
             optim_s: float | None = None, comm_s: float | None = None, mt_s: float | None = None) -> None:
@@ -24,15 +29,18 @@ class StepAnatomy:
         for name, value in zip(PARTS, (step_s, data_s, compute_s, optim_s, comm_s, mt_s)):
             if value is not None:
                 self._parts[name].append(value)
+        self._since += 1
 
     def fragment(self) -> str:
         """`,"anatomy":{"n":N,"step_s":...}` (the parts seen), or "" before the first step."""
         n = len(self._parts["step_s"])
-        if not n:
-            return ""
+        if not n or self._since < self._refresh:
+            return self._fragment
+        self._since = 0
         fields = [f'"n":{n}']
         for name, values in self._parts.items():
             if values:
                 ordered = sorted(values)  # one C call under the GIL: a list the training thread cannot change
                 fields.append(f'"{name}":{max(ordered[len(ordered) // 2], 0.0):.4g}')
-        return ',"anatomy":{' + ",".join(fields) + "}"
+        self._fragment = ',"anatomy":{' + ",".join(fields) + "}"
+        return self._fragment

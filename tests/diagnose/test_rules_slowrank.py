@@ -100,7 +100,7 @@ def test_evaluate_reports_it_as_the_straggler() -> None:
 
 
 def test_the_heartbeat_fragment_parses_back() -> None:
-    a = StepAnatomy(window=4)
+    a = StepAnatomy(window=4, refresh=1)
     assert a.fragment() == ""
     for i in range(6):
         a.add(0.1 + i / 1000, 0.05, None, None, 1e-6 * i)
