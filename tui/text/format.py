@@ -165,13 +165,15 @@ _ANATOMY_NAMES = (("data_s", "data"), ("compute_s", "compute"), ("work_s", "comp
                   ("comm_s", "wait"), ("mt_s", "mt"))
 
 
-def anatomy_text(parts: dict[str, object]) -> str:
-    """One rank's median step in parts (a heartbeat's anatomy or an incident's): `step 90 ms: data 83 ms, wait 2.4 ms`."""
+def anatomy_text(parts: dict[str, object], short: bool = False) -> str:
+    """One rank's median step in parts (a heartbeat's anatomy or an incident's): `step 90 ms: data 83 ms, wait 2.4 ms`;
+    `short` (a panel's row): `90 ms: data 83, wait 2.4`."""
     def part(key: str) -> float | None:
         v = parts.get(key)
         return float(v) if type(v) in (int, float) else None  # type: ignore[arg-type]
-    shown = [f"{name} {fmt_ms(part(key))}" for key, name in _ANATOMY_NAMES if part(key) is not None]
-    return f"step {fmt_ms(part('step_s'))}" + (": " + ", ".join(shown) if shown else "")
+    shown = [f"{name} {fmt_ms(part(key)).removesuffix(' ms') if short else fmt_ms(part(key))}"
+             for key, name in _ANATOMY_NAMES if part(key) is not None]
+    return ("" if short else "step ") + fmt_ms(part("step_s")) + (": " + ", ".join(shown) if shown else "")
 
 
 def anatomy_lines(evidence: dict[str, object]) -> list[str]:
