@@ -147,6 +147,16 @@ class PidTracker:
         return left
 
 
+def end_run(run_dir: Path) -> None:
+    """Kill what a test's run left running: its supervisor's and torchrun's process trees."""
+    from tests.engine.runner import kill_tree
+
+    st = status(run_dir)
+    for pid in (st.get("supervisor_pid"), st.get("torchrun_pid")):
+        if isinstance(pid, int):
+            kill_tree(pid)
+
+
 def run_dir_from(stdout: str) -> Path:
     """The run directory `mt launch --detach` printed, or that `--headless` named."""
     for line in stdout.splitlines():

@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.cli.conftest import events, launch_user_run, mt, status, wait_for
-from tests.engine.runner import kill_tree
+from tests.cli.conftest import end_run, events, launch_user_run, mt, status, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -28,13 +27,6 @@ def _incidents(run_dir: Path, code: str) -> list[dict[str, Any]]:
 def _opened(run_dir: Path, code: str, timeout: float) -> dict[str, Any]:
     return wait_for(lambda: next((r for r in _incidents(run_dir, code) if r["status"] == "open"), None),
                     timeout, f"a {code} incident")
-
-
-def _end(run_dir: Path) -> None:
-    st = status(run_dir)
-    for pid in (st.get("supervisor_pid"), st.get("torchrun_pid")):
-        if isinstance(pid, int):
-            kill_tree(pid)
 
 
 def _first_step_t(run_dir: Path) -> float:
@@ -56,7 +48,7 @@ def test_a_rank_slow_on_its_data_is_named_input_bound_in_the_incident_and_the_vi
         assert once.returncode == 0, once.stderr
         assert "rank 1 is input-bound" in once.stdout and "rank 1: step" in once.stdout, once.stdout
     finally:
-        _end(run_dir)
+        end_run(run_dir)
 
 
 def test_a_rank_slow_in_its_forward_is_named_compute_bound(tmp_path: Path) -> None:
@@ -68,7 +60,7 @@ def test_a_rank_slow_in_its_forward_is_named_compute_bound(tmp_path: Path) -> No
         assert inc["evidence"]["rank"] == 1 and inc["evidence"]["bound"] == "compute", inc
         assert inc["t"] - first <= 60
     finally:
-        _end(run_dir)
+        end_run(run_dir)
 
 
 def test_a_balanced_run_has_no_straggler(tmp_path: Path) -> None:
@@ -82,4 +74,4 @@ def test_a_balanced_run_has_no_straggler(tmp_path: Path) -> None:
         hb = json.loads((run_dir / "heartbeat" / "rank1").read_text())
         assert hb["anatomy"]["n"] == 20 and hb["anatomy"]["data_s"] > 0.02, hb  # it was measured, and judged
     finally:
-        _end(run_dir)
+        end_run(run_dir)

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.conftest import mt, run_dir_from, status, wait_for
-from tests.engine.runner import kill_tree
+from tests.cli.conftest import end_run, mt, run_dir_from, wait_for
 
 pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).parent / "scripts" / "slow_rank.py"
@@ -33,7 +32,4 @@ def test_a_script_rank_slow_on_its_data_is_named_input_bound(tmp_path: Path) -> 
         hb = json.loads((run_dir / "heartbeat" / "rank0").read_text())
         assert set(hb["anatomy"]) == {"n", "step_s", "data_s", "mt_s"}, hb  # a script's step, its data, mt's part
     finally:
-        st = status(run_dir)
-        for pid in (st.get("supervisor_pid"), st.get("torchrun_pid")):
-            if isinstance(pid, int):
-                kill_tree(pid)
+        end_run(run_dir)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tests.tui.synth import SynthRun, finished_run
+from tests.tui.synth import complete, finished_run, running_run
 from tests.tui.test_headless_text import append, headless, incident
 from tui.read.follower import load_run_state
 from tui.read.watcher import SystemView, Watcher
@@ -42,18 +42,11 @@ def test_once_and_the_incident_panel_show_them(tmp_path: Path) -> None:
 
 
 def test_headless_prints_them_under_the_incident_once(tmp_path: Path) -> None:
-    r = SynthRun(tmp_path, max_steps=10)
-    r.run_start()
-    for s in range(1, 6):
-        r.step(s)
-    r.flush()
-    r.status("running")
+    r = running_run(tmp_path)
     with headless(tmp_path) as (out, result):
         append(r.paths.incidents, incident(r.t + 1, "straggler", 5, evidence=EVIDENCE, severity="warn"))
         time.sleep(0.3)
-        r.event("run_end", step=5, status="completed", reason="max_steps reached")
-        r.flush()
-        r.status("completed", exit_code=0, ended=r.t)
+        complete(r, 5)
     assert result == ["completed"]
     lines = out.getvalue().splitlines()
     at = lines.index("incident [warn] straggler at step 5: straggler title")
