@@ -7,7 +7,8 @@ small all-reduce, optimizer, heartbeat) in blocks of `--steps` steps, alternatin
 heartbeat without anatomy, then the same DDP model with engine/anatomy.py's StepClock (its comm hook
 around torch's allreduce_hook, the laps, the medians in each heartbeat record). Two models, the same
 weights, so both sides do the same work. Prints the median step of each side, the median of the
-paired blocks' ratios with a bootstrap 95% interval, and the anatomy's own calls per step timed alone (µs).
+paired blocks' ratios (wall, and rank 0's CPU time, which a loaded machine disturbs less)
+with a bootstrap 95% interval, and the anatomy's own calls per step timed alone (µs).
 """
 from __future__ import annotations
 
@@ -51,10 +52,11 @@ def _rank(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
         sides[name] = (ddp, torch.optim.AdamW(net.parameters(), lr=1e-3), hb, clock)
     data = [torch.randn(32, args.hidden) for _ in range(16)]
 
-    def block(name: str, step0: int) -> float:
+    def block(name: str, step0: int) -> tuple[float, float]:
+        """Wall and CPU seconds (this process, every thread) per step."""
         ddp, opt, hb, clock = sides[name]
         lap = clock.lap if clock else (lambda mark: None)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for i in range(args.steps):
             lap("start")
             t = time.perf_counter()
@@ -73,17 +75,18 @@ def _rank(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
             if clock:
                 clock.end(data_s)
             hb.beat(step0 + i)
-        return (time.perf_counter() - t0) / args.steps
+        return (time.perf_counter() - t0) / args.steps, (time.process_time() - c0) / args.steps
 
     rng = random.Random(1)
     block("plain", 0), block("anatomy", 0)  # warm-up
-    rows = []
+    rows, cpu_rows = [], []
     for b in range(args.blocks):
         order = ["plain", "anatomy"]
         rng.shuffle(order)
         dist.barrier()
         got = {name: block(name, b * args.steps) for name in order}
-        rows.append((got["plain"], got["anatomy"]))
+        rows.append((got["plain"][0], got["anatomy"][0]))
+        cpu_rows.append((got["plain"][1], got["anatomy"][1]))
     # the anatomy's own calls alone, as a step makes them (no DDP): six laps, the end, one beat
     ddp, opt, hb, clock = sides["anatomy"]
     n = 2000
@@ -104,13 +107,14 @@ def _rank(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
         anat = statistics.median(r[1] for r in rows)
         # each block beside its pair (run back to back, in random order): a shared machine's slow spells
         # land on both sides of a pair more often than on one
-        paired = [a / p for p, a in rows]
-        boot = random.Random(2)
-        ratios = sorted(statistics.median(boot.choice(paired) for _ in paired) for _ in range(2000))
         print(f"step: plain {plain * 1e3:.2f} ms, with anatomy {anat * 1e3:.2f} ms (medians of {args.blocks} blocks "
               f"of {args.steps} steps)")
-        print(f"ratio with/without (median of paired blocks): {statistics.median(paired):.4f}  "
-              f"95% CI [{ratios[50]:.4f}, {ratios[1949]:.4f}]")
+        for what, pairs in (("wall", rows), ("rank 0's CPU", cpu_rows)):
+            paired = [a / p for p, a in pairs]
+            boot = random.Random(2)
+            ratios = sorted(statistics.median(boot.choice(paired) for _ in paired) for _ in range(2000))
+            print(f"ratio with/without, {what} per step (median of paired blocks): {statistics.median(paired):.4f}  "
+                  f"95% CI [{ratios[50]:.4f}, {ratios[1949]:.4f}]")
         print(f"the anatomy's own calls per step: {with_us - beat_us:.1f} µs (laps + end + medians in the beat: "
               f"{with_us:.1f} µs, a beat without anatomy {beat_us:.1f} µs) = "
               f"{(with_us - beat_us) / 1e6 / plain * 100:.3f}% of a {plain * 1e3:.2f} ms step")
