@@ -9,7 +9,7 @@ from typing import Any
 
 from mt.contract.config import MonitorConfig
 from tui.diagnose.findings import Finding, Observation
-from tui.diagnose.hang import _this_attempt, running
+from tui.diagnose.hang import running, this_attempt
 from tui.diagnose.signals import RunSignals
 from tui.text.format import fmt_ms
 
@@ -49,7 +49,7 @@ class Parts:
 
 def _parts(sig: RunSignals, obs: Observation) -> dict[int, Parts]:
     out = {}
-    for rank, hb in _this_attempt(sig, obs).items():
+    for rank, hb in this_attempt(sig, obs).items():
         a = hb.get("anatomy") or {}
         if hb.get("phase", "train") != "train" or obs.now - hb["t"] > FRESH_S or a.get("n", 0) < MIN_STEPS:
             continue
