@@ -2,7 +2,8 @@
 
     python3 bench/gpu_check.py [--out DIR] [--gpt2-steps 200] [--fsdp-steps 60] [--dry]
 
-1. the tiny GPT on CUDA through torchrun (NCCL), bf16 and fp16 (with a forced overflow);
+1. the tiny GPT on CUDA through torchrun (NCCL), bf16 and fp16 (with a forced overflow), and the
+   step anatomy in its heartbeat (on CUDA from events read a step late, engine/anatomy.py);
 2. checkpoint + SIGKILL + resume on CUDA: later losses compared with the uninterrupted bf16 run;
 3. MFU of gpt2-small (124M, seq 1024, bf16) on one GPU for a few hundred steps;
 4. gpt2-small under fsdp, eager then `train.compile = true` (MFU of each, the ratio, the first
@@ -35,7 +36,7 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from mt.contract.jsonl import read_events
+from mt.contract.jsonl import read_events, read_json
 from mt.contract.preset import config_from_dict
 
 TINY = {
@@ -160,6 +161,9 @@ def precision_part(root: Path, tiny: dict, precision: str) -> tuple[dict, list[s
            "skipped_steps": [e["step"] for e in s if e["skipped"]],
            "median_tok_s": statistics.median(e["tokens_per_s"] for e in s[5:]) if len(s) > 5 else None}
     problems = ran_all(rc, len(s), tiny["train"]["max_steps"])
+    res["anatomy"] = (read_json(run / "heartbeat" / "rank0") or {}).get("anatomy")
+    if not isinstance(res["anatomy"], dict) or not res["anatomy"].get("n") or "compute_s" not in res["anatomy"]:
+        problems.append(f"no step anatomy in heartbeat/rank0: {res['anatomy']}")
     want_skipped = [OVERFLOW_AT] if faults else []
     if res["skipped_steps"] != want_skipped:
         problems.append(f"skipped steps {res['skipped_steps']}, expected {want_skipped}")

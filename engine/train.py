@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from engine import parallel
+from engine.anatomy import StepClock
 from engine.checkpoint import full, sharded
 from engine.checkpoint.pick import find_checkpoint
 from engine.checkpoint.saver import Checkpointer, Reason
@@ -31,6 +32,7 @@ from engine.user import call_model, loss_of, to_device, tokens_per_sample
 from engine.weights import fit_problems, load_into, read_state
 from mt.anomaly import StepAnomalies, nan_incident, recompile_incident
 from mt.contract import builders as event_fields
+from mt.contract.anatomy import StepAnatomy
 from mt.contract.attempt import ResumeRefused, plan
 from mt.contract.checkpoints import CheckpointError
 from mt.contract.config import Config
@@ -75,6 +77,8 @@ class Trainer:
             load_into(self.model, {k: v.to(home) for k, v in state.items()}, source)
             log(f"weights from {source} (model.init_from); step 0, fresh optimizer")
         self.par = parallel.wrap(self.model, cfg, env)  # ddp (none on one rank) or fsdp; activation checkpointing
+        self.heartbeat.anatomy = StepAnatomy()  # this rank's step parts, in its heartbeat (engine/anatomy.py)
+        self.clock = StepClock(self.par, env.device, self.heartbeat.anatomy)
         self.optimizer = build_optimizer(self.model, t, env.device)  # after sharding: over this rank's shards
         self.precision = Precision(cfg, env, self.par)  # autocast; fp16's scaler, sharded under fsdp
         self.checkpoints = Checkpointer(cfg, env, paths, self.events, self.inbox, self.faults, self.par, self.model,
@@ -120,10 +124,14 @@ class Trainer:
 
             # ---- forward/backward, then the step's one collective: what every rank agrees on
             t0 = time.perf_counter()
+            self.clock.lap("start")
             loss_local, micro_losses, data_wait = self._forward_backward(step)
+            self.clock.lap("backward")
             grad_norm_t = self.precision.unscale_and_clip(self.optimizer, self.model.parameters())
             stop = self.signals.received is not None or bool(requests.stop)
+            self.clock.lap("agree_in")
             agreed = agree(self.env, loss_local, stop, bool(requests.checkpoint))
+            self.clock.lap("agree_out")
             grad_norm = float(grad_norm_t)
             nonfinite = agreed.nonfinite or self.precision.nonfinite(grad_norm)
             if nonfinite:
@@ -136,6 +144,8 @@ class Trainer:
             # ---- the optimizer step (fp16's scaler may skip it), then what the step reports
             skipped, scale = self.precision.step(self.optimizer, nonfinite)
             self.optimizer.zero_grad(set_to_none=True)
+            self.clock.lap("optim")
+            self.clock.end(data_wait)
             step_time = time.perf_counter() - t0
             self.step, self.samples = step, self.samples + self.global_batch
             self.heartbeat.beat(step)

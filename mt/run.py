@@ -21,8 +21,10 @@ from typing import Any, Mapping
 
 from mt.agree import Agreement
 from mt.contract import builders as event_fields
+from mt.contract.anatomy import StepAnatomy
 from mt.contract.eventlog import EventWriter
 from mt.contract.events import INT_MAX
+from mt.contract.fmt import failure_reason, tree_size
 from mt.contract.heartbeat import BackgroundHeartbeat
 from mt.contract.inbox import ControlInbox, Polled, Request, StopSignals
 from mt.contract.paths import RunPaths
@@ -100,6 +102,8 @@ class Run:
         self._pending: list[Request] = []  # accepted requests that the next checkpoint_saved answers
         self._asked: list[Request] = []  # accepted by the thread, not yet seen by a step
         self._last_t: float | None = None
+        self._agreed_s = 0.0  # the last step's time inside mt (its agreement: a wait for the other ranks)
+        self._heartbeat.anatomy = StepAnatomy()
         self._step: int | None = None
         self._stopping: str | None = None
         self._started = False
@@ -112,10 +116,15 @@ class Run:
 
     # ---- every optimizer step -----------------------------------------------------------
     def step(self, step: int, *, loss: float | None = None, lr: float | None = None, grad_norm: float | None = None,
-             tokens: int | None = None, **metrics: float) -> Control:
+             tokens: int | None = None, data_s: float | None = None, **metrics: float) -> Control:
         """Record optimizer step `step` (rank 0 writes it), beat this rank's heartbeat and say
-        whether to checkpoint or stop now: one tiny collective keeps every rank in agreement."""
+        whether to checkpoint or stop now: one tiny collective keeps every rank in agreement.
+        `data_s`: the seconds this step waited for its batch (the heartbeat's step anatomy)."""
         now = time.perf_counter()
+        if data_s is not None and not (type(data_s) is float and 0.0 <= data_s < math.inf):
+            data_s = as_number(data_s, "data_s", nonneg=True, finite=True)
+        if self._last_t is not None:  # the step: since the last call; mt's own part: inside that call
+            self._heartbeat.anatomy.add(now - self._last_t, data_s, mt_s=self._agreed_s)
         # checked before anything is noted, so a refused value changes nothing; a plain float
         # passes on a type check (NaN too: the parser keeps it)
         if type(loss) is not float and loss is not None:
@@ -127,7 +136,7 @@ class Run:
         extra = {k: as_number(v, k) for k, v in metrics.items()} if metrics else None
         ctl, tokens_all = self._sync(step, tokens)
         self._emit_step(self._step or 0, now, loss, lr, grad_norm, tokens_all, extra)
-        self._last_t = now
+        self._last_t, self._agreed_s = now, time.perf_counter() - now
         return ctl
 
     # ---- the two halves of a step, for an adapter whose framework logs apart from its steps --------
@@ -167,7 +176,7 @@ class Run:
         reqs, self._pending = self._pending, []  # what a step took: one asked later waits for a save after it
         reason = "stop" if self._stopping else "request" if reqs else "script"
         with self.failures.guard(self.paths.events):
-            self._events.emit("checkpoint", **event_fields.checkpoint(at, str(where), _size(where), None, reason,
+            self._events.emit("checkpoint", **event_fields.checkpoint(at, str(where), tree_size(where), None, reason,
                                                                      [r.id for r in reqs]))
         for req in reqs:
             with self.failures.guard(self.paths.events):
@@ -213,7 +222,7 @@ class Run:
         if exc is None or isinstance(exc, SystemExit) and exc.code in (0, None):
             self.finish()
         else:
-            self.finish("failed", _failure(self.rank, type(exc), exc))
+            self.finish("failed", failure_reason(self.rank, type(exc), exc))
 
     # ---- machinery ----------------------------------------------------------------------
     # Right after a training step the interpreter runs cold (an empty call costs ~7 µs there, 0.1 µs
@@ -339,7 +348,7 @@ class Run:
     def _excepthook(self, kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         """An exception escaping the script ends the run as failed, with its type and message."""
         try:
-            self.finish("failed", _failure(self.rank, kind, exc))
+            self.finish("failed", failure_reason(self.rank, kind, exc))
         finally:
             self._previous_hook(kind, exc, tb)
 
@@ -381,20 +390,3 @@ def init(config: Mapping[str, Any] | None = None, *, name: str | None = None, ru
     install_stack_dump()  # what `mt stacks` reads from the rank log, as the engine's ranks have it
     _LIVE[os.getpid()] = run
     return run
-
-
-def _failure(rank: int, kind: type[BaseException], exc: BaseException) -> str:
-    """A failed run's reason: `rank <r>: <Type>: <the message's first line>`."""
-    first = (str(exc).splitlines() or [""])[0][:400]
-    return f"rank {rank}: {kind.__name__}: {first}" if first else f"rank {rank}: {kind.__name__}"
-
-
-def _size(path: Path) -> int | None:
-    """Bytes of a checkpoint file, or of everything under a checkpoint folder."""
-    try:
-        if path.is_file():
-            return path.stat().st_size
-        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else None
-    except OSError:
-        return None
-

@@ -68,13 +68,15 @@ for step in range(start + 1, args.steps + 1):
     lr = args.lr * min(1.0, step / 20) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
     for group in opt.param_groups:
         group["lr"] = lr
+    t0 = time.perf_counter()
     x, y = batch(step)
+    data_s = time.perf_counter() - t0  # the step's wait for its batch: mt names a rank slow on its input
     loss = F.cross_entropy(net(x).flatten(0, 1), y.flatten())
     opt.zero_grad(set_to_none=True)
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
-    ctl = run.step(step, loss=loss.item(), lr=lr, grad_norm=grad_norm.item(), tokens=x.numel())
+    ctl = run.step(step, loss=loss.item(), lr=lr, grad_norm=grad_norm.item(), tokens=x.numel(), data_s=data_s)
     if ctl.checkpoint or ctl.stop or step % args.save_every == 0 or step == args.steps:
         save(step)
     if ctl.stop:  # mt stop, the s key, or SIGTERM (preemption)

@@ -5,6 +5,8 @@ too, so each is written once.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 
 def human_bytes(n: int | None) -> str:
     """1536 -> '1.5 KiB'; None -> 'unknown'."""
@@ -21,4 +23,20 @@ def human_bytes(n: int | None) -> str:
 def short_num(x: float | None) -> str:
     """A number in a sentence, three significant digits: 0.000312, 1.5e+04; 'n/a' when unknown."""
     return "n/a" if x is None else f"{x:.3g}"
+
+
+def failure_reason(rank: int, kind: type[BaseException], exc: BaseException) -> str:
+    """A failed run's reason: `rank <r>: <Type>: <the message's first line>`."""
+    first = (str(exc).splitlines() or [""])[0][:400]
+    return f"rank {rank}: {kind.__name__}: {first}" if first else f"rank {rank}: {kind.__name__}"
+
+
+def tree_size(path: Path) -> int | None:
+    """Bytes of a checkpoint file, or of everything under a checkpoint folder."""
+    try:
+        if path.is_file():
+            return path.stat().st_size
+        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else None
+    except OSError:
+        return None
 

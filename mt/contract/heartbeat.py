@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from mt.contract.anatomy import StepAnatomy
 from mt.contract.space import allocate
 
 
@@ -18,18 +19,21 @@ class Heartbeat:
     A fixed-width record in a memory-mapped file: a beat is a memory copy, no system call, so
     it costs about a microsecond in a training step (readers see it at once through the page
     cache, and the kernel keeps it if the process dies). Readers parse JSON and ignore the padding.
+    `anatomy`, when set, adds the rank's step anatomy (mt/contract/anatomy.py) to each record.
     """
 
-    WIDTH = 160
+    WIDTH = 320
 
     def __init__(self, path: Path, rank: int, attempt: int) -> None:
         self.path, self.rank, self.attempt = path, rank, attempt
         self._tail = f',"pid":{os.getpid()},"rank":{int(rank)},"attempt":{int(attempt)},"phase":"'
         self._map = _mapped(path, self.WIDTH + 1)
+        self.anatomy: StepAnatomy | None = None
 
     def beat(self, step: int, phase: str = "train") -> None:
         """`phase` says what the rank does next (train, eval, checkpoint), so a long pause is explained."""
-        record = f'{{"step":{int(step)},"t":{time.time()!r}{self._tail}{phase}"}}'.ljust(self.WIDTH) + "\n"
+        parts = self.anatomy.fragment() if self.anatomy is not None else ""
+        record = f'{{"step":{int(step)},"t":{time.time()!r}{self._tail}{phase}"{parts}}}'.ljust(self.WIDTH) + "\n"
         self._map[:] = record.encode()[: self.WIDTH + 1]
 
 
@@ -61,6 +65,7 @@ class BackgroundHeartbeat(Heartbeat):
         """`path` None, or a file that cannot be made (`error` says why): no heartbeat, the ticks still run."""
         self.error: OSError | None = None
         self.path, self.rank, self.attempt, self._map = path, rank, attempt, None  # type: ignore[assignment]
+        self.anatomy = None
         if path is not None:
             try:
                 super().__init__(path, rank, attempt)

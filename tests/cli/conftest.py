@@ -147,6 +147,16 @@ class PidTracker:
         return left
 
 
+def end_run(run_dir: Path) -> None:
+    """Kill what a test's run left running: its supervisor's and torchrun's process trees."""
+    from tests.engine.runner import kill_tree
+
+    st = status(run_dir)
+    for pid in (st.get("supervisor_pid"), st.get("torchrun_pid")):
+        if isinstance(pid, int):
+            kill_tree(pid)
+
+
 def run_dir_from(stdout: str) -> Path:
     """The run directory `mt launch --detach` printed, or that `--headless` named."""
     for line in stdout.splitlines():
@@ -161,16 +171,18 @@ def runs(tmp_path: Path) -> Path:
     return tmp_path / "runs"
 
 
-def launch_user_run(tmp_path: Path, nproc: int, data: dict[str, Any], monitor: dict[str, Any]) -> Path:
-    """`mt launch --detach` of the engine tests' user model (my_models) on `data` (a my_data factory)."""
+def launch_user_run(tmp_path: Path, nproc: int, data: dict[str, Any], monitor: dict[str, Any],
+                    model: dict[str, Any] | None = None, max_steps: int = 400) -> Path:
+    """`mt launch --detach` of the engine tests' user model (my_models, or `model`'s factory and args)
+    on `data` (a my_data factory)."""
     from tests.engine.usercode import work_folder
 
     work = work_folder(tmp_path)
     preset = write_preset(
         tmp_path / "p.toml", tmp_path / "runs", run={"workdir": str(work)},
-        launch={"nproc_per_node": nproc, "device": "cpu"}, train={"max_steps": 400, "eval_every": 0},
+        launch={"nproc_per_node": nproc, "device": "cpu"}, train={"max_steps": max_steps, "eval_every": 0},
         checkpoint={"every_steps": 0}, monitor=monitor,
-        model={"kind": "python", "factory": "my_models:build", "args": {"vocab": 32, "hidden": 32, "dropout": 0.1}},
+        model={"kind": "python", **(model or {"factory": "my_models:build", "args": {"vocab": 32, "hidden": 32, "dropout": 0.1}})},
         data={"source": "python", **data})
     res = mt("launch", preset, "--detach", "--name", "stk")
     assert res.returncode == 0, res.stdout + res.stderr

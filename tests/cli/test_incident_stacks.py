@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.cli.conftest import events, launch_user_run, mt, status, wait_for
-from tests.engine.runner import kill_tree
+from tests.cli.conftest import end_run, events, launch_user_run, mt, wait_for
 from tui.run.stacks import py_spy
 
 pytestmark = pytest.mark.slow
@@ -30,13 +29,6 @@ def _update(run_dir: Path, code: str, timeout: float) -> tuple[dict[str, Any], d
         upd = next((r for r in recs if r["status"] == "update"), None)
         return (opened, upd) if opened and upd else None
     return wait_for(found, timeout, f"the {code} incident's stacks")
-
-
-def _end(run_dir: Path) -> None:
-    st = status(run_dir)
-    for pid in (st.get("supervisor_pid"), st.get("torchrun_pid")):
-        if isinstance(pid, int):
-            kill_tree(pid)
 
 
 def test_the_hang_incident_names_the_stuck_rank_and_the_collective_the_others_wait_in(tmp_path: Path) -> None:
@@ -66,7 +58,7 @@ def test_the_hang_incident_names_the_stuck_rank_and_the_collective_the_others_wa
         at = next(i for i, line in enumerate(lines) if " hang " in line and "[error]" in line)
         assert lines[at + 1].strip() == f"stacks: {ev['verdict']}", once.stdout
     finally:
-        _end(run_dir)
+        end_run(run_dir)
 
 
 @pytest.mark.skipif(py_spy() is None, reason="py-spy reads DataLoader workers")
@@ -84,4 +76,4 @@ def test_the_stall_incident_names_the_dataloader_workers_frame(tmp_path: Path) -
         worker = next(w for w in kept["workers"] if w["rank"] == 1)
         assert worker["func"] == "slow_item" and (run_dir / ev["stacks"] / f"rank1-worker{worker['pid']}.txt").is_file()
     finally:
-        _end(run_dir)
+        end_run(run_dir)

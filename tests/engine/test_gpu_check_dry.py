@@ -38,6 +38,7 @@ def test_the_dry_gpu_check_runs_every_part_and_writes_its_report_into_a_new_fold
     report = json.loads((out / "gpu_check.json").read_text())
     assert report["problems"] == []
     assert report["fp16"]["skipped_steps"] == [20] and report["bf16"]["steps"] == 30
+    assert report["bf16"]["anatomy"]["n"] == 20 and report["bf16"]["anatomy"]["compute_s"] > 0
     resume = report["resume"]
     assert resume["killed_rc"] == -9 and resume["resumed_at"] == 20
     assert resume["steps_compared"] == 10 and resume["bitwise_equal"] is True

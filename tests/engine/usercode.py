@@ -35,6 +35,23 @@ def build(vocab=32, hidden=32, dropout=0.1):
     return Tagger(vocab, hidden, dropout)
 
 
+class SlowForward(Tagger):          # rank `rank`'s forward takes delay_s longer: compute-bound
+    def __init__(self, vocab, hidden, rank, delay_s):
+        super().__init__(vocab, hidden, 0.0)
+        import os
+        self.delay_s = delay_s if int(os.environ.get("RANK", 0)) == rank else 0.0
+
+    def forward(self, input_ids, labels):
+        if self.delay_s:
+            import time
+            time.sleep(self.delay_s)
+        return super().forward(input_ids, labels)
+
+
+def slow_forward(vocab=32, hidden=32, rank=1, delay_s=0.04):
+    return SlowForward(vocab, hidden, rank, delay_s)
+
+
 class Logits(Tagger):
     def forward(self, input_ids, labels):
         return self.head(self.embed(input_ids))
@@ -152,6 +169,23 @@ def slow_item():
 
 def stuck(split, rank=2, at=20, n=512, seq_len=16):
     return Stuck(n, seq_len, 1, rank, at) if split == "train" else None
+
+
+class Slow(Pairs):
+    """Pairs that take `delay_s` an item on rank `rank` only (the rank the others wait for), or on "all"."""
+
+    def __init__(self, n, seq_len, seed, rank, delay_s):
+        super().__init__(n, seq_len, seed)
+        self.delay_s = delay_s if rank == "all" or int(os.environ.get("RANK", 0)) == rank else 0.0
+
+    def __getitem__(self, i):
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        return super().__getitem__(i)
+
+
+def slow(split, rank=1, delay_s=0.01, n=512, seq_len=16):
+    return Slow(n, seq_len, 1, rank, delay_s) if split == "train" else None
 
 
 def build(split, n=512, seq_len=16, val_n=0):

@@ -126,7 +126,7 @@ run = mt.init(runs_dir="runs")
 assert mt.init(runs_dir="runs") is run  # the same run, not a second directory
 for kw in (dict(step=-1), dict(step=2**70), dict(step=True), dict(step=1, grad_norm=-1.0), dict(step=1, lr=-1e-3),
            dict(step=1, loss="1.5"), dict(step=1, loss=b"1"), dict(step=1, tokens=-5), dict(step=1, tokens=float("inf")),
-           dict(step=1, acc="2")):
+           dict(step=1, acc="2"), dict(step=1, data_s=-0.5), dict(step=1, data_s="0.1")):
     try:
         run.step(**kw)
         print("accepted", kw)
@@ -153,6 +153,7 @@ def test_values_the_parser_would_reject_are_refused_at_the_call_and_init_twice_i
         "ValueError mt: lr -0.001 is negative", "TypeError mt: loss must be a number, got str '1.5'",
         "TypeError mt: loss must be a number, got bytes b'1'", "ValueError mt: tokens -5 is negative",
         "ValueError mt: tokens inf is not finite", "TypeError mt: acc must be a number, got str '2'",
+        "ValueError mt: data_s -0.5 is negative", "TypeError mt: data_s must be a number, got str '0.1'",
         "ValueError mt: step -2 is out of range", "ValueError mt: step 18446744073709551616 is out of range"]
     [run_dir] = (tmp_path / "runs").iterdir()
     lines = (run_dir / "events.jsonl").read_bytes().splitlines()

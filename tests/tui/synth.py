@@ -89,6 +89,24 @@ class SynthRun:
             "started": T0, "ended": ended, "exit_code": exit_code, "reason": reason})
 
 
+def running_run(root: Path, steps: int = 5, max_steps: int = 10) -> SynthRun:
+    """A live run: start, `steps` steps, state running (`complete` ends it)."""
+    r = SynthRun(root, max_steps=max_steps)
+    r.run_start()
+    for s in range(1, steps + 1):
+        r.step(s)
+    r.flush()
+    r.status("running")
+    return r
+
+
+def complete(r: SynthRun, step: int) -> None:
+    """The run ends well after `step`: run_end, then its final state."""
+    r.event("run_end", step=step, status="completed", reason="max_steps reached")
+    r.flush()
+    r.status("completed", exit_code=0, ended=r.t)
+
+
 def finished_run(root: Path, steps: int = 100) -> SynthRun:
     """A completed run: start, `steps` steps, evals every 25, checkpoints every 50, run_end."""
     r = SynthRun(root, max_steps=steps)

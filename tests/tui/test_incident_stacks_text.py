@@ -7,7 +7,7 @@ from pathlib import Path
 
 from mt.contract.events import SCHEMA, dumps, schema_errors
 from mt.contract.records import Incident, parse_incident
-from tests.tui.synth import SynthRun, finished_run
+from tests.tui.synth import complete, finished_run, running_run
 from tests.tui.test_headless_text import append, headless, incident
 from tui.read.follower import load_run_state
 from tui.text.summary import format_summary
@@ -55,12 +55,7 @@ def test_a_verdict_of_the_wrong_type_prints_nothing_and_crashes_nothing(tmp_path
 
 
 def test_headless_prints_the_verdict_once_when_the_update_comes(tmp_path: Path) -> None:
-    r = SynthRun(tmp_path, max_steps=10)
-    r.run_start()
-    for s in range(1, 6):
-        r.step(s)
-    r.flush()
-    r.status("running")
+    r = running_run(tmp_path)
     with headless(tmp_path) as (out, result):
         append(r.paths.incidents, incident(r.t + 1, "hang", 6))
         time.sleep(0.3)
@@ -68,9 +63,7 @@ def test_headless_prints_the_verdict_once_when_the_update_comes(tmp_path: Path) 
         append(r.paths.incidents, update(r.t + 2, {**STACKS, "workers": ["rank 2's DataLoader worker 9 is in `x` (d.py:1)"]}))
         time.sleep(0.3)
         append(r.paths.incidents, incident(r.t + 3, "hang", 6, status="closed"))
-        r.event("run_end", step=5, status="completed", reason="max_steps reached")
-        r.flush()
-        r.status("completed", exit_code=0, ended=r.t)
+        complete(r, 5)
     assert result == ["completed"]
     lines = out.getvalue().splitlines()
     at = lines.index("incident [error] hang at step 6: hang title")

@@ -27,7 +27,7 @@ ADVICE_STRAGGLER = (
 )
 
 
-def _this_attempt(sig: RunSignals, obs: Observation) -> dict[int, dict[str, Any]]:
+def this_attempt(sig: RunSignals, obs: Observation) -> dict[int, dict[str, Any]]:
     """Heartbeats written by the current attempt (older files are left-overs)."""
     out = {}
     for rank, hb in obs.heartbeats.items():
@@ -50,7 +50,7 @@ def running(sig: RunSignals, obs: Observation) -> bool:
 def last_progress(sig: RunSignals, obs: Observation) -> float | None:
     """The newest sign of life of this attempt: an event or a heartbeat."""
     marks = [t for t in (sig.attempt_t0, sig.last_event_t) if t is not None]
-    marks += [as_float(hb.get("t")) for hb in _this_attempt(sig, obs).values()]
+    marks += [as_float(hb.get("t")) for hb in this_attempt(sig, obs).values()]
     marks = [t for t in marks if not math.isnan(t)]
     return max(marks) if marks else None
 
@@ -89,7 +89,7 @@ def hang(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
         return None
     if obs.procs and not any(p.alive for p in obs.procs.values()):
         return None  # everyone has exited: that is for the exit rules
-    hbs = _this_attempt(sig, obs)
+    hbs = this_attempt(sig, obs)
     last = sig.last_step
     progress = last_progress(sig, obs)
     if progress is None:
@@ -141,7 +141,7 @@ def straggler(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | 
     lagging = {r: lag for r, (lag, since) in sig.heartbeat_lag.items() if obs.now - since >= steady}
     if not lagging:
         return None
-    hbs = _this_attempt(sig, obs)
+    hbs = this_attempt(sig, obs)
     top = max(int(as_float(hb.get("step"))) for hb in hbs.values()) if hbs else None
     worst = max(lagging, key=lambda r: lagging[r])
     detail = (f"rank {worst} is {lagging[worst]} steps behind the leading rank (step {top}) for over "

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mt.contract.anatomy import PARTS
 from mt.contract.events import as_float
 from mt.contract.jsonl import read_json
 from mt.contract.paths import RunPaths
@@ -50,7 +51,17 @@ def clean_heartbeat(raw: Any) -> dict[str, Any] | None:
     if any(isinstance(v, bool) or not isinstance(v, int) for v in ints.values()):
         return None
     phase = raw.get("phase")
-    return {"step": int(step), "t": t, **ints, **({"phase": phase} if isinstance(phase, str) else {})}
+    anatomy = clean_anatomy(raw.get("anatomy"))
+    return {"step": int(step), "t": t, **ints, **({"phase": phase} if isinstance(phase, str) else {}),
+            **({"anatomy": anatomy} if anatomy else {})}
+
+
+def clean_anatomy(raw: Any) -> dict[str, float]:
+    """A heartbeat's step anatomy: its known parts that are finite, non-negative seconds (and n)."""
+    if not isinstance(raw, dict):
+        return {}
+    out = {k: float(raw[k]) for k in ("n", *PARTS) if type(raw.get(k)) in (int, float) and 0 <= raw[k] < math.inf}
+    return out if "n" in out and "step_s" in out else {}
 
 
 def file_size(path: Path) -> int:

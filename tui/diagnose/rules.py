@@ -3,7 +3,7 @@
 `RunSignals` (signals.py) accumulates events and system samples; each poll the caller
 gathers an `Observation` (findings.py: status, heartbeats, rank processes, log tails) and
 `evaluate` returns the incidents whose condition holds now. Opening, closing and writing them
-is monitor.py's job; the rules live in perf.py, hang.py, stall.py and exit.py.
+is monitor.py's job; the rules live in perf.py, hang.py, slowrank.py, stall.py and exit.py.
 """
 from __future__ import annotations
 
@@ -11,12 +11,14 @@ from mt.contract.config import MonitorConfig
 from tui.diagnose import exit as diagnose_exit
 from tui.diagnose import hang as diagnose_hang
 from tui.diagnose import perf as diagnose_perf
+from tui.diagnose import slowrank
 from tui.diagnose import stall as diagnose_stall
 from tui.diagnose.findings import Finding, Observation
 from tui.diagnose.signals import RunSignals
 
 RULES = (
-    diagnose_exit.worker_exit, diagnose_hang.hang, diagnose_hang.straggler,
+    # a rank behind in steps first; else the one the others wait for at the same step (slowrank.py)
+    diagnose_exit.worker_exit, diagnose_hang.hang, diagnose_hang.straggler, slowrank.slow_rank,
     diagnose_stall.dataloader_stall, diagnose_perf.throughput_drop, diagnose_perf.memory_pressure,
 )
 

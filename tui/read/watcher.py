@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from mt.contract.jsonl import JsonlTail
 from mt.contract.system import clean_sample
+from tui.diagnose.probes import read_heartbeats
 from tui.read.follower import PollResult, RunFollower
 
 HISTORY = 60  # samples of GPU utilisation kept for the sparkline (1 per second)
@@ -30,6 +31,8 @@ class SystemView:
     gpu_util: dict[int, deque] = field(default_factory=dict)
     rank_cpu: dict[int, deque] = field(default_factory=dict)
     samples: int = 0
+    anatomy: dict[int, dict[str, float]] = field(default_factory=dict)
+    """Each rank's step anatomy from its heartbeat, read with each new sample."""
 
     def add(self, rec: dict[str, Any]) -> None:
         """Take one sample that `clean_sample` returned."""
@@ -188,6 +191,8 @@ class Watcher:
                 if rec is not None:
                     self.system.add(rec)
                     sys_new = True
+            if sys_new:
+                self.system.anatomy = {r: hb["anatomy"] for r, hb in read_heartbeats(self.paths).items() if "anatomy" in hb}
             reset, self._log_reset = self._log_reset, False
             lines = self._log.poll()
             self._check_supervisor()

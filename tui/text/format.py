@@ -77,6 +77,14 @@ def fmt_s(seconds: float | None) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
+def fmt_ms(seconds: float | None) -> str:
+    """A step's part in a sentence: 130 ms, 4.2 ms, 0.31 ms; `n/a` when unknown."""
+    if seconds is None:
+        return "n/a"
+    ms = seconds * 1000
+    return f"{ms:.0f} ms" if ms >= 10 else f"{ms:.2g} ms"
+
+
 def fmt_write_time(seconds: float | None, blocking_s: float | None) -> str:
     """A checkpoint's write time and what the loop waited of it: `0.94 s, loop waited 0.18 s`."""
     if seconds is None:
@@ -151,6 +159,30 @@ def safe_text(text: object, lines: bool = False) -> str:
 
 def _visible(ch: str) -> str:
     return f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
+
+
+_ANATOMY_NAMES = (("data_s", "data"), ("compute_s", "compute"), ("work_s", "compute"), ("optim_s", "optim"),
+                  ("comm_s", "wait"), ("mt_s", "mt"))
+
+
+def anatomy_text(parts: dict[str, object], short: bool = False) -> str:
+    """One rank's median step in parts (a heartbeat's anatomy or an incident's): `step 90 ms: data 83 ms, wait 2.4 ms`;
+    `short` (a panel's row): `90 ms: data 83, wait 2.4`."""
+    def part(key: str) -> float | None:
+        v = parts.get(key)
+        return float(v) if type(v) in (int, float) else None  # type: ignore[arg-type]
+    shown = [f"{name} {fmt_ms(part(key)).removesuffix(' ms') if short else fmt_ms(part(key))}"
+             for key, name in _ANATOMY_NAMES if part(key) is not None]
+    return ("" if short else "step ") + fmt_ms(part("step_s")) + (": " + ", ".join(shown) if shown else "")
+
+
+def anatomy_lines(evidence: dict[str, object]) -> list[str]:
+    """A straggler's verdict, then each rank's step anatomy (nothing without them; wrong types are skipped)."""
+    why, anatomy = evidence.get("why"), evidence.get("anatomy")
+    if not isinstance(why, str) or not isinstance(anatomy, dict):
+        return []
+    ranks = sorted((k for k, v in anatomy.items() if isinstance(v, dict)), key=lambda k: (len(str(k)), str(k)))
+    return [safe_text(why), *(safe_text(f"rank {r}: {anatomy_text(anatomy[r])}") for r in ranks)]
 
 
 def stacks_lines(evidence: dict[str, object]) -> list[str]:

@@ -18,7 +18,7 @@ from mt.contract.status import CLEAN_STATES, FINAL_STATES, read_status
 from tui.read.follower import PollResult, RunFollower
 from tui.read.rundir import liveness
 from tui.state.runstate import RunState, TrackedIncident
-from tui.text.format import at_step, fmt_duration, fmt_num, fmt_rate, fmt_write_time, safe_text, stacks_lines
+from tui.text.format import anatomy_lines, at_step, fmt_duration, fmt_num, fmt_rate, fmt_write_time, safe_text, stacks_lines
 
 
 def step_line(st: RunState) -> str:
@@ -119,6 +119,8 @@ class _Printer:
             if key not in self.opened:
                 self.opened.add(key)
                 self.write(incident_open_line(inc))
+                for line in anatomy_lines(inc.evidence):  # a straggler's verdict and each rank's step
+                    self.write(f"  {line}")
             if "verdict" in inc.evidence and key not in self.verdicts:
                 self.verdicts.add(key)
                 for line in stacks_lines(inc.evidence):

@@ -4,7 +4,18 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from tui.text.format import at_step, fmt_duration, fmt_loss, fmt_num, fmt_parallel, fmt_rate, fmt_write_time, safe_text, stacks_lines
+from tui.text.format import (
+    anatomy_lines,
+    at_step,
+    fmt_duration,
+    fmt_loss,
+    fmt_num,
+    fmt_parallel,
+    fmt_rate,
+    fmt_write_time,
+    safe_text,
+    stacks_lines,
+)
 
 if TYPE_CHECKING:
     from tui.state.runstate import RunState
@@ -37,7 +48,7 @@ def format_summary(st: "RunState", now: float | None = None) -> str:
         lines.append(f"incidents: {len(st.open_incidents)} open, {len(st.incidents) - len(st.open_incidents)} closed")
         for inc in st.incidents:
             lines.append(f"  {inc.status:<6} [{inc.severity}] {inc.code} {at_step(inc.step)}: {inc.title}")
-            lines += [f"         {line}" for line in stacks_lines(inc.evidence)]
+            lines += [f"         {line}" for line in stacks_lines(inc.evidence) + anatomy_lines(inc.evidence)]
     reason = st.first_failure() if st.state == "failed" else st.reason or st.run_end_reason
     if st.is_final and reason:
         lines.append(f"reason: {reason}")

@@ -11,7 +11,7 @@ from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
 from tui.state.runstate import TrackedIncident
-from tui.text.format import fmt_duration, fmt_num, safe_text, stacks_lines
+from tui.text.format import anatomy_lines, fmt_duration, fmt_num, safe_text, stacks_lines
 
 MAX_VALUE_CHARS = 300  # an evidence value longer than this (a whole traceback line) is cut
 
@@ -68,6 +68,8 @@ def incident_detail(inc: TrackedIncident) -> Text:
     t.append(f"{safe_text(inc.code)} ({inc.status}, from {safe_text(inc.source)})\n", style="bold")
     stacks = stacks_block(inc.evidence)
     t.append_text(stacks)  # the answer first: which rank, where
+    for i, line in enumerate(anatomy_lines(inc.evidence)):  # a straggler: who waits for whom, each rank's step
+        t.append(("" if i == 0 else "  ") + line + "\n", style="bold magenta" if i == 0 else "")
     if inc.detail:
         t.append(safe_text(inc.detail, lines=True) + "\n")
     if inc.advice:  # what to do comes before the numbers that show why
@@ -76,7 +78,7 @@ def incident_detail(inc: TrackedIncident) -> Text:
     if inc.evidence:
         t.append("evidence:\n", style="dim")
         for k, v in inc.evidence.items():
-            if k in STACKS_KEYS and stacks:
+            if k in STACKS_KEYS and stacks or k == "anatomy" and isinstance(inc.evidence.get("why"), str):
                 continue
             t.append(f"  {safe_text(k)}: ", style="dim")
             t.append(evidence_value(v) + "\n")

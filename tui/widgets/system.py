@@ -8,7 +8,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from tui.read.watcher import SystemView
-from tui.text.format import fmt_duration, fmt_field, fmt_gib, safe_text
+from tui.text.format import anatomy_text, fmt_duration, fmt_field, fmt_gib, safe_text
 
 SPARK = "▁▂▃▄▅▆▇█"
 
@@ -90,6 +90,9 @@ def render_system(view: SystemView, ended: str | None = None, sampled: bool = Tr
         elif ended:
             t.append("  last seen", style="dim")
         t.append("\n")
+        parts = view.anatomy.get(r.get("rank"))  # type: ignore[arg-type]
+        if parts and alive is not False:  # its step: where the time goes, who waits for whom
+            t.append(f"  {anatomy_text(parts, short=True)}\n", style="dim")
     h = s.get("host") or {}
     t.append(f"host cpu {fmt_field(h.get('cpu_pct'), '.0f', '%')}  load {fmt_field(h.get('load1'), '.2f')}\n")
     t.append("host mem ")

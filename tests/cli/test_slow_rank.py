@@ -1,0 +1,77 @@
+"""The rank that holds the others back in synchronous DDP, named from the ranks' step anatomies
+(real `mt launch`, 2 real CPU ranks, a user's dataset or model slow on rank 1 only)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cli.conftest import end_run, events, launch_user_run, mt, status, wait_for
+
+pytestmark = pytest.mark.slow
+
+# rank 1's items take 10 ms: 8 items a step (micro batch 4, 2 micro-steps) is ~80 ms of data wait
+SLOW_DATA = {"factory": "my_data:slow", "args": {"rank": 1, "delay_s": 0.01}, "num_workers": 0}
+
+
+def _incidents(run_dir: Path, code: str) -> list[dict[str, Any]]:
+    try:
+        lines = (run_dir / "incidents.jsonl").read_text().splitlines()
+    except OSError:
+        return []
+    return [r for r in map(json.loads, lines) if r.get("code") == code]
+
+
+def _opened(run_dir: Path, code: str, timeout: float) -> dict[str, Any]:
+    return wait_for(lambda: next((r for r in _incidents(run_dir, code) if r["status"] == "open"), None),
+                    timeout, f"a {code} incident")
+
+
+def _first_step_t(run_dir: Path) -> float:
+    return wait_for(lambda: min((e["t"] for e in events(run_dir, "step")), default=None), 240, "the first step")
+
+
+def test_a_rank_slow_on_its_data_is_named_input_bound_in_the_incident_and_the_views(tmp_path: Path) -> None:
+    run_dir = launch_user_run(tmp_path, 2, SLOW_DATA, {}, max_steps=2000)
+    try:
+        first = _first_step_t(run_dir)
+        inc = _opened(run_dir, "straggler", 60)
+        ev = inc["evidence"]
+        assert ev["rank"] == 1 and ev["bound"] == "input", inc
+        assert inc["t"] - first <= 60
+        assert inc["detail"].startswith("rank 1 is input-bound: it waits ") and "rank 0 waits ~" in inc["detail"], inc
+        assert ev["anatomy"]["1"]["data_s"] > 0.03 and ev["anatomy"]["0"]["comm_s"] > 0.03, ev
+        print(f"\nstraggler opened {inc['t'] - first:.1f} s after the first step: {inc['detail']}")
+        once = mt("watch", run_dir, "--once")
+        assert once.returncode == 0, once.stderr
+        assert "rank 1 is input-bound" in once.stdout and "rank 1: step" in once.stdout, once.stdout
+    finally:
+        end_run(run_dir)
+
+
+def test_a_rank_slow_in_its_forward_is_named_compute_bound(tmp_path: Path) -> None:
+    model = {"factory": "my_models:slow_forward", "args": {"rank": 1, "delay_s": 0.03}}
+    run_dir = launch_user_run(tmp_path, 2, {"factory": "my_data:build", "num_workers": 0}, {}, model=model, max_steps=2000)
+    try:
+        first = _first_step_t(run_dir)
+        inc = _opened(run_dir, "straggler", 60)
+        assert inc["evidence"]["rank"] == 1 and inc["evidence"]["bound"] == "compute", inc
+        assert inc["t"] - first <= 60
+    finally:
+        end_run(run_dir)
+
+
+def test_a_balanced_run_has_no_straggler(tmp_path: Path) -> None:
+    # every rank's data is slow alike: both ranks wait for data, neither for the other
+    data = {**SLOW_DATA, "args": {"rank": "all", "delay_s": 0.005}}
+    run_dir = launch_user_run(tmp_path, 2, data, {}, max_steps=150)
+    try:
+        wait_for(lambda: status(run_dir).get("state") in ("completed", "failed"), 240, "the run's end")
+        assert status(run_dir)["state"] == "completed"
+        assert _incidents(run_dir, "straggler") == []
+        hb = json.loads((run_dir / "heartbeat" / "rank1").read_text())
+        assert hb["anatomy"]["n"] == 20 and hb["anatomy"]["data_s"] > 0.02, hb  # it was measured, and judged
+    finally:
+        end_run(run_dir)
