@@ -219,6 +219,9 @@ class MonitorConfig:
     memory_pressure_share: float = _c(0.95, gt=0, le=1)
     """GPU memory above this share of total, for all of memory_window_s, is pressure."""
     memory_window_s: float = _c(30.0, gt=0)
+    tensorboard: str = ""
+    """Mirror the run into TensorBoard event files in this folder (relative: to the run directory),
+    written by the supervisor; needs the tensorboard extra. Empty: no mirror."""
 
 
 @dataclass

@@ -122,6 +122,11 @@ class RunPaths:
         return self.here / "stacks"
 
     @property
+    def mirror(self) -> Path:
+        """How far the supervisor's TensorBoard mirror got ([monitor] tensorboard; tui/mirror/)."""
+        return self.root / "mirror.json"
+
+    @property
     def reserve(self) -> Path:
         """Space the supervisor holds so it can record the final state on a full disk."""
         return self.here / ".reserve"

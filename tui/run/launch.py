@@ -23,6 +23,7 @@ from mt.contract.paths import RunPaths, new_run_dir
 from mt.contract.preset import check_paths, config_from_dict, load_config_json, load_preset, script_run_name, write_script_preset
 from mt.contract.status import Status, read_status, write_status
 from mt.contract.toolchain import cxx_problem
+from tui.mirror import check_extras
 from tui.read.rundir import liveness, require_run_dir
 from tui.run import lock as runlock
 from tui.run import usercheck
@@ -92,6 +93,7 @@ def resolve_config(preset: Path, over: Overrides) -> tuple[Config, usercheck.Use
     try:
         cfg = config_from_dict(raw, source)  # the overrides pass the same checks as the file
         check_paths(cfg, source)
+        check_extras(cfg, source)
         if not cfg.launch.script:
             check_devices(cfg, source)
     except ConfigError as e:

@@ -34,6 +34,7 @@ from mt.contract.records import ControlEvent, Record, RecordTail, RunEnd, RunSta
 from mt.contract.status import CLEAN_STATES, read_status, save_status
 from mt.contract.system import clean_sample
 from tui.diagnose.hook import IncidentHook
+from tui.mirror.mirror import MirrorHook
 from tui.run import lock as runlock
 from tui.run.procs import daemonize, die_with_parent, kill_all, rank_processes, run_processes, terminate_all
 from tui.run.sampler import SystemSampler
@@ -122,6 +123,7 @@ class Supervisor:
             self.log.info("NVML not available (%s): no GPU readings, sampling CPU only",
                           self.sampler.gpus.error)
         self.incidents = IncidentHook(self.run_dir, self.cfg, self.log)
+        self.mirrors = MirrorHook(self.paths, self.cfg, self.log)  # [monitor] tensorboard: off by default
         restarts_left = self.cfg.launch.max_restarts
         attempt = (self.status.attempt or 0) + 1
         self.incidents.catch_up(self.events.iter_new())  # earlier attempts: history, not news
@@ -159,6 +161,7 @@ class Supervisor:
                 return self.finish("failed", 1, exit_code=rc, reason=reason)
         finally:
             self.sampler.close()
+            self.mirrors.close()
 
     def failure_reason(self, rc: int, worker_rc: int | None, run_end: RunEnd | None) -> str:
         if run_end and run_end.reason:
@@ -316,6 +319,7 @@ class Supervisor:
         if self.lost:
             return
         self.incidents.poll(self.status, news, [] if sample is None else [sample], self.ranks)
+        self.mirrors.poll()
 
     def append_sample(self, ranks: dict[int, int]) -> dict[str, Any] | None:
         """Take a system sample and append it to system.jsonl; returns it (None if it failed)."""

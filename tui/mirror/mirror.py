@@ -1,0 +1,154 @@
+"""Following a run directory into a TensorBoard log: the live mirror (supervisor) and `mt export --tensorboard`.
+
+The mirror reads events.jsonl, system.jsonl and incidents.jsonl with its own tails and, live,
+keeps how far it got in mirror.json, so a new supervisor (`mt resume`) appends to the same log
+where the last one stopped. Steps: a point is written once per tag and step; an attempt that
+restarts from an older checkpoint (run_start's start_step below what was written) purges the
+steps it redoes, so the log holds each step's newest value and never goes backwards.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mt.contract.config import Config
+from mt.contract.jsonl import JsonlTail, read_json, write_json_atomic
+from mt.contract.paths import RunPaths
+from mt.contract.records import Eval, Metrics, RecordTail, RunStart, Step, parse_incident
+from mt.contract.system import clean_sample
+from tui.mirror.points import incident_text, sample_values, step_values
+
+STATE_VERSION = 1
+_MAX_BYTES = 8 << 20  # read per poll: a long history catches up over several ticks, never in one stall
+
+
+@dataclass
+class MirrorState:
+    """mirror.json: where each tail stopped and which steps each tag holds."""
+
+    logdir: str = ""
+    events: tuple[int, int | None] = (0, None)      # (offset, inode) of the next unread line
+    system: tuple[int, int | None] = (0, None)
+    incidents: tuple[int, int | None] = (0, None)
+    written: dict[str, int] = field(default_factory=dict)  # tag -> newest step written
+    samples: int = 0                                  # system samples written (the next one's number)
+    v: int = STATE_VERSION
+
+    @classmethod
+    def load(cls, path: Path, logdir: str) -> MirrorState:
+        """The saved state of a mirror into `logdir`; a fresh one if absent, damaged or for another folder."""
+        raw = read_json(path)
+        try:
+            if not isinstance(raw, dict) or raw.get("v") != STATE_VERSION or raw.get("logdir") != logdir:
+                return cls(logdir=logdir)
+            spots = {k: (int(raw[k][0]), None if raw[k][1] is None else int(raw[k][1])) for k in ("events", "system", "incidents")}
+            written = {str(t): int(s) for t, s in dict(raw["written"]).items()}
+            return cls(logdir, written=written, samples=int(raw["samples"]), **spots)
+        except (KeyError, TypeError, ValueError, IndexError):
+            return cls(logdir=logdir)
+
+
+def logdir_for(paths: RunPaths, setting: str) -> Path:
+    """[monitor] tensorboard: relative to the run directory, or absolute (~ expanded)."""
+    p = Path(setting).expanduser()
+    return p if p.is_absolute() else paths.root / p
+
+
+class Mirror:
+    """Copies what the run directory holds into a sink (TensorBoardSink); `poll` catches up."""
+
+    def __init__(self, paths: RunPaths, sink: Any, state: MirrorState, state_path: Path | None = None) -> None:
+        self.paths, self.sink, self.state, self.state_path = paths, sink, state, state_path
+        self.events = RecordTail(paths.events, *state.events)
+        self.system = JsonlTail(paths.system, *state.system)
+        self.incidents = RecordTail(paths.incidents, *state.incidents, parse=parse_incident)
+
+    def poll(self, max_bytes: int | None = _MAX_BYTES) -> None:
+        """Mirror everything new since the last poll, flush, and save how far it got."""
+        st = self.state
+        for rec in self.events.iter_new(max_bytes):
+            if isinstance(rec, RunStart):
+                self._attempt(rec)
+            elif isinstance(rec, (Step, Eval, Metrics)):
+                fresh = {t: v for t, v in step_values(rec).items() if rec.step > st.written.get(t, -1)}
+                if fresh:
+                    self.sink.scalars(rec.step, rec.t or time.time(), fresh)
+                    st.written.update(dict.fromkeys(fresh, rec.step))
+        for raw in self.system.iter_new(max_bytes):
+            sample = clean_sample(raw)
+            if sample is not None:
+                self.sink.samples(st.samples, sample["t"], sample_values(sample))
+                st.samples += 1
+        for inc in self.incidents.iter_new(max_bytes):
+            self.sink.text(st.samples, inc.t or time.time(), f"incidents/{inc.code}", incident_text(inc))
+        self.sink.flush()
+        st.events = (self.events.line_offset, self.events.ino)
+        st.system = (self.system.line_offset, self.system.ino)
+        st.incidents = (self.incidents.line_offset, self.incidents.ino)
+        if self.state_path is not None:
+            write_json_atomic(self.state_path, dataclasses.asdict(st))
+
+    def _attempt(self, rec: RunStart) -> None:
+        """An attempt from an older checkpoint redoes the steps after it: purge them from the log."""
+        st = self.state
+        if any(s > rec.start_step for s in st.written.values()):
+            self.sink.rollback(rec.start_step + 1, rec.t or time.time())
+            st.written = {t: min(s, rec.start_step) for t, s in st.written.items()}
+
+    def close(self) -> None:
+        self.sink.close()
+
+
+def open_tensorboard(paths: RunPaths, logdir: Path, state_path: Path | None) -> Mirror:
+    """A mirror into `logdir`; with state_path it continues where the saved state says."""
+    from tui.mirror.tensorboard import TensorBoardSink
+
+    logdir = logdir.resolve()
+    state = MirrorState.load(state_path, str(logdir)) if state_path else MirrorState(logdir=str(logdir))
+    return Mirror(paths, TensorBoardSink(logdir), state, state_path)
+
+
+def export_tensorboard(paths: RunPaths, logdir: Path) -> None:
+    """Write a whole run (finished or not: what it holds now) into a TensorBoard log."""
+    mirror = open_tensorboard(paths, logdir, None)
+    try:
+        mirror.poll(max_bytes=None)
+    finally:
+        mirror.close()
+
+
+class MirrorHook:
+    """The supervisor's mirrors ([monitor] tensorboard): polled each tick; a failure is logged once and
+    turns the mirror off, never reaching the run."""
+
+    def __init__(self, paths: RunPaths, cfg: Config, log: logging.Logger) -> None:
+        self.log = log
+        self.mirror: Mirror | None = None
+        if not cfg.monitor.tensorboard or cfg.launch.node_rank != 0:  # events live with node 0
+            return
+        try:
+            self.mirror = open_tensorboard(paths, logdir_for(paths, cfg.monitor.tensorboard), paths.mirror)
+            log.info("mirroring into TensorBoard at %s", self.mirror.state.logdir)
+        except Exception:
+            log.exception("cannot start the TensorBoard mirror; the run goes on without it")
+
+    def poll(self) -> None:
+        if self.mirror is None:
+            return
+        try:
+            self.mirror.poll()
+        except Exception:
+            self.log.exception("the TensorBoard mirror failed; it is off for the rest of this supervisor")
+            self.close()
+
+    def close(self) -> None:
+        mirror, self.mirror = self.mirror, None
+        if mirror is not None:
+            try:
+                mirror.close()
+            except Exception:
+                self.log.exception("cannot close the TensorBoard mirror")
