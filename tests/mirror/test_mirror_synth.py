@@ -8,7 +8,7 @@ import pytest
 
 from mt.contract.paths import RunPaths
 from tests.mirror.tbread import assert_mirrors, scalars, texts
-from tests.tui.synth import SynthRun, finished_run, loss_at
+from tests.tui.synth import SynthRun, event_line, finished_run, loss_at
 from tui.mirror.mirror import export_tensorboard, open_tensorboard
 
 pytest.importorskip("tensorboard")
@@ -27,9 +27,13 @@ def _sample(t: float, cpu: float) -> str:
 
 def test_export_of_a_finished_run_equals_its_events(tmp_path: Path) -> None:
     run = finished_run(tmp_path / "run", steps=60)
+    run.lines.append(event_line("step", run.t + 1, partial=True, step=61, loss=1.0, extra={"acc": 0.75}))  # run.step(acc=...)
+    run.lines.append(event_line("metrics", run.t + 2, step=61, values={"ppl": 2.5}))                     # run.log(...)
+    run.flush()
     export_tensorboard(run.paths, tmp_path / "tb")
     got = assert_mirrors(tmp_path / "tb", run.paths.events)
-    assert [s for s, _ in got["train/loss"]] == list(range(1, 61))
+    assert [s for s, _ in got["train/loss"]] == list(range(1, 62))
+    assert got["metrics/acc"] == [(61, 0.75)] and got["metrics/ppl"] == [(61, 2.5)]
     assert [s for s, _ in got["val/loss"]] == [25, 50]
 
 
