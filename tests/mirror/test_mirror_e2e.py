@@ -43,7 +43,7 @@ def test_the_live_mirror_of_a_stopped_and_resumed_run_equals_its_events(resumed_
     for rank in (0, 1):   # sample n's value at step n (the samples before the workers started have none)
         want = [(n, f32(r["rss_bytes"])) for n, s in enumerate(samples) for r in s["ranks"] if r["rank"] == rank and r.get("rss_bytes") is not None]
         assert system[f"rank{rank}/rss_bytes"] == want and len(want) > 3
-    assert json.loads((resumed_run / "mirror.json").read_text())["written"]["train/loss"] == 24
+    assert json.loads((resumed_run / "mirror.json").read_text())["tensorboard"]["written"]["train/loss"] == 24
 
 
 def test_export_tensorboard_of_the_finished_run(resumed_run: Path, tmp_path: Path) -> None:

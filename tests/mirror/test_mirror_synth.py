@@ -9,7 +9,7 @@ import pytest
 from mt.contract.paths import RunPaths
 from tests.mirror.tbread import assert_mirrors, scalars, texts
 from tests.tui.synth import SynthRun, event_line, finished_run, loss_at
-from tui.mirror.mirror import export_tensorboard, open_tensorboard
+from tui.mirror.mirror import export_tensorboard, open_tensorboard, save_states
 
 pytest.importorskip("tensorboard")
 
@@ -57,6 +57,7 @@ def test_a_rollback_purges_the_redone_steps_and_a_new_mirror_continues(tmp_path:
         run.step(s, loss=loss_at(s) + 1.0)   # redone steps: other values
     _append(paths.events, run.lines)
     m.poll()
+    save_states(paths.mirror, {"tensorboard": m})
     m.close()
     run.lines = []
     for s in range(26, 41):
@@ -64,13 +65,14 @@ def test_a_rollback_purges_the_redone_steps_and_a_new_mirror_continues(tmp_path:
     _append(paths.events, run.lines)
     m2 = open_tensorboard(paths, logdir, paths.mirror)   # what a resumed supervisor does
     m2.poll()
+    save_states(paths.mirror, {"tensorboard": m2})
     m2.close()
     got = assert_mirrors(logdir, paths.events)
     assert [s for s, _ in got["train/loss"]] == list(range(1, 41))
     system = scalars(logdir / "system")
     assert system["rank0/cpu_pct"] == [(0, 10.0), (1, 20.0)]
     assert any("Rank 0 crashed" in t for t in texts(logdir / "system"))
-    assert json.loads(paths.mirror.read_text())["written"]["train/loss"] == 40
+    assert json.loads(paths.mirror.read_text())["tensorboard"]["written"]["train/loss"] == 40
 
 
 def test_damaged_state_and_files_never_stop_the_mirror(tmp_path: Path) -> None:

@@ -28,9 +28,9 @@ _MAX_BYTES = 8 << 20  # read per poll: a long history catches up over several ti
 
 @dataclass
 class MirrorState:
-    """mirror.json: where each tail stopped and which steps each tag holds."""
+    """One mirror's entry in mirror.json: where each tail stopped and which steps each tag holds."""
 
-    logdir: str = ""
+    target: str = ""
     events: tuple[int, int | None] = (0, None)      # (offset, inode) of the next unread line
     system: tuple[int, int | None] = (0, None)
     incidents: tuple[int, int | None] = (0, None)
@@ -39,17 +39,18 @@ class MirrorState:
     v: int = STATE_VERSION
 
     @classmethod
-    def load(cls, path: Path, logdir: str) -> MirrorState:
-        """The saved state of a mirror into `logdir`; a fresh one if absent, damaged or for another folder."""
-        raw = read_json(path)
+    def load(cls, path: Path, name: str, target: str) -> MirrorState:
+        """Mirror `name`'s saved state; a fresh one if absent, damaged or for another target."""
+        whole = read_json(path)
+        raw = whole.get(name) if isinstance(whole, dict) else None
         try:
-            if not isinstance(raw, dict) or raw.get("v") != STATE_VERSION or raw.get("logdir") != logdir:
-                return cls(logdir=logdir)
+            if not isinstance(raw, dict) or raw.get("v") != STATE_VERSION or raw.get("target") != target:
+                return cls(target=target)
             spots = {k: (int(raw[k][0]), None if raw[k][1] is None else int(raw[k][1])) for k in ("events", "system", "incidents")}
             written = {str(t): int(s) for t, s in dict(raw["written"]).items()}
-            return cls(logdir, written=written, samples=int(raw["samples"]), **spots)
-        except (KeyError, TypeError, ValueError, IndexError):
-            return cls(logdir=logdir)
+            return cls(target, written=written, samples=int(raw["samples"]), **spots)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+            return cls(target=target)
 
 
 def logdir_for(paths: RunPaths, setting: str) -> Path:
@@ -61,14 +62,14 @@ def logdir_for(paths: RunPaths, setting: str) -> Path:
 class Mirror:
     """Copies what the run directory holds into a sink (TensorBoardSink); `poll` catches up."""
 
-    def __init__(self, paths: RunPaths, sink: Any, state: MirrorState, state_path: Path | None = None) -> None:
-        self.paths, self.sink, self.state, self.state_path = paths, sink, state, state_path
+    def __init__(self, paths: RunPaths, sink: Any, state: MirrorState) -> None:
+        self.paths, self.sink, self.state = paths, sink, state
         self.events = RecordTail(paths.events, *state.events)
         self.system = JsonlTail(paths.system, *state.system)
         self.incidents = RecordTail(paths.incidents, *state.incidents, parse=parse_incident)
 
     def poll(self, max_bytes: int | None = _MAX_BYTES) -> None:
-        """Mirror everything new since the last poll, flush, and save how far it got."""
+        """Mirror everything new since the last poll, flush, and note how far it got (in `state`)."""
         st = self.state
         for rec in self.events.iter_new(max_bytes):
             if isinstance(rec, RunStart):
@@ -89,8 +90,6 @@ class Mirror:
         st.events = (self.events.line_offset, self.events.ino)
         st.system = (self.system.line_offset, self.system.ino)
         st.incidents = (self.incidents.line_offset, self.incidents.ino)
-        if self.state_path is not None:
-            write_json_atomic(self.state_path, dataclasses.asdict(st))
 
     def _attempt(self, rec: RunStart) -> None:
         """An attempt from an older checkpoint redoes the steps after it: purge them from the log."""
@@ -104,12 +103,17 @@ class Mirror:
 
 
 def open_tensorboard(paths: RunPaths, logdir: Path, state_path: Path | None) -> Mirror:
-    """A mirror into `logdir`; with state_path it continues where the saved state says."""
+    """A mirror into `logdir`; with state_path it continues where mirror.json says."""
     from tui.mirror.tensorboard import TensorBoardSink
 
     logdir = logdir.resolve()
-    state = MirrorState.load(state_path, str(logdir)) if state_path else MirrorState(logdir=str(logdir))
-    return Mirror(paths, TensorBoardSink(logdir), state, state_path)
+    state = MirrorState.load(state_path, "tensorboard", str(logdir)) if state_path else MirrorState(target=str(logdir))
+    return Mirror(paths, TensorBoardSink(logdir), state)
+
+
+def save_states(path: Path, mirrors: dict[str, Mirror]) -> None:
+    """mirror.json: every mirror's state, in one atomic write."""
+    write_json_atomic(path, {name: dataclasses.asdict(m.state) for name, m in mirrors.items()})
 
 
 def export_tensorboard(paths: RunPaths, logdir: Path) -> None:
@@ -122,33 +126,45 @@ def export_tensorboard(paths: RunPaths, logdir: Path) -> None:
 
 
 class MirrorHook:
-    """The supervisor's mirrors ([monitor] tensorboard): polled each tick; a failure is logged once and
-    turns the mirror off, never reaching the run."""
+    """The supervisor's mirrors ([monitor] tensorboard): polled each tick (the first poll opens them,
+    after the attempt started); a failure is logged and turns that mirror off, never reaching the run."""
 
     def __init__(self, paths: RunPaths, cfg: Config, log: logging.Logger) -> None:
-        self.log = log
-        self.mirror: Mirror | None = None
-        if not cfg.monitor.tensorboard or cfg.launch.node_rank != 0:  # events live with node 0
-            return
-        try:
-            self.mirror = open_tensorboard(paths, logdir_for(paths, cfg.monitor.tensorboard), paths.mirror)
-            log.info("mirroring into TensorBoard at %s", self.mirror.state.logdir)
-        except Exception:
-            log.exception("cannot start the TensorBoard mirror; the run goes on without it")
+        self.paths, self.cfg, self.log = paths, cfg, log
+        self.mirrors: dict[str, Mirror] = {}
+        on = cfg.launch.node_rank == 0  # the events live with node 0
+        self.pending = ["tensorboard"] if cfg.monitor.tensorboard and on else []
+
+    def _open(self) -> None:
+        for name in self.pending:
+            try:
+                self.mirrors[name] = open_tensorboard(self.paths, logdir_for(self.paths, self.cfg.monitor.tensorboard), self.paths.mirror)
+                self.log.info("mirroring into %s at %s", name, self.mirrors[name].state.target)
+            except Exception:
+                self.log.exception("cannot start the %s mirror; the run goes on without it", name)
+        self.pending = []
 
     def poll(self) -> None:
-        if self.mirror is None:
-            return
+        self._open()
+        for name, mirror in list(self.mirrors.items()):
+            try:
+                mirror.poll()
+            except Exception:
+                self.log.exception("the %s mirror failed; it is off for the rest of this supervisor", name)
+                self._close(name)
+        if self.mirrors:
+            try:
+                save_states(self.paths.mirror, self.mirrors)
+            except OSError:
+                self.log.exception("cannot write %s", self.paths.mirror)
+
+    def _close(self, name: str) -> None:
+        mirror = self.mirrors.pop(name)
         try:
-            self.mirror.poll()
+            mirror.close()
         except Exception:
-            self.log.exception("the TensorBoard mirror failed; it is off for the rest of this supervisor")
-            self.close()
+            self.log.exception("cannot close the %s mirror", name)
 
     def close(self) -> None:
-        mirror, self.mirror = self.mirror, None
-        if mirror is not None:
-            try:
-                mirror.close()
-            except Exception:
-                self.log.exception("cannot close the TensorBoard mirror")
+        for name in list(self.mirrors):
+            self._close(name)

@@ -71,6 +71,8 @@ class Supervisor:
     def finish(self, state: str, code: int, exit_code: int | None, reason: str) -> int:
         """The last transition; the incident rules see the final state once more."""
         self.status.end(state, reason, time.time(), exit_code)
+        self.mirrors.poll()
+        self.mirrors.close()  # before the final state: W&B's finish takes seconds, and a resume right after needs the lock
         self.write_status(state)
         self.tick()
         self.paths.reserve.unlink(missing_ok=True)  # needed only while the run lives; a resume makes it again
