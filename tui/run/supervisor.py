@@ -71,8 +71,8 @@ class Supervisor:
     def finish(self, state: str, code: int, exit_code: int | None, reason: str) -> int:
         """The last transition; the incident rules see the final state once more."""
         self.status.end(state, reason, time.time(), exit_code)
-        self.mirrors.poll()
-        self.mirrors.close()  # before the final state: W&B's finish takes seconds, and a resume right after needs the lock
+        self.mirrors.poll(self.news, (self.events.line_offset, self.events.ino))
+        self.mirrors.close()  # before the final state: whoever sees the run ended finds its whole log
         self.write_status(state)
         self.tick()
         self.paths.reserve.unlink(missing_ok=True)  # needed only while the run lives; a resume makes it again
@@ -125,10 +125,10 @@ class Supervisor:
             self.log.info("NVML not available (%s): no GPU readings, sampling CPU only",
                           self.sampler.gpus.error)
         self.incidents = IncidentHook(self.run_dir, self.cfg, self.log)
-        self.mirrors = MirrorHook(self.paths, self.cfg, self.log)  # [monitor] tensorboard: off by default
         restarts_left = self.cfg.launch.max_restarts
         attempt = (self.status.attempt or 0) + 1
         self.incidents.catch_up(self.events.iter_new())  # earlier attempts: history, not news
+        self.mirrors = MirrorHook(self.paths, self.cfg, self.log, self.events.line_offset)  # [monitor] tensorboard
         try:
             while True:
                 rc, worker_rc, run_end = self.run_attempt(attempt)
@@ -321,7 +321,7 @@ class Supervisor:
         if self.lost:
             return
         self.incidents.poll(self.status, news, [] if sample is None else [sample], self.ranks)
-        self.mirrors.poll()
+        self.mirrors.poll(news, (self.events.line_offset, self.events.ino))
 
     def append_sample(self, ranks: dict[int, int]) -> dict[str, Any] | None:
         """Take a system sample and append it to system.jsonl; returns it (None if it failed)."""
