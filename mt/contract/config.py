@@ -222,6 +222,9 @@ class MonitorConfig:
     tensorboard: str = ""
     """Mirror the run into TensorBoard event files in this folder (relative: to the run directory),
     written by the supervisor; needs the tensorboard extra. Empty: no mirror."""
+    wandb: dict[str, Any] = field(default_factory=dict)
+    """Mirror the run into one W&B run: { project = "...", entity = "...", mode = "offline" } (offline unless
+    mode says otherwise; also name, group); needs the wandb extra. Empty: no mirror."""
 
 
 @dataclass

@@ -56,6 +56,18 @@ def test_a_bad_monitor_tensorboard_value(tmp_path: Path) -> None:
     _one_line(mt("launch", preset, "--detach"), "p.toml", "monitor.tensorboard", "expected a string")
 
 
+def test_bad_monitor_wandb_tables(tmp_path: Path) -> None:
+    for table, words in (({"entity": "me"}, ("monitor.wandb.project", "missing")),
+                         ({"project": "p", "mode": "sometimes"}, ("monitor.wandb.mode", "offline, online, disabled")),
+                         ({"project": "p", "key": "secret"}, ("monitor.wandb.key", "unknown key")),
+                         ({"project": 3}, ("monitor.wandb.project", "non-empty string"))):
+        preset = write_preset(tmp_path / "p.toml", tmp_path / "runs", monitor={"wandb": table})
+        _one_line(mt("launch", preset, "--detach"), "p.toml", *words)
+    preset = write_preset(tmp_path / "p.toml", tmp_path / "runs", monitor={"wandb": {"project": "p"}})
+    _one_line(_mt_without("wandb", "launch", preset, "--detach"), "monitor.wandb", "wandb extra", 'pip install "mt[wandb]"')
+    assert not (tmp_path / "runs").exists()
+
+
 def test_csv_rows_equal_the_run_directory_lines(tmp_path: Path) -> None:
     run = finished_run(tmp_path / "run", steps=40)
     run.event("metrics", step=40, values={"acc": 0.5, "ppl": 3.0})

@@ -3,6 +3,7 @@ from an older checkpoint; read back with TensorBoard's own reader; `mt export` o
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 from pathlib import Path
 
@@ -10,24 +11,32 @@ import pytest
 
 from tests.cli.conftest import events, mt, run_dir_from, status, wait_for, write_preset
 from tests.mirror.tbread import assert_mirrors, f32, scalars, texts
+from tests.mirror.wbread import offline_runs, series
 
 pytest.importorskip("tensorboard")
 pytestmark = pytest.mark.slow
+WANDB = {"wandb": {"project": "mt-test", "mode": "offline"}} if importlib.util.find_spec("wandb") else {}
+
+
+def offline_env(tmp: Path) -> dict[str, str]:
+    """W&B offline, its files in tmp: nothing reaches the network."""
+    return {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp / "wandb"), "WANDB_SILENT": "true"}
 
 
 @pytest.fixture(scope="module")
 def resumed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One run shared by the read-only tests: 2 ranks, stopped near step 8, resumed to step 24."""
     tmp = tmp_path_factory.mktemp("mirrored")
-    preset = write_preset(tmp / "p.toml", tmp / "runs", monitor={"tensorboard": "tb"},
+    preset = write_preset(tmp / "p.toml", tmp / "runs", monitor={"tensorboard": "tb", **WANDB},
                           train={"eval_every": 8}, faults={"step_sleep_s": 0.15})
-    started = mt("launch", preset, "--detach")
+    env = offline_env(tmp)
+    started = mt("launch", preset, "--detach", env=env)
     assert started.returncode == 0, started.stderr
     run_dir = run_dir_from(started.stdout)
     wait_for(lambda: any(e["step"] >= 6 for e in events(run_dir, "step")), 120, "step 6")
     stopped = mt("stop", run_dir)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-    resumed = mt("resume", run_dir, "--headless")
+    resumed = mt("resume", run_dir, "--headless", env=env)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert status(run_dir)["state"] == "completed" and status(run_dir)["attempt"] == 2
     return run_dir
@@ -77,10 +86,10 @@ def test_export_csv_and_parquet_hold_every_row(resumed_run: Path, tmp_path: Path
 def test_an_automatic_restart_from_an_older_checkpoint_purges_the_redone_steps(tmp_path: Path) -> None:
     """Attempt 1 crashes at step 13, attempt 2 restarts from step 8's checkpoint: steps 9-12 twice in
     events.jsonl, once in TensorBoard (the newer values), and the crash as text."""
-    preset = write_preset(tmp_path / "p.toml", tmp_path / "runs", monitor={"tensorboard": str(tmp_path / "tb")},
+    preset = write_preset(tmp_path / "p.toml", tmp_path / "runs", monitor={"tensorboard": str(tmp_path / "tb"), **WANDB},
                           launch={"nproc_per_node": 1, "max_restarts": 1}, train={"max_steps": 16},
                           faults={"crash_at_step": 13})
-    done = mt("launch", preset, "--headless")
+    done = mt("launch", preset, "--headless", env=offline_env(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
     run_dir = run_dir_from(done.stdout)
     redone = [e["step"] for e in events(run_dir, "step")]
@@ -88,3 +97,26 @@ def test_an_automatic_restart_from_an_older_checkpoint_purges_the_redone_steps(t
     got = assert_mirrors(tmp_path / "tb", run_dir / "events.jsonl")
     assert [s for s, _ in got["train/loss"]] == list(range(1, 17))
     assert any("crash" in t for t in texts(tmp_path / "tb" / "system"))
+    if WANDB:   # one supervisor, one W&B file; the redone steps keep their first values there
+        runs = offline_runs(tmp_path / "wandb")
+        assert len(runs) == 1
+        first: dict[int, float] = {}
+        for e in events(run_dir, "step"):
+            first.setdefault(e["step"], e["loss"])
+        assert series(runs, "train/loss") == sorted(first.items())
+
+
+def test_wandb_offline_continues_one_run_across_attempts(resumed_run: Path) -> None:
+    """Two supervisors (launch, resume): two offline files of the one W&B run id kept in mirror.json;
+    every step once, each value equal to events.jsonl's."""
+    if not WANDB:
+        pytest.skip("the wandb extra is not installed")
+    runs = offline_runs(resumed_run.parents[1] / "wandb")
+    kept = json.loads((resumed_run / "mirror.json").read_text())["wandb"]["sink"]["id"]
+    assert len(runs) == 2 and {r.run_id for r in runs} == {kept} and {r.project for r in runs} == {"mt-test"}
+    steps = events(resumed_run, "step")
+    assert series(runs, "train/loss") == [(e["step"], e["loss"]) for e in steps]
+    assert series(runs, "train/lr") == [(e["step"], e["lr"]) for e in steps]
+    assert [s for s, _ in series(runs, "val/loss")] == [8, 16, 24]
+    rss = series(runs, "system/rank1/rss_bytes")
+    assert rss and all(v > 0 for _, v in rss)

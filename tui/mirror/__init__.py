@@ -1,8 +1,8 @@
-"""Mirrors of a run into the tools people already use (TensorBoard), and `mt export`.
+"""Mirrors of a run into the tools people already use (TensorBoard, W&B), and `mt export`.
 
 Everything here reads the run directory through the one typed parser (mt/contract/records.py)
 and runs in the supervisor or the CLI, never in a training process. The optional packages
-(tensorboard, pyarrow) are imported only where they are used. docs/run-directory.md#mirrors.
+(tensorboard, wandb, pyarrow) are imported only where they are used. docs/run-directory.md#mirrors.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import importlib.util
 
 from mt.contract.config import Config, ConfigError
 
-EXTRAS = {"tensorboard": "tensorboard", "pyarrow": "parquet"}  # module -> the extra that installs it
+EXTRAS = {"tensorboard": "tensorboard", "pyarrow": "parquet", "wandb": "wandb"}  # module -> the extra that installs it
 
 
 def missing_extra(module: str) -> bool:
@@ -29,3 +29,9 @@ def check_extras(cfg: Config, source: str) -> None:
     """A [monitor] mirror whose package is missing is refused at launch, naming the key and the extra."""
     if cfg.monitor.tensorboard and missing_extra("tensorboard"):
         raise ConfigError(source, "monitor.tensorboard", extra_hint("tensorboard"))
+    if cfg.monitor.wandb:
+        from tui.mirror.wandbsink import check_wandb
+
+        check_wandb(cfg.monitor.wandb, source)
+        if missing_extra("wandb"):
+            raise ConfigError(source, "monitor.wandb", extra_hint("wandb"))

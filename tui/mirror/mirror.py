@@ -36,6 +36,7 @@ class MirrorState:
     incidents: tuple[int, int | None] = (0, None)
     written: dict[str, int] = field(default_factory=dict)  # tag -> newest step written
     samples: int = 0                                  # system samples written (the next one's number)
+    sink: dict[str, Any] = field(default_factory=dict)  # the sink's own (W&B: its run id, newest step)
     v: int = STATE_VERSION
 
     @classmethod
@@ -46,9 +47,12 @@ class MirrorState:
         try:
             if not isinstance(raw, dict) or raw.get("v") != STATE_VERSION or raw.get("target") != target:
                 return cls(target=target)
+            sink = raw.get("sink", {})
+            if not isinstance(sink, dict):
+                return cls(target=target)
             spots = {k: (int(raw[k][0]), None if raw[k][1] is None else int(raw[k][1])) for k in ("events", "system", "incidents")}
             written = {str(t): int(s) for t, s in dict(raw["written"]).items()}
-            return cls(target, written=written, samples=int(raw["samples"]), **spots)
+            return cls(target, written=written, samples=int(raw["samples"]), sink=sink, **spots)
         except (KeyError, TypeError, ValueError, IndexError, AttributeError):
             return cls(target=target)
 
@@ -100,6 +104,7 @@ class Mirror:
         for inc in self.incidents.iter_new(max_bytes):
             self.sink.text(st.samples, inc.t or time.time(), f"incidents/{inc.code}", incident_text(inc))
         self.sink.flush()
+        st.sink = self.sink.state()
         st.system = (self.system.line_offset, self.system.ino)
         st.incidents = (self.incidents.line_offset, self.incidents.ino)
 
@@ -134,6 +139,14 @@ def open_tensorboard(paths: RunPaths, logdir: Path, state_path: Path | None) -> 
     return Mirror(paths, TensorBoardSink(logdir), state)
 
 
+def open_wandb(paths: RunPaths, cfg: Config, state_path: Path, log: logging.Logger) -> Mirror:
+    """A mirror into the one W&B run of this run directory (its id kept in mirror.json)."""
+    from tui.mirror.wandbsink import WandbSink, wandb_target
+
+    state = MirrorState.load(state_path, "wandb", wandb_target(cfg.monitor.wandb))
+    return Mirror(paths, WandbSink(paths, cfg, state.sink, log), state)
+
+
 def save_states(path: Path, mirrors: dict[str, Mirror]) -> None:
     """mirror.json: every mirror's state, in one atomic write."""
     write_json_atomic(path, {name: dataclasses.asdict(m.state) for name, m in mirrors.items()})
@@ -149,7 +162,7 @@ def export_tensorboard(paths: RunPaths, logdir: Path) -> None:
 
 
 class MirrorHook:
-    """The supervisor's mirrors ([monitor] tensorboard): polled each tick (the first poll opens them,
+    """The supervisor's mirrors ([monitor] tensorboard, wandb): polled each tick (the first poll opens them,
     after the attempt started); a failure is logged and turns that mirror off, never reaching the run."""
 
     def __init__(self, paths: RunPaths, cfg: Config, log: logging.Logger, events_at: int = 0) -> None:
@@ -158,12 +171,15 @@ class MirrorHook:
         self.events_at = events_at
         self.mirrors: dict[str, Mirror] = {}
         on = cfg.launch.node_rank == 0  # the events live with node 0
-        self.pending = ["tensorboard"] if cfg.monitor.tensorboard and on else []
+        self.pending = [n for n, v in (("tensorboard", cfg.monitor.tensorboard), ("wandb", cfg.monitor.wandb)) if v and on]
 
     def _open(self) -> None:
         for name in self.pending:
             try:
-                self.mirrors[name] = open_tensorboard(self.paths, logdir_for(self.paths, self.cfg.monitor.tensorboard), self.paths.mirror)
+                if name == "wandb":
+                    self.mirrors[name] = open_wandb(self.paths, self.cfg, self.paths.mirror, self.log)
+                else:
+                    self.mirrors[name] = open_tensorboard(self.paths, logdir_for(self.paths, self.cfg.monitor.tensorboard), self.paths.mirror)
                 self.log.info("mirroring into %s at %s", name, self.mirrors[name].state.target)
             except Exception:
                 self.log.exception("cannot start the %s mirror; the run goes on without it", name)
