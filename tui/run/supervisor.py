@@ -128,7 +128,7 @@ class Supervisor:
         restarts_left = self.cfg.launch.max_restarts
         attempt = (self.status.attempt or 0) + 1
         self.incidents.catch_up(self.events.iter_new())  # earlier attempts: history, not news
-        self.mirrors = MirrorHook(self.paths, self.cfg, self.log, self.events.line_offset)  # [monitor] tensorboard
+        self.mirrors = MirrorHook(self.paths, self.cfg, self.log, self.events.line_offset)  # [monitor] tensorboard, wandb
         try:
             while True:
                 rc, worker_rc, run_end = self.run_attempt(attempt)
