@@ -219,6 +219,12 @@ class MonitorConfig:
     memory_pressure_share: float = _c(0.95, gt=0, le=1)
     """GPU memory above this share of total, for all of memory_window_s, is pressure."""
     memory_window_s: float = _c(30.0, gt=0)
+    tensorboard: str = ""
+    """Mirror the run into TensorBoard event files in this folder (relative: to the run directory),
+    written by the supervisor; needs the tensorboard extra. Empty: no mirror."""
+    wandb: dict[str, Any] = field(default_factory=dict)
+    """Mirror the run into one W&B run: { project = "...", entity = "...", mode = "offline" } (offline unless
+    mode says otherwise; also name, group); needs the wandb extra. Empty: no mirror."""
 
 
 @dataclass

@@ -70,6 +70,15 @@ class JsonlTail:
         except OSError:
             return cls(path)
 
+    @property
+    def line_offset(self) -> int:
+        """Where the next unread line starts: a tail made with it later misses and repeats nothing."""
+        return self.offset - len(self._partial) if not self._skipping else self.offset
+
+    @property
+    def ino(self) -> int | None:
+        return self._ino
+
     def reject(self, reason: str) -> None:
         """Count one line no reader may use."""
         self.bad_lines += 1

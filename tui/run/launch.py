@@ -24,6 +24,7 @@ from mt.contract.paths import RunPaths, new_run_dir
 from mt.contract.preset import check_paths, config_from_dict, load_config_json, load_preset, script_run_name, write_script_preset
 from mt.contract.status import Status, read_status, write_status
 from mt.contract.toolchain import cxx_problem
+from tui.mirror import check_extras
 from tui.read.rundir import liveness, require_run_dir
 from tui.run import lock as runlock
 from tui.run import usercheck
@@ -94,6 +95,7 @@ def resolve_config(preset: Path, over: Overrides, slurm: bool = False) -> tuple[
         check_paths(cfg, source)
         if not slurm:
             presets.require_rendezvous(cfg, source)
+        check_extras(cfg, source)
         if not cfg.launch.script:
             check_devices(cfg, source)
     except ConfigError as e:

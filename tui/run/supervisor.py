@@ -34,6 +34,7 @@ from mt.contract.records import ControlEvent, Record, RecordTail, RunEnd, RunSta
 from mt.contract.status import CLEAN_STATES, read_status, save_status
 from mt.contract.system import clean_sample
 from tui.diagnose.hook import IncidentHook
+from tui.mirror.mirror import MirrorHook
 from tui.run import lock as runlock
 from tui.run.failure import attempt_failure, failures_since
 from tui.run.peers import JOB_END_WAIT_S, JOB_START_WAIT_S, PEER_WAIT_S, PeerNodes
@@ -79,6 +80,8 @@ class Supervisor:
     def finish(self, state: str, code: int, exit_code: int | None, reason: str) -> int:
         """The last transition; the incident rules see the final state once more."""
         self.status.end(state, reason, time.time(), exit_code)
+        self.mirrors.poll(self.news, (self.events.line_offset, self.events.ino))
+        self.mirrors.close()  # before the final state: whoever sees the run ended finds its whole log
         self.write_status(state)
         self.tick()
         self.paths.reserve.unlink(missing_ok=True)  # needed only while the run lives; a resume makes it again
@@ -133,8 +136,8 @@ class Supervisor:
         self.incidents = IncidentHook(self.run_dir, self.cfg, self.log, node=self.node, rules=self.is_job)
         restarts_left = self.cfg.launch.max_restarts
         attempt = (self.status.attempt or 0) + 1
-        if self.incidents is not None:
-            self.incidents.catch_up(self.events.iter_new())  # earlier attempts: history, not news
+        self.incidents.catch_up(self.events.iter_new())  # earlier attempts: history, not news
+        self.mirrors = MirrorHook(self.paths, self.cfg, self.log, self.events.line_offset)  # [monitor] tensorboard, wandb
         try:
             while True:
                 rc, worker_rc, run_end = self.run_attempt(attempt)
@@ -171,6 +174,7 @@ class Supervisor:
             self.sampler.close()
             if not self.is_job:  # srun's --kill-on-bad-exit must not end the job's supervisor mid-record
                 self.peers.wait_for_job_end(JOB_END_WAIT_S)
+            self.mirrors.close()
 
     def failure_reason(self, rc: int, worker_rc: int | None, run_end: RunEnd | None) -> str:
         return attempt_failure(self.cfg, self.paths, rc, worker_rc, run_end, self.peers.killed_elsewhere(self.status.attempt))
@@ -322,9 +326,9 @@ class Supervisor:
         news, self.news = self.news, []
         if self.lost:
             return
-        if self.incidents is not None:
-            self.incidents.poll(self.status, news, [] if sample is None else [sample], self.ranks,
-                                self.peers.failures(self.status.attempt))
+        self.incidents.poll(self.status, news, [] if sample is None else [sample], self.ranks,
+                            self.peers.failures(self.status.attempt))
+        self.mirrors.poll(news, (self.events.line_offset, self.events.ino))
 
     def append_sample(self, ranks: dict[int, int]) -> dict[str, Any] | None:
         """Take a system sample and append it to system.jsonl; returns it (None if it failed)."""

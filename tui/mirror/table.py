@@ -1,0 +1,67 @@
+"""`mt export --csv / --parquet`: every step, eval, metrics, system sample and incident as one table.
+
+One row per line of the run directory (no sampling), a `kind` column saying which; the columns a
+kind lacks are empty. Columns: docs/cli.md#mt-export.
+"""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+from mt.contract.jsonl import JsonlTail
+from mt.contract.paths import RunPaths
+from mt.contract.records import Eval, Metrics, RecordTail, RunStart, Step, parse_incident
+from mt.contract.system import clean_sample
+from tui.mirror.points import sample_values
+
+STEP_FIELDS = ("loss", "lr", "grad_norm", "tokens_per_s", "step_time_s", "data_wait_s", "mfu", "samples_per_s")
+INCIDENT_FIELDS = ("code", "severity", "status", "source", "title", "detail", "advice")
+FIXED = ("kind", "t", "attempt", "step", *STEP_FIELDS, "val_loss")
+
+
+def run_rows(paths: RunPaths) -> tuple[list[str], list[dict[str, Any]]]:
+    """The run's table: (columns, rows); events first in file order, then system samples, then incidents."""
+    rows: list[dict[str, Any]] = []
+    attempt = None
+    for rec in RecordTail(paths.events).iter_new():
+        if isinstance(rec, RunStart):
+            attempt = rec.attempt
+        elif isinstance(rec, Step):
+            rows.append({"kind": "step", "t": rec.t, "attempt": attempt, "step": rec.step,
+                         **{k: getattr(rec, k) for k in STEP_FIELDS}, **_named(rec.extra)})
+        elif isinstance(rec, Eval):
+            rows.append({"kind": "eval", "t": rec.t, "attempt": attempt, "step": rec.step, "val_loss": rec.val_loss})
+        elif isinstance(rec, Metrics):
+            rows.append({"kind": "metrics", "t": rec.t, "attempt": attempt, "step": rec.step, **_named(rec.values)})
+    for raw in JsonlTail(paths.system).iter_new():
+        sample = clean_sample(raw)
+        if sample is not None:
+            rows.append({"kind": "system", "t": sample["t"], **sample_values(sample)})
+    for inc in RecordTail(paths.incidents, parse=parse_incident).iter_new():
+        rows.append({"kind": "incident", "t": inc.t, "step": inc.step, **{k: getattr(inc, k) for k in INCIDENT_FIELDS}})
+    seen = {k for row in rows for k in row}
+    extra = sorted(k for k in seen if k.startswith("metrics/")) + sorted(k for k in seen if "/" in k and not k.startswith("metrics/"))
+    return [*FIXED, *extra, *INCIDENT_FIELDS], rows
+
+
+def _named(values: dict[str, float]) -> dict[str, float]:
+    return {f"metrics/{k}": v for k, v in values.items()}
+
+
+def write_csv(path: Path, columns: list[str], rows: list[dict[str, Any]]) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=columns, restval="")
+        w.writeheader()
+        w.writerows(rows)
+
+
+def write_parquet(path: Path, columns: list[str], rows: list[dict[str, Any]]) -> None:
+    """Typed columns (strings, whole numbers, floats); needs the parquet extra (pyarrow)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    types = {"kind": pa.string(), "attempt": pa.int64(), "step": pa.int64(), **dict.fromkeys(INCIDENT_FIELDS, pa.string())}
+    schema = pa.schema([(c, types.get(c, pa.float64())) for c in columns])
+    table = pa.Table.from_pylist([{c: row.get(c) for c in columns} for row in rows], schema=schema)
+    pq.write_table(table, str(path))

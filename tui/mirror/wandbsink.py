@@ -1,0 +1,121 @@
+"""Weights & Biases through wandb's own client, offline unless the preset says otherwise.
+
+One W&B run per run directory: its id is made once and kept in mirror.json, and every supervisor
+(`mt resume`) and every automatic restart continues it (`resume="allow"`). W&B's steps only go
+forward, so steps an attempt from an older checkpoint redoes keep their first values there
+(TensorBoard purges and shows the newer ones). wandb's start takes seconds and its calls may
+block, so they run in a thread of their own: the supervisor's loop only queues.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import secrets
+import string
+import threading
+from typing import Any
+
+from mt.contract.config import Config, ConfigError
+from mt.contract.paths import RunPaths
+
+MODES = ("offline", "online", "disabled")
+KEYS = ("project", "entity", "mode", "name", "group")
+_DONE = None
+_CLOSE_S = 60.0  # how long the end of a run waits for W&B to write what is queued
+
+
+def check_wandb(table: dict[str, Any], source: str) -> None:
+    """[monitor] wandb: known string keys and a project; ConfigError names the key."""
+    for key, value in table.items():
+        if key not in KEYS:
+            raise ConfigError(source, f"monitor.wandb.{key}", f"unknown key (known: {', '.join(KEYS)})")
+        if not isinstance(value, str) or not value:
+            raise ConfigError(source, f"monitor.wandb.{key}", f"expected a non-empty string, got {value!r}")
+    if "project" not in table:
+        raise ConfigError(source, "monitor.wandb.project", "missing (required with [monitor] wandb)")
+    if table.get("mode", "offline") not in MODES:
+        raise ConfigError(source, "monitor.wandb.mode", f"expected one of {', '.join(MODES)}, got {table['mode']!r}")
+
+
+def wandb_target(table: dict[str, Any]) -> str:
+    return "/".join(v for v in (table.get("entity"), table.get("project")) if v)
+
+
+def new_run_id() -> str:
+    """8 lowercase letters and digits, W&B's own shape of a run id."""
+    return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+
+
+class WandbSink:
+    """Training series at their steps, system samples at the newest step, into one W&B run."""
+
+    def __init__(self, paths: RunPaths, cfg: Config, saved: dict[str, Any], log: logging.Logger) -> None:
+        self.run_id = str(saved.get("id") or new_run_id())
+        self.step = int(saved.get("step", -1))                  # the newest step logged
+        self.skip_through = int(saved.get("skip_through", -1))  # a rollback's redone steps end here
+        self.log = log
+        self.failed = threading.Event()
+        self.started = threading.Event()   # wandb.init returned (or failed): bench/mirror_cost.py waits for it
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        table = cfg.monitor.wandb
+        init = dict(project=table["project"], entity=table.get("entity"), group=table.get("group"),
+                    name=table.get("name") or paths.root.name, mode=table.get("mode", "offline"), id=self.run_id,
+                    resume="allow", config=cfg.to_dict(),
+                    dir=None if os.environ.get("WANDB_DIR") else str(paths.root))  # offline files: in the run directory
+        self._thread = threading.Thread(target=self._work, args=(init,), name="mt-wandb", daemon=True)
+        self._thread.start()
+
+    def _work(self, init: dict[str, Any]) -> None:
+        try:
+            import wandb
+
+            run = wandb.init(**init, settings=wandb.Settings(console="off", silent=True))
+        except Exception:
+            self.log.exception("cannot start the W&B run; the W&B mirror is off")
+            self.failed.set()
+            return
+        finally:
+            self.started.set()
+        try:
+            while (item := self._queue.get()) is not _DONE:
+                run.log(item[1], step=item[0])
+        except Exception:
+            self.log.exception("the W&B mirror failed; it is off")
+            self.failed.set()
+        finally:
+            run.finish()
+            wandb.teardown()   # the service process goes now, not at the supervisor's exit
+
+    def _put(self, step: int, values: dict[str, float]) -> None:
+        if not self.failed.is_set():
+            self._queue.put((step, values))
+
+    def scalars(self, step: int, wall: float, values: dict[str, float]) -> None:
+        if step <= self.skip_through or step < self.step:
+            return   # W&B drops a step behind its newest one
+        self._put(step, values)
+        self.step = step
+
+    def samples(self, n: int, wall: float, values: dict[str, float]) -> None:
+        if values:
+            self.step = max(self.step, 0)
+            self._put(self.step, {f"system/{k}": v for k, v in values.items()})
+
+    def text(self, n: int, wall: float, tag: str, text: str) -> None:
+        """Incidents stay TensorBoard's (W&B has no per-step text series)."""
+
+    def rollback(self, step: int, wall: float) -> None:
+        self.skip_through = max(self.skip_through, self.step)
+
+    def state(self) -> dict[str, Any]:
+        return {"id": self.run_id, "step": self.step, "skip_through": self.skip_through}
+
+    def flush(self) -> None:
+        """wandb writes as it goes."""
+
+    def close(self) -> None:
+        self._queue.put(_DONE)
+        self._thread.join(_CLOSE_S)
+        if self._thread.is_alive():
+            self.log.warning("W&B did not finish within %.0f s; leaving it", _CLOSE_S)
