@@ -24,7 +24,7 @@ CLEAN_STATES = ("completed", "stopped")  # ended as asked: exit code 0, no failu
 Liveness = Literal["pending", "starting", "live", "lost", "final"]
 
 # written only once set (docs: "added by the supervisor", "present after ...", "removed by mt resume")
-_OPTIONAL = frozenset({"direct", "attempts", "restarts_left", "owner", "owner_cmdline", "slurm_job_id"})
+_OPTIONAL = frozenset({"direct", "attempts", "restarts_left", "owner", "owner_cmdline", "slurm_job_id", "slurm_state"})
 
 
 @dataclass
@@ -50,6 +50,8 @@ class Status:
     owner: str | None = None
     owner_cmdline: list[str] | None = None
     slurm_job_id: str | None = None
+    slurm_state: str | None = None
+    """Slurm's word on how the job's last attempt ended (CANCELLED, NODE_FAIL, REQUEUED, ...)."""
     # not keys of the file: what reading it found
     found: bool = field(default=False, compare=False)
     """The file was there and held a JSON object."""
@@ -118,7 +120,8 @@ class Status:
             exit_code=get("exit_code", _int), reason=get("reason", _str), nproc=get("nproc", _int),
             nnodes=get("nnodes", _int), node_rank=get("node_rank", _int), preset=get("preset", _str),
             attempts=attempts, restarts_left=get("restarts_left", _int), owner=get("owner", _str),
-            owner_cmdline=get("owner_cmdline", _strs), slurm_job_id=get("slurm_job_id", _job_id), found=True, invalid=frozenset(bad))
+            owner_cmdline=get("owner_cmdline", _strs), slurm_job_id=get("slurm_job_id", _job_id),
+            slurm_state=get("slurm_state", _str), found=True, invalid=frozenset(bad))
 
 
 def judge(status: Status, supervisor_alive: Callable[[Status], bool]) -> Liveness:

@@ -35,10 +35,11 @@ from mt.contract.status import CLEAN_STATES, read_status, save_status
 from mt.contract.system import clean_sample
 from tui.diagnose.hook import IncidentHook
 from tui.run import lock as runlock
+from tui.run.preempt import Progress, after_stop, cut_short, requeue, restart_count
 from tui.run.procs import daemonize, die_with_parent, kill_all, rank_processes, run_processes, terminate_all
 from tui.run.sampler import SystemSampler
 from tui.run.slurm import slurm_launch
-from tui.run.torchrun import attempt_command, is_direct, worker_env, worker_exit_code
+from tui.run.torchrun import attempt_command, failure_reason, is_direct, worker_env, worker_exit_code
 
 
 class Supervisor:
@@ -56,6 +57,10 @@ class Supervisor:
             self.status.slurm_job_id = os.environ.get("SLURM_JOB_ID") or self.status.slurm_job_id
             self.log.info("slurm job %s, node %s (node rank %d of %d)", os.environ.get("SLURM_JOB_ID"),
                           os.environ.get("SLURMD_NODENAME"), self.cfg.launch.node_rank, self.cfg.launch.nnodes)
+        # the job's supervisor (node 0) records the job's end and requeues it; other nodes never do
+        self.slurm_job = self.status.slurm_job_id if slurm and self.cfg.launch.node_rank == 0 else None
+        self.stop_signal: int | None = None   # the first stop signal: SIGTERM under Slurm is a preemption
+        self.progress = Progress()            # newest step and checkpoint: what a cut-short stop lost
         self.stop_requested = False
         self.kill_requested = False
         self.events = RecordTail(self.paths.events)  # the one reader of events.jsonl here
@@ -68,11 +73,22 @@ class Supervisor:
 
     # -- status ----------------------------------------------------------------------------
     def finish(self, state: str, code: int, exit_code: int | None, reason: str) -> int:
-        """The last transition; the incident rules see the final state once more."""
+        """The last transition; the incident rules see the final state once more. Under Slurm a
+        preempted run is `pending` again and requeued; a cancelled one says Slurm's word."""
+        end = after_stop(self.slurm_job, self.stop_signal, self.progress, reason) \
+            if self.slurm_job and state == "stopped" else None
+        if end is not None:
+            state, reason, self.status.slurm_state = end.state, end.reason, end.slurm_state
         self.status.end(state, reason, time.time(), exit_code)
         self.write_status(state)
         self.tick()
         self.paths.reserve.unlink(missing_ok=True)  # needed only while the run lives; a resume makes it again
+        if end is not None and end.requeue and self.slurm_job:
+            failed = requeue(self.slurm_job)   # Slurm ends this job's processes now: all is written
+            if failed:
+                self.status.end("stopped", f"{reason}; but {failed}", time.time(), exit_code)
+                self.status.slurm_state = None
+                self.write_status("stopped")
         return code
 
     def write_status(self, state: str, note: str = "") -> None:
@@ -98,6 +114,7 @@ class Supervisor:
 
     # -- signals ---------------------------------------------------------------------------
     def _on_stop(self, signum: int, _frame: Any) -> None:
+        self.stop_signal = self.stop_signal or signum
         self.stop_requested = True
         if self.torchrun is not None and self.torchrun.poll() is None:
             self.torchrun.send_signal(signal.SIGTERM)
@@ -124,7 +141,11 @@ class Supervisor:
         self.incidents = IncidentHook(self.run_dir, self.cfg, self.log)
         restarts_left = self.cfg.launch.max_restarts
         attempt = (self.status.attempt or 0) + 1
-        self.incidents.catch_up(self.events.iter_new())  # earlier attempts: history, not news
+        self.incidents.catch_up(self.progress.feed(self.events.iter_new()))  # earlier attempts: history, not news
+        lost = cut_short(self.status, self.progress, self.slurm_job) if self.slurm_job else None
+        if lost is not None:
+            self.log.warning("%s", lost.detail)
+            self.incidents.note(lost, "the attempt it concerns had ended")
         try:
             while True:
                 rc, worker_rc, run_end = self.run_attempt(attempt)
@@ -139,7 +160,7 @@ class Supervisor:
                     state = ended if ended in CLEAN_STATES else \
                         ("stopped" if self.stop_requested else "completed")
                     return self.finish(state, 0, exit_code=rc, reason=(run_end.reason if run_end else "") or state)
-                reason = self.failure_reason(rc, worker_rc, run_end)
+                reason = failure_reason(self.cfg, self.paths, rc, worker_rc, run_end)
                 if self.stop_requested and self.cfg.launch.script and run_end is None:
                     # a script that does not use mt dies of the SIGTERM we forwarded: that is its stop
                     return self.finish("stopped", 0, exit_code=rc, reason="stopped by SIGTERM (the script reports "
@@ -159,24 +180,6 @@ class Supervisor:
                 return self.finish("failed", 1, exit_code=rc, reason=reason)
         finally:
             self.sampler.close()
-
-    def failure_reason(self, rc: int, worker_rc: int | None, run_end: RunEnd | None) -> str:
-        if run_end and run_end.reason:
-            return run_end.reason
-        if is_direct(self.cfg):  # no torchrun ran: the one worker's own exit
-            what = f"the script {Path(self.cfg.launch.script).name}" if self.cfg.launch.script else "the worker"
-            why = f"{what} was killed by signal {-rc}" if rc < 0 else f"{what} exited with code {rc}"
-            why += f"; see logs/{self.paths.rank_log(0).name}"
-        elif worker_rc is not None and worker_rc < 0:
-            why = f"a worker was killed by signal {-worker_rc} (torchrun exit {rc})"
-        elif worker_rc is not None:
-            why = f"a worker exited with code {worker_rc} (torchrun exit {rc}); see logs/"
-        else:
-            why = f"torchrun exited with code {rc}; see logs/torchrun.log"
-        free = space.free_bytes(self.run_dir)
-        if free is not None and free < space.RESERVE_BYTES:  # the engine could not even write its run_end
-            why += f"; disk full: {space.describe(self.run_dir)}"
-        return why
 
     def run_attempt(self, attempt: int) -> tuple[int, int | None, RunEnd | None]:
         """One torchrun (or, for one process, the worker itself: `direct`); returns (its exit code,
@@ -214,7 +217,8 @@ class Supervisor:
                 close_fds=True, pass_fds=(store.fileno(),) if store else (), cwd=self.script_cwd(),
             )
         tr = self.torchrun
-        record = {"attempt": attempt, "started": started, "torchrun_pid": tr.pid, "ended": None, "exit_code": None}
+        record = {"attempt": attempt, "started": started, "torchrun_pid": tr.pid, "ended": None, "exit_code": None,
+                  **({"slurm_restart": restart_count(os.environ)} if self.slurm_job else {})}
         self.status.attempts.append(record)
         self.status.torchrun_pid = tr.pid
         self.write_status("running", f"torchrun pid {tr.pid}")
@@ -229,7 +233,7 @@ class Supervisor:
             self.status.exit_code = rc
         # a kill, or a stop that torchrun reports as exit 1, is not a crash for the rules
         if rc and not self.kill_requested and not clean and not self.lost:
-            self.status.reason = self.failure_reason(rc, worker_rc, run_end)
+            self.status.reason = failure_reason(self.cfg, self.paths, rc, worker_rc, run_end)
             self.save_status()
             self.tick()  # let the rules classify the crash (crash, oom, ...) now
         self.reap_leftovers()
@@ -293,7 +297,7 @@ class Supervisor:
     def follow_events(self, attempt: int) -> RunEnd | None:
         """Read new events: note an accepted stop (state `stopping`) and this attempt's run_end."""
         run_end = None
-        new = self.events.read_new()
+        new = list(self.progress.feed(self.events.read_new()))
         self.news += new
         for ev in new:
             if isinstance(ev, ControlEvent) and ev.action == "stop" and ev.status == "accepted" \

@@ -16,7 +16,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from mt.contract import space
 from mt.contract.config import HF_OFFLINE, STORE_FD_ENV, Config
+from mt.contract.paths import RunPaths
+from mt.contract.records import RunEnd
 
 
 def torchrun_command(cfg: Config, run_dir: Path, attempt: int, python: str = sys.executable,
@@ -179,3 +182,23 @@ def worker_exit_code(log_path: Path, offset: int) -> int | None:
         return None
     failures = torchrun_failures(text)
     return failures[0].exit_code if failures else None
+
+
+def failure_reason(cfg: Config, paths: RunPaths, rc: int, worker_rc: int | None, run_end: RunEnd | None) -> str:
+    """Why an attempt failed, in one line: the engine's own word, else the exit codes (and a full disk)."""
+    if run_end and run_end.reason:
+        return run_end.reason
+    if is_direct(cfg):  # no torchrun ran: the one worker's own exit
+        what = f"the script {Path(cfg.launch.script).name}" if cfg.launch.script else "the worker"
+        why = f"{what} was killed by signal {-rc}" if rc < 0 else f"{what} exited with code {rc}"
+        why += f"; see logs/{paths.rank_log(0).name}"
+    elif worker_rc is not None and worker_rc < 0:
+        why = f"a worker was killed by signal {-worker_rc} (torchrun exit {rc})"
+    elif worker_rc is not None:
+        why = f"a worker exited with code {worker_rc} (torchrun exit {rc}); see logs/"
+    else:
+        why = f"torchrun exited with code {rc}; see logs/torchrun.log"
+    free = space.free_bytes(paths.root)
+    if free is not None and free < space.RESERVE_BYTES:  # the engine could not even write its run_end
+        why += f"; disk full: {space.describe(paths.root)}"
+    return why

@@ -1,0 +1,163 @@
+"""How a Slurm job's run ends and goes on: the requeue after a preemption or the time-limit
+warning, Slurm's own word on a job cancelled by someone else, the steps a cut-short stop lost,
+and a pending job that left the queue without starting. docs/control.md "On Slurm".
+
+The requeue is `scontrol requeue` from the job's supervisor once the stop's checkpoint is on disk
+(as submitit does from its USR1 handler, but after the checkpoint, not before it).
+"""
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator, Mapping
+
+from mt.contract.paths import RunPaths
+from mt.contract.records import Checkpoint, Record, Step
+from mt.contract.status import LIVE_STATES, Status, read_status, write_status
+from tui.diagnose.findings import Finding
+from tui.run.slurm import SUBMIT_TIMEOUT_S, queue_state
+
+# the states of a job Slurm ended on its own account: recorded as Slurm says, never `lost`
+SLURM_ENDED = ("CANCELLED", "NODE_FAIL", "TIMEOUT", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "FAILED")
+
+
+@dataclass
+class JobInfo:
+    """What `scontrol show job` says of a job (no accounting needed: slurmctld keeps it MinJobAge)."""
+
+    state: str
+    reason: str = ""
+    exit_code: str = ""
+    restarts: int = 0
+
+    def words(self) -> str:
+        """`CANCELLED (exit 0:15)`, `NODE_FAIL (reason NodeDown)`: how a status reason quotes it."""
+        extra = [f"reason {self.reason}"] if self.reason not in ("", "None") else []
+        extra += [f"exit {self.exit_code}"] if self.exit_code not in ("", "0:0") else []
+        return f"{self.state} ({', '.join(extra)})" if extra else self.state
+
+
+def job_info(job_id: str) -> JobInfo | None:
+    """Slurm's record of the job; None when Slurm no longer knows it (or cannot be asked)."""
+    try:
+        done = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True,
+                              timeout=SUBMIT_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    fields = dict(tok.partition("=")[::2] for tok in done.stdout.split() if "=" in tok)
+    if not fields.get("JobState"):
+        return None
+    restarts = fields.get("Restarts", "0")
+    return JobInfo(fields["JobState"], fields.get("Reason", ""), fields.get("ExitCode", ""),
+                   int(restarts) if restarts.isdigit() else 0)
+
+
+def restart_count(env: Mapping[str, str]) -> int:
+    """SLURM_RESTART_COUNT: how many times Slurm has requeued the job (0 on its first run)."""
+    got = env.get("SLURM_RESTART_COUNT", "")
+    return int(got) if got.isdigit() else 0
+
+
+def requeue(job_id: str) -> str | None:
+    """`scontrol requeue`: the job goes back to the queue and runs again (SLURM_RESTART_COUNT + 1);
+    None when done, else Slurm's one line on why not."""
+    try:
+        done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True,
+                              timeout=SUBMIT_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"scontrol requeue {job_id}: {e}"
+    if done.returncode == 0:
+        return None
+    why = (done.stderr.strip() or done.stdout.strip()).splitlines()
+    return f"scontrol requeue {job_id} failed: {why[-1] if why else f'exit {done.returncode}'}"
+
+
+@dataclass
+class Progress:
+    """The newest step and the newest checkpoint's step in events.jsonl, as the supervisor reads it."""
+
+    step: int | None = None
+    checkpoint: int | None = None
+    checkpoint_at: float | None = None
+
+    def feed(self, records: Iterable[Record]) -> Iterator[Record]:
+        """Pass records through, noting steps and checkpoints on the way."""
+        for ev in records:
+            if isinstance(ev, Step):
+                self.step = ev.step
+            elif isinstance(ev, Checkpoint):
+                self.checkpoint, self.checkpoint_at = ev.step, ev.t
+            yield ev
+
+    @property
+    def lost(self) -> int:
+        """Steps done since the newest checkpoint: what a resume from it does again."""
+        return max(0, (self.step or 0) - (self.checkpoint or 0))
+
+
+@dataclass
+class Ending:
+    """What the job's supervisor records for a stopped run under Slurm."""
+
+    state: str
+    reason: str
+    requeue: bool = False
+    slurm_state: str | None = None
+
+
+def after_stop(job_id: str, stop_signal: int | None, progress: Progress, reason: str) -> Ending:
+    """A stop that ended with its checkpoint: requeue when Slurm asked for it (SIGTERM, from a
+    preemption or the time-limit warning) and the job still runs; a job being cancelled is not."""
+    if stop_signal != signal.SIGTERM:   # `mt stop` (a control request, or SIGINT for a bare script)
+        return Ending("stopped", reason)
+    info = job_info(job_id)
+    at = f"the checkpoint at step {progress.checkpoint}" if progress.checkpoint is not None else "no checkpoint"
+    if info is not None and info.state in SLURM_ENDED:
+        return Ending("stopped", f"{info.words()} in Slurm (job {job_id}): stopped with {at}; not requeued",
+                      slurm_state=info.state)
+    # a preemption with PreemptMode=REQUEUE, or someone's `scontrol requeue`: Slurm requeues it itself
+    by_slurm = info is not None and info.state.startswith("REQUEUE")
+    return Ending("pending", f"preempted (SIGTERM from Slurm, job {job_id}): requeued after {at}; "
+                  "the next attempt starts when Slurm runs the job again", requeue=not by_slurm, slurm_state="REQUEUED")
+
+
+def cut_short(status: Status, progress: Progress, job_id: str) -> Finding | None:
+    """At the start of a job's attempt: the previous one ended under Slurm without its supervisor
+    recording the end (killed at the end of the grace period, or with its node); what it lost."""
+    if status.state not in LIVE_STATES or not status.attempts:
+        return None
+    was = "stopping: its stop's checkpoint had not landed" if status.state == "stopping" else status.state
+    at = f"step {progress.checkpoint}" if progress.checkpoint is not None else "the start (no checkpoint)"
+    detail = (f"attempt {status.attempt} of Slurm job {job_id} ended before its supervisor could record it "
+              f"(it was {was}; the grace period was too short, or its node failed): "
+              f"{progress.lost} steps lost since the newest checkpoint, at {at}")
+    return Finding("stop_cut_short", "error", progress.step, f"{progress.lost} steps lost: Slurm ended attempt "
+                   f"{status.attempt} before its checkpoint", detail,
+                   "raise [slurm] signal_grace_s (or the partition's GraceTime) above the time a checkpoint takes; "
+                   "checkpoint more often ([checkpoint] every_steps)",
+                   {"attempt": status.attempt, "state": status.state, "last_step": progress.step,
+                    "checkpoint_step": progress.checkpoint, "lost_steps": progress.lost, "slurm_job_id": job_id})
+
+
+def settle_gone(run_dir: Path) -> Status | None:
+    """A pending run whose job left the queue without starting (cancelled, failed to start) is
+    over: no supervisor will ever write it, so the one who notices records Slurm's word (killed)."""
+    status = read_status(run_dir)
+    if status.state != "pending" or status.slurm_job_id is None or queue_state(status.slurm_job_id) != "":
+        return None
+    if read_status(run_dir).state != "pending":   # its supervisor started meanwhile
+        return None
+    info = job_info(status.slurm_job_id)
+    if info is not None and info.state in ("PENDING", "REQUEUED", "RUNNING", "CONFIGURING"):
+        return None
+    said = info.words() if info is not None else "no longer known to Slurm"
+    status.state, status.ended = "killed", time.time()
+    status.slurm_state = info.state if info is not None else None
+    status.reason = f"Slurm job {status.slurm_job_id} left the queue without starting: {said}"
+    write_status(RunPaths(Path(run_dir)), status)
+    return status
