@@ -36,8 +36,8 @@ def _preset(tmp_path: Path, nproc: int, steps: int, sleep: float = 0.1, every: i
                         slurm={"signal_grace_s": 30})
 
 
-def _submit(slurm: Cluster, *args: Any) -> tuple[Path, str]:
-    done = _mt("launch", *args, "--slurm", env=slurm.env)
+def _submit(slurm: Cluster, what: Path, *args: Any) -> tuple[Path, str]:
+    done = _mt("launch", what, "--slurm", *args, env=slurm.env)
     assert done.returncode == 0, done.stderr
     run_dir = run_dir_from(done.stdout)
     return run_dir, status(run_dir)["slurm_job_id"]
@@ -187,7 +187,13 @@ def test_an_attempt_slurm_ends_before_the_stop_checkpoint_is_an_incident_with_th
     slurm.run("scancel", "--signal=TERM", job)
     slurm.wait_for("the stop to be under way", lambda: status(run_dir).get("state") == "stopping", timeout=30)
     last, ckpt = events(run_dir, "step")[-1]["step"], events(run_dir, "checkpoint")[-1]["step"]
-    slurm.run("scontrol", "requeue", job)   # as a preemption's end of grace: killed, back in the queue
+    # the end of the grace period: SIGKILL to every process of the job at once (done here, since
+    # Slurm's own kill sends SIGCONT first and the rank would save), then the job back in the queue
+    # as a preemption with PreemptMode=REQUEUE does
+    for pid in _job_processes(slurm, job):
+        os.kill(pid, signal.SIGKILL)
+    slurm.wait_for("the job to be over", lambda: not slurm.state(job).startswith("RUNNING"), timeout=30)
+    slurm.run("scontrol", "requeue", job)
     _start_requeued(slurm, job)
     final = _final(slurm, run_dir)
     assert final["state"] == "completed", _log(run_dir)

@@ -71,10 +71,16 @@ def requeue(job_id: str) -> str | None:
                               timeout=SUBMIT_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"scontrol requeue {job_id}: {e}"
-    if done.returncode == 0:
+    info = job_info(job_id) if done.returncode != 0 else None
+    if done.returncode == 0 or (info is not None and _queued_again(info)):   # requeued by someone else meanwhile
         return None
     why = (done.stderr.strip() or done.stdout.strip()).splitlines()
     return f"scontrol requeue {job_id} failed: {why[-1] if why else f'exit {done.returncode}'}"
+
+
+def _queued_again(info: JobInfo) -> bool:
+    """Back in the queue already: Slurm requeued it itself (PreemptMode=REQUEUE, someone's requeue)."""
+    return info.state.startswith("REQUEUE") or info.state == "PENDING"
 
 
 @dataclass
@@ -121,7 +127,7 @@ def after_stop(job_id: str, stop_signal: int | None, progress: Progress, reason:
         return Ending("stopped", f"{info.words()} in Slurm (job {job_id}): stopped with {at}; not requeued",
                       slurm_state=info.state)
     # a preemption with PreemptMode=REQUEUE, or someone's `scontrol requeue`: Slurm requeues it itself
-    by_slurm = info is not None and info.state.startswith("REQUEUE")
+    by_slurm = info is not None and _queued_again(info)
     return Ending("pending", f"preempted (SIGTERM from Slurm, job {job_id}): requeued after {at}; "
                   "the next attempt starts when Slurm runs the job again", requeue=not by_slurm, slurm_state="REQUEUED")
 
