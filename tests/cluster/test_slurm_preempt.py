@@ -64,6 +64,14 @@ def _gone(slurm: Cluster, job: str) -> None:
     slurm.wait_for("the job to leave the queue", lambda: slurm.state(job) == "" or None, timeout=60)
 
 
+def _live(pid: int) -> bool:
+    """The process runs (a zombie is over: it only waits for its parent to read its exit)."""
+    try:
+        return not Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].startswith("Z")
+    except OSError:
+        return False
+
+
 def _job_processes(slurm: Cluster, job: str) -> list[int]:
     """Every process of the job on any node: all nodes of the test cluster are this machine, and
     a job's processes carry its SLURM_JOB_ID and this cluster's SLURM_CONF (escaped ones too)."""
@@ -73,11 +81,9 @@ def _job_processes(slurm: Cluster, job: str) -> list[int]:
             continue
         try:
             env = (proc / "environ").read_bytes().split(b"\0")
-            if (proc / "stat").read_text().split(") ")[-1].startswith("Z"):
-                continue
         except OSError:
             continue
-        if f"SLURM_JOB_ID={job}".encode() in env and f"SLURM_CONF={slurm.conf}".encode() in env:
+        if _live(int(proc.name)) and f"SLURM_JOB_ID={job}".encode() in env and f"SLURM_CONF={slurm.conf}".encode() in env:
             found.append(int(proc.name))
     return found
 
@@ -168,11 +174,14 @@ def test_mt_kill_cancels_the_job_and_leaves_no_process_on_any_node(slurm: Cluste
     assert len(pids) >= 4   # at least the batch shell, the supervisor, torchrun and two ranks
     done = _mt("kill", run_dir, env=slurm.env)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert f"Slurm job {job} cancelled" in done.stdout
+    # cancelled in Slurm (not a job that ended because its processes did), and kept so for MinJobAge
+    assert "JobState=CANCELLED" in slurm.run("scontrol", "show", "job", job).stdout
     assert status(run_dir)["state"] == "killed"
     _gone(slurm, job)
     slurm.wait_for("no process of the job left", lambda: not _job_processes(slurm, job), timeout=30)
-    alive = [p for p in pids if Path(f"/proc/{p}").exists()]
-    assert not alive, alive
+    alive = [p for p in pids if _live(p)]
+    assert not alive, [Path(f"/proc/{p}/cmdline").read_bytes() for p in alive]
     time.sleep(2)
     assert slurm.state(job) == "" and status(run_dir)["state"] == "killed"   # not requeued either
 

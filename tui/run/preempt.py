@@ -8,7 +8,6 @@ The requeue is `scontrol requeue` from the job's supervisor once the stop's chec
 from __future__ import annotations
 
 import signal
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ from mt.contract.paths import RunPaths
 from mt.contract.records import Checkpoint, Record, Step
 from mt.contract.status import LIVE_STATES, Status, read_status, write_status
 from tui.diagnose.findings import Finding
-from tui.run.slurm import SUBMIT_TIMEOUT_S, queue_state
+from tui.run.slurm import SlurmError, _slurm, queue_state
 
 # the states of a job Slurm ended on its own account: recorded as Slurm says, never `lost`
 SLURM_ENDED = ("CANCELLED", "NODE_FAIL", "TIMEOUT", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "FAILED")
@@ -43,14 +42,11 @@ class JobInfo:
 def job_info(job_id: str) -> JobInfo | None:
     """Slurm's record of the job; None when Slurm no longer knows it (or cannot be asked)."""
     try:
-        done = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True,
-                              timeout=SUBMIT_TIMEOUT_S, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if done.returncode != 0:
+        done = _slurm("scontrol", "show", "job", "-o", job_id)
+    except SlurmError:
         return None
     fields = dict(tok.partition("=")[::2] for tok in done.stdout.split() if "=" in tok)
-    if not fields.get("JobState"):
+    if done.returncode != 0 or not fields.get("JobState"):
         return None
     restarts = fields.get("Restarts", "0")
     return JobInfo(fields["JobState"], fields.get("Reason", ""), fields.get("ExitCode", ""),
@@ -67,15 +63,36 @@ def requeue(job_id: str) -> str | None:
     """`scontrol requeue`: the job goes back to the queue and runs again (SLURM_RESTART_COUNT + 1);
     None when done, else Slurm's one line on why not."""
     try:
-        done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True,
-                              timeout=SUBMIT_TIMEOUT_S, check=False)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"scontrol requeue {job_id}: {e}"
+        done = _slurm("scontrol", "requeue", job_id)
+    except SlurmError as e:
+        return str(e)
     info = job_info(job_id) if done.returncode != 0 else None
     if done.returncode == 0 or (info is not None and _queued_again(info)):   # requeued by someone else meanwhile
         return None
     why = (done.stderr.strip() or done.stdout.strip()).splitlines()
     return f"scontrol requeue {job_id} failed: {why[-1] if why else f'exit {done.returncode}'}"
+
+
+def cancel_job(run_dir: Path, job_id: str, grace_s: float) -> bool:
+    """`mt kill` of a Slurm run, from anywhere: USR1 to the job's tasks (the supervisor records
+    `killed`, the rest die of it), then `scancel` (never requeued; Slurm kills what is left on
+    every node). False when the job is not in the queue (or squeue cannot say)."""
+    queued = queue_state(job_id)
+    if not queued:
+        return False
+    try:
+        if queued.startswith("RUNNING"):
+            _slurm("scancel", "--signal=USR1", job_id)   # steps only: the batch shell keeps its USR1 trap out of it
+            deadline = time.monotonic() + grace_s
+            while time.monotonic() < deadline and read_status(run_dir).state != "killed":
+                time.sleep(0.2)
+        _slurm("scancel", job_id)
+    except SlurmError:
+        return False
+    deadline = time.monotonic() + max(30.0, grace_s)
+    while time.monotonic() < deadline and queue_state(job_id):
+        time.sleep(0.2)
+    return True
 
 
 def _queued_again(info: JobInfo) -> bool:
