@@ -150,19 +150,29 @@ def test_a_library_script_stops_saves_requeues_and_resumes_from_its_own_checkpoi
 
 
 @pytest.mark.slow
-def test_mt_stop_from_outside_the_allocation_ends_the_job_and_does_not_requeue_it(
+def test_mt_stop_from_outside_the_allocation_ends_the_job_unrequeued_and_mt_resume_submits_it_again(
         slurm: Cluster, tmp_path: Path) -> None:
-    run_dir, job = _submit(slurm, _preset(tmp_path, 1, 10_000, sleep=0.05, every=10_000))
+    run_dir, job = _submit(slurm, _preset(tmp_path, 1, 40, sleep=0.1, every=10_000))
     slurm.wait_for("a few steps", lambda: len(events(run_dir, "step")) >= 3, timeout=60)
     outside = {k: v for k, v in slurm.env.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
     done = _mt("stop", run_dir, env=outside)
     assert done.returncode == 0, done.stdout + done.stderr
     final = _final(slurm, run_dir, timeout=60)
     assert final["state"] == "stopped" and "slurm_state" not in final, _log(run_dir)
-    assert events(run_dir, "checkpoint")[-1]["step"] == events(run_dir, "step")[-1]["step"]
+    stopped_at = events(run_dir, "step")[-1]["step"]
+    assert events(run_dir, "checkpoint")[-1]["step"] == stopped_at < 40
     _gone(slurm, job)
     shown = slurm.run("scontrol", "show", "job", job, check=False).stdout
     assert "Restarts=0" in shown or not shown   # not requeued (or already forgotten: MinJobAge)
+    # mt resume: the same run directory, a new job, a second attempt from the stop's checkpoint
+    done = _mt("resume", run_dir, env=outside)
+    assert done.returncode == 0, done.stdout + done.stderr
+    again = status(run_dir)["slurm_job_id"]
+    assert again != job and f"slurm job: {again}" in done.stdout
+    final = _final(slurm, run_dir)
+    assert final["state"] == "completed" and [a["attempt"] for a in final["attempts"]] == [1, 2], _log(run_dir)
+    assert [s["step"] for s in steps_by_attempt(run_dir)[2]] == list(range(stopped_at + 1, 41))
+    _gone(slurm, again)
 
 
 @pytest.mark.slow

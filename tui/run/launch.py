@@ -364,6 +364,8 @@ def _start_attempt(paths: RunPaths, status: Status, reason: str, nproc: int, loc
     status.state, status.supervisor_pid, status.ended, status.exit_code = "starting", None, None, None
     status.reason, status.nproc = reason, nproc
     _write_or_refuse(paths, paths.status, status.to_dict())
+    if status.slurm_job_id:  # a Slurm run goes back to Slurm: the caller submits it (tui.run.preempt.resubmit)
+        return
     try:
         start_supervisor(paths.root, lock)
     except (LaunchError, OSError, subprocess.TimeoutExpired) as e:

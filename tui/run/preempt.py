@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Iterable, Iterator, Mapping
 
 from mt.contract.paths import RunPaths
+from mt.contract.preset import load_config_json
 from mt.contract.records import Checkpoint, Record, Step
 from mt.contract.status import LIVE_STATES, Status, read_status, write_status
 from tui.diagnose.findings import Finding
-from tui.run.slurm import SlurmError, _slurm, queue_state
+from tui.run.slurm import SlurmError, Submitted, _slurm, queue_state, submit
 
 # the states of a job Slurm ended on its own account: recorded as Slurm says, never `lost`
 SLURM_ENDED = ("CANCELLED", "NODE_FAIL", "TIMEOUT", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "FAILED")
@@ -165,6 +166,20 @@ def cut_short(status: Status, progress: Progress, job_id: str) -> Finding | None
                    "checkpoint more often ([checkpoint] every_steps)",
                    {"attempt": status.attempt, "state": status.state, "last_step": progress.step,
                     "checkpoint_step": progress.checkpoint, "lost_steps": progress.lost, "slurm_job_id": job_id})
+
+
+def in_queue(run_dir: Path) -> str | None:
+    """Why `mt resume` must not submit a Slurm run again: its job is still queued or running."""
+    job = read_status(run_dir).slurm_job_id
+    queued = queue_state(job) if job else None
+    if not queued:
+        return None
+    return f"{run_dir}: its Slurm job {job} is still in the queue ({queued}); `mt stop` or `mt kill` it first"
+
+
+def resubmit(run_dir: Path) -> Submitted:
+    """`mt resume` of a Slurm run: the batch script again, sbatch; its next attempt starts with the job."""
+    return submit(load_config_json(RunPaths(Path(run_dir)).config), Path(run_dir))
 
 
 def settle_gone(run_dir: Path) -> Status | None:
