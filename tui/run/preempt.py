@@ -20,9 +20,6 @@ from mt.contract.status import LIVE_STATES, Status, read_status, write_status
 from tui.diagnose.findings import Finding
 from tui.run.slurm import SlurmError, Submitted, _slurm, queue_state, submit
 
-# the states of a job Slurm ended on its own account: recorded as Slurm says, never `lost`
-SLURM_ENDED = ("CANCELLED", "NODE_FAIL", "TIMEOUT", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "FAILED")
-
 
 @dataclass
 class JobInfo:
@@ -141,13 +138,18 @@ def after_stop(job_id: str, stop_signal: int | None, progress: Progress, reason:
         return Ending("stopped", reason)
     info = job_info(job_id)
     at = f"the checkpoint at step {progress.checkpoint}" if progress.checkpoint is not None else "no checkpoint"
-    if info is not None and info.state in SLURM_ENDED:
-        return Ending("stopped", f"{info.words()} in Slurm (job {job_id}): stopped with {at}; not requeued",
-                      slurm_state=info.state)
-    # a preemption with PreemptMode=REQUEUE, or someone's `scontrol requeue`: Slurm requeues it itself
-    by_slurm = info is not None and _queued_again(info)
-    return Ending("pending", f"preempted (SIGTERM from Slurm, job {job_id}): requeued after {at}; "
-                  "the next attempt starts when Slurm runs the job again", requeue=not by_slurm, slurm_state="REQUEUED")
+    if info is not None and (info.state == "RUNNING" or _queued_again(info)):
+        # RUNNING: a preemption's or the time-limit warning's SIGTERM to the tasks, the job goes on: we
+        # requeue it. Queued again: PreemptMode=REQUEUE or someone's `scontrol requeue` did it already.
+        return Ending("pending", f"preempted (SIGTERM from Slurm, job {job_id}): requeued after {at}; the next "
+                      "attempt starts when Slurm runs the job again", requeue=not _queued_again(info),
+                      slurm_state="REQUEUED")
+    if info is None:
+        return Ending("stopped", f"{reason}; Slurm could not be asked about job {job_id}: not requeued")
+    # a job being cancelled reads COMPLETING until its tasks are gone: its final CANCELLED comes after us
+    ended = "CANCELLED" if info.state == "COMPLETING" else info.state
+    return Ending("stopped", f"{ended} in Slurm (job {job_id}, {info.words()} as its tasks ended): stopped with "
+                  f"{at}; not requeued", slurm_state=ended)
 
 
 def cut_short(status: Status, progress: Progress, job_id: str) -> Finding | None:
