@@ -16,9 +16,12 @@ from typing import Any
 
 import pytest
 
+from mt.contract.records import parse_event
+from mt.contract.status import Status
 from tests.cli.conftest import MT, REPO, events, run_dir_from, status, write_preset
 from tests.cluster.conftest import Cluster
 from tests.engine.runner import final_weights, steps_by_attempt
+from tui.run.preempt import Ending, JobInfo, Progress, after_stop, cut_short, restart_count
 
 FINAL = ("completed", "failed", "killed", "stopped")
 HARD = {"model": {"dropout": 0.1}, "train": {"grad_accum_steps": 2}}   # dropout and accumulation: state to restore
@@ -86,6 +89,44 @@ def _job_processes(slurm: Cluster, job: str) -> list[int]:
         if _live(int(proc.name)) and f"SLURM_JOB_ID={job}".encode() in env and f"SLURM_CONF={slurm.conf}".encode() in env:
             found.append(int(proc.name))
     return found
+
+
+def test_the_batch_script_asks_for_requeue_and_appends_every_attempts_output(tmp_path: Path) -> None:
+    done = _mt("launch", _preset(tmp_path, 1, 5), "--slurm", "--dry-run", env=dict(os.environ))
+    assert done.returncode == 0, done.stderr
+    assert {"#SBATCH --requeue", "#SBATCH --open-mode=append"} <= set(done.stdout.splitlines())
+
+
+def _records(*raw: dict[str, Any]) -> list[Any]:
+    return [parse_event({"v": 1, "t": 1.8e9 + i, **r}) for i, r in enumerate(raw)]
+
+
+def test_a_cut_short_attempt_counts_the_steps_since_the_newest_checkpoint() -> None:
+    progress = Progress()
+    seen = list(progress.feed(_records({"kind": "step", "step": 5}, {"kind": "checkpoint", "step": 5, "path": "c5",
+                                                                          "reason": "interval"},
+                                       {"kind": "step", "step": 6}, {"kind": "step", "step": 9})))
+    assert len(seen) == 4 and (progress.step, progress.checkpoint, progress.lost) == (9, 5, 4)
+    attempt = [{"attempt": 1, "started": 1.0, "ended": None}]
+    lost = cut_short(Status(state="stopping", attempt=1, attempts=attempt), progress, "42")
+    assert lost is not None and lost.code == "stop_cut_short" and lost.evidence["lost_steps"] == 4
+    assert lost.title.startswith("4 steps lost") and "stop's checkpoint had not landed" in lost.detail
+    # an attempt that recorded its own end (requeued after its checkpoint, or final) lost nothing
+    for state in ("pending", "stopped", "completed"):
+        assert cut_short(Status(state=state, attempt=1, attempts=attempt), progress, "42") is None
+    assert Progress().lost == 0
+
+
+def test_mt_stop_is_never_a_preemption_and_slurms_words_are_kept() -> None:
+    # SIGINT (mt stop of a bare script, mt watch --headless) or a control request: stopped, Slurm not asked
+    for sig in (None, signal.SIGINT):
+        assert after_stop("42", sig, Progress(), "stop requested") == Ending("stopped", "stop requested")
+    assert JobInfo("NODE_FAIL", "NodeDown", "0:0").words() == "NODE_FAIL (reason NodeDown)"
+    assert JobInfo("COMPLETING", "None", "0:15").words() == "COMPLETING (exit 0:15)"
+    assert (restart_count({"SLURM_RESTART_COUNT": "2"}), restart_count({}), restart_count({"SLURM_RESTART_COUNT": "x"})) == (2, 0, 0)
+    st = Status.parse({"state": "stopped", "slurm_job_id": "42", "slurm_state": "CANCELLED"})
+    assert st.slurm_state == "CANCELLED" and st.to_dict()["slurm_state"] == "CANCELLED"
+    assert "slurm_state" not in Status(state="running").to_dict()
 
 
 @pytest.mark.slow

@@ -81,7 +81,7 @@ def send_request(run_dir: Path, action: str) -> str:
 
 def request_stop(run_dir: Path) -> str | None:
     """A graceful stop: a `stop` request (its id), or, for a script that reports nothing through
-    mt, SIGTERM to its supervisor (None), which forwards it and records `stopped`."""
+    mt, SIGINT to its supervisor (None), which forwards a SIGTERM and records `stopped`."""
     try:
         return send_request(run_dir, "stop")
     except NotReporting:
@@ -91,7 +91,8 @@ def request_stop(run_dir: Path) -> str | None:
         sup = run_process(pid, Path(run_dir)) if pid is not None else None
         if sup is None:
             raise ControlError(f"{run_dir}: the run is not running (its supervisor is gone)") from None
-        sup.send_signal(signal.SIGTERM)
+        # SIGINT, not SIGTERM: under Slurm a supervisor's SIGTERM is Slurm's preemption, and requeues the job
+        sup.send_signal(signal.SIGINT)
         return None
 
 

@@ -5,7 +5,8 @@ system into system.jsonl once a second, runs the incident rules, and starts a fr
 from the newest checkpoint when a worker dies and `[launch] max_restarts` allows.
 
 Signals: SIGTERM/SIGINT = graceful stop (forwarded to torchrun, which forwards to the workers;
-they write a final checkpoint). SIGUSR1 = `mt kill` is terminating the run: never restart,
+they write a final checkpoint; under Slurm its SIGTERM reached every task already and is not
+forwarded, and it is a preemption: tui/run/preempt.py). SIGUSR1 = `mt kill` is terminating the run: never restart,
 record `killed`. Run it with `python -m tui.run.supervisor --run-dir DIR [--daemon | --slurm]`.
 """
 from __future__ import annotations
@@ -58,6 +59,7 @@ class Supervisor:
             self.log.info("slurm job %s, node %s (node rank %d of %d)", os.environ.get("SLURM_JOB_ID"),
                           os.environ.get("SLURMD_NODENAME"), self.cfg.launch.node_rank, self.cfg.launch.nnodes)
         # the job's supervisor (node 0) records the job's end and requeues it; other nodes never do
+        self.under_slurm = slurm
         self.slurm_job = self.status.slurm_job_id if slurm and self.cfg.launch.node_rank == 0 else None
         self.stop_signal: int | None = None   # the first stop signal: SIGTERM under Slurm is a preemption
         self.progress = Progress()            # newest step and checkpoint: what a cut-short stop lost
@@ -116,6 +118,10 @@ class Supervisor:
     def _on_stop(self, signum: int, _frame: Any) -> None:
         self.stop_signal = self.stop_signal or signum
         self.stop_requested = True
+        # Slurm sends its SIGTERM (preemption, cancel, the time-limit trap) to every task's processes
+        # itself: forwarding it would reach each rank twice
+        if self.under_slurm and signum == signal.SIGTERM:
+            return
         if self.torchrun is not None and self.torchrun.poll() is None:
             self.torchrun.send_signal(signal.SIGTERM)
 

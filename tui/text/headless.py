@@ -243,7 +243,7 @@ def follow_headless(run_dir: Path, out: TextIO, every_s: float = 1.0,
         out.write("SIGTERM: stopping the run gracefully (final checkpoint)\n")
         if pid is not None:
             try:
-                os.kill(pid, signal.SIGTERM)
+                os.kill(pid, signal.SIGINT)   # mt's stop: under Slurm a SIGTERM would read as a preemption
             except ProcessLookupError:
                 pass
 
