@@ -264,6 +264,24 @@ def test_an_attempt_slurm_ends_before_the_stop_checkpoint_is_an_incident_with_th
     assert steps_by_attempt(run_dir)[2][0]["step"] == ckpt + 1
 
 
+@pytest.mark.slow
+def test_a_job_that_ends_with_its_supervisor_and_no_requeue_is_recorded_failed_with_the_steps_lost(
+        slurm: Cluster, tmp_path: Path) -> None:
+    run_dir, job = _submit(slurm, _preset(tmp_path, 1, 10_000, sleep=0.1, every=5))
+    slurm.wait_for("steps past a checkpoint", lambda: len(events(run_dir, "step")) >= 8, timeout=90)
+    for pid in _job_processes(slurm, job):   # the time limit's or a failed node's end: all at once, no stop
+        os.kill(pid, signal.SIGKILL)
+    _gone(slurm, job)
+    last, ckpt = events(run_dir, "step")[-1]["step"], events(run_dir, "checkpoint")[-1]["step"]
+    assert status(run_dir)["state"] == "running"
+    once = _mt("watch", run_dir, "--once", env=slurm.env)
+    assert once.returncode == 0, once.stderr
+    st = status(run_dir)
+    assert st["state"] == "failed" and st["reason"].startswith(f"Slurm job {job} ended ("), st
+    assert f"{last - ckpt} steps lost since the newest checkpoint, at step {ckpt}" in st["reason"]
+    assert "lost" not in once.stdout.split("\n")[0] and "[lost]" not in once.stdout, once.stdout
+
+
 def _incidents(run_dir: Path) -> list[dict[str, Any]]:
     import json
 

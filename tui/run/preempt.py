@@ -15,7 +15,7 @@ from typing import Iterable, Iterator, Mapping
 
 from mt.contract.paths import RunPaths
 from mt.contract.preset import load_config_json
-from mt.contract.records import Checkpoint, Record, Step
+from mt.contract.records import Checkpoint, Record, RecordTail, Step
 from mt.contract.status import LIVE_STATES, Status, read_status, write_status
 from tui.diagnose.findings import Finding
 from tui.run.slurm import SlurmError, Submitted, _slurm, queue_state, submit
@@ -180,24 +180,44 @@ def in_queue(run_dir: Path) -> str | None:
 
 
 def resubmit(run_dir: Path) -> Submitted:
-    """`mt resume` of a Slurm run: the batch script again, sbatch; its next attempt starts with the job."""
-    return submit(load_config_json(RunPaths(Path(run_dir)).config), Path(run_dir))
+    """`mt resume` of a Slurm run: the batch script again, sbatch; its next attempt starts with the job.
+    A failed submission leaves the run `failed` with Slurm's line (never `starting` for good)."""
+    try:
+        return submit(load_config_json(RunPaths(Path(run_dir)).config), Path(run_dir))
+    except SlurmError as e:
+        status = read_status(run_dir)
+        status.state, status.ended, status.reason = "failed", time.time(), f"mt resume: {e}"
+        write_status(RunPaths(Path(run_dir)), status)
+        raise
 
 
 def settle_gone(run_dir: Path) -> Status | None:
-    """A pending run whose job left the queue without starting (cancelled, failed to start) is
-    over: no supervisor will ever write it, so the one who notices records Slurm's word (killed)."""
+    """A Slurm run whose job left the queue while its status still says it waits or runs is over:
+    no supervisor will ever write it (the allocation is gone), so the one who notices records
+    Slurm's word. Pending: `killed` (it never started). Live: the job's supervisor was killed with
+    it (the grace period ended before the stop's checkpoint, a node failed): `failed`, and how many
+    steps since the newest checkpoint were lost."""
     status = read_status(run_dir)
-    if status.state != "pending" or status.slurm_job_id is None or queue_state(status.slurm_job_id) != "":
+    waiting = status.state in ("pending", *LIVE_STATES)
+    if not waiting or status.slurm_job_id is None or queue_state(status.slurm_job_id) != "":
         return None
-    if read_status(run_dir).state != "pending":   # its supervisor started meanwhile
+    if read_status(run_dir).state != status.state:   # its supervisor wrote meanwhile
         return None
     info = job_info(status.slurm_job_id)
     if info is not None and info.state in ("PENDING", "REQUEUED", "RUNNING", "CONFIGURING"):
         return None
     said = info.words() if info is not None else "no longer known to Slurm"
-    status.state, status.ended = "killed", time.time()
     status.slurm_state = info.state if info is not None else None
-    status.reason = f"Slurm job {status.slurm_job_id} left the queue without starting: {said}"
+    if status.state == "pending":
+        status.state, status.reason = "killed", f"Slurm job {status.slurm_job_id} left the queue without starting: {said}"
+    else:
+        progress = Progress()
+        for _ in progress.feed(RecordTail(RunPaths(Path(run_dir)).events).iter_new()):
+            pass
+        at = f"step {progress.checkpoint}" if progress.checkpoint is not None else "the start (no checkpoint)"
+        status.reason = (f"Slurm job {status.slurm_job_id} ended ({said}) while the run was {status.state}, before its "
+                         f"supervisor could record it: {progress.lost} steps lost since the newest checkpoint, at {at}")
+        status.state = "failed"
+    status.end(status.state, status.reason, time.time(), status.exit_code)
     write_status(RunPaths(Path(run_dir)), status)
     return status

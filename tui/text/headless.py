@@ -190,8 +190,8 @@ def follow_run(run_dir: Path, out: TextIO, min_interval_s: float = 1.0, poll_s: 
         printer.silent = {key for key, inc in incident_keys(follower.state) if not inc.t or inc.t < t0}
     next_settle = clock()
     while True:
-        if follower.state.state == "pending" and clock() >= next_settle:
-            # a job that left the queue without starting: recorded now (no supervisor ever will), and ended here
+        if clock() >= next_settle:
+            # a Slurm job gone from the queue while its status waits or runs: recorded now (no supervisor ever will)
             from tui.run.preempt import settle_gone
 
             next_settle = clock() + SETTLE_QUEUE_S
