@@ -2,8 +2,8 @@
 warning, Slurm's own word on a job cancelled by someone else, the steps a cut-short stop lost,
 and a pending job that left the queue without starting. docs/control.md "On Slurm".
 
-The requeue is `scontrol requeue` from the job's supervisor once the stop's checkpoint is on disk
-(as submitit does from its USR1 handler, but after the checkpoint, not before it).
+The requeue is `scontrol requeue` from the job's supervisor once every rank's stop checkpoint is
+on disk (submitit makes the same call from rank 0's USR1 handler, after pickling its callable).
 """
 from __future__ import annotations
 
