@@ -24,6 +24,7 @@ INCIDENT_CODES = (
     "disk_full",  # a checkpoint that did not fit was skipped (or ended the run)
     "checkpoint_failed",  # a background (checkpoint.async) write failed: removed, never renamed into place
     "recompile",  # torch.compile compiled a graph again mid-run (a guard failed: shape, grad mode, ...)
+    "stop_cut_short",  # Slurm ended an attempt before its stop's checkpoint landed: steps lost
 )
 EXIT_CODES = ("crash", "oom", "nccl_timeout")  # incidents that say how a rank ended
 FAILURE_CODES = (*EXIT_CODES, "hang")  # incidents that name the rank that failed first

@@ -25,7 +25,7 @@ Liveness = Literal["pending", "starting", "live", "lost", "final"]
 
 # written only once set (docs: "added by the supervisor", "present after ...", "removed by mt resume")
 _OPTIONAL = frozenset({"direct", "attempts", "restarts_left", "owner", "owner_cmdline", "slurm_job_id", "node",
-                       "failures"})
+                       "failures", "slurm_state"})
 
 
 @dataclass
@@ -55,6 +55,8 @@ class Status:
     """The node whose supervisor wrote it (a job's shared run directory: nodes/<node>/status.json)."""
     failures: list[dict[str, Any]] = field(default_factory=list)
     """This attempt's failed workers on that node, as torchrun reported them: rank, exit_code, pid."""
+    slurm_state: str | None = None
+    """Slurm's word on how the job's last attempt ended (CANCELLED, NODE_FAIL, REQUEUED, ...)."""
     # not keys of the file: what reading it found
     found: bool = field(default=False, compare=False)
     """The file was there and held a JSON object."""
@@ -125,7 +127,8 @@ class Status:
             attempts=attempts, restarts_left=get("restarts_left", _int), owner=get("owner", _str),
             owner_cmdline=get("owner_cmdline", _strs), slurm_job_id=get("slurm_job_id", _job_id),
             node=get("node", lambda v: v if isinstance(v, str) and node_name_ok(v) else None),
-            failures=get("failures", _failures, []), found=True, invalid=frozenset(bad))
+            failures=get("failures", _failures, []), slurm_state=get("slurm_state", _str),
+            found=True, invalid=frozenset(bad))
 
 
 def judge(status: Status, supervisor_alive: Callable[[Status], bool]) -> Liveness:

@@ -218,7 +218,7 @@ def test_resume_without_any_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
 def test_far_more_cpu_ranks_than_cores_is_a_warning(tmp_path: Path) -> None:
     from mt.contract.preset import load_preset
-    from tui.run.launch import device_warnings
+    from tui.run.devices import device_warnings
     from tui.run.torchrun import usable_cores
 
     cores = usable_cores()

@@ -58,6 +58,7 @@ def test_full_disk_fails_clearly_and_resumes_once_there_is_room(tmp_path):
 
 
 def test_supervisor_records_the_final_state_on_a_full_disk(tmp_path):
+    from tui.run.failure import attempt_failure
     from tui.run.launch import Overrides, create_run
     from tui.run.supervisor import Supervisor
 
@@ -80,4 +81,4 @@ def test_supervisor_records_the_final_state_on_a_full_disk(tmp_path):
         assert json.loads(paths.status.read_text())["state"] == "failed"
         assert not [p for p in run.iterdir() if p.name.startswith(".status.json.")]
         fill(mnt, "more")  # what the released reserve gave back
-        assert "disk full: filesystem" in sup.failure_reason(1, 1, None)  # when the engine could not say so
+        assert "disk full: filesystem" in attempt_failure(sup.cfg, paths, 1, 1, None)  # when the engine could not say so

@@ -139,21 +139,22 @@ def test_a_held_job_reads_pending_and_a_cancel_keeps_it_recorded(slurm: Cluster,
     once = _mt("watch", run_dir, "--once", env=slurm.env)
     assert once.returncode == 0, once.stderr
     assert f"pending: Slurm job {job} PENDING (JobHeld" in once.stdout, once.stdout
+    # `mt watch --headless` follows it until Slurm's cancel, recorded with Slurm's word (it waited forever before)
+    follow = subprocess.Popen([*MT, "watch", str(run_dir), "--headless"], cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env={**slurm.env, "PYTHONUNBUFFERED": "1"})
     slurm.run("scancel", job)
     slurm.wait_for("the job to leave the queue", lambda: slurm.state(job) == "" or None, timeout=30)
-    assert " pending " in _ls(tmp_path / "runs")   # recorded as it was, not `lost`
-    once = _mt("watch", run_dir, "--once", env=slurm.env)
-    assert "no longer in the queue and never started" in once.stdout, once.stdout
-    assert json.loads((run_dir / "status.json").read_text())["state"] == "pending"
+    out, _ = follow.communicate(timeout=30)
+    assert follow.returncode == 1 and f"run killed (Slurm job {job} left the queue without starting: CANCELLED" in out, out
+    st = json.loads((run_dir / "status.json").read_text())
+    assert (st["state"], st["slurm_state"]) == ("killed", "CANCELLED")   # not `lost`, not pending forever
+    assert " killed " in _ls(tmp_path / "runs")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cancel", [
-    ["--signal=USR1", "--batch"],   # what --signal=B:USR1@N delivers before the time limit: USR1 to the batch shell only
-    [],                             # scancel: TERM to every task (then KILL after KillWait)
-], ids=["time-limit-warning", "scancel"])
-def test_the_time_limit_warning_and_a_cancel_are_a_graceful_stop_with_a_checkpoint(
-        slurm: Cluster, tmp_path: Path, cancel: list[str]) -> None:
+def test_a_cancel_by_hand_is_a_graceful_stop_with_a_checkpoint_recorded_with_slurms_word(
+        slurm: Cluster, tmp_path: Path) -> None:
+    # the time-limit warning and a preemption requeue the job: tests/cluster/test_slurm_preempt.py
     preset = write_preset(tmp_path / "p.toml", tmp_path / "runs", launch={"nproc_per_node": 1},
                           train={"max_steps": 10_000, "warmup_steps": 1}, checkpoint={"every_steps": 10_000},
                           faults={"step_sleep_s": 0.05}, slurm={"signal_grace_s": 30})
@@ -162,10 +163,11 @@ def test_the_time_limit_warning_and_a_cancel_are_a_graceful_stop_with_a_checkpoi
     run_dir = run_dir_from(done.stdout)
     job = status(run_dir)["slurm_job_id"]
     slurm.wait_for("a few steps", lambda: len(events(run_dir, "step")) >= 3, timeout=60)
-    slurm.run("scancel", *cancel, job)
+    slurm.run("scancel", job)   # TERM to every task (then KILL after KillWait); the job CANCELLED, not requeued
     final = slurm.wait_for("the run to end", lambda: status(run_dir)["state"] in
                            ("completed", "failed", "killed", "stopped") and status(run_dir), timeout=60)
     assert final["state"] == "stopped", (run_dir / "logs" / "supervisor.log").read_text()
+    assert final["slurm_state"] == "CANCELLED" and final["reason"].startswith(f"CANCELLED in Slurm (job {job}, COMPLETING")
     saved = events(run_dir, "checkpoint")
     assert saved and saved[-1]["step"] == events(run_dir, "step")[-1]["step"]   # the stop's own checkpoint
     slurm.wait_for("the job to leave the queue", lambda: slurm.state(job) == "" or None, timeout=30)

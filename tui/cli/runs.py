@@ -166,9 +166,21 @@ def resume(
         fail(f"--nproc: expected an integer >= 1, got {nproc}")
     _check_every(every)
     since = resume_point(run_dir)   # --headless prints only the new attempt's lines
+    from mt.contract.config import ConfigError
+    from mt.contract.status import read_status
+    from tui.run.preempt import in_queue, resubmit
+    from tui.run.slurm import SlurmError
+
     try:
+        queued = in_queue(run_dir)
+        if queued:
+            fail(queued)
         resume_run(run_dir, nproc, from_scratch)
-    except (NotARunError, ResumeError) as e:
+        if read_status(run_dir).slurm_job_id:   # a Slurm run: sbatch again; the job starts the next attempt
+            sub = resubmit(run_dir)
+            typer.echo(f"run dir: {sub.run_dir}\nslurm job: {sub.job_id}")
+            raise typer.Exit(0)
+    except (NotARunError, ResumeError, SlurmError, ConfigError) as e:
         fail(str(e))
     _attach(run_dir.resolve(), detach, headless, every, since)
 

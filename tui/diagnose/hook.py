@@ -67,6 +67,15 @@ class IncidentHook:
             self.log.exception("incident monitor poll failed")
         self._captured()
 
+    def note(self, finding: Any, closed_reason: str) -> None:
+        """Record an incident about what is already over (opened and closed at once)."""
+        try:
+            if self.monitor is not None:
+                for rec in self.monitor.note(finding, time.time(), closed_reason):
+                    self.log.info("incident: %s", dumps(rec))
+        except Exception:
+            self.log.exception("incident note failed")
+
     def _captured(self) -> None:
         """The stacks captured for open incidents, each written as an update of its incident."""
         if self.captures is None:

@@ -284,6 +284,13 @@ class IncidentMonitor:
         self._append([out])
         return out
 
+    def note(self, finding: Finding, now: float, closed_reason: str) -> list[dict[str, Any]]:
+        """An incident about what is already over (an attempt Slurm cut short): opened and closed at once."""
+        rec = {"v": SCHEMA_VERSION, "t": now, **finding.fields(), "status": "open", "source": "supervisor"}
+        out = [rec, {**rec, "status": "closed", "closed_reason": closed_reason}]
+        self._append(out)
+        return out
+
     def _close(self, code: str, now: float, reason: str) -> dict[str, Any]:
         rec = dict(self.open.pop(code))
         self.clear_since.pop(code, None)

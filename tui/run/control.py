@@ -81,7 +81,7 @@ def send_request(run_dir: Path, action: str) -> str:
 
 def request_stop(run_dir: Path) -> str | None:
     """A graceful stop: a `stop` request (its id), or, for a script that reports nothing through
-    mt, SIGTERM to its supervisor (None), which forwards it and records `stopped`."""
+    mt, SIGINT to its supervisor (None), which forwards a SIGTERM and records `stopped`."""
     try:
         return send_request(run_dir, "stop")
     except NotReporting:
@@ -91,7 +91,8 @@ def request_stop(run_dir: Path) -> str | None:
         sup = run_process(pid, Path(run_dir)) if pid is not None else None
         if sup is None:
             raise ControlError(f"{run_dir}: the run is not running (its supervisor is gone)") from None
-        sup.send_signal(signal.SIGTERM)
+        # SIGINT, not SIGTERM: under Slurm a supervisor's SIGTERM is Slurm's preemption, and requeues the job
+        sup.send_signal(signal.SIGINT)
         return None
 
 
@@ -145,6 +146,7 @@ def kill_run(run_dir: Path, grace_s: float = 10.0) -> SignalReport:
     Workers live in their own process groups, so they are found one by one: recorded pids,
     processes naming the run directory, and all their descendants. Ends with state `killed`.
     """
+    from tui.run.preempt import cancel_job
     from tui.run.procs import SignalReport, kill_all, run_processes, terminate_all  # psutil only when killing
 
     try:
@@ -163,6 +165,8 @@ def kill_run(run_dir: Path, grace_s: float = 10.0) -> SignalReport:
     paths = RunPaths(run_dir)
     status = read_status(run_dir)
     sup_pid = status.supervisor_pid
+    # a Slurm job's processes may be on other nodes: Slurm ends them there, and the job is not requeued
+    cancelled = bool(status.slurm_job_id) and not status.is_final and cancel_job(run_dir, status.slurm_job_id, grace_s)
     procs = run_processes(run_dir, status.recorded_pids())
     if status.by_script:  # made by mt.init under plain python/torchrun: no supervisor
         procs += [p for p in own_rank0(status) if p.pid not in {q.pid for q in procs}]
@@ -170,9 +174,9 @@ def kill_run(run_dir: Path, grace_s: float = 10.0) -> SignalReport:
     was_final = status.is_final
     if was_final and not procs:
         raise ControlError(f"{run_dir}: the run has already ended ({status.state}); nothing to kill")
-    if not procs and sup_pid:
+    if not procs and sup_pid and not cancelled:
         raise ControlError(f"{run_dir}: no process of this run is running")
-    result = SignalReport(state="killed")
+    result = SignalReport(state=f"killed (Slurm job {status.slurm_job_id} cancelled)" if cancelled else "killed")
     # only a pid whose command line names this run is signalled: a stale pid may be reused
     sup = [p for p in procs if p.pid == sup_pid]
     if sup:

@@ -23,11 +23,11 @@ from mt.contract.jsonl import write_json_atomic
 from mt.contract.paths import RunPaths, new_run_dir
 from mt.contract.preset import check_paths, config_from_dict, load_config_json, load_preset, script_run_name, write_script_preset
 from mt.contract.status import Status, read_status, write_status
-from mt.contract.toolchain import cxx_problem
 from tui.mirror import check_extras
 from tui.read.rundir import liveness, require_run_dir
 from tui.run import lock as runlock
 from tui.run import usercheck
+from tui.run.devices import check_devices, device_warnings
 
 
 class LaunchError(RuntimeError):
@@ -106,52 +106,6 @@ def resolve_config(preset: Path, over: Overrides, slurm: bool = False) -> tuple[
     if cfg.launch.script:
         return cfg, None  # devices, models and data are the script's own business
     return cfg, usercheck.check_user_code(cfg, source)
-
-
-def check_devices(cfg: Config, source: str) -> None:
-    """Refuse a device this machine does not have (asked of NVML: no torch here), or compile on CPU without
-    a C++ compiler, before anything starts."""
-    from tui.run.sampler import GpuReader
-
-    launch = cfg.launch
-    n = 0
-    if launch.device != "cpu":
-        gpus = GpuReader()
-        try:
-            n = gpus.visible()
-        finally:
-            gpus.close()
-    if cfg.train.compile and n == 0:  # inductor's CPU code is C++: no compiler, no step 1
-        problem = cxx_problem()
-        if problem:
-            raise ConfigError(source, "train.compile", problem)
-    if launch.device == "cpu":
-        return
-    if launch.device == "cuda" and n == 0:
-        why = gpus.error or ("CUDA_VISIBLE_DEVICES hides them" if "CUDA_VISIBLE_DEVICES" in os.environ else "NVML sees none")
-        raise ConfigError(source, "launch.device", f"\"cuda\" but no NVIDIA GPU is visible on this machine ({why}); "
-                                                   "use \"cpu\" or \"auto\"")
-    if n and launch.nproc_per_node > n:  # every rank binds its own GPU (local rank = device index)
-        raise ConfigError(source, "launch.nproc_per_node", f"{launch.nproc_per_node} ranks need {launch.nproc_per_node} GPUs, "
-                                                           f"{n} visible here; at most {n}, or launch.device = \"cpu\"")
-
-
-def device_warnings(cfg: Config) -> list[str]:
-    """What is allowed but probably not meant: far more CPU ranks than cores."""
-    from tui.run.sampler import GpuReader
-    from tui.run.torchrun import usable_cores
-
-    cores = usable_cores()
-    on_cpu = cfg.launch.device == "cpu"
-    if cfg.launch.device == "auto":
-        gpus = GpuReader()
-        on_cpu = gpus.visible() == 0
-        gpus.close()
-    nproc = cfg.launch.nproc_per_node
-    if on_cpu and nproc > cores:
-        return [f"launch.nproc_per_node = {nproc} CPU ranks on {cores} usable cores: the ranks share the cores "
-                "and every step waits for the slowest; fewer ranks will be faster"]
-    return []
 
 
 # what a PrepareError is about -> the preset key to name
@@ -368,6 +322,8 @@ def _start_attempt(paths: RunPaths, status: Status, reason: str, nproc: int, loc
     status.state, status.supervisor_pid, status.ended, status.exit_code = "starting", None, None, None
     status.reason, status.nproc = reason, nproc
     _write_or_refuse(paths, paths.status, status.to_dict())
+    if status.slurm_job_id:  # a Slurm run goes back to Slurm: the caller submits it (tui.run.preempt.resubmit)
+        return
     try:
         start_supervisor(paths.root, lock)
     except (LaunchError, OSError, subprocess.TimeoutExpired) as e:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import sys
@@ -184,3 +185,16 @@ def daemonize(log_path: Path) -> None:
     os.close(fd)
     sys.stdout = os.fdopen(1, "w", buffering=1)
     sys.stderr = os.fdopen(2, "w", buffering=1)
+
+
+def file_logger(path: Path) -> logging.Logger:
+    """The supervisor's logger, writing to `path` (logs/supervisor.log of its node)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    log = logging.getLogger(f"mt.supervisor.{path}")
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    if not log.handlers:
+        handler = logging.FileHandler(path, encoding="utf-8")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        log.addHandler(handler)
+    return log

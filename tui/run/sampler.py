@@ -5,12 +5,16 @@ says so (`nvml: false`, `nvml_error`) and still carries the rest.
 """
 from __future__ import annotations
 
+import logging
 import os
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import psutil
 
+from mt.contract.events import dumps
+from mt.contract.system import clean_sample
 from tui.run.procs import alive
 
 
@@ -118,6 +122,21 @@ class SystemSampler:
         if alive(p) and rss > 0:
             entry.update(alive=True, cpu_pct=cpu, rss_bytes=rss)
         return entry
+
+    def append(self, rank_pids: dict[int, int], path: Path, log: logging.Logger) -> dict[str, Any] | None:
+        """Take a sample and append it to system.jsonl at `path`; returns it cleaned (None if sampling
+        failed); a failed write is logged, never raised: the rules still get the sample."""
+        try:
+            sample = self.sample(rank_pids)
+        except Exception:
+            log.exception("cannot sample the system")
+            return None
+        try:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(dumps(sample) + "\n")
+        except OSError:
+            log.exception("cannot write %s", path.name)
+        return clean_sample(sample)
 
     def sample(self, rank_pids: dict[int, int], now: float | None = None) -> dict[str, Any]:
         """The system.jsonl record for this moment; rank_pids maps global rank -> pid."""

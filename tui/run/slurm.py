@@ -54,7 +54,10 @@ def batch_script(cfg: Config, run_dir: Path, python: str = sys.executable) -> st
     """The job script: #SBATCH lines from [slurm] and the shape, then one supervisor per node under srun."""
     s, launch = cfg.slurm, cfg.launch
     out = job_dir(run_dir) / "job-%j.out"
-    opts = [f"--job-name={cfg.run.name}", f"--nodes={launch.nnodes}", "--ntasks-per-node=1", f"--output={out}"]
+    # --requeue: a preempted run's supervisor requeues the job after its checkpoint (tui/run/preempt.py);
+    # append: every attempt's output in the one file of the job
+    opts = [f"--job-name={cfg.run.name}", f"--nodes={launch.nnodes}", "--ntasks-per-node=1", f"--output={out}",
+            "--requeue", "--open-mode=append"]
     for key, flag in (("partition", "partition"), ("time", "time"), ("account", "account"), ("qos", "qos")):
         if getattr(s, key):
             opts.append(f"--{flag}={getattr(s, key)}")

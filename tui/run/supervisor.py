@@ -5,7 +5,8 @@ system into system.jsonl once a second, runs the incident rules, and starts a fr
 from the newest checkpoint when a worker dies and `[launch] max_restarts` allows.
 
 Signals: SIGTERM/SIGINT = graceful stop (forwarded to torchrun, which forwards to the workers;
-they write a final checkpoint). SIGUSR1 = `mt kill` is terminating the run: never restart,
+they write a final checkpoint; under Slurm its SIGTERM reached every task already and is not
+forwarded, and it is a preemption: tui/run/preempt.py). SIGUSR1 = `mt kill` is terminating the run: never restart,
 record `killed`. Run it with `python -m tui.run.supervisor --run-dir DIR [--daemon | --slurm]`.
 """
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import logging
 import os
 import shutil
 import signal
@@ -32,13 +32,13 @@ from mt.contract.paths import RunPaths
 from mt.contract.preset import load_config_json
 from mt.contract.records import ControlEvent, Record, RecordTail, RunEnd, RunStart
 from mt.contract.status import CLEAN_STATES, read_status, save_status
-from mt.contract.system import clean_sample
 from tui.diagnose.hook import IncidentHook
 from tui.mirror.mirror import MirrorHook
 from tui.run import lock as runlock
 from tui.run.failure import attempt_failure, failures_since
 from tui.run.peers import JOB_END_WAIT_S, JOB_START_WAIT_S, PEER_WAIT_S, PeerNodes
-from tui.run.procs import daemonize, die_with_parent, kill_all, rank_processes, run_processes, terminate_all
+from tui.run.preempt import JobEnd
+from tui.run.procs import daemonize, die_with_parent, file_logger, kill_all, rank_processes, run_processes, terminate_all
 from tui.run.sampler import SystemSampler
 from tui.run.slurm import SlurmError, node_addr, slurm_launch, slurm_node
 from tui.run.torchrun import NodeRole, attempt_command, is_direct, worker_env, worker_exit_code
@@ -53,7 +53,7 @@ class Supervisor:
         self.node = slurm_node(os.environ) if slurm else None
         self.paths = RunPaths(self.run_dir, self.node)
         self.poll_s = poll_s
-        self.log = _file_logger(self.paths.supervisor_log)
+        self.log = file_logger(self.paths.supervisor_log)
         self.cfg = load_config_json(self.paths.config)
         self.status = read_status(self.run_dir)   # the job's: where the attempts count from on every node
         if slurm:  # inside an allocation: this node's identity, the shape and the rendezvous are Slurm's
@@ -66,6 +66,8 @@ class Supervisor:
         self.role = None if self.node is None else NodeRole(is_host=self.is_job, addr=node_addr(self.node))
         self.status.node = self.node
         self.peers = PeerNodes(self.paths, self.log)
+        # the job's supervisor (node 0) records the job's end and requeues it; other nodes never do
+        self.slurm = JobEnd(slurm, self.status.slurm_job_id if slurm and self.cfg.launch.node_rank == 0 else None)
         self.stop_requested = False
         self.kill_requested = False
         self.events = RecordTail(self.paths.events)  # the one reader of events.jsonl here
@@ -78,13 +80,22 @@ class Supervisor:
 
     # -- status ----------------------------------------------------------------------------
     def finish(self, state: str, code: int, exit_code: int | None, reason: str) -> int:
-        """The last transition; the incident rules see the final state once more."""
+        """The last transition; the incident rules see the final state once more. Under Slurm a
+        preempted run is `pending` again and requeued; a cancelled one says Slurm's word."""
+        end = self.slurm.ending(state, reason)
+        if end is not None:
+            state, reason, self.status.slurm_state = end.state, end.reason, end.slurm_state
         self.status.end(state, reason, time.time(), exit_code)
         self.mirrors.poll(self.news, (self.events.line_offset, self.events.ino))
         self.mirrors.close()  # before the final state: whoever sees the run ended finds its whole log
         self.write_status(state)
         self.tick()
         self.paths.reserve.unlink(missing_ok=True)  # needed only while the run lives; a resume makes it again
+        failed = self.slurm.requeue(end)   # Slurm ends this job's processes now: all is written
+        if failed:
+            self.status.end("stopped", f"{reason}; but {failed}", time.time(), exit_code)
+            self.status.slurm_state = None
+            self.write_status("stopped")
         return code
 
     def write_status(self, state: str, note: str = "") -> None:
@@ -110,7 +121,7 @@ class Supervisor:
     # -- signals ---------------------------------------------------------------------------
     def _on_stop(self, signum: int, _frame: Any) -> None:
         self.stop_requested = True
-        if self.torchrun is not None and self.torchrun.poll() is None:
+        if self.slurm.stop_signal(signum) and self.torchrun is not None and self.torchrun.poll() is None:
             self.torchrun.send_signal(signal.SIGTERM)
 
     def _on_kill(self, _signum: int, _frame: Any) -> None:
@@ -136,7 +147,11 @@ class Supervisor:
         self.incidents = IncidentHook(self.run_dir, self.cfg, self.log, node=self.node, rules=self.is_job)
         restarts_left = self.cfg.launch.max_restarts
         attempt = (self.status.attempt or 0) + 1
-        self.incidents.catch_up(self.events.iter_new())  # earlier attempts: history, not news
+        self.incidents.catch_up(self.slurm.progress.feed(self.events.iter_new()))  # earlier attempts: history, not news
+        lost = self.slurm.lost_before(self.status)
+        if lost is not None:
+            self.log.warning("%s", lost.detail)
+            self.incidents.note(lost, "the attempt it concerns had ended")
         self.mirrors = MirrorHook(self.paths, self.cfg, self.log, self.events.line_offset)  # [monitor] tensorboard, wandb
         try:
             while True:
@@ -217,7 +232,8 @@ class Supervisor:
                 preexec_fn=die_with_parent, close_fds=True, pass_fds=(store.fileno(),) if store else (), cwd=self.script_cwd(),
             )
         tr = self.torchrun
-        record = {"attempt": attempt, "started": started, "torchrun_pid": tr.pid, "ended": None, "exit_code": None}
+        record = {"attempt": attempt, "started": started, "torchrun_pid": tr.pid, "ended": None, "exit_code": None,
+                  **self.slurm.attempt_keys()}
         self.status.attempts.append(record)
         self.status.torchrun_pid = tr.pid
         self.write_status("running", f"torchrun pid {tr.pid}")
@@ -270,7 +286,7 @@ class Supervisor:
                         self.ranks = found
                         self.status.worker_pids = {str(r): p for r, p in found.items()}
                         self.write_status(self.status.state or "running", f"workers {dumps(self.status.worker_pids)}")
-                self.tick(self.append_sample(self.ranks))
+                self.tick(self.sampler.append(self.ranks, self.paths.system, self.log))
             if self.stop_requested and self.status.state == "running":
                 self.stopping("SIGTERM: graceful stop")
             if self.kill_requested and kill_deadline is None:
@@ -304,7 +320,7 @@ class Supervisor:
     def follow_events(self, attempt: int) -> RunEnd | None:
         """Read new events: note an accepted stop (state `stopping`) and this attempt's run_end."""
         run_end = None
-        new = self.events.read_new()
+        new = list(self.slurm.progress.feed(self.events.read_new()))
         self.news += new
         for ev in new:
             if isinstance(ev, ControlEvent) and ev.action == "stop" and ev.status == "accepted" \
@@ -330,38 +346,12 @@ class Supervisor:
                             self.peers.failures(self.status.attempt))
         self.mirrors.poll(news, (self.events.line_offset, self.events.ino))
 
-    def append_sample(self, ranks: dict[int, int]) -> dict[str, Any] | None:
-        """Take a system sample and append it to system.jsonl; returns it (None if it failed)."""
-        try:
-            sample = self.sampler.sample(ranks)
-        except Exception:
-            self.log.exception("cannot sample the system")
-            return None
-        try:
-            with open(self.paths.system, "a", encoding="utf-8") as f:
-                f.write(dumps(sample) + "\n")
-        except OSError:
-            self.log.exception("cannot write system.jsonl")  # the rules still get it
-        return clean_sample(sample)
-
     def reap_leftovers(self) -> None:
         """After torchrun is gone, no worker of this run may survive it (orphans after SIGKILL)."""
         leftovers = [p for p in run_processes(self.run_dir, node=self.node) if p.pid != os.getpid()]
         if leftovers:
             self.log.warning("terminating %d leftover processes: %s", len(leftovers), [p.pid for p in leftovers])
             terminate_all(leftovers, grace_s=10.0)
-
-
-def _file_logger(path: Path) -> logging.Logger:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    log = logging.getLogger(f"mt.supervisor.{path}")
-    log.setLevel(logging.INFO)
-    log.propagate = False
-    if not log.handlers:
-        handler = logging.FileHandler(path, encoding="utf-8")
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-        log.addHandler(handler)
-    return log
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -210,3 +210,4 @@ def worker_exit_code(log_path: Path, offset: int) -> int | None:
     """The first failed worker's exit code, from torchrun's ChildFailedError report after `offset`."""
     failures = read_failures(log_path, offset)
     return failures[0].exit_code if failures else None
+

@@ -171,6 +171,9 @@ class _Printer:
         self.out.flush()
 
 
+SETTLE_QUEUE_S = 5.0   # how often a pending run asks Slurm whether its job is still queued
+
+
 def follow_run(run_dir: Path, out: TextIO, min_interval_s: float = 1.0, poll_s: float = 0.5,
                clock: Callable[[], float] = time.monotonic, since: tuple[int, float] | None = None) -> str:
     """Print progress until the run reaches a final state; returns that state.
@@ -187,7 +190,14 @@ def follow_run(run_dir: Path, out: TextIO, min_interval_s: float = 1.0, poll_s: 
         follower.folded.clear()
         printer.printed_step = follower.state.step
         printer.silent = {key for key, inc in incident_keys(follower.state) if not inc.t or inc.t < t0}
+    next_settle = clock()
     while True:
+        if clock() >= next_settle:
+            # a Slurm job gone from the queue while its status waits or runs: recorded now (no supervisor ever will)
+            from tui.run.preempt import settle_gone
+
+            next_settle = clock() + SETTLE_QUEUE_S
+            settle_gone(Path(run_dir))
         follower.poll()
         final = follower.state.state in FINAL_STATES
         if final:   # the supervisor writes its verdict (incidents) before the final status
@@ -235,7 +245,7 @@ def follow_headless(run_dir: Path, out: TextIO, every_s: float = 1.0,
         out.write("SIGTERM: stopping the run gracefully (final checkpoint)\n")
         if pid is not None:
             try:
-                os.kill(pid, signal.SIGTERM)
+                os.kill(pid, signal.SIGINT)   # mt's stop: under Slurm a SIGTERM would read as a preemption
             except ProcessLookupError:
                 pass
 

@@ -108,6 +108,9 @@ def with_slurm_states(rows: list[RunRow]) -> bool:
 
 def run_summary(run_dir: Path) -> str:
     """`mt watch --once`: the dashboard's facts as plain text."""
+    from tui.run.preempt import settle_gone
+
+    settle_gone(Path(run_dir))   # a pending job that left the queue without starting is over: recorded first
     st = load_run_state(Path(run_dir))
     st.supervisor_lost = effective_state(st.status) == "lost"   # no ETA, and `lost` in place of its state
     text = format_summary(st)
