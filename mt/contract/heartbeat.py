@@ -1,14 +1,18 @@
 """heartbeat/rank<N>: each rank's last step, time and phase, rewritten in place every step."""
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
+from mt.contract.events import as_float
+from mt.contract.jsonl import read_json
+from mt.contract.paths import RunPaths
 from mt.contract.space import allocate
 
 
@@ -99,3 +103,34 @@ class BackgroundHeartbeat(Heartbeat):
                         said = f"{type(e).__name__}: {e}"
                         print(f"mt: background flush failed: {said}", file=sys.stderr)
             time.sleep(self._every_s)
+
+
+def read_heartbeats(paths: RunPaths) -> dict[int, dict[str, Any]]:
+    """heartbeat/rank<N> files of `paths`' node that parse as heartbeats, by rank; any other
+    entry (a folder, a link, a FIFO that would block a read) is skipped alone."""
+    out: dict[int, dict[str, Any]] = {}
+    try:
+        with os.scandir(paths.heartbeat_dir) as it:
+            names = [e.name for e in it if e.name.startswith("rank") and e.name[4:].isdigit()
+                     and e.is_file(follow_symlinks=False)]
+    except OSError:
+        return out
+    for name in names:
+        hb = clean_heartbeat(read_json(paths.heartbeat_dir / name))
+        if hb is not None:
+            out[int(name[4:])] = hb
+    return out
+
+
+def clean_heartbeat(raw: Any) -> dict[str, Any] | None:
+    """A heartbeat record with the types the rules rely on (a whole step and a finite time), or None."""
+    if not isinstance(raw, dict):
+        return None
+    step, t = as_float(raw.get("step")), as_float(raw.get("t"))
+    if not (0 <= step < 2.0 ** 63 and math.isfinite(t)):   # nan fails too; int(inf) would raise
+        return None
+    ints = {k: raw[k] for k in ("pid", "rank", "attempt") if raw.get(k) is not None}
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in ints.values()):
+        return None
+    phase = raw.get("phase")
+    return {"step": int(step), "t": t, **ints, **({"phase": phase} if isinstance(phase, str) else {})}

@@ -143,7 +143,15 @@ def judge(status: Status, supervisor_alive: Callable[[Status], bool]) -> Livenes
 
 def read_status(run_dir: Path) -> Status:
     """The run's status.json (defaults when it is missing or unreadable); never raises."""
-    path = RunPaths(Path(run_dir)).status
+    return _read_at(RunPaths(Path(run_dir)).status)
+
+
+def read_node_status(paths: RunPaths) -> Status:
+    """What `paths.node`'s supervisor recorded in nodes/<node>/status.json (read_status's rules)."""
+    return _read_at(paths.node_status)
+
+
+def _read_at(path: Path) -> Status:
     try:
         written: float | None = path.stat().st_mtime
     except OSError:
@@ -156,6 +164,11 @@ def read_status(run_dir: Path) -> Status:
 def write_status(paths: RunPaths, status: Status) -> None:
     """status.json, atomically (renamed into place: a reader never sees half of it)."""
     write_json_atomic(paths.status, status.to_dict())
+
+
+def write_node_status(paths: RunPaths, status: Status) -> None:
+    """`paths.node`'s own nodes/<node>/status.json, atomically (status.json at the top without a node)."""
+    write_json_atomic(paths.node_status, status.to_dict())
 
 
 def save_status(paths: RunPaths, status: Status) -> bool:

@@ -190,7 +190,9 @@ def worker_exit(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding 
     log already counts.
     """
     rc = obs.status.exit_code
-    exited = rc not in (None, 0) or obs.status.state == "failed"
+    if rc in (None, 0) and obs.node_exits:   # a job: a node's torchrun failed before the job's status says so
+        rc = obs.node_exits[min(obs.node_exits)].exit_code
+    exited = rc not in (None, 0) or obs.status.state == "failed" or bool(obs.node_exits)
     if not _worth_explaining(sig, obs, exited):
         return None
     failures, source = _first_failure(obs)
@@ -207,14 +209,14 @@ def worker_exit(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding 
     # raises, or a script that reports nothing, never writes one): else no step ran, none is named
     last = sig.last_step if obs.status.attempt in (None, sig.attempt) else None
     step = last.step + 1 if last else None
-    who = f"rank {first.rank}" if first.rank >= 0 else "a worker"
+    who = obs.who(first.rank) if first.rank >= 0 else "a worker"
     stuck = (obs.open_evidence.get("hang") or {}).get("suspect_ranks")
     evidence: dict[str, Any] = {
         "rank": first.rank if first.rank >= 0 else None, "exit_code": first.exit_code, "pid": first.pid,
         "signal": signame, "line": line or None, "source": source, "torchrun_exit_code": rc,
         "failures": [{"rank": f.rank, "exit_code": f.exit_code, "pid": f.pid} for f in failures],
         "log_tail": [ln for ln in tail.splitlines() if ln.strip()][-8:], "host_mem_share": host_mem,
-        "last_step": last.step if last else None,
+        "last_step": last.step if last else None, **({"node": obs.nodes[first.rank]} if first.rank in obs.nodes else {}),
     }
     return Finding(code, "error", step, _title(code, step, who, stuck),
                    _detail(who, what, source, first, failures, code, stuck), ADVICE[code], evidence)

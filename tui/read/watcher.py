@@ -16,10 +16,12 @@ from typing import Any, Callable
 from mt.contract.jsonl import JsonlTail
 from mt.contract.system import clean_sample
 from tui.read.follower import PollResult, RunFollower
+from tui.read.nodes import JobReader, NodeView
 
 HISTORY = 60  # samples of GPU utilisation kept for the sparkline (1 per second)
 FIRST_PAINT_GRACE_S = 0.15     # measured: the first data frame reaches the terminal ~0.1 s after it is composed
 SYSTEM_TAIL_BYTES = 256 * 1024  # a 10-hour 8-GPU system.jsonl is ~70 MB; HISTORY samples fit in far less
+NODES_EVERY_S = 1.0   # a job's nodes are read once a second: samples come that often, ages are shown in seconds
 
 
 @dataclass
@@ -95,6 +97,9 @@ class Watcher:
         self.follower = RunFollower(Path(run_dir))
         self.system = SystemView()
         self._system_tail = JsonlTail.near_end(self.follower.paths.system, SYSTEM_TAIL_BYTES)
+        self.job = JobReader(Path(run_dir))
+        self.nodes: list[NodeView] = []   # a job's nodes (nodes/<node>/); [] on one machine
+        self._nodes_read = -float("inf")
         self.lock = threading.RLock()
         self.log_rank = 0
         self._log = LogTail(self.follower.paths.rank_log(0))
@@ -188,6 +193,10 @@ class Watcher:
                 if rec is not None:
                     self.system.add(rec)
                     sys_new = True
+            if time.monotonic() - self._nodes_read >= NODES_EVERY_S:
+                self._nodes_read = time.monotonic()
+                self.nodes = self.job.poll()
+                sys_new = sys_new or bool(self.nodes)
             reset, self._log_reset = self._log_reset, False
             lines = self._log.poll()
             self._check_supervisor()

@@ -46,7 +46,7 @@ def _require_live(run_dir: Path) -> Status:
 def takes_requests(run_dir: Path, status: Status) -> bool:
     """Whether the run reads control/: mt's engine does, a script once it calls run.step (rank
     0's heartbeat thread polls it from then on); a heartbeat of this attempt says it did."""
-    from tui.diagnose.probes import read_heartbeats
+    from mt.contract.heartbeat import read_heartbeats
 
     paths = RunPaths(Path(run_dir))
     raw = read_json(paths.config)
