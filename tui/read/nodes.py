@@ -85,7 +85,10 @@ class NodeReader:
         if key != self._status_key:
             self._status_key = key
             self.view.status = read_node_status(self.paths) if key is not None else Status()
-        self.new_samples = [s for s in map(clean_sample, self._system.iter_new()) if s is not None]
+        try:
+            self.new_samples = [s for s in map(clean_sample, self._system.iter_new()) if s is not None]
+        except OSError:   # not a file (a folder, a FIFO's reader gone): this node shows no sample
+            self.new_samples = []
         if self.new_samples:
             self.view.sample = self.new_samples[-1]
         self.view.heartbeats = read_heartbeats(self.paths)
