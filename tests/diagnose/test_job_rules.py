@@ -9,26 +9,10 @@ import pytest
 
 from mt.contract.config import MonitorConfig
 from mt.contract.status import Status, write_node_status
-from tests.tui.jobdir import JobDir
+from tests.tui.jobdir import JobDir, two_nodes
 from tui.diagnose.monitor import IncidentMonitor
-from tui.run.sampler import SystemSampler
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def job_at_step(root: Path, steps: int, per_node: int = 2) -> JobDir:
-    """A live job on n1, n2 (ranks 0-1 on n1, 2-3 on n2), `steps` steps 0.05 s apart."""
-    job = JobDir(root, ["n1", "n2"], per_node)
-    sampler = SystemSampler()
-    try:
-        job.start(sampler=sampler)
-    finally:
-        sampler.close()
-    for s in range(1, steps + 1):
-        job.step(s)
-        time.sleep(0.05)
-    job.sample()
-    return job
 
 
 def poll_until(monitor: IncidentMonitor, job: JobDir, code: str, timeout: float = 20.0) -> dict:
@@ -43,7 +27,7 @@ def poll_until(monitor: IncidentMonitor, job: JobDir, code: str, timeout: float 
 
 
 def test_a_stale_heartbeat_on_node_n2_is_a_hang_naming_rank_3_and_n2(tmp_path: Path) -> None:
-    job = job_at_step(tmp_path, 10)
+    job = two_nodes(tmp_path, 10, gap_s=0.05)
     job.step(11, ranks=[0, 1, 2])      # rank 3 (on n2) never finishes step 11; the others wait for it
     monitor = IncidentMonitor(tmp_path, MonitorConfig(hang_floor_s=1.0, hang_step_factor=2.0))
     t0 = time.monotonic()
@@ -57,7 +41,7 @@ def test_a_stale_heartbeat_on_node_n2_is_a_hang_naming_rank_3_and_n2(tmp_path: P
 
 
 def test_a_rank_behind_on_its_node_is_a_straggler_naming_the_node(tmp_path: Path) -> None:
-    job = job_at_step(tmp_path, 3)
+    job = two_nodes(tmp_path, 3, gap_s=0.05)
     monitor = IncidentMonitor(tmp_path, MonitorConfig(straggler_steps=5, hang_floor_s=60.0))
     deadline = time.monotonic() + 20
     step, rec = 3, None
@@ -74,7 +58,7 @@ def test_a_rank_behind_on_its_node_is_a_straggler_naming_the_node(tmp_path: Path
 
 
 def test_a_rank_that_died_on_node_n2_is_a_crash_naming_rank_3_and_n2(tmp_path: Path) -> None:
-    job = job_at_step(tmp_path, 5)
+    job = two_nodes(tmp_path, 5, gap_s=0.05)
     monitor = IncidentMonitor(tmp_path, MonitorConfig())
     monitor.poll()
     job.log(3, "Traceback (most recent call last):\n  File \"train.py\", line 9\nRuntimeError: CUDA error: an illegal memory access\n")

@@ -48,10 +48,20 @@ class JobDir:
     def world(self) -> int:
         return len(self.nodes) * self.per_node
 
-    def start(self, pids: dict[int, int] | None = None, sampler: Any = None) -> None:
-        """Statuses (job and nodes) `running`, every rank's heartbeat at step 0, run_start.
-        `pids`: rank -> a live process (default: this one); `sampler`: a SystemSampler."""
-        pids = pids or {r: os.getpid() for r in range(self.world)}
+    def start(self, pids: dict[int, int] | None = None, sampled: bool = True) -> None:
+        """Statuses (job and nodes) `running`, every rank's heartbeat at step 0, run_start, and
+        (`sampled`) each node's sample template from a SystemSampler. `pids`: rank -> a live
+        process (default: this one)."""
+        from tui.run.sampler import SystemSampler
+
+        sampler = SystemSampler() if sampled else None
+        try:
+            self._start(pids or {r: os.getpid() for r in range(self.world)}, sampler)
+        finally:
+            if sampler is not None:
+                sampler.close()
+
+    def _start(self, pids: dict[int, int], sampler: Any) -> None:
         now = time.time()
         write_status(self.paths, Status(state="running", attempt=1, supervisor_pid=os.getpid(), started=now,
                                         nnodes=len(self.nodes), nproc=self.per_node, node_rank=0))
@@ -107,3 +117,14 @@ class JobDir:
         self._events.close()
         for f in self._logs.values():
             f.close()
+
+
+def two_nodes(root: Path, steps: int = 5, gap_s: float = 0.0) -> JobDir:
+    """A live 2-node job, 2 ranks a node (ranks 0-1 on n1, 2-3 on n2), `steps` steps `gap_s` apart, sampled."""
+    job = JobDir(root, ["n1", "n2"], 2)
+    job.start()
+    for s in range(1, steps + 1):
+        job.step(s)
+        time.sleep(gap_s)
+    job.sample()
+    return job

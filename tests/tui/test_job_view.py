@@ -10,25 +10,10 @@ from pathlib import Path
 import pytest
 
 from tests.cli.conftest import mt
-from tests.tui.jobdir import JobDir
+from tests.tui.jobdir import JobDir, two_nodes
 from tests.tui.test_app import loaded, make_app, text_of
-from tui.run.sampler import SystemSampler
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def two_nodes(root: Path, steps: int = 5) -> JobDir:
-    """A live 2-node job, 2 ranks a node (ranks 0-1 on n1, 2-3 on n2), `steps` steps taken."""
-    job = JobDir(root, ["n1", "n2"], 2)
-    sampler = SystemSampler()
-    try:
-        job.start(sampler=sampler)
-    finally:
-        sampler.close()
-    for s in range(1, steps + 1):
-        job.step(s)
-    job.sample()
-    return job
 
 
 def grouped(text: str) -> list[str]:
@@ -73,11 +58,7 @@ async def test_dashboard_shows_every_node_and_its_ranks_at_80x24(tmp_path: Path)
 
 async def test_dashboard_shows_a_dead_rank_on_its_node_when_ranks_do_not_fit(tmp_path: Path) -> None:
     job = JobDir(tmp_path, [f"gpu-{k:02d}" for k in range(8)], 8)
-    sampler = SystemSampler()
-    try:
-        job.start(sampler=sampler)
-    finally:
-        sampler.close()
+    job.start()
     job.step(1)
     job.sample(alive={45: False})
     app = make_app(tmp_path)
@@ -159,3 +140,25 @@ async def test_dashboard_survives_hostile_nodes_entries(tmp_path: Path) -> None:
     async with app.run_test(size=(140, 44)) as pilot:
         await loaded(pilot)
         assert grouped(text_of(app, "#system"))[0] == "job: 5 nodes, 4 ranks"
+
+
+async def test_logs_panel_reads_a_rank_log_under_its_node(tmp_path: Path) -> None:
+    from tests.tui.test_app import in_log
+
+    job = two_nodes(tmp_path)
+    job.log(0, "hello from rank 0 on n1\n")
+    job.log(3, "hello from rank 3 on n2\n")
+    app = make_app(tmp_path)
+    async with app.run_test(size=(140, 44)) as pilot:
+        await loaded(pilot)
+        deadline = time.monotonic() + 10
+        while not in_log(app, "hello from rank 0 on n1") and time.monotonic() < deadline:
+            await pilot.pause(0.2)
+        assert in_log(app, "hello from rank 0 on n1")
+        for _ in range(3):
+            await pilot.press("g")
+        deadline = time.monotonic() + 10
+        while not in_log(app, "hello from rank 3 on n2") and time.monotonic() < deadline:
+            await pilot.pause(0.2)
+        assert in_log(app, "hello from rank 3 on n2")
+    job.close()

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from mt.contract.jsonl import JsonlTail
 from mt.contract.system import clean_sample
 from tui.read.follower import PollResult, RunFollower
-from tui.read.nodes import JobReader, NodeView
+from tui.read.nodes import JobReader, NodeView, node_of_ranks
 
 HISTORY = 60  # samples of GPU utilisation kept for the sparkline (1 per second)
 FIRST_PAINT_GRACE_S = 0.15     # measured: the first data frame reaches the terminal ~0.1 s after it is composed
@@ -119,8 +119,13 @@ class Watcher:
         """Show another rank's log from the next poll on."""
         with self.lock:
             self.log_rank = rank
-            self._log = LogTail(self.follower.paths.rank_log(rank))
+            self._log = LogTail(self._rank_log(rank))
             self._log_reset = True
+
+    def _rank_log(self, rank: int) -> Path:
+        """The rank's log: in a job, under the folder of the node its files are in."""
+        node = node_of_ranks(self.nodes).get(rank) if self.nodes else None
+        return self.follower.paths.on(node).rank_log(rank)
 
     @property
     def log_switch_pending(self) -> bool:
@@ -197,6 +202,8 @@ class Watcher:
                 self._nodes_read = time.monotonic()
                 self.nodes = self.job.poll()
                 sys_new = sys_new or bool(self.nodes)
+                if self.nodes and self._rank_log(self.log_rank) != self._log.path:   # found its node now
+                    self._log, self._log_reset = LogTail(self._rank_log(self.log_rank)), True
             reset, self._log_reset = self._log_reset, False
             lines = self._log.poll()
             self._check_supervisor()
