@@ -83,6 +83,7 @@ class IncidentMonitor:
         self.node = node
         self.job = JobReader(self.paths.root)
         self.nodes: dict[int, str] = {}   # rank -> node, in a job
+        self._rank_logs: dict[int, Path] = {}   # built once per node map: a job's tick marks a thousand logs
         self.m = monitor
         self.sig = RunSignals(facts or run_facts(self.paths))
         self.events = RecordTail(self.paths.events)
@@ -160,10 +161,14 @@ class IncidentMonitor:
             self.log_from = {p: file_size(p) for p in self._logs()}
         views = self.job.poll()
         if views:   # a job: every node's heartbeats, each rank from the node that names it
-            self.nodes = node_of_ranks(views)
+            nodes = node_of_ranks(views)
+            if nodes != self.nodes:
+                self.nodes, self._rank_logs = nodes, {}
             hbs = {r: hb for v in views for r, hb in v.heartbeats.items() if self.nodes.get(r) == v.name}
         else:
-            self.nodes, hbs = {}, read_heartbeats(self.paths)
+            hbs = read_heartbeats(self.paths)
+            if self.nodes:
+                self.nodes, self._rank_logs = {}, {}
         self.sig.note_heartbeats(hbs, now, self.m.straggler_steps)
         pids = tick.worker_pids or self._heartbeat_pids(hbs)
         if views:
@@ -205,8 +210,11 @@ class IncidentMonitor:
 
     def _rank_log(self, rank: int) -> Path:
         """The rank's log: under its node's folder in a job."""
-        node = self.nodes.get(rank)
-        return (self.paths if node is None else self.paths.on(node)).rank_log(rank)
+        path = self._rank_logs.get(rank)
+        if path is None:
+            node = self.nodes.get(rank)
+            path = self._rank_logs[rank] = (self.paths if node is None else self.paths.on(node)).rank_log(rank)
+        return path
 
     def _logs(self) -> list[Path]:
         out = []

@@ -49,9 +49,16 @@ class NodeView:
     status: Status = field(default_factory=Status)
     sample: dict[str, Any] | None = None
     heartbeats: dict[int, dict[str, Any]] = field(default_factory=dict)
+    _ranks: list[RankView] | None = field(default=None, repr=False, compare=False)
 
     def ranks(self) -> list[RankView]:
-        """Every rank this node's files name (heartbeats, the sample, status worker_pids), by rank."""
+        """Every rank this node's files name (heartbeats, the sample, status worker_pids), by rank
+        (built once per poll: the view, the panel and the rules all ask)."""
+        if self._ranks is None:
+            self._ranks = self._build_ranks()
+        return self._ranks
+
+    def _build_ranks(self) -> list[RankView]:
         out: dict[int, RankView] = {}
         for r, pid in self.status.worker_pids.items():
             out[int(r)] = RankView(int(r), self.name, pid=pid)
@@ -71,6 +78,7 @@ class NodeReader:
 
     def __init__(self, paths: RunPaths) -> None:
         self.paths = paths
+        self._status_path = paths.node_status   # a Path built once: a job's viewer polls a thousand files a second
         self.view = NodeView(paths.node or "")
         self._system = JsonlTail.near_end(paths.system, SYSTEM_TAIL_BYTES)
         self._status_key: tuple[int, int, int] | None = None
@@ -78,7 +86,7 @@ class NodeReader:
 
     def poll(self) -> NodeView:
         try:
-            st = os.stat(self.paths.node_status)
+            st = os.stat(self._status_path)
             key: tuple[int, int, int] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
         except OSError:
             key = None
@@ -92,6 +100,7 @@ class NodeReader:
         if self.new_samples:
             self.view.sample = self.new_samples[-1]
         self.view.heartbeats = read_heartbeats(self.paths)
+        self.view._ranks = None
         return self.view
 
 

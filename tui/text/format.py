@@ -173,6 +173,12 @@ def fmt_rank(rank: int, node: str | None) -> str:
 STALE_BEAT_S = 10.0   # a heartbeat older than this is shown as stale (the hang rule has its own limit)
 
 
+def _troubled(rv: "RankView", now: float) -> bool:
+    """Exited, or its heartbeat is stale: listed even where its node has no room for every rank."""
+    age = rv.beat_age(now)
+    return rv.alive is False or (age is not None and age >= STALE_BEAT_S)
+
+
 def _rank_cell(rv: "RankView", now: float) -> tuple[str, str]:
     """One rank's line under its node, and its style: red exited, yellow a stale heartbeat."""
     age = rv.beat_age(now)
@@ -210,9 +216,8 @@ def node_lines(views: list["NodeView"], now: float, max_lines: int = 14) -> list
     for v in views:
         out.append((_node_head(v, ranks[v.name], now), "bold"))
         for rv in ranks[v.name]:
-            text, style = _rank_cell(rv, now)
-            if expand or style:
-                out.append((text, style))
+            if expand or _troubled(rv, now):
+                out.append(_rank_cell(rv, now))
     return out
 
 
