@@ -22,6 +22,8 @@ HISTORY = 60  # samples of GPU utilisation kept for the sparkline (1 per second)
 FIRST_PAINT_GRACE_S = 0.15     # measured: the first data frame reaches the terminal ~0.1 s after it is composed
 SYSTEM_TAIL_BYTES = 256 * 1024  # a 10-hour 8-GPU system.jsonl is ~70 MB; HISTORY samples fit in far less
 NODES_EVERY_S = 1.0   # a job's nodes are read once a second: samples come that often, ages are shown in seconds
+NODES_CPU_SHARE = 0.05  # ...or less often, where reading them all would cost more of a core than this,
+NODES_MAX_EVERY_S = 10.0  # but at least this often
 
 
 @dataclass
@@ -100,6 +102,7 @@ class Watcher:
         self.job = JobReader(Path(run_dir))
         self.nodes: list[NodeView] = []   # a job's nodes (nodes/<node>/); [] on one machine
         self._nodes_read = -float("inf")
+        self.nodes_every_s = NODES_EVERY_S
         self.lock = threading.RLock()
         self.log_rank = 0
         self._log = LogTail(self.follower.paths.rank_log(0))
@@ -198,9 +201,11 @@ class Watcher:
                 if rec is not None:
                     self.system.add(rec)
                     sys_new = True
-            if time.monotonic() - self._nodes_read >= NODES_EVERY_S:
-                self._nodes_read = time.monotonic()
+            if time.monotonic() - self._nodes_read >= self.nodes_every_s:
+                self._nodes_read, cpu = time.monotonic(), time.thread_time()
                 self.nodes = self.job.poll()
+                spent = time.thread_time() - cpu
+                self.nodes_every_s = min(NODES_MAX_EVERY_S, max(NODES_EVERY_S, spent / NODES_CPU_SHARE))
                 sys_new = sys_new or bool(self.nodes)
                 if self.nodes and self._rank_log(self.log_rank) != self._log.path:   # found its node now
                     self._log, self._log_reset = LogTail(self._rank_log(self.log_rank)), True
