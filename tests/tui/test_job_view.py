@@ -162,3 +162,19 @@ async def test_logs_panel_reads_a_rank_log_under_its_node(tmp_path: Path) -> Non
             await pilot.pause(0.2)
         assert in_log(app, "hello from rank 3 on n2")
     job.close()
+
+
+def test_a_script_in_a_job_takes_requests_once_a_node_holds_its_heartbeat(tmp_path: Path) -> None:
+    import json
+
+    from mt.contract.status import read_status
+    from tui.run.control import takes_requests
+
+    job = two_nodes(tmp_path)
+    cfg = json.loads(job.paths.config.read_text())
+    job.paths.config.write_text(json.dumps({**cfg, "launch": {**cfg["launch"], "script": "train.py"}}))
+    status = read_status(tmp_path)
+    assert takes_requests(tmp_path, status)     # rank 0's heartbeat is under nodes/n1/heartbeat/
+    status.attempt = 2                          # no heartbeat of this attempt anywhere
+    assert not takes_requests(tmp_path, status)
+    job.close()

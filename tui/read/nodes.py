@@ -141,3 +141,11 @@ def node_of_ranks(views: list[NodeView]) -> dict[int, str]:
             if rv.rank not in out or t > out[rv.rank][0]:
                 out[rv.rank] = (t, v.name)
     return {r: n for r, (_, n) in out.items()}
+
+
+def every_heartbeat(paths: RunPaths) -> dict[int, dict[str, Any]]:
+    """The heartbeats at the top and under every node's folder, by rank (one machine: the top's)."""
+    out = read_heartbeats(paths.on(None))
+    for name in paths.node_names():
+        out.update(read_heartbeats(paths.on(name)))
+    return out
