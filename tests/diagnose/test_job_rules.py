@@ -71,3 +71,14 @@ def test_a_rank_that_died_on_node_n2_is_a_crash_naming_rank_3_and_n2(tmp_path: P
     assert rec["detail"].startswith("rank 3 on node n2 raised RuntimeError: CUDA error"), rec["detail"]
     assert rec["evidence"]["node"] == "n2" and rec["evidence"]["torchrun_exit_code"] == 1
     job.close()
+
+
+def test_a_node_failure_of_an_earlier_attempt_is_not_a_crash_of_this_one(tmp_path: Path) -> None:
+    job = two_nodes(tmp_path, 5, gap_s=0.05)
+    write_node_status(job.paths.on("n2"), Status(state="failed", attempt=0, exit_code=1, nnodes=2, node_rank=1))
+    monitor = IncidentMonitor(tmp_path, MonitorConfig())
+    for _ in range(3):
+        job.sample()
+        assert not [r for r in monitor.poll() if r["code"] in ("crash", "oom", "nccl_timeout")]
+        time.sleep(0.3)
+    job.close()

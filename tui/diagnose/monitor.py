@@ -182,7 +182,7 @@ class IncidentMonitor:
         procs = {**_remote_procs(views, set(pids)), **self.procs.read(pids, sample, detailed=quiet)}
         obs = Observation(now, status, hbs, procs, supervisor_alive=tick.supervisor_alive, open_codes=frozenset(self.open),
                           open_evidence={c: {**(r.get("evidence") or {}), "step": r.get("step")} for c, r in self.open.items()},
-                          nodes=dict(self.nodes), node_exits={v.name: v.status for v in views if _node_failed(v.status)})
+                          nodes=dict(self.nodes), node_exits={v.name: v.status for v in views if _node_failed(v.status, status.attempt)})
         exited = status.exit_code not in (None, 0) or status.state == "failed" or bool(obs.node_exits)
         ended_well = self.sig.run_end is not None and self.sig.run_end.status in CLEAN_STATES
         if quiet and not ended_well and not exited:
@@ -332,8 +332,10 @@ def _remote_procs(views: list[NodeView], local: set[int]) -> dict[int, RankProc]
     return out
 
 
-def _node_failed(status: Status) -> bool:
-    """A node's supervisor recorded its torchrun's failure."""
+def _node_failed(status: Status, attempt: int | None) -> bool:
+    """A node's supervisor recorded its torchrun's failure in this attempt (an earlier one's is explained)."""
+    if None not in (status.attempt, attempt) and status.attempt != attempt:
+        return False
     return status.exit_code not in (None, 0) or status.state == "failed"
 
 
