@@ -1,15 +1,19 @@
 """heartbeat/rank<N>: each rank's last step, time and phase, rewritten in place every step."""
 from __future__ import annotations
 
+import json
+import math
 import mmap
 import os
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
-from mt.contract.anatomy import StepAnatomy
+from mt.contract.anatomy import PARTS, StepAnatomy
+from mt.contract.events import JSON_ERRORS, as_float
+from mt.contract.paths import RunPaths
 from mt.contract.space import allocate
 
 
@@ -104,3 +108,66 @@ class BackgroundHeartbeat(Heartbeat):
                         said = f"{type(e).__name__}: {e}"
                         print(f"mt: background flush failed: {said}", file=sys.stderr)
             time.sleep(self._every_s)
+
+
+def read_heartbeats(paths: RunPaths) -> dict[int, dict[str, Any]]:
+    """heartbeat/rank<N> files of `paths`' node that parse as heartbeats, by rank; any other
+    entry (a folder, a link, a FIFO that would block a read) is skipped alone."""
+    out: dict[int, dict[str, Any]] = {}
+    try:
+        with os.scandir(paths.heartbeat_dir) as it:
+            found = [(int(e.name[4:]), e.path) for e in it if e.name.startswith("rank") and e.name[4:].isdigit()
+                     and e.is_file(follow_symlinks=False)]
+    except OSError:
+        return out
+    for rank, path in found:
+        hb = clean_heartbeat(_read_record(path))
+        if hb is not None:
+            out[rank] = hb
+    return out
+
+
+def _read_record(path: str) -> Any:
+    """One heartbeat file's JSON, or None: three system calls, no buffered file object (a job's
+    viewer reads a thousand of these a second); never blocks (a FIFO put there) or follows a link."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, _READ_MAX)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        return json.loads(data)
+    except JSON_ERRORS:   # a torn or foreign file; a bad UTF-8 byte is a ValueError too
+        return None
+
+
+_READ_MAX = 4096   # a record is 161 bytes; a longer file is not a heartbeat (and fails to parse)
+
+
+def clean_heartbeat(raw: Any) -> dict[str, Any] | None:
+    """A heartbeat record with the types the rules rely on (a whole step and a finite time), or None."""
+    if not isinstance(raw, dict):
+        return None
+    step, t = as_float(raw.get("step")), as_float(raw.get("t"))
+    if not (0 <= step < 2.0 ** 63 and math.isfinite(t)):   # nan fails too; int(inf) would raise
+        return None
+    ints = {k: raw[k] for k in ("pid", "rank", "attempt") if raw.get(k) is not None}
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in ints.values()):
+        return None
+    phase = raw.get("phase")
+    anatomy = clean_anatomy(raw.get("anatomy"))
+    return {"step": int(step), "t": t, **ints, **({"phase": phase} if isinstance(phase, str) else {}),
+            **({"anatomy": anatomy} if anatomy else {})}
+
+
+def clean_anatomy(raw: Any) -> dict[str, float]:
+    """A heartbeat's step anatomy: its known parts that are finite, non-negative seconds (and n)."""
+    if not isinstance(raw, dict):
+        return {}
+    out = {k: float(raw[k]) for k in ("n", *PARTS) if type(raw.get(k)) in (int, float) and 0 <= raw[k] < math.inf}
+    return out if "n" in out and "step_s" in out else {}

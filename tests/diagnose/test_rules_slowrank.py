@@ -8,10 +8,10 @@ import pytest
 
 from mt.contract.anatomy import StepAnatomy
 from mt.contract.config import MonitorConfig
+from mt.contract.heartbeat import clean_heartbeat
 from mt.contract.records import parse_event
 from mt.contract.status import Status
 from tui.diagnose.findings import Observation
-from tui.diagnose.probes import clean_heartbeat
 from tui.diagnose.rules import evaluate
 from tui.diagnose.signals import RunFacts, RunSignals
 from tui.diagnose.slowrank import slow_rank

@@ -13,7 +13,7 @@ from mt.contract.status import CLEAN_STATES
 from tui.diagnose.findings import Finding, Observation, RankProc
 from tui.diagnose.signals import RunSignals
 from tui.run.torchrun import Failure, torchrun_failures
-from tui.text.format import at_step
+from tui.text.format import at_step, fmt_rank
 
 _OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|"
                   r"HIP out of memory|std::bad_alloc|\bMemoryError\b|Cannot allocate memory|"
@@ -194,7 +194,9 @@ def worker_exit(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding 
     log already counts.
     """
     rc = obs.status.exit_code
-    exited = rc not in (None, 0) or obs.status.state == "failed"
+    if rc in (None, 0) and obs.node_exits:   # a job: a node's torchrun failed before the job's status says so
+        rc = obs.node_exits[min(obs.node_exits)].exit_code
+    exited = rc not in (None, 0) or obs.status.state == "failed" or bool(obs.node_exits)
     if not _worth_explaining(sig, obs, exited):
         return None
     failures, source = _first_failure(obs)
@@ -211,10 +213,11 @@ def worker_exit(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding 
     # raises, or a script that reports nothing, never writes one): else no step ran, none is named
     last = sig.last_step if obs.status.attempt in (None, sig.attempt) else None
     step = last.step + 1 if last else None
-    who = (f"rank {first.rank}" if first.rank >= 0 else "a worker") + (f" on node {first.node}" if first.node else "")
+    node = first.node or obs.nodes.get(first.rank)   # its supervisor reported it, or its heartbeat is in that node's folder
+    who = fmt_rank(first.rank, node) if first.rank >= 0 else "a worker"
     stuck = (obs.open_evidence.get("hang") or {}).get("suspect_ranks")
     evidence: dict[str, Any] = {
-        "rank": first.rank if first.rank >= 0 else None, "node": first.node, "exit_code": first.exit_code, "pid": first.pid,
+        "rank": first.rank if first.rank >= 0 else None, "node": node, "exit_code": first.exit_code, "pid": first.pid,
         "signal": signame, "line": line or None, "source": source, "torchrun_exit_code": rc,
         "failures": [{"rank": f.rank, "exit_code": f.exit_code, "pid": f.pid, **({"node": f.node} if f.node else {})}
                      for f in failures],

@@ -6,6 +6,7 @@ from typing import Any
 
 from mt.contract.status import Status, judge
 from tui.run.torchrun import Failure
+from tui.text.format import fmt_rank
 
 # System calls that mean "waiting for someone else": a peer in a collective, a queue, a lock.
 WAITING_SYSCALLS = frozenset({"futex", "poll", "ppoll", "select", "pselect6", "epoll_wait", "epoll_pwait",
@@ -53,6 +54,8 @@ class RankProc:
     """The system call it is blocked in, e.g. futex or clock_nanosleep; "running" if on CPU."""
     children: list[ChildProc] = field(default_factory=list)
     """Its child processes (DataLoader workers); read only when the run has gone quiet."""
+    remote: bool = False
+    """On another node of a job: read from that node's system sample (no /proc: no syscall, no children)."""
 
 
 @dataclass
@@ -79,6 +82,18 @@ class Observation:
     """The node whose files the monitor reads (a job's shared run directory), None for one machine."""
     peer_failures: list[Failure] = field(default_factory=list)
     """Workers that failed on the other nodes of a job, as their supervisors reported (each with its node)."""
+    nodes: dict[int, str] = field(default_factory=dict)
+    """rank -> its node in a job's shared run directory; empty on one machine."""
+    node_exits: dict[str, Status] = field(default_factory=dict)
+    """A job's nodes whose torchrun exited non-zero (or failed), by name, with their status."""
+
+    def who(self, rank: int) -> str:
+        """`rank 5 on node gpu-07` in a job, `rank 5` on one machine."""
+        return fmt_rank(rank, self.nodes.get(rank))
+
+    def whom(self, ranks: list[int]) -> str:
+        """Several ranks in words: `3, 4` on one machine, `3 on node n2, 4 on node n2` in a job."""
+        return ", ".join(self.who(r)[5:] for r in ranks)
 
     @property
     def live(self) -> bool:

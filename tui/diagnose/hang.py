@@ -119,17 +119,21 @@ def hang(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
             "pid": p.pid if p else hb.get("pid"), "alive": p.alive if p else None,
             "cpu_pct": p.cpu_pct if p else None, "state": p.state if p else None,
             "syscall": p.syscall if p else None, "stale": age is not None and age >= limit,
+            **({"node": obs.nodes[r]} if r in obs.nodes else {}),
         }
     stale = [r for r in ranks if per_rank[str(r)]["stale"]]
-    lines = [f"rank {r}: heartbeat step {per_rank[str(r)]['heartbeat_step']}, "
+    lines = [f"{obs.who(r)}: heartbeat step {per_rank[str(r)]['heartbeat_step']}, "
              f"{fmt_s(per_rank[str(r)]['heartbeat_age_s'])} old, {_doing(obs.procs.get(r))}" for r in ranks]
-    who = (f"rank {', '.join(map(str, suspects))} looks stuck ({why}); " if suspects else "")
+    who = (f"rank {obs.whom(suspects)} looks stuck ({why}); " if suspects else "")
     detail = (f"no step for {fmt_s(idle)} after step {step - 1} (limit {fmt_s(limit)}: max of "
               f"{fmt_s(m.hang_floor_s)} and {m.hang_step_factor:g} x the median {fmt_s(med)} between steps); "
-              f"{who}stale heartbeats: {', '.join(map(str, stale)) or 'none'}. " + "; ".join(lines))
+              f"{who}stale heartbeats: {obs.whom(stale) or 'none'}. " + "; ".join(lines))
     evidence = {"idle_s": round(idle, 1), "limit_s": round(limit, 1), "last_step": step - 1,
                 "median_step_interval_s": med, "stale_ranks": stale, "suspect_ranks": suspects, "ranks": per_rank}
-    return Finding("hang", "error", step, f"Hang: no progress after step {step - 1}", detail, ADVICE_HANG, evidence)
+    title = f"Hang: no progress after step {step - 1}"
+    if obs.nodes and suspects:   # a job: which rank on which node, at the step it stopped at
+        title = f"Hang: {obs.who(suspects[0])} stopped at step {per_rank[str(suspects[0])]['heartbeat_step']:,}"
+    return Finding("hang", "error", step, title, detail, ADVICE_HANG, evidence)
 
 
 def straggler(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
@@ -144,8 +148,8 @@ def straggler(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | 
     hbs = this_attempt(sig, obs)
     top = max(int(as_float(hb.get("step"))) for hb in hbs.values()) if hbs else None
     worst = max(lagging, key=lambda r: lagging[r])
-    detail = (f"rank {worst} is {lagging[worst]} steps behind the leading rank (step {top}) for over "
-              f"{fmt_s(steady)}; " + ", ".join(f"rank {r}: {_doing(obs.procs.get(r))}" for r in sorted(obs.procs)))
+    detail = (f"{obs.who(worst)} is {lagging[worst]} steps behind the leading rank (step {top}) for over "
+              f"{fmt_s(steady)}; " + ", ".join(f"{obs.who(r)}: {_doing(obs.procs.get(r))}" for r in sorted(obs.procs)))
     evidence = {"lag_steps": {str(r): lag for r, lag in lagging.items()}, "leading_step": top,
                 "threshold_steps": m.straggler_steps, "steady_s": steady}
-    return Finding("straggler", "warn", top, f"Straggler: rank {worst} behind", detail, ADVICE_STRAGGLER, evidence)
+    return Finding("straggler", "warn", top, f"Straggler: {obs.who(worst)} behind", detail, ADVICE_STRAGGLER, evidence)

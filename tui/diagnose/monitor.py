@@ -19,6 +19,7 @@ from typing import Any, Iterable
 from mt.anomaly import is_clear
 from mt.contract.config import Config, ConfigError, MonitorConfig
 from mt.contract.events import EXIT_CODES, SCHEMA_VERSION, as_float, dumps
+from mt.contract.heartbeat import read_heartbeats
 from mt.contract.jsonl import JsonlTail
 from mt.contract.paths import RunPaths
 from mt.contract.preset import load_config_json
@@ -26,10 +27,11 @@ from mt.contract.records import Incident, Record, RecordTail, RunStart, Step, pa
 from mt.contract.status import CLEAN_STATES, FINAL_STATES, Status, read_status
 from mt.contract.system import clean_sample
 from tui.diagnose.exit import classify_log
-from tui.diagnose.findings import Finding, Observation
-from tui.diagnose.probes import ProcReader, file_size, read_heartbeats, read_tail
+from tui.diagnose.findings import Finding, Observation, RankProc
+from tui.diagnose.probes import ProcReader, file_size, read_tail
 from tui.diagnose.rules import evaluate
 from tui.diagnose.signals import RunFacts, RunSignals
+from tui.read.nodes import JobReader, NodeView, node_of_ranks
 from tui.read.rundir import supervisor_alive
 from tui.run.torchrun import Failure, usable_cores
 
@@ -76,7 +78,13 @@ class IncidentMonitor:
 
     def __init__(self, run_dir: Path, monitor: MonitorConfig, facts: RunFacts | None = None,
                  node: str | None = None) -> None:
-        self.paths = RunPaths(Path(run_dir), node)   # this node's files; events and incidents at the top
+        """`node`: in a job's shared run directory, the node this monitor runs on (the job's
+        supervisor's): its ranks are read in /proc, every other node's from that node's files."""
+        self.paths = RunPaths(Path(run_dir))
+        self.node = node
+        self.job = JobReader(self.paths.root)
+        self.nodes: dict[int, str] = {}   # rank -> node, in a job
+        self._rank_logs: dict[int, Path] = {}   # built once per node map: a job's tick marks a thousand logs
         self.m = monitor
         self.sig = RunSignals(facts or run_facts(self.paths))
         self.events = RecordTail(self.paths.events)
@@ -117,7 +125,7 @@ class IncidentMonitor:
         for sample in tick.samples:
             self.sig.feed_system(sample)
         if new_steps:  # the logs up to here belong to a run that was still stepping
-            self.log_mark = {r: file_size(self.rank_log(r)) for r in range(self.sig.world_size or 0)}
+            self.log_mark = {r: file_size(self._rank_log(r)) for r in range(self.sig.world_size or 0)}
         obs = self._observe(tick)
         obs.new_steps = new_steps
         found = evaluate(self.sig, obs, self.m)
@@ -152,28 +160,42 @@ class IncidentMonitor:
             # logs are appended across attempts: only what this attempt wrote may explain its end
             self.attempt_seen = status.attempt
             self.log_from = {p: file_size(p) for p in self._logs()}
-        hbs = read_heartbeats(self.paths)
+        views = self.job.poll()
+        if views:   # a job: every node's heartbeats, each rank from the node that names it
+            nodes = node_of_ranks(views)
+            if nodes != self.nodes:
+                self.nodes, self._rank_logs = nodes, {}
+            hbs = {r: hb for v in views for r, hb in v.heartbeats.items() if self.nodes.get(r) == v.name}
+        else:
+            hbs = read_heartbeats(self.paths)
+            if self.nodes:
+                self.nodes, self._rank_logs = {}, {}
         self.sig.note_heartbeats(hbs, now, self.m.straggler_steps)
         pids = tick.worker_pids or self._heartbeat_pids(hbs)
+        if views:
+            pids = {r: p for r, p in pids.items() if self.nodes.get(r, self.node) == self.node}
         progress = self.sig.last_progress_t()
         # the syscall probe is only worth it once the run has been quiet for a couple of seconds,
         # or always for a script that reports nothing (its processes are all there is to read)
         silent = progress is None and self.sig.facts.script
         quiet = silent or progress is not None and now - progress > 2.0
         sample = self.sig.system[-1] if self.sig.system else None
-        procs = self.procs.read(pids, sample, detailed=quiet)
+        procs = {**_remote_procs(views, set(pids)), **self.procs.read(pids, sample, detailed=quiet)}
         obs = Observation(now, status, hbs, procs, supervisor_alive=tick.supervisor_alive, open_codes=frozenset(self.open),
-                          node=self.paths.node, peer_failures=list(tick.peer_failures),
-                          open_evidence={c: {**(r.get("evidence") or {}), "step": r.get("step")} for c, r in self.open.items()})
-        exited = status.exit_code not in (None, 0) or status.state == "failed"
+                          open_evidence={c: {**(r.get("evidence") or {}), "step": r.get("step")} for c, r in self.open.items()},
+                          nodes=dict(self.nodes), node_exits={v.name: v.status for v in views if _node_failed(v.status, status.attempt)},
+                          node=self.node, peer_failures=list(tick.peer_failures))
+        exited = status.exit_code not in (None, 0) or status.state == "failed" or bool(obs.node_exits)
         ended_well = self.sig.run_end is not None and self.sig.run_end.status in CLEAN_STATES
         if quiet and not ended_well and not exited:
             obs.fresh_error = self._fresh_error()
         if exited or obs.fresh_error or (any(p.alive is False for p in procs.values()) and not ended_well):
-            ranks = set(pids) | set(range(self.sig.world_size or 0))
-            logs = {r: read_tail(self.rank_log(r), since=self.log_from.get(self.rank_log(r), 0)) for r in sorted(ranks)}
+            ranks = set(pids) | set(self.nodes) | set(range(self.sig.world_size or 0))
+            logs = {r: read_tail(self._rank_log(r), since=self.log_from.get(self._rank_log(r), 0))
+                    for r in sorted(ranks)}
             obs.rank_logs = {r: t for r, t in logs.items() if t}
-            trl = self.paths.logs / "torchrun.log"
+            # this node's torchrun (a job's other nodes report their failed workers themselves: peer_failures)
+            trl = self.paths.on(self.node).logs / "torchrun.log"
             obs.torchrun_log = read_tail(trl, 65536, since=self.log_from.get(trl, 0))
         return obs
 
@@ -183,27 +205,27 @@ class IncidentMonitor:
         if last is None or self.sig.pauses_due(last.step):
             return False
         for rank, mark in self.log_mark.items():
-            kind, _ = classify_log(read_tail(self.rank_log(rank), since=mark))
+            kind, _ = classify_log(read_tail(self._rank_log(rank), since=mark))
             if kind in ("exception", "oom", "timeout", "killed"):
                 return True
         return False
 
-    def rank_log(self, rank: int) -> Path:
-        """A rank's log: this node's, or in a job's shared run directory the node's that has it."""
-        mine = self.paths.rank_log(rank)
-        if self.paths.node is None or mine.exists():
-            return mine
-        return next((p for p in (self.paths.on(n).rank_log(rank) for n in self.paths.node_names()) if p.exists()), mine)
+    def _rank_log(self, rank: int) -> Path:
+        """The rank's log: under its node's folder in a job."""
+        path = self._rank_logs.get(rank)
+        if path is None:
+            node = self.nodes.get(rank)
+            path = self._rank_logs[rank] = (self.paths if node is None else self.paths.on(node)).rank_log(rank)
+        return path
 
     def _logs(self) -> list[Path]:
-        folders = [self.paths.logs] if self.paths.node is None else [self.paths.on(n).logs for n in self.paths.node_names()]
-        found = []
-        for folder in folders:
+        out = []
+        for paths in [self.paths, *(self.paths.on(n) for n in self.paths.node_names())]:
             try:
-                found += [p for p in folder.iterdir() if p.suffix == ".log"]
+                out += [p for p in paths.logs.iterdir() if p.suffix == ".log"]
             except OSError:
                 pass
-        return found
+        return out
 
     def _heartbeat_pids(self, hbs: dict[int, dict[str, Any]]) -> dict[int, int]:
         """Without the supervisor's list of this node's workers (a bare torchrun), the heartbeats name them."""
@@ -307,6 +329,23 @@ class IncidentMonitor:
                 os.write(fd, (dumps(rec) + "\n").encode())
         finally:
             os.close(fd)
+
+
+def _remote_procs(views: list[NodeView], local: set[int]) -> dict[int, RankProc]:
+    """Ranks of a job's other nodes, as their node's newest sample shows them (their pids are another machine's)."""
+    out = {}
+    for v in views:
+        for rv in v.ranks():
+            if rv.rank not in local and rv.rank not in out:
+                out[rv.rank] = RankProc(rv.rank, rv.pid, rv.alive, rv.cpu_pct, remote=True)
+    return out
+
+
+def _node_failed(status: Status, attempt: int | None) -> bool:
+    """A node's supervisor recorded its torchrun's failure in this attempt (an earlier one's is explained)."""
+    if None not in (status.attempt, attempt) and status.attempt != attempt:
+        return False
+    return status.exit_code not in (None, 0) or status.state == "failed"
 
 
 def _engine_key(rec: Incident) -> tuple[Any, ...]:

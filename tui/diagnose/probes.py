@@ -8,10 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mt.contract.anatomy import PARTS
 from mt.contract.events import as_float
-from mt.contract.jsonl import read_json
-from mt.contract.paths import RunPaths
 from tui.diagnose.findings import ChildProc, RankProc
 from tui.run.procs import alive
 
@@ -23,45 +20,6 @@ _SYSCALLS_X86_64 = {
     441: "epoll_pwait2",
 }
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def read_heartbeats(paths: RunPaths) -> dict[int, dict[str, Any]]:
-    """heartbeat/rank<N> files that parse as heartbeats, by rank; any other file is skipped alone."""
-    out: dict[int, dict[str, Any]] = {}
-    try:
-        names = os.listdir(paths.heartbeat_dir)
-    except OSError:
-        return out
-    for name in names:
-        if name.startswith("rank") and name[4:].isdigit():
-            hb = clean_heartbeat(read_json(paths.heartbeat_dir / name))
-            if hb is not None:
-                out[int(name[4:])] = hb
-    return out
-
-
-def clean_heartbeat(raw: Any) -> dict[str, Any] | None:
-    """A heartbeat record with the types the rules rely on (a whole step and a finite time), or None."""
-    if not isinstance(raw, dict):
-        return None
-    step, t = as_float(raw.get("step")), as_float(raw.get("t"))
-    if not (0 <= step < 2.0 ** 63 and math.isfinite(t)):   # nan fails too; int(inf) would raise
-        return None
-    ints = {k: raw[k] for k in ("pid", "rank", "attempt") if raw.get(k) is not None}
-    if any(isinstance(v, bool) or not isinstance(v, int) for v in ints.values()):
-        return None
-    phase = raw.get("phase")
-    anatomy = clean_anatomy(raw.get("anatomy"))
-    return {"step": int(step), "t": t, **ints, **({"phase": phase} if isinstance(phase, str) else {}),
-            **({"anatomy": anatomy} if anatomy else {})}
-
-
-def clean_anatomy(raw: Any) -> dict[str, float]:
-    """A heartbeat's step anatomy: its known parts that are finite, non-negative seconds (and n)."""
-    if not isinstance(raw, dict):
-        return {}
-    out = {k: float(raw[k]) for k in ("n", *PARTS) if type(raw.get(k)) in (int, float) and 0 <= raw[k] < math.inf}
-    return out if "n" in out and "step_s" in out else {}
 
 
 def file_size(path: Path) -> int:

@@ -72,7 +72,7 @@ def stall_in_progress(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Fi
         return None
     alive, feeding = blocked
     step = last.step + 1
-    workers = "; ".join(f"rank {r}: waits in {alive[r].syscall}, worker "
+    workers = "; ".join(f"{obs.who(r)}: waits in {alive[r].syscall}, worker "
                         + ", ".join(f"{c.pid} {'in ' + c.syscall if c.syscall else c.state}" for c in cs)
                         for r, cs in sorted(feeding.items()))
     detail = (f"no step for {fmt_s(idle)} after step {last.step} (steps take {fmt_s(interval)}): every rank "
@@ -89,7 +89,8 @@ def stall_in_progress(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Fi
 def _blocked_on_input(obs: Observation) -> tuple[dict[int, RankProc], dict[int, list[ChildProc]]] | None:
     """(live ranks, their busy DataLoader workers) when every live rank waits on its input queue
     while some of its workers work; None otherwise (a rank computes, sleeps, or cannot be read)."""
-    alive = {r: p for r, p in obs.procs.items() if p.alive}
+    # another node's ranks show no system call: the ranks this node can read decide
+    alive = {r: p for r, p in obs.procs.items() if p.alive and not p.remote}
     if not alive or not all(_waiting(p) for p in alive.values()):
         return None
     feeding = {r: [c for c in p.children if _busy(c)] for r, p in alive.items()}
@@ -111,7 +112,7 @@ def silent_stall(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding
     if obs.now - since < m.stall_window_s / 2:
         return None
     alive, feeding = blocked
-    workers = "; ".join(f"rank {r}: waits in {alive[r].syscall}, worker "
+    workers = "; ".join(f"{obs.who(r)}: waits in {alive[r].syscall}, worker "
                         + ", ".join(f"{c.pid} {'in ' + c.syscall if c.syscall else c.state}" for c in cs)
                         for r, cs in sorted(feeding.items()))
     detail = (f"for {fmt_s(obs.now - since)} every rank has been blocked waiting for its next batch while its "

@@ -13,14 +13,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from mt.contract.heartbeat import read_heartbeats
 from mt.contract.jsonl import JsonlTail
 from mt.contract.system import clean_sample
-from tui.diagnose.probes import read_heartbeats
 from tui.read.follower import PollResult, RunFollower
+from tui.read.nodes import JobReader, NodeView, node_of_ranks
 
 HISTORY = 60  # samples of GPU utilisation kept for the sparkline (1 per second)
 FIRST_PAINT_GRACE_S = 0.15     # measured: the first data frame reaches the terminal ~0.1 s after it is composed
 SYSTEM_TAIL_BYTES = 256 * 1024  # a 10-hour 8-GPU system.jsonl is ~70 MB; HISTORY samples fit in far less
+NODES_EVERY_S = 1.0   # a job's nodes are read once a second: samples come that often, ages are shown in seconds
+NODES_CPU_SHARE = 0.05  # ...or less often, where reading them all would cost more of a core than this,
+NODES_MAX_EVERY_S = 10.0  # but at least this often
 
 
 @dataclass
@@ -98,6 +102,10 @@ class Watcher:
         self.follower = RunFollower(Path(run_dir))
         self.system = SystemView()
         self._system_tail = JsonlTail.near_end(self.follower.paths.system, SYSTEM_TAIL_BYTES)
+        self.job = JobReader(Path(run_dir))
+        self.nodes: list[NodeView] = []   # a job's nodes (nodes/<node>/); [] on one machine
+        self._nodes_read = -float("inf")
+        self.nodes_every_s = NODES_EVERY_S
         self.lock = threading.RLock()
         self.log_rank = 0
         self._log = LogTail(self.follower.paths.rank_log(0))
@@ -117,8 +125,13 @@ class Watcher:
         """Show another rank's log from the next poll on."""
         with self.lock:
             self.log_rank = rank
-            self._log = LogTail(self.follower.paths.rank_log(rank))
+            self._log = LogTail(self._rank_log(rank))
             self._log_reset = True
+
+    def _rank_log(self, rank: int) -> Path:
+        """The rank's log: in a job, under the folder of the node its files are in."""
+        node = node_of_ranks(self.nodes).get(rank) if self.nodes else None
+        return self.follower.paths.on(node).rank_log(rank)
 
     @property
     def log_switch_pending(self) -> bool:
@@ -191,8 +204,17 @@ class Watcher:
                 if rec is not None:
                     self.system.add(rec)
                     sys_new = True
-            if sys_new:
-                self.system.anatomy = {r: hb["anatomy"] for r, hb in read_heartbeats(self.paths).items() if "anatomy" in hb}
+            if time.monotonic() - self._nodes_read >= self.nodes_every_s:
+                self._nodes_read, cpu = time.monotonic(), time.thread_time()
+                self.nodes = self.job.poll()
+                spent = time.thread_time() - cpu
+                self.nodes_every_s = min(NODES_MAX_EVERY_S, max(NODES_EVERY_S, spent / NODES_CPU_SHARE))
+                sys_new = sys_new or bool(self.nodes)
+                if self.nodes and self._rank_log(self.log_rank) != self._log.path:   # found its node now
+                    self._log, self._log_reset = LogTail(self._rank_log(self.log_rank)), True
+            if sys_new:   # each rank's step anatomy, from its heartbeat (a job's: under its node)
+                hbs = {r: hb for v in self.nodes for r, hb in v.heartbeats.items()} if self.nodes else read_heartbeats(self.paths)
+                self.system.anatomy = {r: hb["anatomy"] for r, hb in hbs.items() if "anatomy" in hb}
             reset, self._log_reset = self._log_reset, False
             lines = self._log.poll()
             self._check_supervisor()

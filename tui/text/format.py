@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import TYPE_CHECKING
 
 _WIDE = 16   # a number printed wider than this (1e308 with ",.0f" is 400 characters) goes to ".4g"
 
@@ -194,3 +195,63 @@ def stacks_lines(evidence: dict[str, object]) -> list[str]:
     workers = evidence.get("workers")
     more = [w for w in workers if isinstance(w, str)] if isinstance(workers, list) else []
     return [safe_text(f"stacks: {verdict}"), *(safe_text(w) for w in more)]
+
+
+def fmt_rank(rank: int, node: str | None) -> str:
+    """A rank as an incident names it: `rank 5 on node gpu-07` in a job, `rank 5` on one machine."""
+    return f"rank {rank}" if node is None else f"rank {rank} on node {safe_text(node)}"
+
+
+STALE_BEAT_S = 10.0   # a heartbeat older than this is shown as stale (the hang rule has its own limit)
+
+
+def _troubled(rv: "RankView", now: float) -> bool:
+    """Exited, or its heartbeat is stale: listed even where its node has no room for every rank."""
+    age = rv.beat_age(now)
+    return rv.alive is False or (age is not None and age >= STALE_BEAT_S)
+
+
+def _rank_cell(rv: "RankView", now: float) -> tuple[str, str]:
+    """One rank's line under its node, and its style: red exited, yellow a stale heartbeat."""
+    age = rv.beat_age(now)
+    head = f"  r{rv.rank} step {'-' if rv.step is None else rv.step} hb {fmt_duration(age)}"
+    if rv.alive is False:
+        return f"{head} pid {rv.pid or '-'} exited", "red"
+    text = f"{head} cpu {fmt_field(rv.cpu_pct, '.0f', '%')} {fmt_gib(rv.rss_bytes)}G pid {rv.pid or '-'}"
+    return text, "yellow" if age is not None and age >= STALE_BEAT_S else ""
+
+
+def _node_head(view: "NodeView", ranks: list["RankView"], now: float) -> str:
+    """A node in one line: state, ranks up, step range, oldest heartbeat, host CPU and GPUs."""
+    up = sum(1 for r in ranks if r.alive is not False)
+    steps = [r.step for r in ranks if r.step is not None]
+    span = "-" if not steps else str(min(steps)) if min(steps) == max(steps) else f"{min(steps)}-{max(steps)}"
+    ages = [a for a in (r.beat_age(now) for r in ranks) if a is not None]
+    s = view.sample or {}
+    host = s.get("host") or {}
+    utils = [g["util_pct"] for g in s.get("gpus") or [] if g.get("util_pct") is not None]
+    gpu = f" gpu {fmt_num(sum(utils) / len(utils), '.0f')}%x{len(utils)}" if utils else ""
+    state = view.status.state or "?"
+    return (f"{safe_text(view.name)[:14]} {state} {up}/{len(ranks)}r step {span} hb {fmt_duration(max(ages) if ages else None)}"
+            f" cpu {fmt_field(host.get('cpu_pct'), '.0f', '%')}{gpu}")
+
+
+def node_lines(views: list["NodeView"], now: float, max_lines: int = 14) -> list[tuple[str, str]]:
+    """Every node of a job, grouped: one line per node, then its ranks where `max_lines` has room
+    for all of them; else only the ranks that exited or went quiet. (text, style) pairs."""
+    if not views:
+        return []
+    ranks = {v.name: v.ranks() for v in views}
+    total = sum(len(r) for r in ranks.values())
+    expand = 1 + len(views) + total <= max_lines
+    out = [(f"job: {len(views)} nodes, {total} ranks", "bold")]
+    for v in views:
+        out.append((_node_head(v, ranks[v.name], now), "bold"))
+        for rv in ranks[v.name]:
+            if expand or _troubled(rv, now):
+                out.append(_rank_cell(rv, now))
+    return out
+
+
+if TYPE_CHECKING:
+    from tui.read.nodes import NodeView, RankView

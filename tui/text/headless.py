@@ -16,9 +16,10 @@ from mt.contract.paths import RunPaths
 from mt.contract.records import Checkpoint, ControlEvent, Eval, Incident, Metrics, Record, RunEnd, RunStart, Step
 from mt.contract.status import CLEAN_STATES, FINAL_STATES, read_status
 from tui.read.follower import PollResult, RunFollower
+from tui.read.nodes import JobReader
 from tui.read.rundir import liveness
 from tui.state.runstate import RunState, TrackedIncident
-from tui.text.format import anatomy_lines, at_step, fmt_duration, fmt_num, fmt_rate, fmt_write_time, safe_text, stacks_lines
+from tui.text.format import anatomy_lines, at_step, fmt_duration, fmt_num, fmt_rate, fmt_write_time, node_lines, safe_text, stacks_lines
 
 
 def step_line(st: RunState) -> str:
@@ -87,6 +88,7 @@ class _LineFollower(RunFollower):
         self.folded.append((step_line(self.state) if isinstance(ev, Step) else "", ev))
 
 
+NODES_EVERY_S = 30.0   # --headless prints a job's nodes this often (a batch log, not a screen)
 SETTLE_S = 10.0   # how long a failed run_end waits for the supervisor's verdict on who failed first
 
 
@@ -191,6 +193,7 @@ def follow_run(run_dir: Path, out: TextIO, min_interval_s: float = 1.0, poll_s: 
         printer.printed_step = follower.state.step
         printer.silent = {key for key, inc in incident_keys(follower.state) if not inc.t or inc.t < t0}
     next_settle = clock()
+    job, nodes_due = JobReader(Path(run_dir)), clock()
     while True:
         if clock() >= next_settle:
             # a Slurm job gone from the queue while its status waits or runs: recorded now (no supervisor ever will)
@@ -200,6 +203,10 @@ def follow_run(run_dir: Path, out: TextIO, min_interval_s: float = 1.0, poll_s: 
             settle_gone(Path(run_dir))
         follower.poll()
         final = follower.state.state in FINAL_STATES
+        if clock() >= nodes_due:   # a job's nodes, every NODES_EVERY_S: the node lines and troubled ranks
+            nodes_due = clock() + NODES_EVERY_S
+            for line, _ in node_lines(job.poll(), time.time(), 0):
+                printer.write(line)
         if final:   # the supervisor writes its verdict (incidents) before the final status
             follower.poll()
         st, now = follower.state, clock()

@@ -7,10 +7,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tui.read.follower import load_run_state
+from tui.read.nodes import JobReader
 from tui.read.rundir import effective_state, is_run_dir, run_dirs
 from tui.state.compare import run_line, table_rows
-from tui.text.format import fmt_best, fmt_duration, fmt_loss_cell, safe_text
+from tui.text.format import fmt_best, fmt_duration, fmt_loss_cell, node_lines, safe_text
 from tui.text.summary import format_summary
+
+ONCE_NODE_LINES = 66   # --once lists every rank of a job up to 64 ranks on one node; beyond, only troubled ones
 
 if TYPE_CHECKING:
     from tui.state.answers import ControlAnswer
@@ -118,6 +121,9 @@ def run_summary(run_dir: Path) -> str:
         text += f"\nwarning: status says {safe_text(st.state)}, but its supervisor is gone (state lost)"
     if st.status.state == "pending":
         text += "\n" + pending_line(st.status.slurm_job_id)
+    nodes = JobReader(Path(run_dir)).poll()
+    if nodes:   # a job's shared run directory: every node and its ranks
+        text += "\n" + "\n".join(line for line, _ in node_lines(nodes, time.time(), ONCE_NODE_LINES))
     return text
 
 

@@ -205,7 +205,8 @@ class DashboardScreen(PlotKeys, Screen[None]):
             self.call_after_refresh(self._redraw_plots)
             if self._dirty:
                 ended = st.state if st.state in FINAL_STATES else "lost" if st.supervisor_lost else None
-                self._system.show(self.watcher.system, ended, now, sampled=not st.status.by_script)
+                self._system.show(self.watcher.system, ended, now, sampled=not st.status.by_script,
+                                  nodes=self.watcher.nodes)
                 self._incidents.show(st.incidents, now)
                 self._show_strip()
                 self._dirty = False

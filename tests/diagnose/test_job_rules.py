@@ -1,0 +1,84 @@
+"""The rules over every node of a job's shared run directory (real files, real time): a hang,
+a straggler and a crash name the rank and its node; one-machine wording is unchanged."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from mt.contract.config import MonitorConfig
+from mt.contract.status import Status, write_status
+from tests.tui.jobdir import JobDir, two_nodes
+from tui.diagnose.monitor import IncidentMonitor
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def poll_until(monitor: IncidentMonitor, job: JobDir, code: str, timeout: float = 20.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job.sample()
+        for rec in monitor.poll():
+            if rec["code"] == code and rec["status"] == "open":
+                return rec
+        time.sleep(0.3)
+    raise AssertionError(f"no {code} incident")
+
+
+def test_a_stale_heartbeat_on_node_n2_is_a_hang_naming_rank_3_and_n2(tmp_path: Path) -> None:
+    job = two_nodes(tmp_path, 10, gap_s=0.05)
+    job.step(11, ranks=[0, 1, 2])      # rank 3 (on n2) never finishes step 11; the others wait for it
+    monitor = IncidentMonitor(tmp_path, MonitorConfig(hang_floor_s=1.0, hang_step_factor=2.0))
+    t0 = time.monotonic()
+    rec = poll_until(monitor, job, "hang")
+    assert time.monotonic() - t0 >= 1.0
+    assert rec["title"] == "Hang: rank 3 on node n2 stopped at step 10", rec["title"]
+    assert "rank 3 on node n2 looks stuck (its heartbeat is behind (step 10))" in rec["detail"], rec["detail"]
+    assert "rank 0 on node n1: heartbeat step 11" in rec["detail"]
+    assert rec["evidence"]["suspect_ranks"] == [3] and rec["evidence"]["ranks"]["3"]["node"] == "n2"
+    job.close()
+
+
+def test_a_rank_behind_on_its_node_is_a_straggler_naming_the_node(tmp_path: Path) -> None:
+    job = two_nodes(tmp_path, 3, gap_s=0.05)
+    monitor = IncidentMonitor(tmp_path, MonitorConfig(straggler_steps=5, hang_floor_s=60.0))
+    deadline = time.monotonic() + 20
+    step, rec = 3, None
+    while rec is None and time.monotonic() < deadline:
+        step += 1
+        job.step(step, ranks=[0, 1, 3])   # rank 2 on n2 beats at step 3 only
+        job.sample()
+        rec = next((r for r in monitor.poll() if r["code"] == "straggler"), None)
+        time.sleep(0.2)
+    assert rec is not None, "no straggler incident"
+    assert rec["title"] == "Straggler: rank 2 on node n2 behind", rec["title"]
+    assert rec["detail"].startswith("rank 2 on node n2 is "), rec["detail"]
+    job.close()
+
+
+def test_a_rank_that_died_on_node_n2_is_a_crash_naming_rank_3_and_n2(tmp_path: Path) -> None:
+    job = two_nodes(tmp_path, 5, gap_s=0.05)
+    monitor = IncidentMonitor(tmp_path, MonitorConfig())
+    monitor.poll()
+    job.log(3, "Traceback (most recent call last):\n  File \"train.py\", line 9\nRuntimeError: CUDA error: an illegal memory access\n")
+    job.sample(alive={3: False})
+    # n2's supervisor records its torchrun's exit; the job's status (n1's supervisor) still says running
+    write_status(job.paths.on("n2"), Status(state="failed", attempt=1, exit_code=1, nnodes=2, node_rank=1,
+                                                 reason="torchrun exited with 1"), node_only=True)
+    rec = poll_until(monitor, job, "crash", timeout=10)
+    assert rec["title"] == "Worker crashed: rank 3 on node n2 at step 6", rec["title"]
+    assert rec["detail"].startswith("rank 3 on node n2 raised RuntimeError: CUDA error"), rec["detail"]
+    assert rec["evidence"]["node"] == "n2" and rec["evidence"]["torchrun_exit_code"] == 1
+    job.close()
+
+
+def test_a_node_failure_of_an_earlier_attempt_is_not_a_crash_of_this_one(tmp_path: Path) -> None:
+    job = two_nodes(tmp_path, 5, gap_s=0.05)
+    write_status(job.paths.on("n2"), Status(state="failed", attempt=0, exit_code=1, nnodes=2, node_rank=1), node_only=True)
+    monitor = IncidentMonitor(tmp_path, MonitorConfig())
+    for _ in range(3):
+        job.sample()
+        assert not [r for r in monitor.poll() if r["code"] in ("crash", "oom", "nccl_timeout")]
+        time.sleep(0.3)
+    job.close()
