@@ -21,6 +21,7 @@ from mt.contract.status import Status
 from tests.cli.conftest import MT, REPO, mt, wait_for
 from tui.run.autostacks import IncidentCaptures, detail_of, evidence_of
 from tui.run.stacks import NoRanksError, py_spy, ranks_of_pid
+from tui.text.stacks import verdict_note
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(py_spy() is None, reason="py-spy reads a script without mt")]
 SCRIPT = REPO / "tests" / "library" / "scripts" / "faulty.py"
@@ -151,6 +152,7 @@ def test_each_nodes_supervisor_answers_a_request_and_the_verdict_groups_ranks_ac
         done = wait_for(lambda: sups["n2"].take() or sups["n1"].take(), 60, "n1's capture for its hang", every=0.1)
         (got,) = done
         assert got.nodes is not None and got.nodes.verdict.line == want and got.nodes.silent == ()
+        assert verdict_note(got.nodes) == f"stacks: {want} (2 nodes)"   # the dashboard's `p` on a job
         ev = evidence_of(got.capture, run, got.nodes)
         assert ev["verdict"] == want and ev["groups"][0] == {"ranks": [3], "nodes": ["n2"], "func": "<module>",
                                                              "where": f"faulty.py:{HANG_LINE}", "waits_in": None}

@@ -16,6 +16,8 @@ from typing import Any
 from mt.contract.jsonl import read_json, write_json_atomic
 from mt.contract.paths import RunPaths, node_name_ok
 from tui.diagnose.stacks import Frame, Place, Verdict, verdict_of_places
+from tui.read.rundir import require_run_dir
+from tui.run.stacks import Capture, capture
 
 _REQUEST_ID = len("20260101T000000Z-") + 6
 
@@ -132,3 +134,10 @@ def nodes_record(found: NodesVerdict) -> dict[str, Any]:
                        for g in found.verdict.groups],
             "folders": {n: str(p) for n, p in found.folders.items()}, "silent_nodes": list(found.silent)}
 
+
+def capture_everywhere(run_dir: Path, timeout: float = 15.0) -> Capture | NodesVerdict:
+    """Every rank's stacks now: this machine's capture, or in a job's shared run directory every node's
+    answer to one request (waiting up to `timeout`); NotARunError / NoRanksError as `capture`."""
+    if RunPaths(require_run_dir(Path(run_dir))).node_names():
+        return gather(run_dir, request_stacks(run_dir, workers=False), timeout)
+    return capture(run_dir)

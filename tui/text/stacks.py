@@ -5,8 +5,8 @@ from pathlib import Path
 from typing import TextIO
 
 from tui.diagnose.stacks import Group, RankStack
-from tui.run.stacknodes import NodesVerdict, gather, request_stacks
-from tui.run.stacks import Capture, capture, capture_ranks, ranks_of_pid
+from tui.run.stacknodes import NodesVerdict, capture_everywhere
+from tui.run.stacks import Capture, capture_ranks, ranks_of_pid
 from tui.text.format import safe_text
 
 
@@ -66,15 +66,17 @@ def render_nodes(found: NodesVerdict, show_all: bool) -> list[str]:
 def print_stacks(run_dir: Path, show_all: bool, out: TextIO, timeout: float = 15.0) -> None:
     """Capture now and print (a job's shared run directory: ask every node's supervisor and wait up
     to `timeout`); NotARunError / NoRanksError go to the caller (exit 2)."""
-    from mt.contract.paths import RunPaths
-    from tui.read.rundir import require_run_dir
-
-    if RunPaths(require_run_dir(Path(run_dir))).node_names():
-        lines = render_nodes(gather(run_dir, request_stacks(run_dir, workers=False), timeout), show_all)
-    else:
-        lines = render(capture(run_dir), show_all)
-    for line in lines:
+    found = capture_everywhere(run_dir, timeout)
+    for line in render_nodes(found, show_all) if isinstance(found, NodesVerdict) else render(found, show_all):
         print(line, file=out)
+
+
+def verdict_note(found: Capture | NodesVerdict) -> str:
+    """One line for the dashboard's notice: the verdict and where the stacks are kept."""
+    if isinstance(found, NodesVerdict):
+        silent = f"; no answer from node {', '.join(found.silent)}" if found.silent else ""
+        return safe_text(f"stacks: {found.verdict.line} ({len(found.folders)} nodes{silent})")
+    return safe_text(f"stacks: {found.verdict.line} ({found.folder.name})")
 
 
 def print_pid_stacks(pid: int, out_dir: Path | None, show_all: bool, out: TextIO) -> None:

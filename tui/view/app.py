@@ -215,9 +215,9 @@ class MtApp(App[int]):
     @work(thread=True, exclusive=True, group="stacks", name="capture stacks")
     def _stacks(self) -> None:
         try:
-            from tui.run.stacks import capture
-            cap = capture(self.run_dir)
-            self.post_message(ControlDone(f"stacks: {cap.verdict.line} ({cap.folder.name})"))
+            from tui.run.stacknodes import capture_everywhere
+            from tui.text.stacks import verdict_note
+            self.post_message(ControlDone(verdict_note(capture_everywhere(self.run_dir))))
         except Exception as e:  # noqa: BLE001 - a failed capture is said in the UI, never a crash
             self.post_message(ControlDone(f"no stacks: {e}", "error"))
 
