@@ -144,6 +144,8 @@ class RunPaths:
         """Requests for every node's capture (`mt stacks` on a job's shared run directory), one file
         per request, written by the requester only; dot-named so rank 0's control inbox skips it."""
         return self.control / ".stacks"
+
+    @property
     def mirror(self) -> Path:
         """How far the supervisor's TensorBoard mirror got ([monitor] tensorboard; tui/mirror/)."""
         return self.root / "mirror.json"

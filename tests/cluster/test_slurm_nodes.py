@@ -177,6 +177,12 @@ def test_a_two_node_job_completes_with_each_nodes_files_in_its_folder(slurm: Clu
     once = _mt("watch", run_dir, "--once", env=slurm.env)
     assert once.returncode == 0, once.stderr
     assert "[running]" in once.stdout and "world 2 x cpu" in once.stdout, once.stdout
+    # one view of the job: both nodes, each with its rank (the one reader of nodes/, tui/read/nodes.py)
+    shown = [" ".join(line.split()) for line in once.stdout.splitlines()]
+    assert "job: 2 nodes, 2 ranks" in shown, once.stdout
+    at = {line.split()[0]: k for k, line in enumerate(shown) if line.split()[:2] in (["n1", "running"], ["n2", "running"])}
+    assert set(at) == {"n1", "n2"}, once.stdout
+    assert shown[at["n1"] + 1].startswith("r0 step ") and shown[at["n2"] + 1].startswith("r1 step "), once.stdout
     final = _final(slurm, run_dir, job)
     assert final["state"] == "completed", _logs(run_dir)
     assert [e["step"] for e in events(run_dir, "step")] == list(range(1, 41))
