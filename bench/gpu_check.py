@@ -258,15 +258,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def flight_part(root: Path) -> tuple[dict, list[str]]:
-    """The flight recorder on NCCL (2 GPUs) and gloo: dumps on timeout, and the analyzer's verdict."""
+def flight_part(root: Path, dry_run: bool) -> tuple[dict, list[str]]:
+    """The flight recorder on NCCL (2 GPUs) and gloo: dumps on timeout, and the analyzer's verdict
+    (--dry: gloo only, which must at least record the collectives: its explicit dump)."""
     from tui.run.flight import analyze, dumps_in, recorder_env
 
     gpus = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
                           capture_output=True, text=True).stdout.strip()
     backends = ["gloo"] + (["nccl"] if gpus.isdigit() and int(gpus) >= 2 else [])
     out: dict[str, Any] = {"gpus": gpus}
-    problems = [] if "nccl" in backends else [f"flight: NCCL needs 2 GPUs (found {gpus or '?'}): not checked"]
+    problems = [] if "nccl" in backends or dry_run else [f"flight: NCCL needs 2 GPUs (found {gpus or '?'}): not checked"]
     for backend in backends:
         flight, explicit = root / f"flight-{backend}", root / f"explicit-{backend}"
         explicit.mkdir(parents=True)
@@ -281,6 +282,8 @@ def flight_part(root: Path) -> tuple[dict, list[str]]:
             "analyzer_on_timeout_dump": analyze(flight).line() if dumped else None,
             "analyzer_on_explicit_dump": analyze(explicit).line() if any(explicit.iterdir()) else None,
             "job_tail": (job.stdout + job.stderr)[-1500:]}
+        if backend == "gloo" and not any(explicit.iterdir()):
+            problems.append("flight: gloo's explicit dump is missing: the recorder did not record the collectives")
         if backend == "nccl" and "rank 1 did not join collective #4" not in (res["analyzer_on_timeout_dump"] or ""):
             problems.append(f"flight: NCCL's dump on timeout did not name rank 1 ({res['analyzer_on_timeout_dump']})")
     return out, problems
@@ -317,7 +320,7 @@ def main() -> None:
         run_part(report, "resume", lambda: resume_part(root, tiny, root / "bf16", report.data["bf16"].get("rc")))
         run_part(report, "gpt2_small", lambda: gpt2_part(root, gpt2, a.gpt2_steps, a.dry))
         run_part(report, "gpt2_fsdp", lambda: fsdp_part(root, gpt2, a.fsdp_steps, a.dry))
-        run_part(report, "flight", lambda: flight_part(root))
+        run_part(report, "flight", lambda: flight_part(root, a.dry))
     if report.data["problems"]:
         print(f"gpu_check FAILED, {len(report.data['problems'])} problem(s) (in {report.path}):", file=sys.stderr)
         for p in report.data["problems"]:

@@ -4,8 +4,8 @@
 
 Each rank runs the engine loop's shape (next batch, forward+backward under DDP, clip, the step's
 small all-reduce, optimizer, heartbeat) in blocks of `--steps` steps, alternating: plain DDP and a
-heartbeat without anatomy, then the same DDP model with engine/anatomy.py's StepClock (its comm hook
-around torch's allreduce_hook, the laps, the medians in each heartbeat record). Two models, the same
+heartbeat without anatomy, then the same DDP model with engine/anatomy.py's StepClock (an autograd hook
+on the first parameter's gradient, the laps, the medians in each heartbeat record). Two models, the same
 weights, so both sides do the same work. Prints the median step of each side, the median of the
 paired blocks' ratios (wall, and rank 0's CPU time, which a loaded machine disturbs less)
 with a bootstrap 95% interval, and the anatomy's own calls per step timed alone (µs).

@@ -5,8 +5,11 @@ The loop calls `lap(mark)` at the points it passes anyway. On the CPU a mark is 
 On a GPU a mark is a CUDA event recorded on the current stream (queued, never waited on): a step's
 events are read one step later, once `query()` says the stream has passed them (the step's own
 read-back of its loss has made sure of that); a step whose events are not done yet is left out.
-The wait in DDP's gradient all-reduce is the span from the last gradient bucket handed to it (a comm
-hook around torch's own allreduce_hook marks it) to the end of backward, plus the step's agreement.
+The wait in DDP's gradient all-reduce is the span from the moment the model's first parameter has
+its gradient (the last one backward computes: DDP's last bucket, all-reduced after it) to the end of
+backward, plus the step's agreement. It is marked by an autograd hook on that parameter, never by a
+DDP comm hook: a Python comm hook runs in gloo's completion callbacks, and after a collective
+timeout there it left the ranks hung instead of failing (and at exit, once, a finished rank).
 """
 from __future__ import annotations
 
@@ -14,7 +17,6 @@ import time
 from typing import Any
 
 import torch
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from engine.dist import log
 from engine.parallel import Parallel
@@ -32,16 +34,17 @@ class StepClock:
         self.cuda = device.type == "cuda"
         self.hooked = False
         if isinstance(par.module, torch.nn.parallel.DistributedDataParallel):
-            par.module.register_comm_hook(None, self._bucket_ready)
-            self.hooked = True
+            first = next((p for p in par.module.parameters() if p.requires_grad), None)
+            if first is not None:
+                first.register_post_accumulate_grad_hook(self._grads_ready)
+                self.hooked = True
         self._marks: dict[str, Any] = {}
         self._pending: tuple[dict[str, Any], float] | None = None  # a GPU step whose events are still queued
         self.broken = False
 
-    def _bucket_ready(self, state, bucket):  # type: ignore[no-untyped-def]  # DDP refuses a string annotation
-        """DDP's comm hook: mark when this rank's gradients are ready (the last bucket's call wins)."""
+    def _grads_ready(self, _param: torch.Tensor) -> None:
+        """The first parameter's gradient is in: backward's compute is over (the last micro-batch's wins)."""
         self.lap("ready")
-        return allreduce_hook(state, bucket)
 
     def lap(self, mark: str) -> None:
         if self.cuda:

@@ -82,9 +82,11 @@ def cancel_job(run_dir: Path, job_id: str, grace_s: float) -> bool:
     try:
         if queued.startswith("RUNNING"):
             _slurm("scancel", "--signal=USR1", job_id)   # steps only: the batch shell keeps its USR1 trap out of it
+            # until the supervisor has heard it (it then records `killed` whatever comes): waiting for
+            # `killed` itself would let the job end on its own first, and Slurm record COMPLETED
             deadline = time.monotonic() + grace_s
-            while time.monotonic() < deadline and read_status(run_dir).state != "killed":
-                time.sleep(0.2)
+            while time.monotonic() < deadline and not _kill_heard(read_status(run_dir)):
+                time.sleep(0.1)
         _slurm("scancel", job_id)
     except SlurmError:
         return False
@@ -92,6 +94,10 @@ def cancel_job(run_dir: Path, job_id: str, grace_s: float) -> bool:
     while time.monotonic() < deadline and queue_state(job_id):
         time.sleep(0.2)
     return True
+
+
+def _kill_heard(status: Status) -> bool:
+    return status.state == "killed" or (status.state == "stopping" and status.reason == "kill requested")
 
 
 def _queued_again(info: JobInfo) -> bool:
