@@ -6,7 +6,6 @@ from pathlib import Path
 
 import psutil
 
-from mt.contract.paths import ENV_NODE
 from mt.contract.status import read_status
 from tui.run.control import own_rank0
 from tui.run.procs import rank_processes, run_processes
@@ -27,11 +26,10 @@ def find_ranks(run_dir: Path, node: str | None = None) -> dict[int, psutil.Proce
         return _job_of(own_rank0(status))
     recorded = [status.torchrun_pid, status.supervisor_pid]
     ranks: dict[int, psutil.Process] = {}
+    # `node`: a job's shared run directory: only the launchers (and so the ranks) this node's supervisor started
     for proc in run_processes(run_dir, [p for p in recorded if isinstance(p, int)], node=node):
         if not _has_rank(proc):  # a rank, or a rank's own child (a DataLoader worker), is not a launcher
             ranks.update(rank_processes(proc.pid))
-    if node is not None:  # a job's shared run directory: not the ranks another node's supervisor started (MT_NODE)
-        ranks = {r: p for r, p in ranks.items() if _env(p).get(ENV_NODE, node) == node}
     return ranks
 
 
