@@ -61,8 +61,54 @@ def write_preset(path: Path, runs_dir: Path, **sections: dict[str, Any]) -> Path
 
 def mt(*args: str, timeout: float = 240, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run `mt ARGS` as a real process (same interpreter as the tests); `env` adds to the environment."""
-    return subprocess.run([*MT, *map(str, args)], capture_output=True, text=True, timeout=timeout,
-                          cwd=cwd or REPO, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    return run_cmd([*MT, *map(str, args)], timeout, cwd=cwd or REPO, env={"PYTHONUNBUFFERED": "1", **(env or {})})
+
+
+def run_cmd(cmd: list[str], timeout: float, cwd: Path, env: dict[str, str] | None = None,
+            runs_dir: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """subprocess.run; past `timeout` the test fails with what its runs were doing (status, log tails, stacks)."""
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env={**os.environ, **(env or {})})
+    except subprocess.TimeoutExpired as exc:
+        out = _text(exc.stdout) + _text(exc.stderr)
+        pytest.fail(f"{' '.join(cmd[-3:])} still running after {timeout:.0f} s\n{out}\n{hang_report(out, runs_dir)}")
+
+
+def _text(b: bytes | str | None) -> str:
+    return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+
+
+def hang_report(output: str, runs_dir: Path | None = None) -> str:
+    """For a run that did not end: its status, each log's tail and py-spy stacks of its live processes."""
+    dirs = [Path(w) for w in output.split() if w.startswith("/") and (Path(w) / "status.json").exists()]
+    dirs += [d for d in (runs_dir.iterdir() if runs_dir and runs_dir.is_dir() else []) if d not in dirs]
+    parts = []
+    for run_dir in dirs:
+        parts.append(f"== {run_dir}\nstatus: {json.dumps(status(run_dir))}")
+        for log in sorted(run_dir.rglob("logs/*.log")):
+            tail = log.read_text(errors="replace").splitlines()[-15:]
+            parts.append(f"-- {log.relative_to(run_dir)}\n" + "\n".join(tail))
+        parts += _stacks_of(run_dir)
+    return "\n".join(parts)
+
+
+def _stacks_of(run_dir: Path) -> list[str]:
+    st = status(run_dir)
+    pids = {p for p in (st.get("supervisor_pid"), st.get("torchrun_pid")) if isinstance(p, int)}
+    for pid in list(pids):
+        try:
+            pids |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
+        except psutil.Error:
+            pids.discard(pid)
+    spy = Path(sys.executable).parent / "py-spy"
+    out = []
+    for pid in sorted(pids):
+        if not spy.exists():
+            out.append(f"-- pid {pid}: no py-spy for its stack")
+            continue
+        res = subprocess.run([str(spy), "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30)
+        out.append(f"-- pid {pid} stack\n{res.stdout}{res.stderr}")
+    return out
 
 
 def wait_for(cond: Callable[[], Any], timeout: float, what: str, every: float = 0.2) -> Any:

@@ -1,13 +1,12 @@
 """mt's processes run mt's code whatever the working directory holds (torchvision's scripts have an engine.py)."""
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.cli.conftest import events, status, write_preset
+from tests.cli.conftest import events, run_cmd, status, write_preset
 
 pytestmark = pytest.mark.slow
 MT_SCRIPT = Path(sys.executable).parent / "mt"
@@ -22,8 +21,7 @@ def test_launch_from_a_folder_with_its_own_engine_tui_and_mt(tmp_path: Path) -> 
     (work / "tui").mkdir()
     (work / "tui" / "__init__.py").write_text("raise SystemExit('the user tui was imported')\n")
     write_preset(work / "p.toml", tmp_path / "runs", launch={"nproc_per_node": 2}, train={"max_steps": 6})
-    res = subprocess.run([str(MT_SCRIPT), "launch", "p.toml", "--headless"], cwd=work, capture_output=True,
-                         text=True, timeout=300)
+    res = run_cmd([str(MT_SCRIPT), "launch", "p.toml", "--headless"], 240, cwd=work, runs_dir=tmp_path / "runs")
     assert (tmp_path / "runs").is_dir(), res.stdout + res.stderr
     run_dir = next((tmp_path / "runs").iterdir())
     logs = "".join(p.read_text(errors="replace") for p in run_dir.glob("logs/*.log"))
@@ -54,8 +52,8 @@ def test_a_one_process_script_imports_its_own_engine_py(tmp_path: Path) -> None:
     work.mkdir()
     (work / "engine.py").write_text("WHOSE = \"the user's\"\n")
     (work / "train.py").write_text(USER_SCRIPT)
-    res = subprocess.run([str(MT_SCRIPT), "launch", "train.py", "--nproc", "1", "--headless",
-                          "--runs-dir", str(tmp_path / "runs")], cwd=work, capture_output=True, text=True, timeout=300)
+    res = run_cmd([str(MT_SCRIPT), "launch", "train.py", "--nproc", "1", "--headless", "--runs-dir", str(tmp_path / "runs")],
+                  240, cwd=work, runs_dir=tmp_path / "runs")
     run_dir = next((tmp_path / "runs").iterdir())
     logs = "".join(p.read_text(errors="replace") for p in run_dir.glob("logs/*.log"))
     assert res.returncode == 0, res.stdout + res.stderr + logs
