@@ -1,6 +1,6 @@
 """What the TensorBoard mirror costs the supervisor: CPU with and without it, side by side.
 
-    .venv/bin/python bench/mirror_cost.py [--seconds 60] [--rate 100] [--wandb]
+    .venv/bin/python bench/mirror_cost.py [--seconds 60] [--rate 100] [--wandb | --only-wandb] [--wandb-every N]
 
 A writer process appends a synthetic run's events at --rate steps/s (an eval every 100 steps)
 and a system sample (2 ranks) once a second to two run directories. Two tick processes follow
@@ -9,7 +9,8 @@ polls the mirror with those records (tui/mirror/mirror.py MirrorHook, [monitor] 
 CPU time (all threads: the event-file writer's too) over the same wall time; the difference is
 the mirror's cost. Goal: <= 1% of a core at 100 steps/s. --wandb: the mirrored process mirrors
 into W&B too (offline, files in a temporary folder), its service process's CPU counted, measured
-from when wandb.init has returned.
+from when wandb.init has returned; --only-wandb: W&B without the TensorBoard mirror; --wandb-every N: [monitor] wandb.every_steps (each Nth training
+step into W&B; the rows W&B's offline file holds are read back with wandb's reader and counted).
 """
 from __future__ import annotations
 
@@ -74,14 +75,14 @@ def _cpu() -> float:
     return time.process_time() + sum(sum(k.cpu_times()[:2]) for k in kids if k.is_running())
 
 
-def tick(run_dir: Path, seconds: float, mirror: bool, wandb: bool) -> None:
+def tick(run_dir: Path, seconds: float, mirror: bool, wandb: bool, every: int, tb: bool = True) -> None:
     from tui.mirror.mirror import MirrorHook
 
     paths = RunPaths(run_dir)
-    monitor: dict[str, object] = {"tensorboard": "tb" if mirror else ""}
+    monitor: dict[str, object] = {"tensorboard": "tb" if mirror and tb else ""}
     if mirror and wandb:
         os.environ.update(WANDB_MODE="offline", WANDB_DIR=str(run_dir), WANDB_SILENT="true")
-        monitor["wandb"] = {"project": "bench", "mode": "offline"}
+        monitor["wandb"] = {"project": "bench", "mode": "offline", "every_steps": every}
     cfg = config_from_dict({"run": {"name": "b"}, "monitor": monitor}, "bench")
     events, hook = RecordTail(paths.events), MirrorHook(paths, cfg, logging.getLogger("bench"))
     c0 = _cpu()
@@ -96,7 +97,8 @@ def tick(run_dir: Path, seconds: float, mirror: bool, wandb: bool) -> None:
         hook.poll(news, (events.line_offset, events.ino))
     cpu_s, wall_s = _cpu() - c0, time.monotonic() - t0
     hook.close()
-    print(json.dumps({"cpu_s": cpu_s, "wall_s": wall_s, "start_s": start_s, "steps": _steps(run_dir, mirror)}))
+    print(json.dumps({"cpu_s": cpu_s, "wall_s": wall_s, "start_s": start_s, "steps": _steps(run_dir, mirror and tb),
+                      "wandb_steps": _wandb_steps(run_dir) if mirror and wandb else None}))
 
 
 def _steps(run_dir: Path, mirror: bool) -> int | None:
@@ -109,6 +111,13 @@ def _steps(run_dir: Path, mirror: bool) -> int | None:
     return len(acc.Scalars("train/loss"))
 
 
+def _wandb_steps(run_dir: Path) -> int:
+    """Training rows (train/loss) in W&B's offline files, read back with wandb's own reader."""
+    from tests.mirror.wbread import offline_runs, series
+
+    return len(series(offline_runs(run_dir / "wandb"), "train/loss"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=60.0)
@@ -116,19 +125,23 @@ def main() -> None:
     ap.add_argument("--role", choices=("main", "writer", "tick"), default="main")
     ap.add_argument("--mirror", action="store_true")
     ap.add_argument("--wandb", action="store_true", help="mirror into W&B (offline) too")
+    ap.add_argument("--only-wandb", action="store_true", help="mirror into W&B (offline) only, no TensorBoard")
+    ap.add_argument("--no-tb", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--wandb-every", type=int, default=1, help="[monitor] wandb.every_steps")
     ap.add_argument("dirs", nargs="*", type=Path)
     a = ap.parse_args()
     if a.role == "writer":
         return writer(a.dirs, a.seconds, a.rate)
     if a.role == "tick":
-        return tick(a.dirs[0], a.seconds, a.mirror, a.wandb)
+        return tick(a.dirs[0], a.seconds, a.mirror, a.wandb, a.wandb_every, tb=not a.no_tb)
+    a.wandb = a.wandb or a.only_wandb
     with tempfile.TemporaryDirectory() as tmp:
         dirs = [Path(tmp) / n for n in ("plain", "mirrored")]
         for d in dirs:
             d.mkdir()
         me = [sys.executable, __file__, "--seconds", str(a.seconds), "--rate", str(a.rate)]
         w = subprocess.Popen([*me, "--role", "writer", *map(str, dirs)], cwd=REPO)
-        ticks = {name: subprocess.Popen([*me, "--role", "tick", *(["--mirror"] + (["--wandb"] if a.wandb else []) if name == "mirrored" else []), str(d)],
+        ticks = {name: subprocess.Popen([*me, "--role", "tick", *(["--mirror"] + (["--wandb", "--wandb-every", str(a.wandb_every)] if a.wandb else []) + (["--no-tb"] if a.only_wandb else []) if name == "mirrored" else []), str(d)],
                                         stdout=subprocess.PIPE, text=True, cwd=REPO)
                  for name, d in zip(("plain", "mirrored"), dirs)}
         got = {name: json.loads(p.communicate()[0]) for name, p in ticks.items()}
@@ -137,7 +150,8 @@ def main() -> None:
     for name, r in got.items():
         print(f"{name:9s} cpu {r['cpu_s']:.3f} s over {r['wall_s']:.1f} s = {100 * r['cpu_s'] / r['wall_s']:.2f}% of a core"
               f" (first poll, once: {r['start_s']:.2f} s)"
-              + (f"; {r['steps']} steps in TensorBoard of {steps} written" if r["steps"] is not None else ""))
+              + (f"; {r['steps']} steps in TensorBoard of {steps} written" if r["steps"] is not None else "")
+              + (f"; {r['wandb_steps']} in W&B (every {a.wandb_every})" if r.get("wandb_steps") is not None else ""))
     extra = got["mirrored"]["cpu_s"] / got["mirrored"]["wall_s"] - got["plain"]["cpu_s"] / got["plain"]["wall_s"]
     print(f"mirror: +{100 * extra:.2f}% of a core at {a.rate:g} steps/s (goal <= 1%)")
 

@@ -60,7 +60,11 @@ def test_bad_monitor_wandb_tables(tmp_path: Path) -> None:
     for table, words in (({"entity": "me"}, ("monitor.wandb.project", "missing")),
                          ({"project": "p", "mode": "sometimes"}, ("monitor.wandb.mode", "offline, online, disabled")),
                          ({"project": "p", "key": "secret"}, ("monitor.wandb.key", "unknown key")),
-                         ({"project": 3}, ("monitor.wandb.project", "non-empty string"))):
+                         ({"project": 3}, ("monitor.wandb.project", "non-empty string")),
+                         ({"project": "p", "every_steps": 0}, ("monitor.wandb.every_steps", "expected an integer >= 1, got 0")),
+                         ({"project": "p", "every_steps": "10"}, ("monitor.wandb.every_steps", "expected an integer >= 1, got '10'")),
+                         ({"project": "p", "every_steps": True}, ("monitor.wandb.every_steps", "expected an integer >= 1, got True")),
+                         ({"project": "p", "every_steps": 2.5}, ("monitor.wandb.every_steps", "expected an integer >= 1, got 2.5"))):
         preset = write_preset(tmp_path / "p.toml", tmp_path / "runs", monitor={"wandb": table})
         _one_line(mt("launch", preset, "--detach"), "p.toml", *words)
     preset = write_preset(tmp_path / "p.toml", tmp_path / "runs", monitor={"wandb": {"project": "p"}})

@@ -104,6 +104,8 @@ def test_an_automatic_restart_from_an_older_checkpoint_purges_the_redone_steps(t
         for e in events(run_dir, "step"):
             first.setdefault(e["step"], e["loss"])
         assert series(runs, "train/loss") == sorted(first.items())
+        crash = [v for row in runs[0].rows for k, v in row.items() if k.startswith("incidents/")]
+        assert any("crash" in v for v in crash), crash   # incidents go to W&B as text, at the newest step
 
 
 def test_wandb_offline_continues_one_run_across_attempts(resumed_run: Path) -> None:

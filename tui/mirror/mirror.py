@@ -116,7 +116,7 @@ class Mirror:
             elif isinstance(rec, (Step, Eval, Metrics)):
                 fresh = {t: v for t, v in step_values(rec).items() if rec.step > st.written.get(t, -1)}
                 if fresh:
-                    self.sink.scalars(rec.step, rec.t or time.time(), fresh)
+                    self.sink.scalars(rec.step, rec.t or time.time(), fresh, train_step=isinstance(rec, Step))
                     st.written.update(dict.fromkeys(fresh, rec.step))
 
     def _attempt(self, rec: RunStart) -> None:

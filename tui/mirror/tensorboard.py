@@ -52,8 +52,8 @@ class TensorBoardSink:
         self.train = EventFile(self.logdir)
         self.system = EventFile(self.logdir / SYSTEM_RUN)
 
-    def scalars(self, step: int, wall: float, values: dict[str, float]) -> None:
-        """Training series at a training step."""
+    def scalars(self, step: int, wall: float, values: dict[str, float], train_step: bool = False) -> None:
+        """Training series at a training step (every one: `train_step` is for W&B's every_steps)."""
         self._add(self.train, step, wall, values)
 
     def samples(self, n: int, wall: float, values: dict[str, float]) -> None:
