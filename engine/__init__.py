@@ -5,6 +5,8 @@ import atexit
 import gc
 import os
 import sys
+import threading
+import time
 
 
 def exit_now(code: int) -> None:
@@ -24,3 +26,17 @@ def exit_now(code: int) -> None:
             except (OSError, ValueError):
                 pass
         os._exit(code)
+
+
+def guard_exit(code: int, grace_s: float) -> None:
+    """From now on this process ends within `grace_s` seconds with `code`, whatever of its shutdown
+    hangs: its work is done, and a rank stuck in destroy_process_group (pytorch#75097) or an exit
+    handler would keep torchrun, the supervisor and the other ranks' collectives waiting."""
+    def _end() -> None:
+        time.sleep(grace_s)
+        print(f"{time.strftime('%H:%M:%S')} shutdown did not finish within launch.exit_grace_s = {grace_s:g} s "
+              f"(destroy_process_group or an exit handler hung); this rank exits now with {code}, its work done",
+              flush=True)
+        os._exit(code)
+
+    threading.Thread(target=_end, name="mt-exit-guard", daemon=True).start()

@@ -5,12 +5,18 @@ import argparse
 import sys
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from engine import exit_now
-from mt.contract.config import ConfigError
+from engine import exit_now, guard_exit
+from mt.contract.config import Config, ConfigError
 from mt.contract.eventlog import EventWriter
 from mt.contract.paths import RunPaths
 from mt.contract.preset import load_config_json
+
+if TYPE_CHECKING:
+    from engine.data import Splits
+    from engine.dist import DistEnv
+    from mt.contract.inbox import StopSignals
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,11 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     from engine import dist
     from engine.data import DataError, build_splits
     from engine.dist import report_failure
-    from engine.train import Trainer
-    from engine.user import UserCodeError, add_workdir
-    from engine.weights import InitFromError
-    from mt.contract import space
-    from mt.contract.attempt import ResumeRefused
+    from engine.faults import Faults
+    from engine.user import add_workdir
     from mt.contract.inbox import StopSignals
     from mt.contract.ranklog import redirect_output
     from mt.stacks import install_stack_dump
@@ -56,15 +59,35 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - any failure to join the group is reported, then exit 1
         dist.log(f"cannot start the process group: {report_failure(e)}")
         return 1
+    code = 1
+    try:
+        code = _train(cfg, env, paths, args.attempt, splits, signals)
+        return code
+    finally:
+        guard_exit(code, cfg.launch.exit_grace_s)   # its work is done: this rank ends even if its shutdown hangs
+        Faults(cfg.faults, rank, args.attempt).at_exit()
+        dist.shutdown(clean=code == 0)
+
+
+def _train(cfg: Config, env: DistEnv, paths: RunPaths, attempt: int, splits: Splits, signals: StopSignals) -> int:
+    """The run on this rank; every way it can end becomes its run_end (rank 0) and an exit code."""
+    from engine.dist import log, report_failure
+    from engine.train import Trainer
+    from engine.user import UserCodeError
+    from engine.weights import InitFromError
+    from mt.contract import space
+    from mt.contract.attempt import ResumeRefused
+
+    rank = env.rank
     trainer = None
     try:
-        trainer = Trainer(cfg, env, paths, args.attempt, splits, signals)
+        trainer = Trainer(cfg, env, paths, attempt, splits, signals)
         return trainer.train()
     except (ResumeRefused, UserCodeError, InitFromError) as e:
         why = f"resume refused: {e}" if isinstance(e, ResumeRefused) else str(e)
         if isinstance(e, UserCodeError) and e.__cause__ is not None:
             traceback.print_exception(e.__cause__)  # where in the user's code it raised, into the rank log
-        dist.log(why)
+        log(why)
         if rank == 0:
             EventWriter(paths.events).emit("run_end", step=0, status="failed", reason=why)
         return 2  # the preset or the run directory has to change first: no restart
@@ -78,10 +101,8 @@ def main(argv: list[str] | None = None) -> int:
                 events = trainer.events if trainer else EventWriter(paths.events)
                 events.emit("run_end", step=trainer.step if trainer else 0, status="failed", reason=reason)
             except OSError as write_error:  # the disk may be too full for one line: the supervisor says so
-                dist.log(f"cannot write run_end: {write_error}")
+                log(f"cannot write run_end: {write_error}")
         return 2 if full else 1  # 2: a restart would only fill the disk again
-    finally:
-        dist.shutdown()
 
 
 if __name__ == "__main__":

@@ -57,8 +57,10 @@ def init(cfg: Config) -> DistEnv:
     return DistEnv(rank, local_rank, world, device, backend)
 
 
-def shutdown() -> None:
-    if dist.is_available() and dist.is_initialized():
+def shutdown(clean: bool) -> None:
+    """Destroy the process group after a clean end. After a failure another rank may still be inside
+    a collective and destroying would wait on it (torchtitan#1342): the process's exit frees it."""
+    if clean and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
 

@@ -32,6 +32,13 @@ class Faults:
             while True:  # the other ranks now wait in the next collective
                 time.sleep(1.0)
 
+    def at_exit(self) -> None:
+        """hang_at_exit: hang_rank never returns from its shutdown, as a hung destroy_process_group would."""
+        if self.armed and self.cfg.hang_at_exit and self.cfg.hang_rank == self.rank:
+            log(f"injected hang at exit on rank {self.rank} ([faults] hang_at_exit): this rank's shutdown never returns")
+            while True:
+                time.sleep(1.0)
+
     def maybe_poison(self, loss: torch.Tensor, step: int, micro: int) -> torch.Tensor:
         """NaN for the loss of rank 0's first micro-batch at nan_at_step, as a bad sample would give."""
         if self.armed and self.cfg.nan_at_step == step and self.rank == 0 and micro == 0:

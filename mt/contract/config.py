@@ -59,6 +59,9 @@ class LaunchConfig:
     node_rank: int = _c(0, ge=0)
     pg_timeout_s: float = _c(300.0, gt=0)
     """Process-group timeout; gloo's default of 30 minutes hides a hung rank far too long."""
+    exit_grace_s: float = _c(60.0, gt=0)
+    """A rank whose work is done (run_end and checkpoints written) ends itself if its shutdown
+    (destroy_process_group, exit handlers) has not returned after this many seconds."""
     script: str = ""
     """A training script of the user's own (`train.py`) run on every rank instead of mt's engine;
     it reports through the `mt` library ([model], [data], [train] are then unused)."""
@@ -246,6 +249,8 @@ class FaultsConfig:
     """Rank 0 dies (SIGKILL-like) after writing the first file of this step's checkpoint."""
     fail_checkpoint_at_step: int = _c(0, ge=0)
     """Rank 0's write of this step's checkpoint raises OSError after its first file (async: a checkpoint_failed incident)."""
+    hang_at_exit: bool = False
+    """`hang_rank` hangs once its work is done, where destroy_process_group runs (as a hung shutdown would)."""
 
 
 @dataclass

@@ -167,7 +167,7 @@ def _check(cfg: Config, source: str) -> None:
     if cfg.checkpoint.async_ and cfg.checkpoint_format != "sharded":
         raise ConfigError(source, "checkpoint.async", "needs sharded checkpoints (checkpoint.format = \"sharded\", "
                           "or \"auto\" under train.strategy = \"fsdp\"); full checkpoints are written blocking")
-    if cfg.faults.hang_rank >= cfg.world_size and cfg.faults.hang_at_step:
+    if cfg.faults.hang_rank >= cfg.world_size and (cfg.faults.hang_at_step or cfg.faults.hang_at_exit):
         raise ConfigError(source, "faults.hang_rank", f"must be < world size ({cfg.world_size})")
     _check_slurm(cfg, source)
 

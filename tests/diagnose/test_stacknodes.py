@@ -24,7 +24,8 @@ def test_requests_are_taken_once_per_node_and_junk_is_skipped(tmp_path):
     box = RunPaths(run).stack_requests
     (box / "junk.json").write_text("{not json")
     (box / "dir.json").mkdir()
-    (box / f"{rid[:-1]}0.json").write_text(json.dumps({"v": 1, "id": "../../x", "t": time.time()}))
+    other = rid[:-1] + ("1" if rid.endswith("0") else "0")   # named like a request, never the real one
+    (box / f"{other}.json").write_text(json.dumps({"v": 1, "id": "../../x", "t": time.time()}))
     old = request_stacks(run)
     (box / f"{old}.json").write_text(json.dumps({"v": 1, "id": old, "t": since - 100, "workers": False}))
     n1, n2 = RunPaths(run, "n1"), RunPaths(run, "n2")
