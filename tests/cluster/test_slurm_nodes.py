@@ -23,6 +23,7 @@ from tests.cluster.conftest import Cluster
 from tui.diagnose.exit import worker_exit
 from tui.diagnose.findings import Observation
 from tui.diagnose.signals import RunFacts, RunSignals
+from tui.read.nodes import NodeExit
 from tui.run.procs import run_processes
 from tui.run.torchrun import Failure, NodeRole, torchrun_command, worker_env
 
@@ -95,7 +96,7 @@ Root Cause (first observed failure):
 def test_the_crash_names_the_other_nodes_rank_killed_by_a_signal_not_the_one_that_lost_it() -> None:
     obs = Observation(0.0, Status(state="failed", exit_code=1, attempt=1), torchrun_log=REPORT, node="n1",
                       rank_logs={0: "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:5"},
-                      peer_failures=[Failure(1, -9, 77, node="n2")])
+                      node_exits={"n2": NodeExit("n2", 1, 1, "failed", [Failure(1, -9, 77, node="n2")])})
     found = worker_exit(RunSignals(RunFacts(world_size=2)), obs, MonitorConfig())
     assert found is not None and found.code == "crash", found
     assert found.title.startswith("Worker crashed: rank 1 on node n2"), found.title
