@@ -291,7 +291,10 @@ class Supervisor:
                 # a job's other node samples its ranks' system calls too: the rules run on the job's node
                 self.tick(self.sampler.append(self.ranks, self.paths.system, self.log, detail=not self.is_job))
             if self.stop_requested and self.status.state == "running":
-                self.stopping("SIGTERM: graceful stop")
+                lost = self.slurm.node_failure()   # Slurm's SIGTERM after a node failed: said at once
+                if lost is not None:
+                    self.status.slurm_state = lost.slurm_state
+                self.stopping(lost.reason if lost is not None else "SIGTERM: graceful stop")
             if self.kill_requested and kill_deadline is None:
                 # said before the processes die, so the incident rules never read the kill as a crash
                 self.stopping("kill requested")
