@@ -13,6 +13,7 @@ from mt.contract.events import T_MAX, T_MIN
 _GPU = {"index": int, "name": str, "util_pct": float, "mem_used_bytes": int, "mem_total_bytes": int,
         "temp_c": float, "power_w": float}
 _RANK = {"rank": int, "pid": int, "cpu_pct": float, "rss_bytes": int, "alive": bool}
+_WORKER = {"pid": int, "state": str, "syscall": str, "cmdline": str}
 _HOST = {"cpu_pct": float, "mem_used_bytes": int, "mem_total_bytes": int, "load1": float}
 _MAX_ENTRIES = 1024  # GPUs or ranks on one node: far more is not a sample
 
@@ -46,6 +47,20 @@ def _entries(raw: Any, schema: dict[str, type], key: str) -> list[dict[str, Any]
     return [e for e in (_entry(r, schema, key) for r in raw[:_MAX_ENTRIES]) if e is not None]
 
 
+def _ranks(raw: Any) -> list[dict[str, Any]]:
+    """The rank entries; `syscall` and `workers` only where the entry has them (a job's other node)."""
+    out = _entries(raw, _RANK, "rank")
+    if not isinstance(raw, list) or not any(isinstance(r, dict) and "workers" in r for r in raw[:_MAX_ENTRIES]):
+        return out
+    by_rank = {r.get("rank"): r for r in raw[:_MAX_ENTRIES] if isinstance(r, dict)}
+    for e in out:
+        src = by_rank.get(e["rank"]) or {}
+        if "workers" in src:
+            e["syscall"] = _value(src.get("syscall"), str)
+            e["workers"] = _entries(src.get("workers"), _WORKER, "pid")
+    return out
+
+
 def clean_sample(raw: Any) -> dict[str, Any] | None:
     """A sample in the shape SystemSampler writes, wrong-typed fields as None; None if not a sample."""
     if not isinstance(raw, dict):
@@ -60,6 +75,6 @@ def clean_sample(raw: Any) -> dict[str, Any] | None:
         "nvml": raw.get("nvml") is True,
         "nvml_error": _value(raw.get("nvml_error"), str),
         "gpus": _entries(raw.get("gpus"), _GPU, "index"),
-        "ranks": _entries(raw.get("ranks"), _RANK, "rank"),
+        "ranks": _ranks(raw.get("ranks")),
         "host": {k: _value(host.get(k), kind) for k, kind in _HOST.items()},
     }

@@ -23,6 +23,7 @@ from tests.cluster.conftest import Cluster
 from tui.diagnose.exit import worker_exit
 from tui.diagnose.findings import Observation
 from tui.diagnose.signals import RunFacts, RunSignals
+from tui.read.nodes import NodeExit
 from tui.run.procs import run_processes
 from tui.run.torchrun import Failure, NodeRole, torchrun_command, worker_env
 
@@ -95,7 +96,7 @@ Root Cause (first observed failure):
 def test_the_crash_names_the_other_nodes_rank_killed_by_a_signal_not_the_one_that_lost_it() -> None:
     obs = Observation(0.0, Status(state="failed", exit_code=1, attempt=1), torchrun_log=REPORT, node="n1",
                       rank_logs={0: "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:5"},
-                      peer_failures=[Failure(1, -9, 77, node="n2")])
+                      node_exits={"n2": NodeExit("n2", 1, 1, "failed", [Failure(1, -9, 77, node="n2")])})
     found = worker_exit(RunSignals(RunFacts(world_size=2)), obs, MonitorConfig())
     assert found is not None and found.code == "crash", found
     assert found.title.startswith("Worker crashed: rank 1 on node n2"), found.title
@@ -270,3 +271,41 @@ def test_with_a_restart_left_both_nodes_start_the_next_attempt_and_the_job_compl
     assert (n2["state"], n2["attempt"]) == ("completed", 2), n2
     crash = [i for i in _incidents(run_dir) if i["code"] == "crash" and i["status"] == "open"]
     assert crash and crash[0]["title"].startswith("Worker crashed: rank 1 on node n2"), _incidents(run_dir)
+
+
+@pytest.mark.slow
+def test_a_node_lost_mid_run_is_recorded_as_its_node_fail_and_the_requeued_job_goes_on(slurm: Cluster, tmp_path: Path) -> None:
+    """NODE_FAIL: n2 goes down (`scontrol update state=down`, as slurmctld marks a node that stopped
+    answering) and its supervisor and rank die with it, writing nothing more. Slurm requeues the job
+    itself (--requeue, JobRequeue=1) and SIGTERMs n1's tasks: the job's supervisor says the node failed
+    at once (KillWait may end it before its stop does), and the requeued job runs the next attempt."""
+    run_dir, job = _submit(slurm, _preset(tmp_path, steps=10_000, sleep_s=0.1, max_restarts=0))
+    try:
+        slurm.wait_for("a few steps", lambda: len(events(run_dir, "step")) >= 3, timeout=120, every=0.5)
+        n2 = slurm.wait_for("n2's worker pid", lambda: _node_status(run_dir, "n2").get("worker_pids") and
+                            _node_status(run_dir, "n2"), timeout=30)
+        slurm.run("scontrol", "update", "nodename=n2", "state=down", "reason=mt-test-lost")
+        for pid in (n2["supervisor_pid"], *n2["worker_pids"].values()):   # the node's processes go with it
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        said = slurm.wait_for("the job's supervisor to record the node failure",
+                              lambda: status(run_dir).get("slurm_state") == "NODE_FAIL" and status(run_dir),
+                              timeout=60, every=0.2)
+        assert said["state"] in ("stopping", "pending"), said   # pending: its stop ended before Slurm's SIGKILL
+        assert said["reason"].startswith(f"node n2 failed (NODE_FAIL): Slurm requeued job {job} (restart 1)"), said["reason"]
+        assert _node_status(run_dir, "n2")["attempt"] == 1 and _node_status(run_dir, "n2")["state"] == "running"   # n2 wrote nothing more
+        # the requeued job (n2 back: ReturnToService=2) runs the next attempt on both nodes
+        slurm.wait_for("the requeued job's next attempt", lambda: len(events(run_dir, "run_start")) >= 2, timeout=180, every=0.5)
+        assert status(run_dir)["attempt"] == 2
+        lost = [i for i in _incidents(run_dir) if i["code"] == "stop_cut_short"]
+        assert said["state"] == "pending" or (lost and "node n2 failed (NODE_FAIL)" in lost[0]["detail"]), _incidents(run_dir)
+        assert not [i for i in _incidents(run_dir) if i["code"] == "crash"], _incidents(run_dir)
+    finally:
+        slurm.run("scancel", job, check=False)
+        slurm.run("scontrol", "update", "nodename=n2", "state=resume", check=False)   # ReturnToService=2 may have already
+    slurm.wait_for("the job to leave the queue", lambda: slurm.state(job) == "" or None, timeout=60)
+    slurm.wait_for("no process of the run left", lambda: not _leftovers(run_dir), timeout=30)
+    slurm.wait_for("both nodes idle again", lambda: "n2 idle" in slurm.run("sinfo", "-h", "-N", "-o", "%N %t").stdout or None,
+                   timeout=60)

@@ -115,6 +115,10 @@ def test_a_cut_short_attempt_counts_the_steps_since_the_newest_checkpoint() -> N
     for state in ("pending", "stopped", "completed"):
         assert cut_short(Status(state=state, attempt=1, attempts=attempt), progress, "42") is None
     assert Progress().lost == 0
+    # the job's supervisor had said a node failed (it was killed with its tasks before its stop ended)
+    said = "node n2 failed (NODE_FAIL): Slurm requeued job 42 (restart 1); this node's part is stopping"
+    lost = cut_short(Status(state="stopping", attempt=1, attempts=attempt, slurm_state="NODE_FAIL", reason=said), progress, "42")
+    assert lost is not None and f"(it was stopping: its stop's checkpoint had not landed; {said}): 4 steps lost" in lost.detail
 
 
 def test_mt_stop_is_never_a_preemption_and_slurms_words_are_kept() -> None:

@@ -92,8 +92,11 @@ def _signal_name(code: int | None) -> tuple[int | None, str | None]:
         return num, f"signal {num}"
 
 
-def _host_memory_share(sig: RunSignals) -> float | None:
+def _host_memory_share(sig: RunSignals, node: str | None) -> float | None:
+    """The newest sample's host memory use (in a job, of `node`'s host: the failed rank's)."""
     for s in reversed(sig.system):
+        if node is not None and s.get("node") not in (None, node):
+            continue
         host = s.get("host") or {}
         used, total = as_float(host.get("mem_used_bytes")), as_float(host.get("mem_total_bytes"))
         if not math.isnan(used) and not math.isnan(total) and total > 0:
@@ -104,8 +107,10 @@ def _host_memory_share(sig: RunSignals) -> float | None:
 def _first_failure(obs: Observation) -> tuple[list[Failure], str]:
     """Failed ranks, the first first: from torchrun's report, or the logs."""
     failures = [dataclasses.replace(f, node=obs.node) for f in torchrun_failures(obs.torchrun_log)]
-    if obs.peer_failures:  # a job: this node's torchrun report, then the other nodes' supervisors'
-        return failures + obs.peer_failures, "torchrun's reports (first observed failure on each node)"
+    # a job: this node's torchrun report, then the other nodes' (their supervisors recorded them)
+    elsewhere = [f for name, e in sorted(obs.node_exits.items()) if name != obs.node for f in e.failures]
+    if elsewhere:
+        return failures + elsewhere, "torchrun's reports (first observed failure on each node)"
     if failures:
         return failures, "torchrun's report (first observed failure)"
     rc = obs.status.exit_code
@@ -206,7 +211,7 @@ def worker_exit(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding 
     signum, signame = _signal_name(first.exit_code)
     if kind == "terminated" or (kind is None and (signum in _POLITE or not exited)):
         return None  # stopped from outside (mt stop/kill, a scheduler): the status says so
-    host_mem = _host_memory_share(sig)
+    host_mem = _host_memory_share(sig, first.node or obs.nodes.get(first.rank))
     code, what = _what_happened(kind, line, signum, signame, host_mem,
                                 first.exit_code if first.exit_code is not None else rc)
     # the steps the rules hold are this attempt's only once its run_start came (a factory that

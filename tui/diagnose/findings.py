@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mt.contract.status import Status, judge
-from tui.run.torchrun import Failure
+from tui.read.nodes import NodeExit
 from tui.text.format import fmt_rank
 
 # System calls that mean "waiting for someone else": a peer in a collective, a queue, a lock.
@@ -80,12 +80,11 @@ class Observation:
     """Inside the supervisor it is; a monitor on its own asks the process table."""
     node: str | None = None
     """The node whose files the monitor reads (a job's shared run directory), None for one machine."""
-    peer_failures: list[Failure] = field(default_factory=list)
-    """Workers that failed on the other nodes of a job, as their supervisors reported (each with its node)."""
     nodes: dict[int, str] = field(default_factory=dict)
     """rank -> its node in a job's shared run directory; empty on one machine."""
-    node_exits: dict[str, Status] = field(default_factory=dict)
-    """A job's nodes whose torchrun exited non-zero (or failed), by name, with their status."""
+    node_exits: dict[str, NodeExit] = field(default_factory=dict)
+    """A job's nodes that failed this attempt, by name: each node's torchrun exit and the workers
+    that failed there (rank, exit code, node), as its supervisor recorded them."""
 
     def who(self, rank: int) -> str:
         """`rank 5 on node gpu-07` in a job, `rank 5` on one machine."""

@@ -11,16 +11,16 @@ from mt.contract.config import Config
 from mt.contract.events import dumps
 from mt.contract.records import Record
 from mt.contract.status import Status
-from tui.run.torchrun import Failure
 
 
 class IncidentHook:
     """The IncidentMonitor, fed in memory; its failures are logged, never fatal."""
 
     def __init__(self, run_dir: Path, cfg: Config, log: logging.Logger, node: str | None = None,
-                 rules: bool = True) -> None:
+                 rules: bool = True, job: Any = None) -> None:
         """`rules` False: a job's node that is not the job's own: no rules (the job's supervisor runs
-        them over every node), but it still answers stacks requests for its ranks."""
+        them over every node), but it still answers stacks requests for its ranks. `job`: the
+        supervisor's JobReader, shared with its peer watch (each node read once a tick)."""
         self.log = log
         self.run_dir = Path(run_dir)
         self.monitor: Any = None
@@ -30,7 +30,8 @@ class IncidentHook:
             from tui.diagnose import monitor as incidents
 
             if rules:
-                self.monitor = incidents.IncidentMonitor(run_dir, cfg.monitor, facts=incidents.facts_of(cfg), node=node)
+                self.monitor = incidents.IncidentMonitor(run_dir, cfg.monitor, facts=incidents.facts_of(cfg), node=node,
+                                                          job=job)
             from tui.run.autostacks import IncidentCaptures
 
             self.captures = IncidentCaptures(self.run_dir, log, node=node)
@@ -50,15 +51,16 @@ class IncidentHook:
             pass
 
     def poll(self, status: Status, events: list[Record], samples: list[dict[str, Any]],
-             worker_pids: dict[int, int], peer_failures: list[Failure] | None = None) -> None:
-        """One tick: what the supervisor knows now, passed in memory (with the other nodes' failed workers)."""
+             worker_pids: dict[int, int]) -> None:
+        """One tick: what the supervisor knows now, passed in memory (the other nodes' files the
+        monitor reads through the job's reader)."""
         if self.monitor is None:
             self._captured()
             return
         try:
             from tui.diagnose.monitor import Tick
 
-            tick = Tick(time.time(), status, events, samples, worker_pids, peer_failures=peer_failures or [])
+            tick = Tick(time.time(), status, events, samples, worker_pids)
             for incident in self.monitor.observe(tick):
                 self.log.info("incident: %s", dumps(incident))
                 if incident.get("status") == "open" and self.captures is not None:

@@ -28,12 +28,12 @@ from mt.contract.status import CLEAN_STATES, FINAL_STATES, Status, read_status
 from mt.contract.system import clean_sample
 from tui.diagnose.exit import classify_log
 from tui.diagnose.findings import Finding, Observation, RankProc
-from tui.diagnose.probes import ProcReader, file_size, read_tail
+from tui.diagnose.probes import ProcReader, file_size, read_tail, sampled_children
 from tui.diagnose.rules import evaluate
 from tui.diagnose.signals import RunFacts, RunSignals
 from tui.read.nodes import JobReader, NodeView, node_of_ranks
 from tui.read.rundir import supervisor_alive
-from tui.run.torchrun import Failure, usable_cores
+from tui.run.torchrun import usable_cores
 
 # What stays open once the run is over: the facts that explain how it ended.
 KEEP_WHEN_DONE = frozenset({"nan_loss", *EXIT_CODES})
@@ -50,7 +50,6 @@ class Tick:
     samples: list[dict[str, Any]] = field(default_factory=list)   # system samples taken since
     worker_pids: dict[int, int] = field(default_factory=dict)     # this node's ranks, as found
     supervisor_alive: bool = True                           # the supervisor's own tick: it is
-    peer_failures: list[Failure] = field(default_factory=list)   # other nodes' failed workers (a job)
 
 
 def facts_of(cfg: Config) -> RunFacts:
@@ -77,12 +76,13 @@ class IncidentMonitor:
     """
 
     def __init__(self, run_dir: Path, monitor: MonitorConfig, facts: RunFacts | None = None,
-                 node: str | None = None) -> None:
+                 node: str | None = None, job: JobReader | None = None) -> None:
         """`node`: in a job's shared run directory, the node this monitor runs on (the job's
-        supervisor's): its ranks are read in /proc, every other node's from that node's files."""
+        supervisor's): its ranks are read in /proc, every other node's from that node's files.
+        `job`: the reader of nodes/ to poll (the supervisor's, shared with its peer watch)."""
         self.paths = RunPaths(Path(run_dir))
         self.node = node
-        self.job = JobReader(self.paths.root)
+        self.job = job or JobReader(self.paths.root)
         self.nodes: dict[int, str] = {}   # rank -> node, in a job
         self._rank_logs: dict[int, Path] = {}   # built once per node map: a job's tick marks a thousand logs
         self.m = monitor
@@ -114,7 +114,8 @@ class IncidentMonitor:
     def poll(self, now: float | None = None) -> list[dict[str, Any]]:
         """On its own: read what is new from the run directory, then `observe` it."""
         status = read_status(self.paths.root)
-        samples = [s for s in map(clean_sample, self.system.iter_new()) if s is not None]
+        # a job's nodes write their own system.jsonl (the job's reader tails each); the top's is one machine's
+        samples = [] if self.job.views else [s for s in map(clean_sample, self.system.iter_new()) if s is not None]
         pids = {int(r): p for r, p in status.worker_pids.items()}
         return self.observe(Tick(time.time() if now is None else now, status, self.events.iter_new(), samples, pids,
                                  supervisor_alive=status.supervisor_pid is None or supervisor_alive(status)))
@@ -122,11 +123,14 @@ class IncidentMonitor:
     def observe(self, tick: Tick) -> list[dict[str, Any]]:
         """Take one tick, run the rules, append and return the records written."""
         out, new_steps = self.take_events(tick.events, tick.now)
-        for sample in tick.samples:
+        views = self.job.poll()
+        # this node's samples come in the tick; every other node's from its file, each with its node
+        mine = [{**s, "node": self.node} for s in tick.samples] if views and self.node else tick.samples
+        for sample in sorted(mine + self.job.take_samples(but=self.node), key=lambda s: s["t"]) if views else mine:
             self.sig.feed_system(sample)
         if new_steps:  # the logs up to here belong to a run that was still stepping
             self.log_mark = {r: file_size(self._rank_log(r)) for r in range(self.sig.world_size or 0)}
-        obs = self._observe(tick)
+        obs = self._observe(tick, views)
         obs.new_steps = new_steps
         found = evaluate(self.sig, obs, self.m)
         out += self._lifecycle(found, obs)
@@ -154,13 +158,12 @@ class IncidentMonitor:
         out, _ = self.take_events(history, time.time())
         self._append(out)
 
-    def _observe(self, tick: Tick) -> Observation:
+    def _observe(self, tick: Tick, views: list[NodeView]) -> Observation:
         now, status = tick.now, tick.status
         if status.attempt != self.attempt_seen:
             # logs are appended across attempts: only what this attempt wrote may explain its end
             self.attempt_seen = status.attempt
             self.log_from = {p: file_size(p) for p in self._logs()}
-        views = self.job.poll()
         if views:   # a job: every node's heartbeats, each rank from the node that names it
             nodes = node_of_ranks(views)
             if nodes != self.nodes:
@@ -179,12 +182,12 @@ class IncidentMonitor:
         # or always for a script that reports nothing (its processes are all there is to read)
         silent = progress is None and self.sig.facts.script
         quiet = silent or progress is not None and now - progress > 2.0
-        sample = self.sig.system[-1] if self.sig.system else None
+        sample = self.sig.newest_system(self.node if views else None)
         procs = {**_remote_procs(views, set(pids)), **self.procs.read(pids, sample, detailed=quiet)}
         obs = Observation(now, status, hbs, procs, supervisor_alive=tick.supervisor_alive, open_codes=frozenset(self.open),
                           open_evidence={c: {**(r.get("evidence") or {}), "step": r.get("step")} for c, r in self.open.items()},
-                          nodes=dict(self.nodes), node_exits={v.name: v.status for v in views if _node_failed(v.status, status.attempt)},
-                          node=self.node, peer_failures=list(tick.peer_failures))
+                          nodes=dict(self.nodes), node_exits={e.node: e for e in self.job.exits(status.attempt)},
+                          node=self.node)
         exited = status.exit_code not in (None, 0) or status.state == "failed" or bool(obs.node_exits)
         ended_well = self.sig.run_end is not None and self.sig.run_end.status in CLEAN_STATES
         if quiet and not ended_well and not exited:
@@ -194,7 +197,7 @@ class IncidentMonitor:
             logs = {r: read_tail(self._rank_log(r), since=self.log_from.get(self._rank_log(r), 0))
                     for r in sorted(ranks)}
             obs.rank_logs = {r: t for r, t in logs.items() if t}
-            # this node's torchrun (a job's other nodes report their failed workers themselves: peer_failures)
+            # this node's torchrun (a job's other nodes report their failed workers themselves: node_exits)
             trl = self.paths.on(self.node).logs / "torchrun.log"
             obs.torchrun_log = read_tail(trl, 65536, since=self.log_from.get(trl, 0))
         return obs
@@ -332,20 +335,15 @@ class IncidentMonitor:
 
 
 def _remote_procs(views: list[NodeView], local: set[int]) -> dict[int, RankProc]:
-    """Ranks of a job's other nodes, as their node's newest sample shows them (their pids are another machine's)."""
+    """Ranks of a job's other nodes, as their node's newest sample shows them (their pids are another
+    machine's; the system call and DataLoader workers as that node read them in its /proc)."""
     out = {}
     for v in views:
         for rv in v.ranks():
             if rv.rank not in local and rv.rank not in out:
-                out[rv.rank] = RankProc(rv.rank, rv.pid, rv.alive, rv.cpu_pct, remote=True)
+                out[rv.rank] = RankProc(rv.rank, rv.pid, rv.alive, rv.cpu_pct, syscall=rv.syscall,
+                                        children=sampled_children(rv.workers), remote=True)
     return out
-
-
-def _node_failed(status: Status, attempt: int | None) -> bool:
-    """A node's supervisor recorded its torchrun's failure in this attempt (an earlier one's is explained)."""
-    if None not in (status.attempt, attempt) and status.attempt != attempt:
-        return False
-    return status.exit_code not in (None, 0) or status.state == "failed"
 
 
 def _engine_key(rec: Incident) -> tuple[Any, ...]:

@@ -70,7 +70,7 @@ def _time_weighted_median(steps: list[StepRec]) -> float:
 
 def _host_view(sig: RunSignals, obs: Observation) -> tuple[dict[str, Any], str]:
     """The newest system sample's host load and rank CPU, and a sentence when the host is oversubscribed."""
-    sample = sig.system[-1] if sig.system else None
+    sample = sig.newest_system(obs.node)   # in a job, the job's node's host: the one this monitor runs on
     if sample is None or obs.now - as_float(sample.get("t")) > 10:
         return {}, ""
     h = sample.get("host") or {}
@@ -131,14 +131,15 @@ def memory_pressure(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Find
     samples = [s for s in sig.recent_system(obs.now, m.memory_window_s) if s.get("nvml") and s.get("gpus")]
     if len(samples) < 2 or as_float(samples[-1].get("t")) - as_float(samples[0].get("t")) < 0.8 * m.memory_window_s:
         return None
-    shares: dict[int, list[float]] = {}
-    totals: dict[int, float] = {}
+    # a GPU is its node's (a job's nodes all sample): "GPU 0" on one machine, "GPU 0 on node n2" in a job
+    shares: dict[str, list[float]] = {}
+    totals: dict[str, float] = {}
     for s in samples:
         for g in s["gpus"]:
             used, total = as_float(g.get("mem_used_bytes")), as_float(g.get("mem_total_bytes"))
             if math.isnan(used) or math.isnan(total) or total <= 0:
                 continue
-            idx = int(g.get("index", 0))
+            idx = str(int(g.get("index", 0))) + (f" on node {s['node']}" if s.get("node") else "")
             shares.setdefault(idx, []).append(used / total)
             totals[idx] = total
     full = {i: v for i, v in shares.items() if len(v) >= 2 and min(v) >= m.memory_pressure_share}
@@ -146,10 +147,16 @@ def memory_pressure(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Find
         return None
     worst = max(full, key=lambda i: max(full[i]))
     last = sig.last_step
-    gpus = ", ".join(f"GPU {i} {max(v):.1%}" for i, v in sorted(full.items()))
+    gpus = ", ".join(f"GPU {i} {max(v):.1%}" for i, v in sorted(full.items(), key=lambda kv: _gpu_order(kv[0])))
     detail = (f"GPU memory above {m.memory_pressure_share:.0%} of total for the last "
               f"{fmt_s(m.memory_window_s)}: {gpus} (of {totals[worst] / 2**30:.0f} GiB)")
-    evidence = {"gpus": {str(i): {"min_share": round(min(v), 4), "max_share": round(max(v), 4)} for i, v in full.items()},
+    evidence = {"gpus": {i: {"min_share": round(min(v), 4), "max_share": round(max(v), 4)} for i, v in full.items()},
                 "window_s": m.memory_window_s, "threshold_share": m.memory_pressure_share}
     return Finding("memory_pressure", "warn", last.step if last else None, "GPU memory pressure",
                    detail, ADVICE_MEMORY, evidence)
+
+
+def _gpu_order(key: str) -> tuple[str, int]:
+    """"3" or "3 on node n2": by node, then by index as a number (GPU 10 after GPU 9)."""
+    idx, _, node = key.partition(" on node ")
+    return node, int(idx)

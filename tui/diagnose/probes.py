@@ -100,6 +100,24 @@ def _child(pid: int) -> ChildProc:
     return ChildProc(pid, st[0] if st else None, _syscall(pid), _cmdline(pid))
 
 
+def rank_detail(pid: int) -> tuple[str | None, list[ChildProc]]:
+    """(the system call a rank waits in, its children: DataLoader workers) from /proc; what the
+    rules read of a rank of this node, and what a job's other node puts in its samples for them."""
+    return _syscall(pid), [_child(c) for c in _children(pid)]
+
+
+def sample_detail(pid: int) -> dict[str, Any]:
+    """rank_detail as a system.jsonl rank entry's `syscall` and `workers` (docs/run-directory.md)."""
+    call, children = rank_detail(pid)
+    return {"syscall": call, "workers": [{"pid": c.pid, "state": c.state, "syscall": c.syscall, "cmdline": c.cmdline[:200]}
+                                          for c in children]}
+
+
+def sampled_children(workers: list[dict[str, Any]]) -> list[ChildProc]:
+    """A sample's `workers` of a rank (another node's), as the rules' ChildProc."""
+    return [ChildProc(w["pid"], w.get("state"), w.get("syscall"), w.get("cmdline") or "") for w in workers]
+
+
 class ProcReader:
     """Per-rank process facts; keeps the last CPU tick counts to turn them into a CPU %."""
 
@@ -127,7 +145,6 @@ class ProcReader:
             if not math.isnan(cpu) and entry.get("pid") == pid:
                 p.cpu_pct = cpu
             if detailed and p.alive:
-                p.syscall = _syscall(pid)
-                p.children = [_child(c) for c in _children(pid)]
+                p.syscall, p.children = rank_detail(pid)
             out[rank] = p
         return out

@@ -15,6 +15,7 @@ from mt.contract.records import Checkpoint, ControlEvent, Eval, Record, RunEnd, 
 WARMUP_STEPS = 3
 _KEEP_STEPS = 4000
 _KEEP_SYSTEM_S = 600.0
+_KEEP_JOB_SYSTEM_S = 60.0   # the rules' windows are 20-30 s by default
 
 
 @dataclass
@@ -66,6 +67,7 @@ class RunSignals:
         self.last_event_t: float | None = None
         self.run_end: RunEnd | None = None
         self.system: deque[dict[str, Any]] = deque()
+        self.sampled_nodes: set[str] = set()   # a job's nodes whose samples came
         self.step_times: dict[int, float] = {}  # step -> event time, for pause lengths
         self.heartbeat_lag: dict[int, tuple[int, float]] = {}  # rank -> (steps behind, since when)
         self.blocked_on_input_since: float | None = None  # a silent script's ranks all waiting on their loaders
@@ -117,10 +119,14 @@ class RunSignals:
             self.pause_s[ev.kind] = max(self.pause_s.get(ev.kind, 0.0), ev.t - began)
 
     def feed_system(self, sample: dict[str, Any]) -> None:
-        """One sample as `mt.contract.system.clean_sample` returns it (its t is a float)."""
+        """One sample as `mt.contract.system.clean_sample` returns it (its t is a float; in a job, its `node`)."""
         t = sample["t"]
         self.system.append(sample)
-        while self.system and t - self.system[0]["t"] > _KEEP_SYSTEM_S:
+        if sample.get("node") is not None:
+            self.sampled_nodes.add(sample["node"])
+        # a job's nodes all sample: memory stays that of one machine's ten minutes (a minute at least)
+        keep = max(_KEEP_JOB_SYSTEM_S, _KEEP_SYSTEM_S / len(self.sampled_nodes)) if self.sampled_nodes else _KEEP_SYSTEM_S
+        while self.system and t - self.system[0]["t"] > keep:
             self.system.popleft()
 
     def note_heartbeats(self, heartbeats: dict[int, dict[str, Any]], now: float, min_lag: int) -> None:
@@ -186,14 +192,19 @@ class RunSignals:
         # weights + two AdamW moments + a copy in flight, written at a slow 50 MB/s
         return 16 * (self.params_total or 0) / 50e6
 
-    def recent_system(self, now: float, window_s: float) -> list[dict[str, Any]]:
-        """System samples of the last window_s seconds, oldest first."""
+    def recent_system(self, now: float, window_s: float, node: str | None = None) -> list[dict[str, Any]]:
+        """System samples of the last window_s seconds, oldest first (`node`: that node's of a job; None: all)."""
         out = []
         for s in reversed(self.system):
             if now - s["t"] > window_s:
                 break
-            out.append(s)
+            if node is None or s.get("node") == node:
+                out.append(s)
         return out[::-1]
+
+    def newest_system(self, node: str | None = None) -> dict[str, Any] | None:
+        """The newest system sample (`node`: that node's, in a job whose nodes all sample; None: any)."""
+        return next((s for s in reversed(self.system) if node is None or s.get("node") == node), None)
 
     def last_progress_t(self) -> float | None:
         """When the run last showed it was moving: any event of this attempt."""

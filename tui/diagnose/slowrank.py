@@ -64,11 +64,12 @@ def _gap(slow: Parts, others: list[Parts], part: str) -> float | None:
     return None if mine is None or None in values else mine - statistics.median(values)
 
 
-def _host_busy(sig: RunSignals, obs: Observation) -> float | None:
-    """Cores busy on the host besides the ranks, over the last 30 s of system samples (None: unknown)."""
+def _host_busy(sig: RunSignals, obs: Observation, node: str | None) -> float | None:
+    """Cores busy on the host besides the ranks, over the last 30 s of system samples (None: unknown;
+    in a job, `node`'s: the slow rank's host)."""
     cores = sig.facts.host_cores
     spare = []
-    for s in sig.recent_system(obs.now, 30.0):
+    for s in sig.recent_system(obs.now, 30.0, node):
         host = (s.get("host") or {}).get("cpu_pct")
         ranks = [r.get("cpu_pct") for r in s.get("ranks") or []]
         if cores and host is not None and None not in ranks:
@@ -105,7 +106,7 @@ def slow_rank(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | 
         f"its forward/backward and optimizer take {fmt_ms(me.work_s)} a step"
     why = f"rank {slow} is {bound}-bound: {own} while rank {peers} {verb} ~{fmt_ms(wait_s)} in all-reduce for it"
     detail = f"{why} (medians of the ranks' last steps; a step takes {fmt_ms(step_s)})"
-    busy = _host_busy(sig, obs) if bound == "compute" else None
+    busy = _host_busy(sig, obs, obs.nodes.get(slow)) if bound == "compute" else None
     if busy is not None and busy >= HOST_BUSY_CORES:
         detail += f"; its host's CPU is busy with something else ({busy:.1f} cores besides the ranks)"
     evidence: dict[str, Any] = {

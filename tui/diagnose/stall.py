@@ -89,8 +89,9 @@ def stall_in_progress(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Fi
 def _blocked_on_input(obs: Observation) -> tuple[dict[int, RankProc], dict[int, list[ChildProc]]] | None:
     """(live ranks, their busy DataLoader workers) when every live rank waits on its input queue
     while some of its workers work; None otherwise (a rank computes, sleeps, or cannot be read)."""
-    # another node's ranks show no system call: the ranks this node can read decide
-    alive = {r: p for r, p in obs.procs.items() if p.alive and not p.remote}
+    # another node's ranks as that node sampled them (system call and workers); a rank whose sample
+    # has no system call (an older writer) cannot be judged, and the ranks that can be decide
+    alive = {r: p for r, p in obs.procs.items() if p.alive and (not p.remote or p.syscall is not None)}
     if not alive or not all(_waiting(p) for p in alive.values()):
         return None
     feeding = {r: [c for c in p.children if _busy(c)] for r, p in alive.items()}

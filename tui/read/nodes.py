@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,10 @@ from mt.contract.jsonl import JsonlTail
 from mt.contract.paths import RunPaths
 from mt.contract.status import Status, read_status
 from mt.contract.system import clean_sample
+from tui.run.torchrun import Failure
 
 SYSTEM_TAIL_BYTES = 64 * 1024   # a node's newest sample is what is shown: the end of its file is enough
+_KEEP_SAMPLES = 60              # a node's samples waiting for the rules: a minute at one a second
 
 
 @dataclass
@@ -36,9 +39,23 @@ class RankView:
     cpu_pct: float | None = None
     rss_bytes: int | None = None
     alive: bool | None = None
+    syscall: str | None = None          # sampled by a job's other node (system.jsonl `syscall`, `workers`)
+    workers: list[dict[str, Any]] = field(default_factory=list)
 
     def beat_age(self, now: float) -> float | None:
         return None if self.beat_t is None else max(0.0, now - self.beat_t)
+
+
+@dataclass
+class NodeExit:
+    """A node's failed attempt, as its supervisor recorded it: torchrun's exit and the workers that
+    failed there, each with its node (the one form a crash on another node reaches the rules in)."""
+
+    node: str
+    attempt: int | None
+    exit_code: int | None
+    state: str | None
+    failures: list[Failure] = field(default_factory=list)
 
 
 @dataclass
@@ -66,11 +83,37 @@ class NodeView:
             rv = out.setdefault(entry["rank"], RankView(entry["rank"], self.name))
             rv.pid = entry.get("pid") or rv.pid
             rv.cpu_pct, rv.rss_bytes, rv.alive = entry.get("cpu_pct"), entry.get("rss_bytes"), entry.get("alive")
+            rv.syscall, rv.workers = entry.get("syscall"), entry.get("workers") or []
         for r, hb in self.heartbeats.items():
             rv = out.setdefault(r, RankView(r, self.name))
             rv.step, rv.beat_t, rv.phase, rv.attempt = hb["step"], hb["t"], hb.get("phase"), hb.get("attempt")
             rv.pid = rv.pid or hb.get("pid")
         return [out[r] for r in sorted(out)]
+
+    def failed(self, attempt: int | None) -> NodeExit | None:
+        """This node's failure in `attempt` (None: the current one): from its status while it is
+        still that attempt, from the attempt's record once it has started the next; None if it did not fail."""
+        st = self.status
+        if attempt is None or st.attempt in (None, attempt):
+            if st.exit_code in (None, 0) and st.state != "failed":
+                return None
+            return NodeExit(self.name, st.attempt, st.exit_code, st.state, _failures(st.failures, self.name))
+        if (st.attempt or 0) < attempt:   # an earlier attempt's failure is explained already
+            return None
+        rec = next((a for a in st.attempts if a.get("attempt") == attempt), None)
+        if rec is None or _int(rec.get("exit_code")) in (None, 0):
+            return None
+        return NodeExit(self.name, attempt, _int(rec.get("exit_code")), "failed", _failures(rec.get("failures"), self.name))
+
+
+def _failures(raw: Any, node: str) -> list[Failure]:
+    """status.json `failures` (or an attempt record's) as Failures on `node`; what is not one is left out."""
+    return [Failure(_int(f.get("rank"), -1), _int(f.get("exit_code")), _int(f.get("pid")), node=node)
+            for f in (raw if isinstance(raw, list) else []) if isinstance(f, dict)]
+
+
+def _int(v: Any, default: int | None = None) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else default
 
 
 class NodeReader:
@@ -82,7 +125,7 @@ class NodeReader:
         self.view = NodeView(paths.node or "")
         self._system = JsonlTail.near_end(paths.system, SYSTEM_TAIL_BYTES)
         self._status_key: tuple[int, int, int] | None = None
-        self.new_samples: list[dict[str, Any]] = []   # since the last poll, for the rules
+        self.new_samples: deque[dict[str, Any]] = deque(maxlen=_KEEP_SAMPLES)   # not yet taken (JobReader.take_samples)
 
     def poll(self) -> NodeView:
         try:
@@ -94,11 +137,14 @@ class NodeReader:
             self._status_key = key
             self.view.status = read_status(self.paths.root, self.paths.node) if key is not None else Status()
         try:
-            self.new_samples = [s for s in map(clean_sample, self._system.iter_new()) if s is not None]
+            new = [s for s in map(clean_sample, self._system.iter_new()) if s is not None]
         except OSError:   # not a file (a folder, a FIFO's reader gone): this node shows no sample
-            self.new_samples = []
-        if self.new_samples:
-            self.view.sample = self.new_samples[-1]
+            new = []
+        if new:
+            self.view.sample = new[-1]
+            # kept until taken: the supervisor's peer watch polls between the rules' ticks; a reader
+            # nobody takes from (the viewer) keeps the last _KEEP_SAMPLES only
+            self.new_samples.extend(new)
         self.view.heartbeats = read_heartbeats(self.paths)
         self.view._ranks = None
         return self.view
@@ -110,6 +156,7 @@ class JobReader:
     def __init__(self, run_dir: Path) -> None:
         self.paths = RunPaths(Path(run_dir))
         self.readers: dict[str, NodeReader] = {}
+        self.views: list[NodeView] = []   # as the last poll found them
 
     def poll(self) -> list[NodeView]:
         """Each node's view now, sorted by name; [] for a run directory without nodes/."""
@@ -125,11 +172,24 @@ class JobReader:
                 views.append(reader.poll())
             except (OSError, ValueError):   # a folder that vanished or turned hostile mid-read
                 continue
+        self.views = views
         return views
 
-    def new_samples(self) -> dict[str, list[dict[str, Any]]]:
-        """The system samples each node wrote since the last poll."""
-        return {n: r.new_samples for n, r in self.readers.items() if r.new_samples}
+    def take_samples(self, but: str | None = None) -> list[dict[str, Any]]:
+        """The system samples every node (`but` one, whose own the caller has) wrote since the last
+        take, each with its `node`, oldest first."""
+        out = []
+        for name, reader in self.readers.items():
+            if name != but:
+                out += [{**s, "node": name} for s in reader.new_samples]
+            reader.new_samples.clear()
+        return sorted(out, key=lambda s: s["t"])
+
+    def exits(self, attempt: int | None, but: str | None = None) -> list[NodeExit]:
+        """The nodes (`but` one) that failed `attempt`, as the last poll read them, by name: the one
+        place that decides whether a node failed."""
+        found = (v.failed(attempt) for v in self.views if v.name != but)
+        return [e for e in found if e is not None]
 
 
 def node_of_ranks(views: list[NodeView]) -> dict[int, str]:

@@ -10,11 +10,10 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from typing import Any
 
 from mt.contract.paths import RunPaths
 from mt.contract.status import Status, read_status
-from tui.run.torchrun import Failure
+from tui.read.nodes import JobReader
 
 JOB_START_WAIT_S = 120.0  # a node waits this long for the job's supervisor to start an attempt
 JOB_END_WAIT_S = 60.0     # ... and, once its own part is over, for the job's supervisor to record the end
@@ -23,16 +22,13 @@ _POLL_S = 0.2
 
 
 class PeerNodes:
-    """The other nodes' statuses, as this node's supervisor reads them (never writes them)."""
+    """The other nodes' statuses, as this node's supervisor reads them (never writes them), through
+    the job's one reader of nodes/ (the one the rules' ticks poll too)."""
 
-    def __init__(self, paths: RunPaths, log: logging.Logger) -> None:
+    def __init__(self, paths: RunPaths, job: JobReader, log: logging.Logger) -> None:
         self.paths = paths
+        self.job = job
         self.log = log
-        self.seen: dict[str, Status] = {}   # the other nodes' statuses at the last read
-
-    def others(self) -> list[str]:
-        """The other nodes with a folder (a node that never started has none)."""
-        return [n for n in self.paths.node_names() if n != self.paths.node]
 
     def wait_for_job_attempt(self, attempt: int, timeout_s: float) -> bool:
         """Until the job's supervisor has started `attempt` (its torchrun hosts the rendezvous, and
@@ -57,30 +53,24 @@ class PeerNodes:
         """Until every other node has recorded the end of `attempt` (its failures with it)."""
         deadline = time.monotonic() + timeout_s
         while True:
-            self.seen = {n: read_status(self.paths.root, n) for n in self.others()}
-            if all(_attempt_over(st, attempt) for st in self.seen.values()) or time.monotonic() > deadline:
+            waiting = [v.name for v in self.job.poll() if v.name != self.paths.node and not _attempt_over(v.status, attempt)]
+            if not waiting or time.monotonic() > deadline:
                 break
             time.sleep(_POLL_S)
-        waiting = [n for n, st in self.seen.items() if not _attempt_over(st, attempt)]
         if waiting:
             self.log.warning("attempt %d: no end reported by node %s within %.0f s", attempt, ", ".join(waiting), timeout_s)
 
-    def failures(self, attempt: int | None) -> list[Failure]:
-        """The other nodes' failed workers in `attempt`, each with its node (from the attempt's record:
-        a node that has started the next attempt already keeps it there)."""
-        return [Failure(_int(f.get("rank"), -1), _int(f.get("exit_code")), _int(f.get("pid")), node=n)
-                for n, st in sorted(self.seen.items()) for a in st.attempts if a.get("attempt") == attempt
-                for f in (a.get("failures") if isinstance(a.get("failures"), list) else []) if isinstance(f, dict)]
-
     def killed_elsewhere(self, attempt: int | None) -> str:
-        """`rank 1 on node n2 was killed by signal 9 (SIGKILL)` for the first such failure, else ""."""
-        for f in self.failures(attempt):
-            if f.exit_code is not None and f.exit_code < 0:
-                try:
-                    name = f" ({signal.Signals(-f.exit_code).name})"
-                except ValueError:
-                    name = ""
-                return f"rank {f.rank} on node {f.node} was killed by signal {-f.exit_code}{name}"
+        """`rank 1 on node n2 was killed by signal 9 (SIGKILL)` for the first such failure on another
+        node (as the job's reader last read them), else ""."""
+        for e in self.job.exits(attempt, but=self.paths.node):
+            for f in e.failures:
+                if f.exit_code is not None and f.exit_code < 0:
+                    try:
+                        name = f" ({signal.Signals(-f.exit_code).name})"
+                    except ValueError:
+                        name = ""
+                    return f"rank {f.rank} on node {f.node} was killed by signal {-f.exit_code}{name}"
         return ""
 
 
@@ -90,6 +80,3 @@ def _attempt_over(st: Status, attempt: int) -> bool:
         return True
     return st.attempt == attempt and any(a.get("attempt") == attempt and a.get("ended") is not None for a in st.attempts)
 
-
-def _int(v: Any, default: int | None = None) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else default

@@ -19,7 +19,7 @@ from mt.contract.preset import load_config_json
 from mt.contract.records import Checkpoint, Record, RecordTail, Step
 from mt.contract.status import LIVE_STATES, Status, read_status, write_status
 from tui.diagnose.findings import Finding
-from tui.run.slurm import SlurmError, Submitted, _slurm, queue_state, submit
+from tui.run.slurm import SlurmError, Submitted, _slurm, hostnames, queue_state, submit
 
 
 @dataclass
@@ -30,6 +30,7 @@ class JobInfo:
     reason: str = ""
     exit_code: str = ""
     restarts: int = 0
+    nodes: str = ""   # NodeList: the nodes it holds now (a failed node leaves it while the job completes)
 
     def words(self) -> str:
         """`CANCELLED (exit 0:15)`, `NODE_FAIL (reason NodeDown)`: how a status reason quotes it."""
@@ -48,8 +49,9 @@ def job_info(job_id: str) -> JobInfo | None:
     if done.returncode != 0 or not fields.get("JobState"):
         return None
     restarts = fields.get("Restarts", "0")
+    nodes = fields.get("NodeList", "")
     return JobInfo(fields["JobState"], fields.get("Reason", ""), fields.get("ExitCode", ""),
-                   int(restarts) if restarts.isdigit() else 0)
+                   int(restarts) if restarts.isdigit() else 0, "" if nodes == "(null)" else nodes)
 
 
 def restart_count(env: Mapping[str, str]) -> int:
@@ -159,6 +161,22 @@ def after_stop(job_id: str, stop_signal: int | None, progress: Progress, reason:
                   f"{at}; not requeued", slurm_state=ended)
 
 
+def requeued_by_slurm(job_id: str, env: Mapping[str, str], what: str) -> Ending | None:
+    """The job's attempt ended because a node failed and Slurm requeued the job itself (NODE_FAIL with
+    --requeue and JobRequeue: its restart count went past this run's and the node left its NodeList while
+    it completes): `pending`, naming the node, whatever this node's part ended as (Slurm's SIGTERM, or its
+    ranks lost their peer). None otherwise."""
+    info = job_info(job_id)
+    if info is None or info.restarts <= restart_count(env):
+        return None
+    held = set(hostnames(info.nodes))
+    lost = [n for n in hostnames(env.get("SLURM_JOB_NODELIST", "")) if n not in held] if held else []
+    if not lost:   # requeued with every node (PreemptMode=REQUEUE, someone's requeue): after_stop's to say
+        return None
+    return Ending("pending", f"node {', '.join(lost)} failed (NODE_FAIL): Slurm requeued job {job_id} (restart "
+                  f"{info.restarts}); {what}; the next attempt starts when Slurm runs the job again", slurm_state="NODE_FAIL")
+
+
 def cut_short(status: Status, progress: Progress, job_id: str) -> Finding | None:
     """At the start of a job's attempt: the previous one ended under Slurm without its supervisor
     recording the end (killed at the end of the grace period, or with its node); what it lost."""
@@ -166,8 +184,9 @@ def cut_short(status: Status, progress: Progress, job_id: str) -> Finding | None
         return None
     was = "stopping: its stop's checkpoint had not landed" if status.state == "stopping" else status.state
     at = f"step {progress.checkpoint}" if progress.checkpoint is not None else "the start (no checkpoint)"
+    why = status.reason if status.slurm_state == "NODE_FAIL" else "the grace period was too short, or its node failed"
     detail = (f"attempt {status.attempt} of Slurm job {job_id} ended before its supervisor could record it "
-              f"(it was {was}; the grace period was too short, or its node failed): "
+              f"(it was {was}; {why}): "
               f"{progress.lost} steps lost since the newest checkpoint, at {at}")
     return Finding("stop_cut_short", "error", progress.step, f"{progress.lost} steps lost: Slurm ended attempt "
                    f"{status.attempt} before its checkpoint", detail,
@@ -246,8 +265,20 @@ class JobEnd:
         return not (self.under_slurm and signum == signal.SIGTERM)
 
     def ending(self, state: str, reason: str) -> Ending | None:
-        """How a stopped job really ended (preempted and to be requeued, cancelled), or None."""
-        return after_stop(self.job_id, self.signal, self.progress, reason) if self.job_id and state == "stopped" else None
+        """How the job's attempt really ended (requeued by Slurm after a node failed; a stop: preempted
+        and to be requeued, cancelled), or None."""
+        if not self.job_id:
+            return None
+        by_slurm = requeued_by_slurm(self.job_id, os.environ, f"this attempt ended {state}: {reason}") \
+            if state in ("stopped", "failed") else None
+        return by_slurm or (after_stop(self.job_id, self.signal, self.progress, reason) if state == "stopped" else None)
+
+    def node_failure(self) -> Ending | None:
+        """Slurm's SIGTERM because a node of the job failed (and Slurm requeued it): said as the stop
+        begins, for the job's supervisor may be killed with its tasks before the end (KillWait)."""
+        if not self.job_id or self.signal != signal.SIGTERM:
+            return None
+        return requeued_by_slurm(self.job_id, os.environ, "this node's part is stopping")
 
     def lost_before(self, status: Status) -> Finding | None:
         """The previous attempt's stop that Slurm cut short before its checkpoint (the steps lost)."""

@@ -15,6 +15,7 @@ import psutil
 
 from mt.contract.events import dumps
 from mt.contract.system import clean_sample
+from tui.diagnose.probes import sample_detail
 from tui.run.procs import alive
 
 
@@ -108,7 +109,7 @@ class SystemSampler:
             self._procs[pid] = p
         return p
 
-    def _rank(self, rank: int, pid: int | None) -> dict[str, Any]:
+    def _rank(self, rank: int, pid: int | None, detail: bool = False) -> dict[str, Any]:
         entry: dict[str, Any] = {"rank": rank, "pid": pid, "cpu_pct": None, "rss_bytes": None, "alive": False}
         p = self._proc(pid) if pid else None
         if p is None:
@@ -121,13 +122,16 @@ class SystemSampler:
         # an exiting process has already given back its memory (rss 0) before it is a zombie
         if alive(p) and rss > 0:
             entry.update(alive=True, cpu_pct=cpu, rss_bytes=rss)
+            if detail:
+                entry.update(sample_detail(p.pid))
         return entry
 
-    def append(self, rank_pids: dict[int, int], path: Path, log: logging.Logger) -> dict[str, Any] | None:
+    def append(self, rank_pids: dict[int, int], path: Path, log: logging.Logger,
+               detail: bool = False) -> dict[str, Any] | None:
         """Take a sample and append it to system.jsonl at `path`; returns it cleaned (None if sampling
         failed); a failed write is logged, never raised: the rules still get the sample."""
         try:
-            sample = self.sample(rank_pids)
+            sample = self.sample(rank_pids, detail=detail)
         except Exception:
             log.exception("cannot sample the system")
             return None
@@ -138,8 +142,10 @@ class SystemSampler:
             log.exception("cannot write %s", path.name)
         return clean_sample(sample)
 
-    def sample(self, rank_pids: dict[int, int], now: float | None = None) -> dict[str, Any]:
-        """The system.jsonl record for this moment; rank_pids maps global rank -> pid."""
+    def sample(self, rank_pids: dict[int, int], now: float | None = None, detail: bool = False) -> dict[str, Any]:
+        """The system.jsonl record for this moment; rank_pids maps global rank -> pid. `detail`: each
+        live rank's system call and DataLoader workers too (a job's node whose ranks the rules cannot
+        read in /proc: the job's supervisor runs on another machine)."""
         for pid in [pid for pid in self._procs if pid not in rank_pids.values()]:
             del self._procs[pid]  # an old attempt's worker: forget it
         vm = _read(psutil.virtual_memory)
@@ -150,7 +156,7 @@ class SystemSampler:
             "nvml": self.gpus.ok,
             "nvml_error": self.gpus.error,
             "gpus": self.gpus.read(),
-            "ranks": [self._rank(r, pid) for r, pid in sorted(rank_pids.items())],
+            "ranks": [self._rank(r, pid, detail) for r, pid in sorted(rank_pids.items())],
             "host": {
                 "cpu_pct": _read(lambda: psutil.cpu_percent(None)),
                 "mem_used_bytes": int(vm.total - vm.available) if vm is not None else None,

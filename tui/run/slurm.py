@@ -223,13 +223,20 @@ def rendezvous_port(job_id: str) -> int:
     return PORT_BASE + int(job_id) % PORT_SPAN if job_id.isdigit() else PORT_BASE
 
 
-def first_host(nodelist: str) -> str:
-    """The first node of SLURM_JOB_NODELIST (`n[1-2]` -> n1), as `scontrol show hostnames` expands it."""
+def hostnames(nodelist: str) -> list[str]:
+    """A Slurm node list's names (`n[1-2]` -> n1, n2), as `scontrol show hostnames` expands it ([] when it cannot)."""
+    if not nodelist:
+        return []
     try:
         done = _slurm("scontrol", "show", "hostnames", nodelist)
     except SlurmError:
-        done = None
-    names = done.stdout.split() if done is not None and done.returncode == 0 else []
+        return []
+    return done.stdout.split() if done.returncode == 0 else []
+
+
+def first_host(nodelist: str) -> str:
+    """The first node of SLURM_JOB_NODELIST (`n[1-2]` -> n1)."""
+    names = hostnames(nodelist)
     return names[0] if names else nodelist.split(",")[0]
 
 

@@ -34,6 +34,7 @@ from mt.contract.records import ControlEvent, Record, RecordTail, RunEnd, RunSta
 from mt.contract.status import CLEAN_STATES, read_status, save_status
 from tui.diagnose.hook import IncidentHook
 from tui.mirror.mirror import MirrorHook
+from tui.read.nodes import JobReader
 from tui.run import lock as runlock
 from tui.run.failure import attempt_failure, failures_since
 from tui.run.peers import JOB_END_WAIT_S, JOB_START_WAIT_S, PEER_WAIT_S, PeerNodes
@@ -65,7 +66,8 @@ class Supervisor:
         self.is_job = self.node is None or self.cfg.launch.node_rank == 0
         self.role = None if self.node is None else NodeRole(is_host=self.is_job, addr=node_addr(self.node))
         self.status.node = self.node
-        self.peers = PeerNodes(self.paths, self.log)
+        self.job = JobReader(self.run_dir)   # the one reader of nodes/: the peer watch and the rules' ticks share it
+        self.peers = PeerNodes(self.paths, self.job, self.log)
         # the job's supervisor (node 0) records the job's end and requeues it; other nodes never do
         self.slurm = JobEnd(slurm, self.status.slurm_job_id if slurm and self.cfg.launch.node_rank == 0 else None)
         self.stop_requested = False
@@ -144,7 +146,7 @@ class Supervisor:
             self.log.info("NVML not available (%s): no GPU readings, sampling CPU only",
                           self.sampler.gpus.error)
         # one writer of incidents.jsonl: the job's supervisor, whose rules hear the other nodes' failures
-        self.incidents = IncidentHook(self.run_dir, self.cfg, self.log, node=self.node, rules=self.is_job)
+        self.incidents = IncidentHook(self.run_dir, self.cfg, self.log, node=self.node, rules=self.is_job, job=self.job)
         restarts_left = self.cfg.launch.max_restarts
         attempt = (self.status.attempt or 0) + 1
         self.incidents.catch_up(self.slurm.progress.feed(self.events.iter_new()))  # earlier attempts: history, not news
@@ -286,9 +288,13 @@ class Supervisor:
                         self.ranks = found
                         self.status.worker_pids = {str(r): p for r, p in found.items()}
                         self.write_status(self.status.state or "running", f"workers {dumps(self.status.worker_pids)}")
-                self.tick(self.sampler.append(self.ranks, self.paths.system, self.log))
+                # a job's other node samples its ranks' system calls too: the rules run on the job's node
+                self.tick(self.sampler.append(self.ranks, self.paths.system, self.log, detail=not self.is_job))
             if self.stop_requested and self.status.state == "running":
-                self.stopping("SIGTERM: graceful stop")
+                lost = self.slurm.node_failure()   # Slurm's SIGTERM after a node failed: said at once
+                if lost is not None:
+                    self.status.slurm_state = lost.slurm_state
+                self.stopping(lost.reason if lost is not None else "SIGTERM: graceful stop")
             if self.kill_requested and kill_deadline is None:
                 # said before the processes die, so the incident rules never read the kill as a crash
                 self.stopping("kill requested")
@@ -342,8 +348,7 @@ class Supervisor:
         news, self.news = self.news, []
         if self.lost:
             return
-        self.incidents.poll(self.status, news, [] if sample is None else [sample], self.ranks,
-                            self.peers.failures(self.status.attempt))
+        self.incidents.poll(self.status, news, [] if sample is None else [sample], self.ranks)
         self.mirrors.poll(news, (self.events.line_offset, self.events.ino))
 
     def reap_leftovers(self) -> None:
