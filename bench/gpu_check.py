@@ -309,14 +309,15 @@ def timed(part: Part) -> tuple[dict, list[str]]:
 def run_parts(report: Report, root: Path, tiny: dict, gpt2: dict, a: argparse.Namespace) -> None:
     """Every part, `a.jobs` at a time, each into the report as it ends; a part that needs another's
     run waits for it, which was submitted earlier and so has a worker (a GPU check: one at a time)."""
-    with ThreadPoolExecutor(a.jobs) as pool:
-        parts: dict[Future, str] = {}
+    pool = ThreadPoolExecutor(a.jobs)
+    parts: dict[Future, str] = {}
 
-        def submit(name: str, part: Part) -> Future:
-            fut = pool.submit(timed, part)
-            parts[fut] = name
-            return fut
+    def submit(name: str, part: Part) -> Future:
+        fut = pool.submit(timed, part)
+        parts[fut] = name
+        return fut
 
+    try:
         # the parts of two launches first, the shortest last: two at a time, they end together
         bf16 = submit("bf16", lambda: precision_part(root, tiny, "bf16"))
         submit("resume", lambda: resume_part(root, tiny, root / "bf16", lambda: bf16.result()[0].get("rc")))
@@ -326,6 +327,8 @@ def run_parts(report: Report, root: Path, tiny: dict, gpt2: dict, a: argparse.Na
         submit("gpt2_small", lambda: gpt2_part(root, gpt2, a.gpt2_steps, a.dry))
         for fut in as_completed(parts):
             report.add(parts[fut], *fut.result())
+    finally:  # Ctrl-C: the parts not started yet never start
+        pool.shutdown(cancel_futures=True)
 
 
 def main() -> None:
