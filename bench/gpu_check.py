@@ -14,7 +14,8 @@
 OUT/gpu_check.json is rewritten after every part; a part that failed, compared nothing or was
 skipped is listed under "problems" and the script exits 1. Needs only torch, numpy and psutil.
 `--dry`: the same code on CPU with tiny models and a few steps (checks the script itself on a
-machine without a GPU; numbers mean nothing).
+machine without a GPU; numbers mean nothing), two parts at a time (`--jobs`): each part's time is
+mostly its processes' start-up, one core each.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -170,9 +172,9 @@ def precision_part(root: Path, tiny: dict, precision: str) -> tuple[dict, list[s
     return res, problems
 
 
-def resume_part(root: Path, tiny: dict, ref: Path, ref_rc: int | None) -> tuple[dict, list[str]]:
+def resume_part(root: Path, tiny: dict, ref: Path, ref_rc: Callable[[], int | None]) -> tuple[dict, list[str]]:
     """SIGKILL mid-run after a checkpoint, resume, and compare every later loss with `ref`, the same
-    config uninterrupted (the bf16 part's run: one launch fewer)."""
+    config uninterrupted (the bf16 part's run: one launch fewer; `ref_rc` waits for its end)."""
     max_steps, every = tiny["train"]["max_steps"], tiny["checkpoint"]["every_steps"]
     run = make(root, "killed", tiny, train={"precision": "bf16"}, faults={"hang_at_step": KILL_AT})
     proc = start(run)
@@ -184,6 +186,7 @@ def resume_part(root: Path, tiny: dict, ref: Path, ref_rc: int | None) -> tuple[
         time.sleep(0.2)
     kill(proc)
     resumed_rc = finish(start(run, attempt=2), 600)
+    ref_rc = ref_rc()
     res, problems = resume_verdict({e["step"]: e["loss"] for e in steps(ref)}, steps(run, 2), max_steps, every)
     res = {"ref_rc": ref_rc, "killed_rc": proc.returncode, "resumed_rc": resumed_rc, **res}
     problems += [f"reference run: {p}" for p in exited_ok(ref_rc)] + [f"resumed attempt: {p}" for p in exited_ok(resumed_rc)]
@@ -271,7 +274,8 @@ def flight_part(root: Path, dry_run: bool) -> tuple[dict, list[str]]:
     for backend in backends:
         flight, explicit = root / f"flight-{backend}", root / f"explicit-{backend}"
         explicit.mkdir(parents=True)
-        env = {**os.environ, "FLIGHT_TIMEOUT_S": "10",
+        # gloo's timeout needs no GPU start-up's margin (tests/diagnose/test_flight.py: 4 s too)
+        env = {**os.environ, "FLIGHT_TIMEOUT_S": "10" if backend == "nccl" else "4",
                **recorder_env(config_from_dict(TINY, "gpu_check"), flight, dict(os.environ))}
         job = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
                               "127.0.0.1", "--master-port", str(free_port()), str(REPO / "bench" / "flight_job.py"),
@@ -289,14 +293,42 @@ def flight_part(root: Path, dry_run: bool) -> tuple[dict, list[str]]:
     return out, problems
 
 
-def run_part(report: Report, name: str, part: Callable[[], tuple[dict, list[str]]]) -> None:
-    """One part into the report; one that raises is a problem, and the parts after it still run."""
+Part = Callable[[], tuple[dict, list[str]]]
+
+
+def timed(part: Part) -> tuple[dict, list[str]]:
+    """One part's result and its seconds; one that raises is a problem, and the other parts still run."""
     t0 = time.monotonic()
     try:
         res, problems = part()
     except Exception as e:  # noqa: BLE001 - a bug in one part must not cost the lent GPU's other parts
         res, problems = {}, [f"raised {type(e).__name__}: {e}"]
-    report.add(name, {**res, "seconds": round(time.monotonic() - t0, 1)}, problems)
+    return {**res, "seconds": round(time.monotonic() - t0, 1)}, problems
+
+
+def run_parts(report: Report, root: Path, tiny: dict, gpt2: dict, a: argparse.Namespace) -> None:
+    """Every part, `a.jobs` at a time, each into the report as it ends; a part that needs another's
+    run waits for it, which was submitted earlier and so has a worker (a GPU check: one at a time)."""
+    pool = ThreadPoolExecutor(a.jobs)
+    parts: dict[Future, str] = {}
+
+    def submit(name: str, part: Part) -> Future:
+        fut = pool.submit(timed, part)
+        parts[fut] = name
+        return fut
+
+    try:
+        # the parts of two launches first, the shortest last: two at a time, they end together
+        bf16 = submit("bf16", lambda: precision_part(root, tiny, "bf16"))
+        submit("resume", lambda: resume_part(root, tiny, root / "bf16", lambda: bf16.result()[0].get("rc")))
+        submit("gpt2_fsdp", lambda: fsdp_part(root, gpt2, a.fsdp_steps, a.dry))
+        submit("fp16", lambda: precision_part(root, tiny, "fp16"))
+        submit("flight", lambda: flight_part(root, a.dry))
+        submit("gpt2_small", lambda: gpt2_part(root, gpt2, a.gpt2_steps, a.dry))
+        for fut in as_completed(parts):
+            report.add(parts[fut], *fut.result())
+    finally:  # Ctrl-C: the parts not started yet never start
+        pool.shutdown(cancel_futures=True)
 
 
 def main() -> None:
@@ -305,7 +337,10 @@ def main() -> None:
     ap.add_argument("--gpt2-steps", type=int, default=200)
     ap.add_argument("--fsdp-steps", type=int, default=60)
     ap.add_argument("--dry", action="store_true", help="the same code on CPU, tiny models, a few steps")
+    ap.add_argument("--jobs", type=int, default=None, help="parts at a time (default: 2 with --dry, else 1: "
+                    "a GPU part measures alone)")
     a = ap.parse_args()
+    a.jobs = a.jobs or (2 if a.dry else 1)
     tiny, gpt2 = (dry(TINY), dry(GPT2)) if a.dry else (TINY, GPT2)
     if a.dry:
         tiny["train"]["max_steps"] = 30
@@ -314,13 +349,7 @@ def main() -> None:
         a.gpt2_steps, a.fsdp_steps = min(a.gpt2_steps, 25), min(a.fsdp_steps, 25)
     report = Report(Path(a.out) / "gpu_check.json", {"dry": a.dry})
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        for precision in ("bf16", "fp16"):
-            run_part(report, precision, lambda p=precision: precision_part(root, tiny, p))
-        run_part(report, "resume", lambda: resume_part(root, tiny, root / "bf16", report.data["bf16"].get("rc")))
-        run_part(report, "gpt2_small", lambda: gpt2_part(root, gpt2, a.gpt2_steps, a.dry))
-        run_part(report, "gpt2_fsdp", lambda: fsdp_part(root, gpt2, a.fsdp_steps, a.dry))
-        run_part(report, "flight", lambda: flight_part(root, a.dry))
+        run_parts(report, Path(tmp), tiny, gpt2, a)
     if report.data["problems"]:
         print(f"gpu_check FAILED, {len(report.data['problems'])} problem(s) (in {report.path}):", file=sys.stderr)
         for p in report.data["problems"]:

@@ -50,3 +50,41 @@ def test_the_dry_gpu_check_runs_every_part_and_writes_its_report_into_a_new_fold
         assert part["steps"] == 6 and part["async_checkpoint"] is True
         assert [c["step"] for c in part["checkpoints"]] == [3, 6]
         assert all(c["blocking_s"] is not None for c in part["checkpoints"])
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_parts_run_jobs_at_a_time_and_the_resume_part_waits_for_its_reference(tmp_path: Path, jobs: int) -> None:
+    # run_parts itself with stand-in parts (each a short sleep): which ran beside which, and when
+    # the resume part's reference rc was read
+    import argparse
+    import threading
+    import time
+
+    g = runpy.run_path(str(SCRIPT), run_name="gpu_check")["run_parts"].__globals__
+    log: list[tuple[str, str]] = []
+    lock = threading.Lock()
+
+    def part(name: str, ref_rc=None) -> tuple[dict, list[str]]:
+        with lock:
+            log.append(("start", name))
+        time.sleep(0.4 if name == "bf16" else 0.1)
+        rc = ref_rc() if ref_rc else 0
+        with lock:
+            log.append(("end", name))
+        return {"rc": rc}, []
+
+    g.update(precision_part=lambda root, tiny, p: part(p), resume_part=lambda root, tiny, ref, ref_rc: part("resume", ref_rc),
+             gpt2_part=lambda *a: part("gpt2_small"), fsdp_part=lambda *a: part("gpt2_fsdp"), flight_part=lambda *a: part("flight"))
+    report = g["Report"](tmp_path / "gpu_check.json")
+    g["run_parts"](report, tmp_path, {}, {}, argparse.Namespace(jobs=jobs, gpt2_steps=1, fsdp_steps=1, dry=True))
+    names = ["bf16", "resume", "gpt2_fsdp", "fp16", "flight", "gpt2_small"]
+    assert sorted(report.data) == sorted(["problems", *names]) and report.data["problems"] == []
+    assert report.data["resume"]["rc"] == 0
+    assert log.index(("end", "bf16")) < log.index(("end", "resume"))   # it read the reference's rc after its end
+    running, most = 0, 0
+    for what, _ in log:
+        running += 1 if what == "start" else -1
+        most = max(most, running)
+    assert most == jobs
+    if jobs == 1:  # a GPU check: one part after another, in their order
+        assert log == [(w, n) for n in names for w in ("start", "end")]

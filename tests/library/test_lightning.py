@@ -10,7 +10,7 @@ import pytest
 from tests.cli.conftest import REPO, events, mt, status, wait_for
 
 EXAMPLE = REPO / "examples" / "lightning" / "train.py"
-STEPS = 80
+STEPS = 60  # c and s land by step ~30 on a loaded 2-core machine (0.15 s a step)
 
 
 def test_importing_the_adapter_without_lightning_names_the_extra() -> None:
@@ -53,11 +53,11 @@ def test_the_lightning_callback_saves_on_c_stops_on_s_and_resumes_at_the_next_st
     answers = [(c["request_id"], c["status"]) for c in events(run_dir, "control")]
     assert sorted(answers) == sorted({(rid, s) for rid, _ in answers for s in ("accepted", "done")}) and len(answers) == 4, answers
     assert sorted(p.name for p in (run_dir / "ckpt").iterdir()) == sorted(Path(c["path"]).name for c in events(run_dir, "checkpoint"))
-    import torch
-    assert torch.load(final["path"], weights_only=False)["global_step"] == final["step"]
 
     res = mt("resume", run_dir, "--detach")
     assert res.returncode == 0, res.stderr
+    import torch  # while the resumed attempt starts (seconds of this process's CPU)
+    assert torch.load(final["path"], weights_only=False)["global_step"] == final["step"]
     wait_for(lambda: status(run_dir).get("state") in ("completed", "failed", "stopped"), 240, "the resumed attempt to end")
     assert status(run_dir)["state"] == "completed", status(run_dir)
     every = events(run_dir)

@@ -65,37 +65,40 @@ def test_without_py_spy_the_signal_path_gives_the_verdict_and_says_what_py_spy_w
         data={"source": "python", "factory": "my_data:stuck", "args": {"rank": 1, "at": 30}, "num_workers": 1})
     res = _mt(python, env, "launch", preset, "--detach", "--name", "nospy")
     assert res.returncode == 0, res.stdout + res.stderr
-    run_dir = Path(res.stdout.strip())
+    runs = [engine_run := Path(res.stdout.strip())]
     try:
-        wait_for(lambda: events(run_dir, "step"), 240, "the first step")
-        _, upd = _update(run_dir, "dataloader_stall", 180)
+        # a library script: its own dump on SIGUSR2; one that calls nothing from mt: what py-spy would
+        # add (launched now: their start-ups overlap the engine run's wait for its stall)
+        for flags, name in (((), "lib"), (("--no-mt",), "bare")):
+            res = _mt(python, env, "launch", SCRIPT, "--nproc", "2", "--runs-dir", tmp_path / "runs", "--name", name,
+                      "--detach", "--", "--fault", "hang", "--rank", "1", "--at", "3", "--steps", "400", *flags, cwd=tmp_path)
+            assert res.returncode == 0, res.stderr
+            runs.append(Path(res.stdout.strip().splitlines()[-1]))
+        lib, bare = runs[1:]
+
+        # mt's engine: a DataLoader stall's incident names the ranks by faulthandler, and says py-spy reads the workers
+        wait_for(lambda: events(engine_run, "step"), 240, "the first step")
+        _, upd = _update(engine_run, "dataloader_stall", 180)
         ev = upd["evidence"]
         assert "no stack from" not in ev["verdict"] and sum(len(g["ranks"]) for g in ev["groups"]) == 2, ev
         assert all(w.endswith("no stack (py-spy reads DataLoader workers (they are never signalled): "
                               "pip install 'mt[stacks]')") for w in ev["workers"]) and ev["workers"], ev
         assert ev["workers"][0] in upd["detail"]
-    finally:
-        _end(run_dir)
+        _end(engine_run)
 
-    # a library script: its own dump on SIGUSR2; one that calls nothing from mt: what py-spy would add
-    for flags, name in (((), "lib"), (("--no-mt",), "bare")):
-        res = _mt(python, env, "launch", SCRIPT, "--nproc", "2", "--runs-dir", tmp_path / "runs", "--name", name,
-                  "--detach", "--", "--fault", "hang", "--rank", "1", "--at", "3", "--steps", "400", *flags, cwd=tmp_path)
-        assert res.returncode == 0, res.stderr
-        run_dir = Path(res.stdout.strip().splitlines()[-1])
-        try:
-            if name == "lib":
-                want = (f"rank 1 is in `<module>` (faulty.py:{HANG_LINE}); "
-                        f"rank 0 waits in `all_reduce` (faulty.py:{REDUCE_LINE})")
-                got = wait_for(lambda: (o := _mt(python, env, "stacks", run_dir)).returncode == 0
-                               and o.stdout.splitlines()[0] == want and o.stdout, 120, "rank 1 in its hang", every=1.0)
-                assert "[faulthandler]" in got.splitlines()[1], got
-            else:
-                got = wait_for(lambda: (o := _mt(python, env, "stacks", run_dir)).returncode == 0 and o.stdout, 120,
-                               "the bare script's ranks", every=1.0)
-                lines = got.splitlines()
-                assert lines[0] == "no stack from ranks 0, 1", got
-                assert all(line.endswith("no SIGUSR2 handler (no mt in the script); py-spy would read it without "
-                                         "a signal handler: pip install 'mt[stacks]'") for line in lines[1:3]), got
-        finally:
+        want = (f"rank 1 is in `<module>` (faulty.py:{HANG_LINE}); "
+                f"rank 0 waits in `all_reduce` (faulty.py:{REDUCE_LINE})")
+        got = wait_for(lambda: (o := _mt(python, env, "stacks", lib)).returncode == 0
+                       and o.stdout.splitlines()[0] == want and o.stdout, 120, "rank 1 in its hang", every=1.0)
+        assert "[faulthandler]" in got.splitlines()[1], got
+        _end(lib)
+
+        got = wait_for(lambda: (o := _mt(python, env, "stacks", bare)).returncode == 0 and o.stdout, 120,
+                       "the bare script's ranks", every=1.0)
+        lines = got.splitlines()
+        assert lines[0] == "no stack from ranks 0, 1", got
+        assert all(line.endswith("no SIGUSR2 handler (no mt in the script); py-spy would read it without "
+                                 "a signal handler: pip install 'mt[stacks]'") for line in lines[1:3]), got
+    finally:
+        for run_dir in runs:
             _end(run_dir)

@@ -35,18 +35,16 @@ def _settled(run_dir: Path, wait_s: float = 2.0):
 
 
 def test_a_script_using_mt_gets_the_faulthandler_path_and_one_without_gets_py_spy(tmp_path):
-    lib = _hung(tmp_path, "lib")
+    # both launched at once: the second's start-up overlaps the first one's checks
+    runs = [lib := _hung(tmp_path, "lib")]
     try:
+        runs.append(bare := _hung(tmp_path, "bare", "--no-mt"))
         wait_for(lambda: len(events(lib, "step")) >= 2, 120, "the script's first steps")
         cap = _settled(lib)
         assert [s.source for s in cap.stacks] == ["faulthandler", "faulthandler"], cap
         assert cap.verdict.line == (f"rank 1 is in `<module>` (faulty.py:{HANG_LINE}); "
                                     f"rank 0 waits in `all_reduce` (faulty.py:{REDUCE_LINE})")
-    finally:
-        assert mt("kill", lib).returncode == 0
 
-    bare = _hung(tmp_path, "bare", "--no-mt")
-    try:
         if py_spy() is None:  # the faulthandler path has nothing to read: the capture says what py-spy would add
             wait_for(lambda: len(find_ranks(bare)) == 2, 60, "2 ranks")
             cap = capture(bare, wait_s=0.5)
@@ -59,4 +57,4 @@ def test_a_script_using_mt_gets_the_faulthandler_path_and_one_without_gets_py_sp
                                     f"rank 0 waits in `all_reduce` (faulty.py:{REDUCE_LINE})")
         assert (cap.folder / "rank1.txt").read_text().startswith("Process ")
     finally:
-        assert mt("kill", bare).returncode == 0
+        assert [mt("kill", run).returncode for run in runs] == [0] * len(runs)
