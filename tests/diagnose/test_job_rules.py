@@ -124,7 +124,7 @@ def test_a_lost_node_is_the_incident_and_the_survivors_lost_peer_its_consequence
     job, monitor = _n2_goes_away(tmp_path, GLOO_PEER)
     [rec] = _exits(monitor, job)   # one incident: none blames rank 0 on n1
     assert rec["code"] == "crash" and rec["title"] == "Node lost: node n2 (ranks 2, 3) at step 6", rec["title"]
-    assert rec["detail"].startswith("node n2 stopped first: its heartbeats ended at step 5 "), rec["detail"]
+    assert rec["detail"].startswith("node n2 stopped first: its heartbeats ended at step 5, "), rec["detail"]
     assert "(status running)" in rec["detail"], rec["detail"]
     assert ("rank 0 on node n1 then lost its collective peer: RuntimeError: [../third_party/gloo/gloo/transport/tcp/"
             "pair.cc:534] Connection closed by peer") in rec["detail"], rec["detail"]

@@ -86,7 +86,7 @@ def node_lost(lost: list[LostNode], others_t: float, step: int | None, survivor:
     title = f"Node lost: {names} ({plural} {', '.join(map(str, ranks))}) {at_step(step)}"
     said = "no status" if first.state is None else f"status {first.state}"
     last = "" if first.last_step is None else f"at step {first.last_step:,}"
-    detail = (f"{names} stopped first: its heartbeats ended {last} {fmt_s(others_t - first.last_seen_t)} before "
+    detail = (f"{names} stopped first: its heartbeats ended {last}, {fmt_s(others_t - first.last_seen_t)} before "
               f"the other nodes' last sign of life, its ranks' logs show no error and its supervisor recorded "
               f"no end ({said}); {survivor} then {what} (a consequence of the lost node, not a cause)")
     evidence = {**evidence, "rank": ranks[0], "node": first.node, "exit_code": None, "pid": None, "signal": None,
