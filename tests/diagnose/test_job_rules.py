@@ -11,6 +11,7 @@ from mt.contract.config import MonitorConfig
 from mt.contract.status import Status, write_status
 from tests.tui.jobdir import JobDir, two_nodes
 from tui.diagnose.monitor import IncidentMonitor
+from tui.text.format import fmt_ranks
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -111,10 +112,10 @@ def _n2_goes_away(tmp_path: Path, error: str) -> tuple[JobDir, IncidentMonitor]:
     return job, monitor
 
 
-def _exits(monitor: IncidentMonitor, job: JobDir) -> list[dict]:
+def _exits(monitor: IncidentMonitor, job: JobDir, sampling: tuple[str, ...] = ("n1",)) -> list[dict]:
     out = []
     for _ in range(3):
-        job.sample(nodes=["n1"])
+        job.sample(nodes=list(sampling))
         out += [r for r in monitor.poll() if r["code"] in ("crash", "oom", "nccl_timeout") and r["status"] == "open"]
         time.sleep(0.2)
     return out
@@ -156,3 +157,17 @@ def test_every_node_losing_its_peer_alike_is_still_a_collective_timeout(tmp_path
     [rec] = _exits(monitor, job)
     assert rec["code"] == "nccl_timeout" and rec["title"].startswith("Collective timeout at step 7: rank 0 on node n1 gave up waiting"), rec
     job.close()
+
+
+def test_a_silent_node_whose_supervisor_still_samples_is_not_lost(tmp_path: Path) -> None:
+    """n2's ranks hung (their heartbeats stop, their logs say nothing) but n2's supervisor lives:
+    rank 0's watchdog timeout stays a collective timeout, no node is called lost."""
+    job, monitor = _n2_goes_away(tmp_path, NCCL_WATCHDOG)
+    [rec] = _exits(monitor, job, sampling=("n1", "n2"))
+    assert rec["code"] == "nccl_timeout" and "lost_nodes" not in rec["evidence"], rec
+    job.close()
+
+
+def test_a_lost_nodes_ranks_read_as_ranges_in_its_title() -> None:
+    assert (fmt_ranks([1]), fmt_ranks([2, 3]), fmt_ranks(list(range(8, 16)))) == ("rank 1", "ranks 2, 3", "ranks 8-15")
+    assert fmt_ranks([0, 1, 2, 5, 7, 8]) == "ranks 0-2, 5, 7, 8"

@@ -11,7 +11,7 @@ from mt.contract.status import CLEAN_STATES
 from tui.diagnose.findings import Finding, Observation
 from tui.diagnose.hang import this_attempt
 from tui.diagnose.signals import RunSignals
-from tui.text.format import at_step, fmt_s, safe_text
+from tui.text.format import at_step, fmt_ranks, fmt_s, safe_text
 
 ADVICE_NODE_LOST = (
     "A node of the job went away (a node failure, its power or kernel, or its supervisor and ranks "
@@ -82,8 +82,7 @@ def node_lost(lost: list[LostNode], others_t: float, step: int | None, survivor:
         step = min(step, first.last_step + 1)   # the step the node did not finish: the survivors may have taken more
     names = ", ".join(f"node {safe_text(q.node)}" for q in lost)
     ranks = [r for q in lost for r in q.ranks]
-    plural = "ranks" if len(ranks) > 1 else "rank"
-    title = f"Node lost: {names} ({plural} {', '.join(map(str, ranks))}) {at_step(step)}"
+    title = f"Node lost: {names} ({fmt_ranks(ranks)}) {at_step(step)}"
     said = "no status" if first.state is None else f"status {first.state}"
     last = "" if first.last_step is None else f"at step {first.last_step:,}"
     detail = (f"{names} stopped first: its heartbeats ended {last}, {fmt_s(others_t - first.last_seen_t)} before "
