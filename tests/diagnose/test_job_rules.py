@@ -10,6 +10,7 @@ import pytest
 from mt.contract.config import MonitorConfig
 from mt.contract.status import Status, write_status
 from tests.tui.jobdir import JobDir, two_nodes
+from tui.diagnose.lost import LOST_QUIET_S
 from tui.diagnose.monitor import IncidentMonitor
 from tui.text.format import fmt_ranks
 
@@ -112,6 +113,16 @@ def _n2_goes_away(tmp_path: Path, error: str) -> tuple[JobDir, IncidentMonitor]:
     return job, monitor
 
 
+def _quiet_for(monitor: IncidentMonitor, job: JobDir, seconds: float) -> list[dict]:
+    """Poll while n2 stays quiet `seconds` (n1's supervisor sampling on): the exit incidents opened."""
+    out, deadline = [], time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        job.sample(nodes=["n1"])
+        out += [r for r in monitor.poll() if r["code"] in ("crash", "oom", "nccl_timeout") and r["status"] == "open"]
+        time.sleep(0.3)
+    return out
+
+
 def _exits(monitor: IncidentMonitor, job: JobDir, sampling: tuple[str, ...] = ("n1",)) -> list[dict]:
     out = []
     for _ in range(3):
@@ -123,6 +134,9 @@ def _exits(monitor: IncidentMonitor, job: JobDir, sampling: tuple[str, ...] = ("
 
 def test_a_lost_node_is_the_incident_and_the_survivors_lost_peer_its_consequence(tmp_path: Path) -> None:
     job, monitor = _n2_goes_away(tmp_path, GLOO_PEER)
+    # n2 maybe lost: its supervisor may yet record a failed worker; nothing blames rank 0 on n1 meanwhile
+    assert _quiet_for(monitor, job, LOST_QUIET_S - 2.0) == []
+    time.sleep(2.0)
     [rec] = _exits(monitor, job)   # one incident: none blames rank 0 on n1
     assert rec["code"] == "crash" and rec["title"] == "Node lost: node n2 (ranks 2, 3) at step 6", rec["title"]
     assert rec["detail"].startswith("node n2 stopped first: its heartbeats ended at step 5, "), rec["detail"]
@@ -141,6 +155,7 @@ def test_a_lost_node_is_the_incident_and_the_survivors_lost_peer_its_consequence
 def test_a_lost_node_with_no_status_left_is_named_over_an_nccl_watchdog_timeout(tmp_path: Path) -> None:
     job, monitor = _n2_goes_away(tmp_path, NCCL_WATCHDOG)
     job.paths.on("n2").node_status.unlink()   # nothing: its supervisor never wrote, or its disk went with it
+    time.sleep(LOST_QUIET_S)
     [rec] = _exits(monitor, job)
     assert rec["code"] == "crash" and rec["title"] == "Node lost: node n2 (ranks 2, 3) at step 6", rec["title"]
     assert "(no status)" in rec["detail"] and "rank 0 on node n1 then timed out in a collective: " in rec["detail"], rec["detail"]
@@ -171,3 +186,20 @@ def test_a_silent_node_whose_supervisor_still_samples_is_not_lost(tmp_path: Path
 def test_a_lost_nodes_ranks_read_as_ranges_in_its_title() -> None:
     assert (fmt_ranks([1]), fmt_ranks([2, 3]), fmt_ranks(list(range(8, 16)))) == ("rank 1", "ranks 2, 3", "ranks 8-15")
     assert fmt_ranks([0, 1, 2, 5, 7, 8]) == "ranks 0-2, 5, 7, 8"
+
+
+def test_a_rank_killed_on_a_live_node_is_the_crash_its_supervisor_records_not_a_lost_node(tmp_path: Path) -> None:
+    """kill -9 of n2's rank 3: n1's ranks lose their peer at once, n2's supervisor samples on and
+    records the failed worker a moment later; the one exit incident is that crash."""
+    job, monitor = _n2_goes_away(tmp_path, GLOO_PEER)
+    out = []
+    for _ in range(4):
+        job.sample(alive={3: False})   # n2's supervisor lives: its samples go on while its torchrun reports
+        out += [r for r in monitor.poll() if r["status"] == "open" and r["code"] in ("crash", "oom", "nccl_timeout")]
+        time.sleep(0.3)
+    st = Status(state="failed", attempt=1, exit_code=1, nnodes=2, nproc=2, node_rank=1, reason="torchrun exited with 1",
+                failures=[{"rank": 3, "exit_code": -9, "pid": 4242}])
+    write_status(job.paths.on("n2"), st, node_only=True)
+    out += _exits(monitor, job)
+    assert [r["title"] for r in out] == ["Worker crashed: rank 3 on node n2 at step 7"], out
+    job.close()

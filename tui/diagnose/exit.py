@@ -233,9 +233,11 @@ def worker_exit(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding 
     if kind in ("peer", "timeout") and obs.nodes:
         # a job's survivor that lost its peer: a node that went away first is the cause, named instead
         said = {r: classify_log(t)[0] for r, t in obs.rank_logs.items()}
-        lost, others_t = lost_nodes(sig, obs, node, said)
-        if lost:
+        quiet = lost_nodes(sig, obs, node, said)
+        if quiet.lost:
             survivor = {"rank": first.rank, "node": node, "kind": kind, "line": line or None}
-            return node_lost(lost, others_t, step, who, what, {**evidence, "survivor": survivor})
+            return node_lost(quiet.lost, quiet.others_t, step, who, what, {**evidence, "survivor": survivor})
+        if quiet.waiting:
+            return None   # lost, or its supervisor is about to record the failure: a later tick says which
     return Finding(code, "error", step, _title(code, step, who, stuck),
                    _detail(who, what, source, first, failures, code, stuck), ADVICE[code], evidence)

@@ -13,6 +13,7 @@ from tui.diagnose.hang import this_attempt
 from tui.diagnose.signals import RunSignals
 from tui.text.format import at_step, fmt_ranks, fmt_s, safe_text
 
+LOST_QUIET_S = 5.0   # a live node's supervisor samples once a second: five missed samples and no heartbeat
 ADVICE_NODE_LOST = (
     "A node of the job went away (a node failure, its power or kernel, or its supervisor and ranks "
     "killed): the collective errors on the other nodes only follow from it. Check that node "
@@ -47,12 +48,21 @@ def _last_seen(sig: RunSignals, hbs: dict[int, dict[str, Any]], ranks: list[int]
     return max(marks) if marks else -math.inf
 
 
-def lost_nodes(sig: RunSignals, obs: Observation, blamed: str | None,
-               said: dict[int, str | None]) -> tuple[list[LostNode], float]:
-    """(the nodes lost, the survivors' newest sign of life): nodes other than `blamed` (the node of
-    the rank that lost its peer) whose ranks logged nothing (`said`: rank -> its log's verdict),
-    whose supervisor recorded no failed worker and no clean end, and whose heartbeats and samples
-    all stopped before the others' did."""
+@dataclass
+class Quiet:
+    """The job's silent nodes: lost, or `waiting`: quiet not long enough yet, or a rank of one has gone
+    (its supervisor records why in a moment)."""
+
+    lost: list[LostNode]
+    waiting: bool
+    others_t: float             # the other nodes' newest sign of life
+
+
+def lost_nodes(sig: RunSignals, obs: Observation, blamed: str | None, said: dict[int, str | None]) -> Quiet:
+    """Nodes other than `blamed` (the node of the rank that lost its peer) whose ranks logged nothing
+    (`said`: rank -> its log's verdict), whose supervisor recorded no failed worker and no clean end,
+    and whose heartbeats and samples stopped before the others': lost once quiet LOST_QUIET_S, or
+    at once when Slurm said a node failed."""
     hbs = this_attempt(sig, obs)
     by_node: dict[str, list[int]] = {}
     for rank, node in sorted(obs.nodes.items()):
@@ -70,7 +80,14 @@ def lost_nodes(sig: RunSignals, obs: Observation, blamed: str | None,
         steps = [int(as_float(hbs[r].get("step"))) for r in ranks if r in hbs and math.isfinite(as_float(hbs[r].get("step")))]
         quiet.append(LostNode(node, ranks, max(steps) if steps else None, seen[node], obs.node_states.get(node)))
     others = max((t for n, t in seen.items() if n not in {q.node for q in quiet}), default=-math.inf)
-    return [q for q in quiet if q.last_seen_t < others], others
+    first = [q for q in quiet if q.last_seen_t < others]
+    # a rank killed on a node whose supervisor lives is recorded there within a second or two
+    # (its failures, then the crash names it): until then a quiet node is only maybe lost
+    sure = obs.status.slurm_state == "NODE_FAIL"
+    lost = [q for q in first if sure or obs.now - q.last_seen_t >= LOST_QUIET_S]
+    # a live node whose sample shows a rank gone: its supervisor is about to record that failure
+    dying = any(obs.procs.get(r) is not None and obs.procs[r].alive is False for q in quiet for r in q.ranks)
+    return Quiet(lost, (bool(first) or dying) and not lost, others)
 
 
 def node_lost(lost: list[LostNode], others_t: float, step: int | None, survivor: str, what: str,
