@@ -10,7 +10,9 @@ import pytest
 from mt.contract.config import MonitorConfig
 from mt.contract.status import Status, write_status
 from tests.tui.jobdir import JobDir, two_nodes
+from tui.diagnose.lost import LOST_QUIET_S
 from tui.diagnose.monitor import IncidentMonitor
+from tui.text.format import fmt_ranks
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -81,4 +83,123 @@ def test_a_node_failure_of_an_earlier_attempt_is_not_a_crash_of_this_one(tmp_pat
         job.sample()
         assert not [r for r in monitor.poll() if r["code"] in ("crash", "oom", "nccl_timeout")]
         time.sleep(0.3)
+    job.close()
+
+
+# What the engine prints on a rank whose collective lost its peer (engine/dist.py report_failure,
+# the traceback into the rank log) and what NCCL's watchdog prints when a peer never joins.
+GLOO_PEER = ("Traceback (most recent call last):\n  File \"engine/train.py\", line 140, in train\n"
+             "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.12]:40321\n")
+NCCL_WATCHDOG = ("[rank0]:[E1202 13:40:01.123 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation "
+                 "timeout: WorkNCCL(SeqNum=12, OpType=ALLREDUCE, NumelIn=1000, NumelOut=1000, Timeout(ms)=5000) "
+                 "ran for 5011 milliseconds before timing out.\n")
+
+
+def _n2_goes_away(tmp_path: Path, error: str) -> tuple[JobDir, IncidentMonitor]:
+    """A 2-node job whose node n2 went away after step 5 (its ranks' heartbeats and its supervisor's
+    samples stop, its status keeps what it last said); n1's ranks then fail in their next collective,
+    rank 0 writing run_end, and n1's supervisor records the job failed (job-level status)."""
+    job = two_nodes(tmp_path, 5, gap_s=0.05)
+    monitor = IncidentMonitor(tmp_path, MonitorConfig(), node="n1")
+    monitor.poll()
+    time.sleep(0.3)
+    job.step(6, ranks=[0, 1])          # n1's ranks take one more step; n2 is gone
+    job.sample(nodes=["n1"])
+    for r in (0, 1):
+        job.log(r, error)
+    job.event("run_end", step=6, status="failed", reason="rank 0: " + error.strip().splitlines()[-1])
+    st = Status(state="failed", attempt=1, exit_code=1, nnodes=2, nproc=2, node_rank=0, reason="torchrun exited with 1")
+    write_status(job.paths, st)
+    return job, monitor
+
+
+def _quiet_for(monitor: IncidentMonitor, job: JobDir, seconds: float) -> list[dict]:
+    """Poll while n2 stays quiet `seconds` (n1's supervisor sampling on): the exit incidents opened."""
+    out, deadline = [], time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        job.sample(nodes=["n1"])
+        out += [r for r in monitor.poll() if r["code"] in ("crash", "oom", "nccl_timeout") and r["status"] == "open"]
+        time.sleep(0.3)
+    return out
+
+
+def _exits(monitor: IncidentMonitor, job: JobDir, sampling: tuple[str, ...] = ("n1",)) -> list[dict]:
+    out = []
+    for _ in range(3):
+        job.sample(nodes=list(sampling))
+        out += [r for r in monitor.poll() if r["code"] in ("crash", "oom", "nccl_timeout") and r["status"] == "open"]
+        time.sleep(0.2)
+    return out
+
+
+def test_a_lost_node_is_the_incident_and_the_survivors_lost_peer_its_consequence(tmp_path: Path) -> None:
+    job, monitor = _n2_goes_away(tmp_path, GLOO_PEER)
+    # n2 maybe lost: its supervisor may yet record a failed worker; nothing blames rank 0 on n1 meanwhile
+    assert _quiet_for(monitor, job, LOST_QUIET_S - 2.0) == []
+    time.sleep(2.0)
+    [rec] = _exits(monitor, job)   # one incident: none blames rank 0 on n1
+    assert rec["code"] == "crash" and rec["title"] == "Node lost: node n2 (ranks 2, 3) at step 6", rec["title"]
+    assert rec["detail"].startswith("node n2 stopped first: its heartbeats ended at step 5, "), rec["detail"]
+    assert "(status running)" in rec["detail"], rec["detail"]
+    assert ("rank 0 on node n1 then lost its collective peer: RuntimeError: [../third_party/gloo/gloo/transport/tcp/"
+            "pair.cc:534] Connection closed by peer") in rec["detail"], rec["detail"]
+    ev = rec["evidence"]
+    assert (ev["rank"], ev["node"]) == (2, "n2"), ev
+    [lost] = ev["lost_nodes"]
+    assert (lost["node"], lost["ranks"], lost["last_heartbeat_step"], lost["state"]) == ("n2", [2, 3], 5, "running"), lost
+    assert lost["quiet_before_others_s"] > 0, lost
+    assert (ev["survivor"]["rank"], ev["survivor"]["node"], ev["survivor"]["kind"]) == (0, "n1", "peer"), ev["survivor"]
+    job.close()
+
+
+def test_a_lost_node_with_no_status_left_is_named_over_an_nccl_watchdog_timeout(tmp_path: Path) -> None:
+    job, monitor = _n2_goes_away(tmp_path, NCCL_WATCHDOG)
+    job.paths.on("n2").node_status.unlink()   # nothing: its supervisor never wrote, or its disk went with it
+    time.sleep(LOST_QUIET_S)
+    [rec] = _exits(monitor, job)
+    assert rec["code"] == "crash" and rec["title"] == "Node lost: node n2 (ranks 2, 3) at step 6", rec["title"]
+    assert "(no status)" in rec["detail"] and "rank 0 on node n1 then timed out in a collective: " in rec["detail"], rec["detail"]
+    assert rec["evidence"]["survivor"]["kind"] == "timeout"
+    job.close()
+
+
+def test_every_node_losing_its_peer_alike_is_still_a_collective_timeout(tmp_path: Path) -> None:
+    """A network failure: n2's ranks log the lost peer too and its supervisor still samples, so no node is lost."""
+    job, monitor = _n2_goes_away(tmp_path, GLOO_PEER)
+    for r in (2, 3):
+        job.log(r, GLOO_PEER)
+    job.sample()
+    [rec] = _exits(monitor, job)
+    assert rec["code"] == "nccl_timeout" and rec["title"].startswith("Collective timeout at step 7: rank 0 on node n1 gave up waiting"), rec
+    job.close()
+
+
+def test_a_silent_node_whose_supervisor_still_samples_is_not_lost(tmp_path: Path) -> None:
+    """n2's ranks hung (their heartbeats stop, their logs say nothing) but n2's supervisor lives:
+    rank 0's watchdog timeout stays a collective timeout, no node is called lost."""
+    job, monitor = _n2_goes_away(tmp_path, NCCL_WATCHDOG)
+    [rec] = _exits(monitor, job, sampling=("n1", "n2"))
+    assert rec["code"] == "nccl_timeout" and "lost_nodes" not in rec["evidence"], rec
+    job.close()
+
+
+def test_a_lost_nodes_ranks_read_as_ranges_in_its_title() -> None:
+    assert (fmt_ranks([1]), fmt_ranks([2, 3]), fmt_ranks(list(range(8, 16)))) == ("rank 1", "ranks 2, 3", "ranks 8-15")
+    assert fmt_ranks([0, 1, 2, 5, 7, 8]) == "ranks 0-2, 5, 7, 8"
+
+
+def test_a_rank_killed_on_a_live_node_is_the_crash_its_supervisor_records_not_a_lost_node(tmp_path: Path) -> None:
+    """kill -9 of n2's rank 3: n1's ranks lose their peer at once, n2's supervisor samples on and
+    records the failed worker a moment later; the one exit incident is that crash."""
+    job, monitor = _n2_goes_away(tmp_path, GLOO_PEER)
+    out = []
+    for _ in range(4):
+        job.sample(alive={3: False})   # n2's supervisor lives: its samples go on while its torchrun reports
+        out += [r for r in monitor.poll() if r["status"] == "open" and r["code"] in ("crash", "oom", "nccl_timeout")]
+        time.sleep(0.3)
+    st = Status(state="failed", attempt=1, exit_code=1, nnodes=2, nproc=2, node_rank=1, reason="torchrun exited with 1",
+                failures=[{"rank": 3, "exit_code": -9, "pid": 4242}])
+    write_status(job.paths.on("n2"), st, node_only=True)
+    out += _exits(monitor, job)
+    assert [r["title"] for r in out] == ["Worker crashed: rank 3 on node n2 at step 7"], out
     job.close()

@@ -105,9 +105,13 @@ class JobDir:
         f.write(text)
         f.flush()
 
-    def sample(self, now: float | None = None, alive: dict[int, bool] | None = None) -> None:
-        """One system sample per node, the SystemSampler's record with a new time (and `alive` overrides)."""
+    def sample(self, now: float | None = None, alive: dict[int, bool] | None = None,
+               nodes: list[str] | None = None) -> None:
+        """One system sample per node (`nodes`: those only; a lost node's supervisor samples no more),
+        the SystemSampler's record with a new time (and `alive` overrides)."""
         for node, tmpl in self.templates.items():
+            if nodes is not None and node not in nodes:
+                continue
             rec = {**tmpl, "t": time.time() if now is None else now,
                    "ranks": [{**e, "alive": (alive or {}).get(e["rank"], e["alive"])} for e in tmpl["ranks"]]}
             with open(self.paths.on(node).system, "a", encoding="utf-8") as f:   # as Supervisor.append_sample

@@ -11,6 +11,7 @@ from mt.contract.config import MonitorConfig
 from mt.contract.events import as_float
 from mt.contract.status import CLEAN_STATES
 from tui.diagnose.findings import Finding, Observation, RankProc
+from tui.diagnose.lost import lost_nodes, node_lost
 from tui.diagnose.signals import RunSignals
 from tui.run.torchrun import Failure, torchrun_failures
 from tui.text.format import at_step, fmt_rank
@@ -229,5 +230,14 @@ def worker_exit(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding 
         "log_tail": [ln for ln in tail.splitlines() if ln.strip()][-8:], "host_mem_share": host_mem,
         "last_step": last.step if last else None,
     }
+    if kind in ("peer", "timeout") and obs.nodes:
+        # a job's survivor that lost its peer: a node that went away first is the cause, named instead
+        said = {r: classify_log(t)[0] for r, t in obs.rank_logs.items()}
+        quiet = lost_nodes(sig, obs, node, said)
+        if quiet.lost:
+            survivor = {"rank": first.rank, "node": node, "kind": kind, "line": line or None}
+            return node_lost(quiet.lost, quiet.others_t, step, who, what, {**evidence, "survivor": survivor})
+        if quiet.waiting:
+            return None   # lost, or its supervisor is about to record the failure: a later tick says which
     return Finding(code, "error", step, _title(code, step, who, stuck),
                    _detail(who, what, source, first, failures, code, stuck), ADVICE[code], evidence)

@@ -85,6 +85,8 @@ class Observation:
     node_exits: dict[str, NodeExit] = field(default_factory=dict)
     """A job's nodes that failed this attempt, by name: each node's torchrun exit and the workers
     that failed there (rank, exit code, node), as its supervisor recorded them."""
+    node_states: dict[str, str | None] = field(default_factory=dict)
+    """A job's node -> the state its status.json last said (None: none), stale once its supervisor is gone."""
 
     def who(self, rank: int) -> str:
         """`rank 5 on node gpu-07` in a job, `rank 5` on one machine."""

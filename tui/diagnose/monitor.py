@@ -187,7 +187,7 @@ class IncidentMonitor:
         obs = Observation(now, status, hbs, procs, supervisor_alive=tick.supervisor_alive, open_codes=frozenset(self.open),
                           open_evidence={c: {**(r.get("evidence") or {}), "step": r.get("step")} for c, r in self.open.items()},
                           nodes=dict(self.nodes), node_exits={e.node: e for e in self.job.exits(status.attempt)},
-                          node=self.node)
+                          node_states={v.name: v.status.state for v in views}, node=self.node)
         exited = status.exit_code not in (None, 0) or status.state == "failed" or bool(obs.node_exits)
         ended_well = self.sig.run_end is not None and self.sig.run_end.status in CLEAN_STATES
         if quiet and not ended_well and not exited:

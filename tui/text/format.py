@@ -202,6 +202,18 @@ def fmt_rank(rank: int, node: str | None) -> str:
     return f"rank {rank}" if node is None else f"rank {rank} on node {safe_text(node)}"
 
 
+def fmt_ranks(ranks: list[int]) -> str:
+    """`rank 1`, `ranks 2, 3`, `ranks 8-15`: a run of three or more in a row as a range (a node's 8 GPUs)."""
+    runs: list[list[int]] = []
+    for r in sorted(set(ranks)):
+        if runs and r == runs[-1][-1] + 1:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    parts = [f"{g[0]}-{g[-1]}" if len(g) >= 3 else ", ".join(map(str, g)) for g in runs]
+    return f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(parts)}"
+
+
 STALE_BEAT_S = 10.0   # a heartbeat older than this is shown as stale (the hang rule has its own limit)
 
 
