@@ -106,8 +106,11 @@ def _stacks_of(run_dir: Path) -> list[str]:
         if not spy.exists():
             out.append(f"-- pid {pid}: no py-spy for its stack")
             continue
-        res = subprocess.run([str(spy), "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30)
-        out.append(f"-- pid {pid} stack\n{res.stdout}{res.stderr}")
+        try:
+            res = subprocess.run([str(spy), "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30)
+            out.append(f"-- pid {pid} stack\n{res.stdout}{res.stderr}")
+        except (OSError, subprocess.TimeoutExpired) as e:
+            out.append(f"-- pid {pid}: no stack ({e})")
     return out
 
 
