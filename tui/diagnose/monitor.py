@@ -124,9 +124,11 @@ class IncidentMonitor:
         """Take one tick, run the rules, append and return the records written."""
         out, new_steps = self.take_events(tick.events, tick.now)
         views = self.job.poll()
-        # this node's samples come in the tick; every other node's from its file, each with its node
-        mine = [{**s, "node": self.node} for s in tick.samples] if views and self.node else tick.samples
-        for sample in sorted(mine + self.job.take_samples(but=self.node), key=lambda s: s["t"]) if views else mine:
+        samples = tick.samples
+        if views:   # a job: this node's samples come in the tick, every other node's from its file, each with its node
+            mine = [{**s, "node": self.node} for s in samples] if self.node else samples
+            samples = sorted(mine + self.job.take_samples(but=self.node), key=lambda s: s["t"])
+        for sample in samples:
             self.sig.feed_system(sample)
         if new_steps:  # the logs up to here belong to a run that was still stepping
             self.log_mark = {r: file_size(self._rank_log(r)) for r in range(self.sig.world_size or 0)}

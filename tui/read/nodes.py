@@ -177,13 +177,13 @@ class JobReader:
 
     def take_samples(self, but: str | None = None) -> list[dict[str, Any]]:
         """The system samples every node (`but` one, whose own the caller has) wrote since the last
-        take, each with its `node`, oldest first."""
+        take, each with its `node`, node by node."""
         out = []
         for name, reader in self.readers.items():
             if name != but:
                 out += [{**s, "node": name} for s in reader.new_samples]
             reader.new_samples.clear()
-        return sorted(out, key=lambda s: s["t"])
+        return out
 
     def exits(self, attempt: int | None, but: str | None = None) -> list[NodeExit]:
         """The nodes (`but` one) that failed `attempt`, as the last poll read them, by name: the one
