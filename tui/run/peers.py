@@ -8,12 +8,14 @@ to start an attempt after the job's supervisor has (it hosts the rendezvous) and
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 
 from mt.contract.paths import RunPaths
 from mt.contract.status import Status, read_status
 from tui.read.nodes import JobReader
+from tui.run.preempt import restart_count
 
 JOB_START_WAIT_S = 120.0  # a node waits this long for the job's supervisor to start an attempt
 JOB_END_WAIT_S = 60.0     # ... and, once its own part is over, for the job's supervisor to record the end
@@ -72,6 +74,20 @@ class PeerNodes:
                         name = ""
                     return f"rank {f.rank} on node {f.node} was killed by signal {-f.exit_code}{name}"
         return ""
+
+
+def next_attempt(status: Status, is_job: bool) -> int:
+    """The attempt this supervisor runs, from the job's status as it read it: the next one, except
+    on a job's other node when the job's supervisor has already begun that attempt in this Slurm
+    run (it starts first; a node that read its status a moment later must join, not wait for one more)."""
+    attempt = (status.attempt or 0) + 1
+    if is_job or status.attempt is None:
+        return attempt
+    newest = status.attempts[-1] if status.attempts else {}
+    begun = status.state == "starting" or (
+        status.state in ("running", "stopping") and newest.get("attempt") == status.attempt
+        and newest.get("ended") is None and newest.get("slurm_restart") == restart_count(os.environ))
+    return status.attempt if begun else attempt
 
 
 def _attempt_over(st: Status, attempt: int) -> bool:

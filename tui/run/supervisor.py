@@ -37,7 +37,7 @@ from tui.mirror.mirror import MirrorHook
 from tui.read.nodes import JobReader
 from tui.run import lock as runlock
 from tui.run.failure import attempt_failure, failures_since
-from tui.run.peers import JOB_END_WAIT_S, JOB_START_WAIT_S, PEER_WAIT_S, PeerNodes
+from tui.run.peers import JOB_END_WAIT_S, JOB_START_WAIT_S, PEER_WAIT_S, PeerNodes, next_attempt
 from tui.run.preempt import JobEnd
 from tui.run.procs import daemonize, die_with_parent, file_logger, kill_all, rank_processes, run_processes, terminate_all
 from tui.run.sampler import SystemSampler
@@ -148,7 +148,7 @@ class Supervisor:
         # one writer of incidents.jsonl: the job's supervisor, whose rules hear the other nodes' failures
         self.incidents = IncidentHook(self.run_dir, self.cfg, self.log, node=self.node, rules=self.is_job, job=self.job)
         restarts_left = self.cfg.launch.max_restarts
-        attempt = (self.status.attempt or 0) + 1
+        attempt = next_attempt(self.status, self.is_job)
         self.incidents.catch_up(self.slurm.progress.feed(self.events.iter_new()))  # earlier attempts: history, not news
         lost = self.slurm.lost_before(self.status)
         if lost is not None:
