@@ -1,0 +1,66 @@
+"""The one door (mt/contract/door.py): what it refuses, on real FIFOs, devices, links and folders."""
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from mt.contract import door
+
+
+def test_a_regular_file_is_read_whole_within_its_bound(tmp_path: Path) -> None:
+    p = tmp_path / "status.json"
+    p.write_text('{"state": "running"}')
+    assert door.read_json(p) == {"state": "running"}
+    assert door.read_bytes(p, 100) == b'{"state": "running"}'
+    with pytest.raises(door.Refused, match="more than the 5 bytes"):
+        door.read_bytes(p, 5)
+    assert door.read_head(p, 5) == b'{"sta'
+    assert door.read_tail(p, 5) == b'ing"}'
+
+
+def test_a_fifo_is_refused_at_once_without_a_writer(tmp_path: Path) -> None:
+    fifo = tmp_path / "status.json"
+    os.mkfifo(fifo)
+    done = threading.Event()
+    got: list[object] = []
+
+    def read() -> None:
+        got.append(door.read_json(fifo))
+        with pytest.raises(door.Refused, match="a FIFO"):
+            door.read_bytes(fifo, 10)
+        done.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    assert done.wait(10), "the door blocked on a FIFO"
+    assert got == [None]
+
+
+def test_a_device_a_folder_and_a_link_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "zero").symlink_to("/dev/zero")
+    with pytest.raises(door.Refused, match="symbolic link"):
+        door.read_bytes(tmp_path / "zero", 10)
+    with pytest.raises(door.Refused, match="a device"):
+        door.read_head(tmp_path / "zero", 10, follow=True)
+    with pytest.raises(door.Refused, match="a folder"):
+        door.read_bytes(tmp_path, 10)
+    assert door.read_json(tmp_path / "zero") is None
+    assert door.read_json(tmp_path / "missing") is None
+    assert door.read_json_why(tmp_path / "missing") == (None, "missing")
+    with pytest.raises(FileNotFoundError):
+        door.read_bytes(tmp_path / "missing", 10)
+
+
+def test_append_refuses_a_fifo_and_a_link(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(OSError):   # no reader: ENXIO at once, never a block
+        door.open_append(tmp_path / "fifo")
+    (tmp_path / "link").symlink_to(tmp_path / "target")
+    with pytest.raises(OSError):
+        door.open_append(tmp_path / "link")
+    fd = door.open_append(tmp_path / "log")
+    os.write(fd, b"x\n")
+    os.close(fd)
+    assert (tmp_path / "log").read_bytes() == b"x\n"
