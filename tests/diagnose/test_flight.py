@@ -145,6 +145,24 @@ def test_flight_is_watched_only_where_mt_turned_the_recorder_on(tmp_path):
     assert done.flight.error.startswith("rank_0 refused: it names posix.system")
 
 
+def test_a_laggard_is_named_only_where_its_dump_shows_it_never_entered(tmp_path):
+    """p2p entries do not count; a rank whose wrapped buffer holds none of the group is not blamed
+    (it may have joined, its records overwritten), one whose buffer never wrapped is."""
+    import pickle
+
+    def entry(rid: int, group: str, seq: int, p2p: bool = False) -> dict[str, Any]:
+        return {"record_id": rid, "process_group": (group, "default_pg" if group == "0" else "tp"),
+                "collective_seq_id": seq, "profiling_name": "nccl:send" if p2p else "nccl:all_reduce",
+                "state": "started", "is_p2p": p2p}
+    cfg = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2]"}, "1": {"name": "1", "desc": "tp", "ranks": "[1]"}}
+    dumps = {0: [entry(0, "0", 1), entry(1, "0", 0, p2p=True)], 1: [entry(50, "1", 40)], 2: []}
+    for rank, entries in dumps.items():
+        (tmp_path / f"rank_{rank}").write_bytes(pickle.dumps({"version": "2.10", "pg_config": cfg, "entries": entries}))
+    (u,) = analyze(tmp_path).unjoined
+    assert (u.seq, u.missing, u.waiting, u.expected) == (1, (2,), (0,), (0, 1, 2))
+    assert u.line() == "rank 2 did not join collective #1 (nccl:all_reduce, group 0:default_pg); rank 0 waits in it"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_pickle_dropped_into_a_live_cpu_runs_flight_folder_is_never_read(tmp_path):

@@ -58,6 +58,7 @@ class Dump:
     rank: int
     entries: tuple[Entry, ...]
     members: dict[str, tuple[int, ...]]
+    wrapped: bool = False   # its ring buffer dropped older records: its first record is not record 0
 
 
 class _PlainUnpickler(pickle.Unpickler):
@@ -88,14 +89,16 @@ def _get(d: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
     return value
 
 
-def _entry(e: Any, where: str) -> Entry | None:
-    if isinstance(e, dict) and e.get("is_p2p") is True:
-        return None   # send/recv: matched by peers, not by the group's collective count
+def _entry(e: Any, where: str) -> tuple[int, Entry | None]:
+    """(record_id, the entry), the entry None for send/recv: peers match those, not the group's count."""
+    record_id = _get(e, "record_id", int, where)
+    if e.get("is_p2p") is True:
+        return record_id, None
     pg = _get(e, "process_group", (tuple, list), where)
     if len(pg) != 2 or not all(isinstance(x, str) for x in pg):
         raise NotADump(f"{where}.process_group is not (name, desc)")
-    return Entry(_get(e, "record_id", int, where), pg[0], pg[1], _get(e, "collective_seq_id", int, where),
-                 _get(e, "profiling_name", str, where), _get(e, "state", str, where))
+    return record_id, Entry(record_id, pg[0], pg[1], _get(e, "collective_seq_id", int, where),
+                            _get(e, "profiling_name", str, where), _get(e, "state", str, where))
 
 
 def _members(pg_config: Any) -> dict[str, tuple[int, ...]]:
@@ -105,7 +108,7 @@ def _members(pg_config: Any) -> dict[str, tuple[int, ...]]:
     out = {}
     for key, info in pg_config.items():
         ranks = _get(info, "ranks", str, f"pg_config[{key!r}]")
-        out[str(key)] = tuple(sorted({int(n) for n in re.findall(r"\d+", ranks)}))
+        out[str(key)] = tuple(sorted({int(n) for n in re.findall(r"\d{1,9}", ranks)}))
     return out
 
 
@@ -117,11 +120,12 @@ def load_dump(data: bytes, rank: int) -> Dump:
     raw = value.get("entries", [])   # absent when torch dumped without collectives
     if not isinstance(raw, list):
         raise NotADump("entries is not a list")
-    entries = tuple(x for x in (_entry(e, f"entries[{i}]") for i, e in enumerate(raw)) if x is not None)
-    return Dump(rank, entries, _members(value.get("pg_config", {})))
+    read = [_entry(e, f"entries[{i}]") for i, e in enumerate(raw)]
+    entries = tuple(e for _, e in read if e is not None)
+    return Dump(rank, entries, _members(value.get("pg_config", {})), wrapped=bool(read) and read[0][0] != 0)
 
 
-def _group_members(group: str, dumps: list[Dump]) -> tuple[int, ...]:
+def _group_members(group: str, dumps: list[Dump], reach: dict[int, dict[str, int]]) -> tuple[int, ...]:
     """The group's ranks from a dump's pg_config; gloo's dumps (torch 2.13) key their one group ''
     instead of by name: a lone entry then stands for it; else the ranks that recorded the group."""
     for d in dumps:
@@ -130,7 +134,7 @@ def _group_members(group: str, dumps: list[Dump]) -> tuple[int, ...]:
     for d in dumps:
         if len(d.members) == 1:
             return next(iter(d.members.values()))
-    return tuple(sorted(d.rank for d in dumps if any(e.group == group for e in d.entries)))
+    return tuple(sorted(r for r, groups in reach.items() if group in groups))
 
 
 def unjoined(dumps: list[Dump]) -> list[Unjoined]:
@@ -140,26 +144,25 @@ def unjoined(dumps: list[Dump]) -> list[Unjoined]:
     to; a rank whose buffer holds none of the group counts only if its buffer never wrapped (its
     first record is record 0). Ranks without a dump are never blamed, as fr_trace's partial mode.
     """
-    by_rank = {d.rank: d for d in dumps}
-    names = sorted({(e.group, e.desc) for d in dumps for e in d.entries})
+    reach: dict[int, dict[str, int]] = {}          # rank -> group -> its highest seq there
+    at: dict[tuple[int, str, int], Entry] = {}      # (rank, group, seq) -> its entry
+    for d in dumps:
+        mine = reach.setdefault(d.rank, {})
+        for e in d.entries:
+            mine[e.group] = max(mine.get(e.group, e.seq), e.seq)
+            at.setdefault((d.rank, e.group, e.seq), e)
     found = []
-    for group, desc in names:
-        members = _group_members(group, dumps)
-        reached: dict[int, int] = {}   # rank -> its highest seq in this group
-        for r in members:
-            d = by_rank.get(r)
-            if d is None:
-                continue
-            seqs = [e.seq for e in d.entries if e.group == group]
-            if seqs or not d.entries or d.entries[0].record_id == 0:
-                reached[r] = max(seqs, default=0)
-        if not reached or min(reached.values()) == max(reached.values()):
+    for group, desc in sorted({(e.group, e.desc) for d in dumps for e in d.entries}):
+        inside = set(_group_members(group, dumps, reach))
+        reached = {d.rank: reach[d.rank].get(group, 0) for d in dumps
+                   if d.rank in inside and (group in reach[d.rank] or not d.wrapped)}
+        if len(set(reached.values())) < 2:
             continue
         seq = min(reached.values()) + 1   # the first collective the laggards never entered
-        missing = tuple(r for r in sorted(reached) if reached[r] < seq)
-        waiting = tuple(r for r in sorted(reached) if reached[r] >= seq)
-        first = next((e for e in by_rank[waiting[0]].entries if e.group == group and e.seq == seq), None)
-        op, state = (first.op, first.state) if first else ("?", "?")
+        missing = tuple(sorted(r for r, s in reached.items() if s < seq))
+        waiting = tuple(sorted(r for r, s in reached.items() if s >= seq))
+        first = at.get((waiting[0], group, seq))
         label = f"{group}:{desc}" if desc != "undefined" else group
-        found.append(Unjoined(seq, op, label, missing, members, state, waiting))
+        found.append(Unjoined(seq, first.op if first else "?", label, missing, tuple(sorted(inside)),
+                              first.state if first else "?", waiting))
     return found
