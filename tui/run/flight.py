@@ -19,7 +19,7 @@ DUMP_PREFIX = "rank_"     # torch appends the global rank: flight/rank_0, flight
 # 2.13, gloo, tests/diagnose/test_flight.py); 8 KiB per entry leaves room for 64 frames that are
 # all different, and a dump bigger than that is refused rather than unpickled into the supervisor.
 MAX_DUMP_BYTES = int(BUFFER_ENTRIES) * 8192
-_DUMP = re.compile(re.escape(DUMP_PREFIX) + r"(\d+)")
+_DUMP = re.compile(re.escape(DUMP_PREFIX) + r"\d{1,9}")   # a rank; more digits are no dump of torch's
 _OFF = ("0", "false", "no", "off")
 _ALIASES = {"TORCH_FR_BUFFER_SIZE": "TORCH_NCCL_TRACE_BUFFER_SIZE",
             "TORCH_FR_DUMP_TEMP_FILE": "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"}
