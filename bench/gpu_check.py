@@ -10,7 +10,8 @@
    step's compile time, recompiles), both with sharded `[checkpoint] async = true` checkpoints;
 5. PyTorch's flight recorder with mt's variables (tui/run/flight.py): a 2-rank job whose rank 1
    never joins collective #4 (bench/flight_job.py), on NCCL (needs 2 GPUs) and on gloo: whether
-   torch dumped on the timeout into flight/, and what torch's analyzer (run as mt runs it) says.
+   torch dumped on the timeout into flight/, and what mt's reader (tui/run/flight.py `analyze`:
+   plain values only, never torch's pickle.load) names (the report's `analyzer_*` keys).
 OUT/gpu_check.json is rewritten after every part; a part that failed, compared nothing or was
 skipped is listed under "problems" and the script exits 1. Needs only torch, numpy and psutil.
 `--dry`: the same code on CPU with tiny models and a few steps (checks the script itself on a
@@ -262,7 +263,7 @@ def free_port() -> int:
 
 
 def flight_part(root: Path, dry_run: bool) -> tuple[dict, list[str]]:
-    """The flight recorder on NCCL (2 GPUs) and gloo: dumps on timeout, and the analyzer's verdict
+    """The flight recorder on NCCL (2 GPUs) and gloo: dumps on timeout, and mt's reader's verdict
     (--dry: gloo only, which must at least record the collectives: its explicit dump)."""
     from tui.run.flight import analyze, dumps_in, recorder_env
 
@@ -288,6 +289,8 @@ def flight_part(root: Path, dry_run: bool) -> tuple[dict, list[str]]:
             "job_tail": (job.stdout + job.stderr)[-1500:]}
         if backend == "gloo" and not any(explicit.iterdir()):
             problems.append("flight: gloo's explicit dump is missing: the recorder did not record the collectives")
+        elif backend == "gloo" and "rank 1 did not join collective #4" not in (res["analyzer_on_explicit_dump"] or ""):
+            problems.append(f"flight: gloo's explicit dumps did not name rank 1 ({res['analyzer_on_explicit_dump']})")
         if backend == "nccl" and "rank 1 did not join collective #4" not in (res["analyzer_on_timeout_dump"] or ""):
             problems.append(f"flight: NCCL's dump on timeout did not name rank 1 ({res['analyzer_on_timeout_dump']})")
     return out, problems

@@ -3,6 +3,7 @@ each poll; whatever fails in there is logged, never the end of the run."""
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any, Iterable
@@ -32,9 +33,13 @@ class IncidentHook:
             if rules:
                 self.monitor = incidents.IncidentMonitor(run_dir, cfg.monitor, facts=incidents.facts_of(cfg), node=node,
                                                           job=job)
+            from mt.contract.paths import RunPaths
             from tui.run.autostacks import IncidentCaptures
+            from tui.run.flight import dumps_here
 
-            self.captures = IncidentCaptures(self.run_dir, log, node=node)
+            # the supervisor gives its workers worker_env(os.environ): the same choice as theirs
+            flight = dumps_here(cfg, RunPaths(self.run_dir, node).flight, dict(os.environ))
+            self.captures = IncidentCaptures(self.run_dir, log, node=node, flight=flight)
         except (ImportError, AttributeError) as e:
             log.info("incident rules not available (%s); running without them", e)
         except Exception:

@@ -34,7 +34,7 @@ class Done:
     capture: Capture | None
     error: str = ""
     nodes: NodesVerdict | None = None   # a job's shared run directory: the verdict over every node
-    flight: FlightReport | None = None  # code "flight": torch's analyzer over this node's flight-recorder dumps
+    flight: FlightReport | None = None  # code "flight": mt's reading of this node's flight-recorder dumps
 
 
 def evidence_of(cap: Capture, run_dir: Path, nodes: NodesVerdict | None = None) -> dict[str, Any]:
@@ -99,7 +99,9 @@ class IncidentCaptures:
     """Starts captures off the supervisor's thread and hands back the finished ones (`take`)."""
 
     def __init__(self, run_dir: Path, log: logging.Logger, wait_s: float = 2.0, node: str | None = None,
-                 nodes_wait_s: float = 10.0) -> None:
+                 nodes_wait_s: float = 10.0, flight: bool = False) -> None:
+        """`flight`: mt turned the flight recorder on for this run (tui/run/flight.py `dumps_here`);
+        only then is flight/ watched: anything found there otherwise is no dump of torch's."""
         self.run_dir, self.log, self.wait_s = Path(run_dir), log, wait_s
         self.node, self.nodes_wait_s = node, nodes_wait_s
         self.since = time.time()   # requests older than this supervisor were for another one
@@ -109,7 +111,7 @@ class IncidentCaptures:
         self._flights: list[Done] = []
         self._lock = threading.Lock()   # _done is filled by the capture thread, emptied by the tick
         self._thread: threading.Thread | None = None
-        self.flight = FlightWatch(RunPaths(self.run_dir, node).flight)
+        self.flight = FlightWatch(RunPaths(self.run_dir, node).flight) if flight else None
 
     def opened(self, code: str) -> None:
         """An incident opened: capture for it (now, or after the capture that runs)."""
@@ -123,7 +125,7 @@ class IncidentCaptures:
                 if req.id not in self._answering:
                     self._answering.add(req.id)
                     self._queue.append(f"request:{req.id}:{int(req.workers)}")
-        if self.flight.ready(time.monotonic()):
+        if self.flight is not None and self.flight.ready(time.monotonic()):
             self._queue.append("flight")
         if self._queue and (self._thread is None or not self._thread.is_alive()):
             code = self._queue.pop(0)
@@ -131,12 +133,14 @@ class IncidentCaptures:
             self._thread.start()
 
     def _run(self, code: str) -> None:
-        if code == "flight":
+        if code == "flight" and self.flight is not None:
             try:
                 report = analyze(self.flight.dir)
             except Exception as e:  # never the end of the run
                 self.log.exception("flight recorder analysis failed")
                 report = FlightReport(self.flight.dir, (), str(e))
+            if report.error:
+                self.log.warning("flight recorder: %s", report.error)
             with self._lock:
                 self._flights.append(Done(code, None, flight=report))
             return
