@@ -58,13 +58,13 @@ def write_csv(path: Path, columns: list[str], rows: list[dict[str, Any]]) -> Non
         w.writerows([csv_cell(row.get(c, "")) for c in columns] for row in rows)
 
 
-_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+_FORMULA_START = ("=", "+", "-", "@", "\t")   # and CR, which safe_text has escaped already
 
 
 def csv_cell(value: Any) -> Any:
     """A text cell a spreadsheet shows as text, never runs (OWASP's CSV injection advice): a leading
-    = + - @ tab or CR gets a `'` before it; NUL and the other control characters become `\\x00`
-    (newlines and tabs stay: a quoted cell holds them). Numbers stay numbers: a loss of -1.5."""
+    = + - @ or tab gets a `'` before it; CR, NUL and the other control characters become `\\x0d`,
+    `\\x00` (newlines and tabs stay: a quoted cell holds them). Numbers stay numbers: a loss of -1.5."""
     if not isinstance(value, str):
         return value
     value = safe_text(value, lines=True)   # keeps newlines and tabs, which a quoted CSV cell holds
