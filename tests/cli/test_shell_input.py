@@ -54,14 +54,20 @@ def test_a_script_path_or_workdir_with_a_newline_is_refused(tmp_path: Path) -> N
 
 
 def _sbatch_args(line: str) -> list[str]:
-    """The arguments sbatch takes from an #SBATCH line: Slurm's _get_argument (src/sbatch/opt.c) splits at
-    whitespace, groups quoted text, drops a backslash before the character it escapes and ends at a bare #."""
-    args, cur, quote, esc, started = [], "", "", False, False
-    for ch in line.removeprefix("#SBATCH"):
-        if esc:
-            cur, esc, started = cur + ch, False, True
+    """The arguments sbatch takes from an #SBATCH line, as Slurm's get_argument (src/sbatch/opt.c) splits
+    them: whitespace ends an argument outside quotes (even after a backslash: the loop tests it first),
+    a backslash keeps the next character as it is, quotes group, a bare `#` ends the line."""
+    args, cur, quote, esc, started, i, text = [], "", "", False, False, 0, line.removeprefix("#SBATCH")
+    while i < len(text):
+        ch = text[i]
+        if not quote and ch.isspace():
+            if started:
+                args.append(cur)
+            cur, started, esc = "", False, False
+        elif esc:
+            cur, esc = cur + ch, False
         elif ch == "\\":
-            esc = True
+            esc, started = True, True
         elif quote:
             if ch == quote:
                 quote = ""
@@ -71,12 +77,9 @@ def _sbatch_args(line: str) -> list[str]:
             quote, started = ch, True
         elif ch == "#":
             break
-        elif ch.isspace():
-            if started:
-                args.append(cur)
-            cur, started = "", False
         else:
             cur, started = cur + ch, True
+        i += 1
     return args + [cur] if started else args
 
 

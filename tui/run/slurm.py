@@ -54,7 +54,7 @@ def job_dir(run_dir: Path) -> Path:
 def batch_script(cfg: Config, run_dir: Path, python: str = sys.executable) -> str:
     """The job script: #SBATCH lines from [slurm] and the shape, then one supervisor per node under srun."""
     s, launch = cfg.slurm, cfg.launch
-    out = sbatch_path(job_dir(run_dir)) + "/job-%j.out"
+    out = sbatch_path(job_dir(run_dir), "job-%j.out")
     # --requeue: a preempted run's supervisor requeues the job after its checkpoint (tui/run/preempt.py);
     # append: every attempt's output in the one file of the job
     opts = [f"--job-name={cfg.run.name}", f"--nodes={launch.nnodes}", "--ntasks-per-node=1", f"--output={out}",
@@ -89,17 +89,22 @@ def batch_script(cfg: Config, run_dir: Path, python: str = sys.executable) -> st
     return "\n".join(lines)
 
 
-def sbatch_path(path: Path) -> str:
-    """A path as one argument of an #SBATCH line, which sbatch splits itself (not a shell): whitespace,
-    quotes and `#` (a comment there) behind a backslash, `%` doubled (a file name pattern's %j).
-    SlurmError for what no #SBATCH line can carry: a control character (a newline ends the line) or a
-    backslash (in a file name pattern it turns %j off)."""
+def sbatch_path(path: Path, file: str) -> str:
+    """`path/file` as one argument of an #SBATCH line, which sbatch splits itself (not a shell:
+    src/sbatch/opt.c get_argument): in double quotes when it holds whitespace, a quote or `#` (a
+    backslash does not keep a space there), `"` behind a backslash, `%` of the path doubled (`file`'s
+    %j is the pattern). SlurmError for what no #SBATCH line can carry: a control character (a
+    newline ends the line) or a backslash (in a file name pattern it turns %j off)."""
     text = str(path)
     bad = control_char(text)
     if bad is not None or "\\" in text:
         why = bad or "a backslash, which Slurm's file name patterns take as 'no %j here'"
         raise SlurmError(f"{json.dumps(text)}: {why}: a Slurm job's output cannot go there; use another runs_dir")
-    return "".join("\\" + c if c.isspace() or c in "\"'#" else "%%" if c == "%" else c for c in text)
+    word = text.replace("%", "%%") + "/" + file
+    if not any(c.isspace() or c in "\"'#" for c in word):
+        return word
+    escaped = word.replace('"', '\\"')
+    return f'"{escaped}"'
 
 
 def require_sbatch() -> None:
