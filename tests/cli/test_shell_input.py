@@ -40,7 +40,7 @@ def test_a_runs_dir_with_a_control_character_is_refused_from_the_preset_and_the_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.toml", "q.toml"], "something was created"
 
 
-def test_a_script_path_or_workdir_with_a_newline_is_refused(tmp_path: Path) -> None:
+def test_a_script_path_workdir_or_name_with_a_newline_is_refused(tmp_path: Path) -> None:
     script = tmp_path / "tr\nain.py"
     script.write_text("print('never run')\n")
     _one_line(mt("launch", script, "--detach", "--runs-dir", tmp_path / "runs"), "PRESET", "a newline (\\n)")
@@ -50,6 +50,7 @@ def test_a_script_path_or_workdir_with_a_newline_is_refused(tmp_path: Path) -> N
     _one_line(mt("launch", preset, "--detach"), "run.workdir", "a newline")
     preset = write_preset(tmp_path / "s.toml", tmp_path / "runs", launch={"script": str(script)})
     _one_line(mt("launch", preset, "--detach"), "launch.script", "a newline")
+    _one_line(mt("launch", write_preset(tmp_path / "n.toml", tmp_path / "runs"), "--detach", "--name", "a\nb"), '--name "a\\nb": run.name', "a newline")
     assert not (tmp_path / "runs").exists()
 
 
