@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from mt.contract.paths import RunPaths
-from tests.cli.conftest import mt, write_preset
+from tests.cli.conftest import mt, run_dir_from, write_preset
 from tests.tui.synth import write_status
 from tui.run.launch import Overrides, create_run
 
@@ -152,3 +152,20 @@ def test_the_preset_toml_of_a_script_run_round_trips_its_arguments(tmp_path: Pat
 @pytest.mark.parametrize("pid", ["-1", "0", "2147483647"])
 def test_stacks_of_a_pid_that_is_no_process(pid: str) -> None:
     _one_line(mt("stacks", "--pid", pid), f"pid {pid}" if pid.isdigit() and pid != "0" else f"got {pid}")
+
+
+@pytest.mark.slow
+def test_a_scripts_arguments_reach_it_exactly_and_its_preset_toml_launches_it_again(tmp_path: Path) -> None:
+    """ARGS with a newline, quotes, `;`, `$HOME`, backquotes, ESC, DEL and an emoji: the script's argv holds them as
+    given (an argv list, no shell), and the generated preset.toml, launched itself, gives the same."""
+    script = tmp_path / "argv_dump.py"
+    script.write_text("import json, sys\nfrom pathlib import Path\n"
+                      "Path(__file__).with_name('argv.json').write_text(json.dumps(sys.argv[1:]))\n")
+    args = ["line\nbreak", 'say "hi"; rm -rf x', "$HOME `id`", ESC, "back\\slash", "del\x7f", "emoji 😀", "--lr", "3"]
+    done = mt("launch", script, "--headless", "--nproc", "1", "--runs-dir", tmp_path / "runs", "--", *args)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads((tmp_path / "argv.json").read_text()) == args
+    (tmp_path / "argv.json").unlink()
+    again = mt("launch", RunPaths(run_dir_from(done.stdout)).preset, "--headless", "--nproc", "1")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert json.loads((tmp_path / "argv.json").read_text()) == args
