@@ -117,12 +117,40 @@ def _build(cls: type, source: str, section: str, table: Any) -> Any:
 
 
 MAX_NAME = 200
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+_NAMES = {"\n": "a newline", "\r": "a carriage return", "\t": "a tab", "\x1b": "an escape character", "\x00": "a NUL byte"}
+# the names and paths a run carries into its folder name, batch script and supervisor's command line
+CARRIED = ("run.name", "run.runs_dir", "run.workdir", "launch.script")
+
+
+def control_char(value: str) -> str | None:
+    """The first control character (\\x00-\\x1f, \\x7f) or unpaired surrogate of a name or path, in
+    words (`a newline (\\n) at character 4`); None when it has none."""
+    m = _CONTROL.search(value) or re.search("[\ud800-\udfff]", value)
+    if m is None:
+        return None
+    ch = m[0]
+    what = _NAMES.get(ch, "a control character") if ord(ch) < 0x80 else "a byte that is not UTF-8"
+    return f"{what} ({json.dumps(ch)[1:-1]}) at character {m.start() + 1}"
+
+
+def require_plain(source: str, key: str, value: str) -> None:
+    """A name or path a run carries (CARRIED, the preset's own path): no control characters, which
+    would end a line of the batch script, of preset.toml or of the terminal; ConfigError naming it."""
+    bad = control_char(value)
+    if bad is not None:
+        raise ConfigError(source, key, f"{bad}: not allowed in a name or path, got {_show(value)}")
+
+
 _ENDPOINT = re.compile(r"^[A-Za-z0-9_.\-]+:\d{1,5}$|^\[[0-9a-fA-F:]+\]:\d{1,5}$")
 
 
 def _check(cfg: Config, source: str) -> None:
     """Rules that span several keys."""
     m, t, launch = cfg.model, cfg.train, cfg.launch
+    for key in CARRIED:
+        section, name = key.split(".")
+        require_plain(source, key, getattr(getattr(cfg, section), name))
     if not cfg.run.name or not re.fullmatch(r"[A-Za-z0-9_.\-]+", cfg.run.name):
         raise ConfigError(source, "run.name", f"expected letters, digits, '.', '_' or '-', got {_show(cfg.run.name)}")
     if cfg.run.name.startswith("."):  # `..` escapes runs_dir; a dot folder is hidden from `mt ls`
@@ -193,7 +221,7 @@ def _check_slurm(cfg: Config, source: str) -> None:
         if not _SLURM_NAME.match(getattr(s, key)):
             raise ConfigError(source, f"slurm.{key}", f"expected letters, digits, '.', '_', ',' or '-', got {_show(getattr(s, key))}")
     for i, line in enumerate(s.extra):
-        if not sbatch_option(line).startswith("-") or "\n" in line or "\r" in line:
+        if not sbatch_option(line).startswith("-") or control_char(line):   # a newline would end its #SBATCH line
             raise ConfigError(source, f"slurm.extra[{i}]", f"expected one sbatch option such as \"--hold\", got {_show(line)}")
         if any(c.isspace() for c in sbatch_option(line).split("=", 1)[0]):  # one #SBATCH line is one option
             raise ConfigError(source, f"slurm.extra[{i}]", f"one option per entry, got {_show(line)}")
@@ -313,9 +341,31 @@ def script_run_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.\-]", "-", name).strip(".-") or "script"
 
 
+_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
+
+def toml_string(value: str) -> str:
+    """`value` as a TOML basic string that tomllib reads back exactly: quote, backslash and every control
+    character (DEL too) escaped, as the TOML spec requires; an unpaired surrogate (a byte of an
+    argument that was not UTF-8) has no TOML form and becomes U+FFFD."""
+    out = []
+    for ch in value:
+        code = ord(ch)
+        if ch in _TOML_ESCAPES:
+            out.append(_TOML_ESCAPES[ch])
+        elif code < 0x20 or code == 0x7F:
+            out.append(f"\\u{code:04X}")
+        elif 0xD800 <= code <= 0xDFFF:
+            out.append("\\uFFFD")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
 def write_script_preset(path: Path, cfg: Config, why: str) -> None:
     """The preset.toml of a run of a script (`mt launch train.py`, or mt.init on its own), new and 0600."""
-    q = json.dumps  # a JSON string is a TOML basic string
+    q = toml_string
+    why = _CONTROL.sub("?", why)   # a comment ends at the line's end: nothing of `why` may start a new one
     lines = [f"# {why}", "[run]", f"name = {q(cfg.run.name)}", f"runs_dir = {q(cfg.run.runs_dir)}",
              "", "[launch]", f"script = {q(cfg.launch.script)}",
              f"script_args = [{', '.join(q(a) for a in cfg.launch.script_args)}]",

@@ -81,3 +81,33 @@ def test_csv_rows_equal_the_run_directory_lines(tmp_path: Path) -> None:
     rows = list(csv.DictReader(open(tmp_path / "x.csv")))
     assert [r["kind"] for r in rows] == ["step"] * 25 + ["eval"] + ["step"] * 15 + ["metrics"]
     assert [r["metrics/acc"] for r in rows if r["kind"] == "metrics"] == ["0.5"]
+
+
+def test_csv_cells_never_become_formulas_and_numbers_stay_numbers(tmp_path: Path) -> None:
+    """OWASP's CSV injection advice: a text cell (or column name) that begins with = + - @ or tab is
+    written with a ' before it; CR, NUL and ESC are escaped; a negative loss is still the number -1.5."""
+    import json
+
+    run = finished_run(tmp_path / "run", steps=4)
+    run.step(5, loss=-1.5)
+    run.event("metrics", step=5, values={"=cmd|' /C calc'!A0": 1.0, "-neg": -2.0})
+    run.flush()
+    hostile = {"code": "-crash", "severity": "error", "step": 5, "status": "open", "source": "supervisor",
+               "title": "=HYPERLINK(\"http://x\",\"click\")", "detail": "+1+1\x00tail\x1b[2J", "advice": "@SUM(A1)",
+               "t": run.t}
+    with open(run.paths.incidents, "a") as f:
+        f.write(json.dumps(hostile) + "\n" + json.dumps({**hostile, "title": "\tTAB", "advice": "\rCR", "detail": "ok"}) + "\n")
+    done = mt("export", run.root, "--csv", tmp_path / "x.csv")
+    assert done.returncode == 0, done.stderr
+    raw = (tmp_path / "x.csv").read_bytes()
+    assert b"\x00" not in raw and b"\x1b" not in raw
+    rows = list(csv.DictReader(open(tmp_path / "x.csv", newline="", encoding="utf-8")))
+    assert "metrics/=cmd|' /C calc'!A0" in rows[0], list(rows[0])   # a column name starts with its kind
+    step5 = next(r for r in rows if r["kind"] == "step" and r["step"] == "5")
+    assert float(step5["loss"]) == -1.5 and step5["loss"] == "-1.5"
+    metrics = next(r for r in rows if r["kind"] == "metrics")
+    assert metrics["metrics/-neg"] == "-2.0"
+    inc, second = (r for r in rows if r["kind"] == "incident")
+    assert inc["title"] == "'=HYPERLINK(\"http://x\",\"click\")" and inc["code"] == "'-crash"
+    assert inc["detail"] == "'+1+1\\x00tail\\x1b[2J" and inc["advice"] == "'@SUM(A1)"
+    assert second["title"] == "'\tTAB" and second["advice"] == "\\x0dCR" and second["detail"] == "ok"

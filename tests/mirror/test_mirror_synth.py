@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,53 @@ def test_the_mirror_state_is_for_one_folder(tmp_path: Path) -> None:
         m.poll()
         m.close()
         assert len(scalars(tmp_path / name)["train/loss"]) == 5
+
+
+def _state(logdir: Path, **change: object) -> dict[str, object]:
+    """A mirror.json entry that is whole but for `change`: it claims steps 1-5 done and events read to the end."""
+    entry = {"target": str(logdir.resolve()), "events": [10 ** 6, None], "system": [0, None], "incidents": [0, None],
+             "written": {"train/loss": 5}, "samples": 0, "sink": {}, "v": 1, **change}
+    return {"tensorboard": entry}
+
+
+DAMAGE: dict[str, object] = {
+    "negative-offset": {"events": [-5, None]},
+    "offset-not-a-number": {"events": ["0", None]},
+    "inode-a-float": {"events": [0, 1.5]},
+    "step-too-big-for-a-number": "1e400",
+    "step-negative": {"written": {"train/loss": -7}},
+    "written-a-list": {"written": [["train/loss", 5]]},
+    "samples-true": {"samples": True},
+    "samples-a-string": {"samples": "3"},
+    "sink-a-list": {"sink": []},
+    "whole-file-a-list": "[1, 2]",
+    "a-fifo": "fifo",
+    "a-link-to-another-runs-state": "link",
+}
+
+
+@pytest.mark.timeout(120)   # a FIFO read with open() would wait for a writer for ever
+@pytest.mark.parametrize("damage", list(DAMAGE), ids=list(DAMAGE))
+def test_a_damaged_mirror_json_starts_the_mirror_over(tmp_path: Path, damage: str) -> None:
+    """docs/run-directory.md Mirrors: a damaged mirror.json (wrong types, out of range, not a regular
+    file, a link) starts that mirror over from the run's beginning, and the next save makes it whole."""
+    run = finished_run(tmp_path / "run", steps=12)
+    paths, logdir, how = run.paths, tmp_path / "tb", DAMAGE[damage]
+    if how == "fifo":
+        os.mkfifo(paths.mirror)
+    elif how == "link":   # whole, but another run's: following it would skip every step here
+        other = tmp_path / "other.json"
+        other.write_text(json.dumps(_state(logdir)))
+        paths.mirror.symlink_to(other)
+    elif isinstance(how, str):
+        paths.mirror.write_text(how if how.startswith("[") else
+                                json.dumps(_state(logdir)).replace('"train/loss": 5', f'"train/loss": {how}'))
+    else:
+        paths.mirror.write_text(json.dumps(_state(logdir, **how)))
+    m = open_tensorboard(paths, logdir, paths.mirror)
+    m.poll()
+    save_states(paths.mirror, {"tensorboard": m})
+    m.close()
+    assert [s for s, _ in scalars(logdir)["train/loss"]] == list(range(1, 13))
+    saved = json.loads(paths.mirror.read_text())["tensorboard"]
+    assert saved["written"]["train/loss"] == 12 and saved["events"][0] == paths.events.stat().st_size

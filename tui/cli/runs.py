@@ -69,8 +69,10 @@ def _launch_slurm(preset: Path, over: Overrides, dry_run: bool) -> NoReturn:
         sub = launch_slurm(preset, over)
     except (ConfigError, SlurmError) as e:
         fail(str(e))
+    from tui.text.format import safe_text
+
     held = " (held: scontrol release it to start)" if sub.held else ""
-    typer.echo(f"run dir: {sub.run_dir}\nslurm job: {sub.job_id}{held}")
+    typer.echo(f"run dir: {safe_text(sub.run_dir)}\nslurm job: {safe_text(sub.job_id)}{held}")
     raise typer.Exit(OK)
 
 

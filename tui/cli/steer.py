@@ -132,6 +132,8 @@ def stacks(
 
     if (run_dir is None) == (pid is None):
         fail("mt stacks: give a run directory or --pid PID (one of them)")
+    if pid is not None and pid <= 0:   # psutil takes -1 for no process at all, and 0 is the kernel's
+        fail(f"mt stacks: --pid: expected a process id (a whole number > 0), got {pid}")
     if out_dir is not None and pid is None:
         fail("mt stacks: --out goes with --pid (a run keeps its captures under RUN/stacks/)")
     try:

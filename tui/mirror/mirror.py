@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from mt.contract import door
 from mt.contract.config import Config
-from mt.contract.jsonl import JsonlTail, read_json, write_json_atomic
+from mt.contract.jsonl import JsonlTail, write_json_atomic
 from mt.contract.paths import RunPaths
 from mt.contract.records import Eval, Metrics, RecordTail, RunStart, Step, parse_incident
 from mt.contract.system import clean_sample
@@ -41,20 +42,30 @@ class MirrorState:
 
     @classmethod
     def load(cls, path: Path, name: str, target: str) -> MirrorState:
-        """Mirror `name`'s saved state; a fresh one if absent, damaged or for another target."""
-        whole = read_json(path)
+        """Mirror `name`'s saved state; a fresh one (the mirror starts over) if absent, damaged (not JSON,
+        a value of the wrong type or out of range, not a regular file, a link) or for another target."""
+        whole = door.read_json(path)   # a FIFO or a link there is refused, never waited on or followed
         raw = whole.get(name) if isinstance(whole, dict) else None
-        try:
-            if not isinstance(raw, dict) or raw.get("v") != STATE_VERSION or raw.get("target") != target:
-                return cls(target=target)
-            sink = raw.get("sink", {})
-            if not isinstance(sink, dict):
-                return cls(target=target)
-            spots = {k: (int(raw[k][0]), None if raw[k][1] is None else int(raw[k][1])) for k in ("events", "system", "incidents")}
-            written = {str(t): int(s) for t, s in dict(raw["written"]).items()}
-            return cls(target, written=written, samples=int(raw["samples"]), sink=sink, **spots)
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+        if not isinstance(raw, dict) or raw.get("v") != STATE_VERSION or raw.get("target") != target:
             return cls(target=target)
+        spots = {k: _spot(raw.get(k)) for k in ("events", "system", "incidents")}
+        written, samples, sink = raw.get("written"), raw.get("samples"), raw.get("sink", {})
+        if (any(v is None for v in spots.values()) or not isinstance(written, dict) or not _count(samples)
+                or not all(_count(v) for v in written.values()) or not isinstance(sink, dict)):
+            return cls(target=target)
+        return cls(target, written=dict(written), samples=samples, sink=sink, **spots)
+
+
+def _count(v: Any) -> bool:
+    """A whole number >= 0 (JSON's true, 1.5 or 1e400 is none): offsets, steps, sample counts."""
+    return type(v) is int and v >= 0
+
+
+def _spot(v: Any) -> tuple[int, int | None] | None:
+    """A tail's saved (offset, inode), or None if it is not one (a negative offset would fail every poll)."""
+    if isinstance(v, list) and len(v) == 2 and _count(v[0]) and (v[1] is None or _count(v[1])):
+        return v[0], v[1]
+    return None
 
 
 @dataclass
@@ -144,7 +155,10 @@ def open_wandb(paths: RunPaths, cfg: Config, state_path: Path, log: logging.Logg
     from tui.mirror.wandbsink import WandbSink, wandb_target
 
     state = MirrorState.load(state_path, "wandb", wandb_target(cfg.monitor.wandb))
-    return Mirror(paths, WandbSink(paths, cfg, state.sink, log), state)
+    sink = WandbSink(paths, cfg, state.sink, log)
+    if sink.run_id != state.sink.get("id"):   # a new W&B run (its kept entry missing or damaged): from the beginning
+        state = MirrorState(target=state.target)
+    return Mirror(paths, sink, state)
 
 
 def save_states(path: Path, mirrors: dict[str, Mirror]) -> None:

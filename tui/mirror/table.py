@@ -14,6 +14,7 @@ from mt.contract.paths import RunPaths
 from mt.contract.records import Eval, Metrics, RecordTail, RunStart, Step, parse_incident
 from mt.contract.system import clean_sample
 from tui.mirror.points import sample_values
+from tui.text.format import safe_text
 
 STEP_FIELDS = ("loss", "lr", "grad_norm", "tokens_per_s", "step_time_s", "data_wait_s", "mfu", "samples_per_s")
 INCIDENT_FIELDS = ("code", "severity", "status", "source", "title", "detail", "advice")
@@ -50,10 +51,24 @@ def _named(values: dict[str, float]) -> dict[str, float]:
 
 
 def write_csv(path: Path, columns: list[str], rows: list[dict[str, Any]]) -> None:
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=columns, restval="")
-        w.writeheader()
-        w.writerows(rows)
+    """The table as CSV; every text cell (and column name) through `csv_cell`, numbers as they are."""
+    with open(path, "w", newline="", encoding="utf-8", errors="backslashreplace") as f:
+        w = csv.writer(f)
+        w.writerow([csv_cell(c) for c in columns])
+        w.writerows([csv_cell(row.get(c, "")) for c in columns] for row in rows)
+
+
+_FORMULA_START = ("=", "+", "-", "@", "\t")   # and CR, which safe_text has escaped already
+
+
+def csv_cell(value: Any) -> Any:
+    """A text cell a spreadsheet shows as text, never runs (OWASP's CSV injection advice): a leading
+    = + - @ or tab gets a `'` before it; CR, NUL and the other control characters become `\\x0d`,
+    `\\x00` (newlines and tabs stay: a quoted cell holds them). Numbers stay numbers: a loss of -1.5."""
+    if not isinstance(value, str):
+        return value
+    value = safe_text(value, lines=True)   # keeps newlines and tabs, which a quoted CSV cell holds
+    return "'" + value if value.startswith(_FORMULA_START) else value
 
 
 def write_parquet(path: Path, columns: list[str], rows: list[dict[str, Any]]) -> None:

@@ -71,9 +71,11 @@ class WandbSink:
     incidents always), system samples and incidents at the newest step, into one W&B run."""
 
     def __init__(self, paths: RunPaths, cfg: Config, saved: dict[str, Any], log: logging.Logger) -> None:
-        self.run_id = str(saved.get("id") or new_run_id())
-        self.step = int(saved.get("step", -1))                  # the newest step logged
-        self.skip_through = int(saved.get("skip_through", -1))  # a rollback's redone steps end here
+        if not (isinstance(saved.get("id", ""), str) and all(type(saved.get(k, -1)) is int for k in ("step", "skip_through"))):
+            saved = {}   # damaged in mirror.json: a new W&B run from the run's beginning (docs: it starts over)
+        self.run_id = saved.get("id") or new_run_id()
+        self.step: int = saved.get("step", -1)                  # the newest step logged
+        self.skip_through: int = saved.get("skip_through", -1)  # a rollback's redone steps end here
         self.log = log
         self.every = every_steps(cfg.monitor.wandb)
         self.failed = threading.Event()

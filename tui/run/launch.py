@@ -6,6 +6,7 @@ directory is complete, so bad input leaves no trace.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import subprocess
@@ -53,7 +54,9 @@ class Overrides:
         """The config key each given flag set -> the flag as typed (for errors: blame the flag)."""
         given = {"run.name": ("--name", self.name), "run.runs_dir": ("--runs-dir", self.runs_dir),
                  "launch.nproc_per_node": ("--nproc", self.nproc), "launch.node_rank": ("--node-rank", self.node_rank)}
-        return {key: f"{flag} {value}" for key, (flag, value) in given.items() if value is not None}
+        # a value with a control character is shown quoted and escaped: the error stays one line
+        return {key: f"{flag} {json.dumps(value) if presets.control_char(str(value)) else value}"
+                for key, (flag, value) in given.items() if value is not None}
 
 
 def is_script(path: Path) -> bool:
@@ -72,6 +75,7 @@ def _load(preset: Path) -> Config:
 
 def resolve_config(preset: Path, over: Overrides, slurm: bool = False) -> tuple[Config, usercheck.UserCheck | None]:
     """Validate the preset with overrides applied and check its code (None: none); ConfigError names file and key."""
+    presets.require_plain("mt launch", "PRESET", str(preset))   # it is written into preset.toml and status.json
     cfg = _load(Path(preset))
     raw = cfg.to_dict()
     source = str(preset)

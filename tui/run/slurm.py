@@ -9,6 +9,7 @@ layout and runs it with its own requeue logic, while a run here is a run directo
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shlex
 import shutil
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Mapping
 
 from mt.contract.config import Config, LaunchConfig
 from mt.contract.paths import RunPaths, node_name_ok
-from mt.contract.preset import load_config_json, sbatch_option
+from mt.contract.preset import control_char, load_config_json, sbatch_option
 from mt.contract.status import read_status, write_status
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ def job_dir(run_dir: Path) -> Path:
 def batch_script(cfg: Config, run_dir: Path, python: str = sys.executable) -> str:
     """The job script: #SBATCH lines from [slurm] and the shape, then one supervisor per node under srun."""
     s, launch = cfg.slurm, cfg.launch
-    out = job_dir(run_dir) / "job-%j.out"
+    out = sbatch_path(job_dir(run_dir), "job-%j.out")
     # --requeue: a preempted run's supervisor requeues the job after its checkpoint (tui/run/preempt.py);
     # append: every attempt's output in the one file of the job
     opts = [f"--job-name={cfg.run.name}", f"--nodes={launch.nnodes}", "--ntasks-per-node=1", f"--output={out}",
@@ -71,7 +72,7 @@ def batch_script(cfg: Config, run_dir: Path, python: str = sys.executable) -> st
     opts += [sbatch_option(x) for x in s.extra]
     sup = [python, "-P", "-m", "tui.run.supervisor", "--run-dir", str(run_dir), "--slurm"]
     lines = ["#!/bin/bash", *(f"#SBATCH {o}" for o in opts),
-             f"# mt run {run_dir} (mt launch --slurm); the supervisor runs in the foreground of each node's task",
+             f"# mt run {shlex.quote(str(run_dir))} (mt launch --slurm); the supervisor runs in the foreground of each node's task",
              f"cd {shlex.quote(cfg.run.workdir or str(run_dir))}",
              # the time-limit warning (USR1, to this shell only) becomes every node's supervisor's
              # graceful stop (SIGTERM to the step's tasks; a TERM to srun itself would kill the step).
@@ -86,6 +87,24 @@ def batch_script(cfg: Config, run_dir: Path, python: str = sys.executable) -> st
              "while kill -0 \"$step\" 2>/dev/null; do wait \"$step\"; rc=$?; done  # a trapped signal ends wait early",
              "exit $rc", ""]
     return "\n".join(lines)
+
+
+def sbatch_path(path: Path, file: str) -> str:
+    """`path/file` as one argument of an #SBATCH line, which sbatch splits itself (not a shell:
+    src/sbatch/opt.c get_argument): in double quotes when it holds whitespace, a quote or `#` (a
+    backslash does not keep a space there), `"` behind a backslash, `%` of the path doubled (`file`'s
+    %j is the pattern). SlurmError for what no #SBATCH line can carry: a control character (a
+    newline ends the line) or a backslash (in a file name pattern it turns %j off)."""
+    text = str(path)
+    bad = control_char(text)
+    if bad is not None or "\\" in text:
+        why = bad or "a backslash, which Slurm's file name patterns take as 'no %j here'"
+        raise SlurmError(f"{json.dumps(text)}: {why}: a Slurm job's output cannot go there; use another runs_dir")
+    word = text.replace("%", "%%") + "/" + file
+    if not any(c.isspace() or c in "\"'#" for c in word):
+        return word
+    escaped = word.replace('"', '\\"')
+    return f'"{escaped}"'
 
 
 def require_sbatch() -> None:
