@@ -14,7 +14,7 @@ import os
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from mt.contract import door
 from mt.contract.heartbeat import read_heartbeats
@@ -25,6 +25,7 @@ from mt.contract.system import clean_sample
 from tui.run.torchrun import Failure
 
 SYSTEM_TAIL_BYTES = 64 * 1024   # a node's newest sample is what is shown: the end of its file is enough
+T = TypeVar("T")   # an entry of a node's rank list (a worker pid, a failure, a sample's rank)
 _KEEP_SAMPLES = 60              # a node's samples waiting for the rules: a minute at one a second
 
 
@@ -134,16 +135,25 @@ class JobBounds:
     def ranks(self) -> range | None:
         return None if self.world is None else range(self.world)
 
-    def take(self, ranks: list[int]) -> set[int]:
-        """The ranks of a node's list the job can hold: in its world, the first `nproc` of them in the list's order."""
-        ok = list(dict.fromkeys(r for r in ranks if self.world is None or 0 <= r < self.world))
-        return set(ok if self.nproc is None else ok[: self.nproc])
+    def cut(self, items: list[T], rank: Callable[[T], int]) -> list[T]:
+        """The items of a node's list the job can hold, in the list's order: a rank in its world, each
+        rank once, the first `nproc` ranks (a failure list keeps its root cause first)."""
+        out: list[T] = []
+        seen: set[int] = set()
+        for item in items:
+            r = rank(item)
+            if r in seen or (self.world is not None and not 0 <= r < self.world):
+                continue
+            if self.nproc is not None and len(seen) >= self.nproc:
+                break
+            seen.add(r)
+            out.append(item)
+        return out
 
 
 def bounded_status(st: Status, b: JobBounds) -> Status:
     """A node's status with its rank lists (worker_pids, failures, each attempt's failures) cut to what the job holds."""
-    keep = b.take([int(r) for r in st.worker_pids])
-    st.worker_pids = {r: p for r, p in st.worker_pids.items() if int(r) in keep}
+    st.worker_pids = dict(b.cut(list(st.worker_pids.items()), lambda kv: int(kv[0])))
     st.failures = _bounded_failures(st.failures, b)
     st.attempts = [{**a, "failures": _bounded_failures(a["failures"], b)} if isinstance(a.get("failures"), list) else a
                    for a in st.attempts]
@@ -151,25 +161,12 @@ def bounded_status(st: Status, b: JobBounds) -> Status:
 
 
 def _bounded_failures(raw: list[Any], b: JobBounds) -> list[Any]:
-    entries = [f for f in raw if isinstance(f, dict) and _int(f.get("rank")) is not None]
-    keep = b.take([f["rank"] for f in entries])
-    out, seen = [], set()
-    for f in entries:   # in order (root cause first), each rank once
-        if f["rank"] in keep and f["rank"] not in seen:
-            seen.add(f["rank"])
-            out.append(f)
-    return out
+    return b.cut([f for f in raw if isinstance(f, dict) and _int(f.get("rank")) is not None], lambda f: f["rank"])
 
 
 def bounded_sample(sample: dict[str, Any], b: JobBounds) -> dict[str, Any]:
     """A node's system sample with the rank entries the job can hold (in its world, `nproc` at most)."""
-    keep = b.take([e["rank"] for e in sample["ranks"]])
-    ranks, seen = [], set()
-    for e in sample["ranks"]:
-        if e["rank"] in keep and e["rank"] not in seen:
-            seen.add(e["rank"])
-            ranks.append(e)
-    return {**sample, "ranks": ranks}
+    return {**sample, "ranks": b.cut(sample["ranks"], lambda e: e["rank"])}
 
 
 def read_status_if_changed(path: Path, key: tuple[int, int, int] | None) -> tuple[tuple[int, int, int] | None, Status | None]:
@@ -229,7 +226,8 @@ def counted_nodes(found: list[str], job: Status) -> tuple[list[str], list[str]]:
         counted = [n for n in found if n in mine]
     else:
         counted = found if job.nnodes is None else found[: job.nnodes]
-    return counted, [n for n in found if n not in set(counted)]
+    kept = set(counted)
+    return counted, [n for n in found if n not in kept]
 
 
 class JobReader:
