@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from mt.contract import door
 from mt.contract.anatomy import PARTS, StepAnatomy
 from mt.contract.events import JSON_ERRORS, as_float
 from mt.contract.paths import RunPaths
@@ -110,36 +111,36 @@ class BackgroundHeartbeat(Heartbeat):
             time.sleep(self._every_s)
 
 
-def read_heartbeats(paths: RunPaths) -> dict[int, dict[str, Any]]:
+STEP_LIMIT = 2**53   # a heartbeat past this step is absurd (285 years at a million steps a second), never progress
+
+
+def read_heartbeats(paths: RunPaths, ranks: range | None = None,
+                    max_step: int | None = None) -> dict[int, dict[str, Any]]:
     """heartbeat/rank<N> files of `paths`' node that parse as heartbeats, by rank; any other
-    entry (a folder, a link, a FIFO that would block a read) is skipped alone."""
+    entry (a folder, a link, a FIFO that would block a read) is skipped alone. Bounded by what the
+    run can hold: `ranks` (its world) are the only files read, a step past `max_step` (or STEP_LIMIT) is skipped."""
     out: dict[int, dict[str, Any]] = {}
+    limit = STEP_LIMIT if max_step is None else min(max_step, STEP_LIMIT)
     try:
         with os.scandir(paths.heartbeat_dir) as it:
             found = [(int(e.name[4:]), e.path) for e in it if e.name.startswith("rank") and e.name[4:].isdigit()
-                     and e.is_file(follow_symlinks=False)]
+                     and (ranks is None or int(e.name[4:]) in ranks) and e.is_file(follow_symlinks=False)]
     except OSError:
         return out
     for rank, path in found:
         hb = clean_heartbeat(_read_record(path))
-        if hb is not None:
+        if hb is not None and hb["step"] <= limit:
             out[rank] = hb
     return out
 
 
 def _read_record(path: str) -> Any:
-    """One heartbeat file's JSON, or None: three system calls, no buffered file object (a job's
-    viewer reads a thousand of these a second); never blocks (a FIFO put there) or follows a link."""
+    """One heartbeat file's JSON, or None: through the door (never blocks on a FIFO put there, never
+    follows a link), no buffered file object (a job's viewer reads a thousand of these a second)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        data = door.read_bytes(path, _READ_MAX)
     except OSError:
         return None
-    try:
-        data = os.read(fd, _READ_MAX)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
     try:
         return json.loads(data)
     except JSON_ERRORS:   # a torn or foreign file; a bad UTF-8 byte is a ValueError too

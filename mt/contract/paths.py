@@ -63,11 +63,19 @@ class RunPaths:
         return self.root if self.node is None else self.nodes_dir / self.node
 
     def node_names(self) -> list[str]:
-        """The nodes with a folder under nodes/, sorted; [] for a one-machine run directory."""
+        """The folders under nodes/ that can name a node, sorted; [] for a one-machine run directory,
+        and for a `nodes` that is a link (to /proc or anywhere: no node is read through it)."""
         try:
-            names = [e.name for e in os.scandir(self.nodes_dir) if e.is_dir(follow_symlinks=False)]
+            fd = os.open(self.nodes_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             return []
+        try:   # listed through the folder opened above: a `nodes` swapped for a link after the check is not followed
+            with os.scandir(fd) as it:
+                names = [e.name for e in it if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            return []
+        finally:
+            os.close(fd)
         return sorted(n for n in names if node_name_ok(n))
 
     @property

@@ -25,7 +25,7 @@ Liveness = Literal["pending", "starting", "live", "lost", "final"]
 
 # written only once set (docs: "added by the supervisor", "present after ...", "removed by mt resume")
 _OPTIONAL = frozenset({"direct", "attempts", "restarts_left", "owner", "owner_cmdline", "slurm_job_id", "node",
-                       "failures", "slurm_state"})
+                       "failures", "slurm_state", "job_nodes"})
 
 
 @dataclass
@@ -57,6 +57,8 @@ class Status:
     """This attempt's failed workers on that node, as torchrun reported them: rank, exit_code, pid."""
     slurm_state: str | None = None
     """Slurm's word on how the job's last attempt ended (CANCELLED, NODE_FAIL, REQUEUED, ...)."""
+    job_nodes: list[str] = field(default_factory=list)
+    """A job's nodes as Slurm allocated them (the job's status only): the node folders that count."""
     # not keys of the file: what reading it found
     found: bool = field(default=False, compare=False)
     """The file was there and held a JSON object."""
@@ -128,7 +130,7 @@ class Status:
             owner_cmdline=get("owner_cmdline", _strs), slurm_job_id=get("slurm_job_id", _job_id),
             node=get("node", lambda v: v if isinstance(v, str) and node_name_ok(v) else None),
             failures=get("failures", _failures, []), slurm_state=get("slurm_state", _str),
-            found=True, invalid=frozenset(bad))
+            job_nodes=get("job_nodes", _node_names, []), found=True, invalid=frozenset(bad))
 
 
 def judge(status: Status, supervisor_alive: Callable[[Status], bool]) -> Liveness:
@@ -236,6 +238,13 @@ def _failures(v: Any) -> list[dict[str, Any]] | None:
         return None
     return [{k: _int(f.get(k)) for k in ("rank", "exit_code", "pid")}
             for f in v if isinstance(f, dict) and _int(f.get("rank")) is not None]
+
+
+def _node_names(v: Any) -> list[str] | None:
+    """A list of node names, each once; None (invalid) when any entry cannot name a node folder."""
+    if not isinstance(v, list) or not all(isinstance(n, str) and node_name_ok(n) for n in v):
+        return None
+    return list(dict.fromkeys(v))
 
 
 def _strs(v: Any) -> list[str] | None:

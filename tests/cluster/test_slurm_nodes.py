@@ -189,6 +189,7 @@ def test_a_two_node_job_completes_with_each_nodes_files_in_its_folder(slurm: Clu
     assert [e["step"] for e in events(run_dir, "step")] == list(range(1, 41))
     assert events(run_dir, "run_start")[0]["world_size"] == 2
     assert final["slurm_job_id"] == job and final["nnodes"] == 2 and final["node"] == "n1"
+    assert final["job_nodes"] == ["n1", "n2"], final   # Slurm's list: the only folders under nodes/ its readers count
     assert _node_status(run_dir, "n2")["state"] == "completed"
     # the one-machine files stay away from the top; the job's files stay there
     assert not (run_dir / "system.jsonl").exists() and not list((run_dir / "heartbeat").glob("*"))

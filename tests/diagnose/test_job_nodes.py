@@ -5,6 +5,7 @@ node's status is read once a tick; every node's system samples reach the rules, 
 node n2's rank is found and named with its node."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -16,11 +17,14 @@ from typing import Any, Iterator
 import pytest
 
 from mt.contract.config import MonitorConfig
-from mt.contract.status import read_status, write_status
+from mt.contract.heartbeat import Heartbeat
+from mt.contract.paths import RunPaths
+from mt.contract.status import Status, read_status, write_status
 from mt.contract.system import clean_sample
+from tests.cli.conftest import mt
 from tests.tui.jobdir import JobDir, two_nodes
 from tui.diagnose.monitor import IncidentMonitor, Tick
-from tui.read.nodes import JobReader
+from tui.read.nodes import JobReader, every_heartbeat
 from tui.run.peers import PeerNodes
 from tui.run.sampler import SystemSampler
 
@@ -184,4 +188,57 @@ def test_a_stall_on_node_n2s_rank_is_found_from_n2s_samples_and_named_with_its_n
     assert rec["title"] == "Dataloader stall at step 8" and rec["evidence"]["in_progress"], rec
     assert "rank 1 on node n2: waits in read, worker " in rec["detail"], rec["detail"]
     assert sorted(rec["evidence"]["ranks"]) == ["0", "1"], rec["evidence"]   # n1's rank read in /proc, n2's from its sample
+    job.close()
+
+
+def test_a_nodes_lists_of_ranks_are_cut_to_what_the_job_holds(tmp_path: Path) -> None:
+    """n2's status names 50,000 workers and 1,000 failures, a sample and a heartbeat name ranks outside the
+    job's world: the reader keeps n2's nproc (2) of the job's 4 ranks, and the rules see no more."""
+    job = two_nodes(tmp_path, 3)
+    st = read_status(tmp_path, "n2")
+    st.worker_pids = {str(r): 1000 + r for r in range(50_000)}
+    st.state, st.exit_code = "failed", 1
+    # 1,000 failures beside them: the file stays under the door's 1 MiB (a larger one is refused whole)
+    st.failures = [{"rank": r, "exit_code": 1, "pid": 1000 + r} for r in range(1_000, 0, -1)]
+    st.attempts = [{"attempt": 1, "exit_code": 1, "failures": st.failures}]
+    write_status(job.paths.on("n2"), st, node_only=True)
+    tmpl = job.templates["n2"]
+    job.templates["n2"] = {**tmpl, "ranks": [*tmpl["ranks"], *({**tmpl["ranks"][0], "rank": r} for r in (4, 7, 900))]}
+    job.sample()
+    outside = job.paths.on("n2").heartbeat(9)   # rank 9 of a 4-rank job
+    outside.write_text(json.dumps({"step": 3, "t": time.time(), "rank": 9, "attempt": 1}))
+    reader = JobReader(tmp_path)
+    n1, n2 = reader.poll()
+    assert n2.status.worker_pids == {"0": 1000, "1": 1001}, len(n2.status.worker_pids)
+    assert [f["rank"] for f in n2.status.failures] == [3, 2], len(n2.status.failures)   # root cause first, as recorded
+    assert [f["rank"] for f in n2.status.attempts[0]["failures"]] == [3, 2]
+    assert [e["rank"] for e in n2.sample["ranks"]] == [2, 3], n2.sample["ranks"]
+    assert sorted(n2.heartbeats) == [2, 3] and max(r.rank for r in n2.ranks()) == 3
+    [gone] = reader.exits(1)
+    assert [f.rank for f in gone.failures] == [3, 2]
+    job.close()
+
+
+def test_a_nodes_link_is_never_followed(tmp_path: Path) -> None:
+    """`nodes` a link to /proc (its pid folders look like node names) or to a real job's nodes: no node is read."""
+    job = two_nodes(tmp_path / "real", 3)
+    job.close()
+    for target in (Path("/proc"), job.paths.nodes_dir):
+        root = tmp_path / f"via-{target.name}"
+        JobDir(root, ["n1", "n2"], 2).close()
+        write_status(RunPaths(root), Status(state="running", attempt=1))   # no node list, no nnodes: only the link is refused
+        os.symlink(target, root / "nodes")
+        assert RunPaths(root).node_names() == [] and JobReader(root).poll() == [], target
+        out = mt("watch", "--once", str(root))
+        assert out.returncode == 0 and "job:" not in out.stdout, out.stdout
+
+
+def test_a_folder_that_is_not_the_jobs_node_is_not_read(tmp_path: Path) -> None:
+    job = two_nodes(tmp_path, 3)
+    stray = job.paths.on("n3")
+    write_status(stray, Status(state="running", attempt=1, worker_pids={"2": os.getpid()}), node_only=True)
+    Heartbeat(stray.heartbeat(2), 2, 1).beat(10**5)   # it would lead the job's rank 2 by far
+    reader = JobReader(tmp_path)
+    assert [v.name for v in reader.poll()] == ["n1", "n2"] and reader.strays == ["n3"]
+    assert every_heartbeat(job.paths)[2]["step"] == 3
     job.close()

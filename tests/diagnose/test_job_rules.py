@@ -2,6 +2,8 @@
 a straggler and a crash name the rank and its node; one-machine wording is unchanged."""
 from __future__ import annotations
 
+import json
+import os
 import time
 from pathlib import Path
 
@@ -202,4 +204,71 @@ def test_a_rank_killed_on_a_live_node_is_the_crash_its_supervisor_records_not_a_
     write_status(job.paths.on("n2"), st, node_only=True)
     out += _exits(monitor, job)
     assert [r["title"] for r in out] == ["Worker crashed: rank 3 on node n2 at step 7"], out
+    job.close()
+
+
+# Step anatomies as the engine wrote them on a real 2-rank CPU run (tests/diagnose/test_rules_slowrank.py):
+# a rank whose dataset sleeps 10 ms an item, and its peer waiting for it in all-reduce
+WAITS = {"step_s": 0.09036, "data_s": 0.0007804, "compute_s": 0.002731, "optim_s": 0.0009271, "comm_s": 0.08554}
+SLOW_INPUT = {"step_s": 0.09053, "data_s": 0.08346, "compute_s": 0.003233, "optim_s": 0.0009633, "comm_s": 0.002394}
+
+
+def test_a_slow_input_rank_on_n2_is_a_straggler_naming_its_node(tmp_path: Path) -> None:
+    job = two_nodes(tmp_path, 3, gap_s=0.05)
+    job.anatomy({r: SLOW_INPUT if r == 3 else WAITS for r in range(4)})
+    monitor = IncidentMonitor(tmp_path, MonitorConfig(hang_floor_s=60.0))
+    deadline = time.monotonic() + 20
+    step, rec = 3, None
+    while rec is None and time.monotonic() < deadline:
+        step += 1
+        job.step(step)
+        job.sample()
+        rec = next((r for r in monitor.poll() if r["code"] == "straggler"), None)
+        time.sleep(0.1)
+    assert rec is not None, "no straggler incident"
+    assert rec["title"] == "Straggler: rank 3 on node n2 is input-bound", rec["title"]
+    assert rec["evidence"]["why"].startswith("rank 3 on node n2 is input-bound: it waits 83 ms a step for data while "
+                                             "rank 0 on node n1, 1 on node n1, 2 on node n2 wait ~86 ms"), rec["evidence"]
+    assert (rec["evidence"]["rank"], rec["evidence"]["node"]) == (3, "n2"), rec["evidence"]
+    job.close()
+
+
+def test_a_node_folder_that_is_not_the_jobs_makes_no_incident(tmp_path: Path) -> None:
+    """nodes/n3, not one of the job's nodes, says a worker of it was killed: the healthy job has no incident."""
+    job = two_nodes(tmp_path, 3, gap_s=0.05)
+    stray = job.paths.on("n3")
+    stray.here.mkdir(parents=True)
+    write_status(stray, Status(state="failed", attempt=1, exit_code=1, nnodes=2, nproc=2, node_rank=2,
+                               failures=[{"rank": 7, "exit_code": -9, "pid": 4242}]), node_only=True)
+    monitor = IncidentMonitor(tmp_path, MonitorConfig(hang_floor_s=60.0))
+    out = []
+    for step in range(4, 10):   # the job steps on: each tick reads every node the job has
+        job.step(step)
+        job.sample()
+        out += monitor.poll()
+        time.sleep(0.05)
+    assert out == [], out
+    assert [v.name for v in monitor.job.views] == ["n1", "n2"] and monitor.job.strays == ["n3"]
+    job.close()
+
+
+def test_a_heartbeat_past_max_steps_is_no_progress_and_no_straggler(tmp_path: Path) -> None:
+    """Rank 3's heartbeat says step 1e18 (the job runs 10**6 steps): no rank is taken to lag behind it."""
+    job = two_nodes(tmp_path, 3, gap_s=0.05)
+    job.beats[3]._map[:] = (json.dumps({"step": 1e18, "t": time.time(), "pid": os.getpid(), "rank": 3, "attempt": 1,
+                                        "phase": "train"}).ljust(job.beats[3].WIDTH) + "\n").encode()
+    monitor = IncidentMonitor(tmp_path, MonitorConfig(straggler_steps=5, hang_floor_s=60.0))
+    monitor.poll()
+    assert monitor.sig.heartbeat_lag == {}, monitor.sig.heartbeat_lag   # what the straggler rule judges: no lag at all
+    assert 3 not in monitor.job.views[1].heartbeats
+    # the rule's own window: a lag must hold max(3 s, 3 x the median step interval) before it is a straggler
+    steady = max(3.0, 3 * (monitor.sig.median_step_interval() or 1.0))
+    t0, step, out = time.monotonic(), 3, []
+    while time.monotonic() - t0 < 1.5 * steady:
+        step += 1
+        job.step(step, ranks=[0, 1, 2])
+        job.sample()
+        out += [r for r in monitor.poll() if r["code"] == "straggler"]
+        time.sleep(0.1)
+    assert out == [], out
     job.close()

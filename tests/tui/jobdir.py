@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mt.contract.anatomy import StepAnatomy
 from mt.contract.events import dumps
 from mt.contract.heartbeat import Heartbeat
 from mt.contract.paths import RunPaths
@@ -63,8 +64,10 @@ class JobDir:
 
     def _start(self, pids: dict[int, int], sampler: Any) -> None:
         now = time.time()
+        # the job's status names its nodes, as the job's supervisor records Slurm's list
         write_status(self.paths, Status(state="running", attempt=1, supervisor_pid=os.getpid(), started=now,
-                                        nnodes=len(self.nodes), nproc=self.per_node, node_rank=0))
+                                        nnodes=len(self.nodes), nproc=self.per_node, node_rank=0,
+                                        job_nodes=list(self.nodes)))
         for k, node in enumerate(self.nodes):
             mine = {r: pids[r] for r in self.ranks_of(node)}
             self.paths.on(node).here.mkdir(parents=True, exist_ok=True)   # the node's supervisor makes it
@@ -95,6 +98,14 @@ class JobDir:
             self.beats[r].beat(step)
             if log:
                 self.log(r, f"step {step} done\n")
+
+    def anatomy(self, parts: dict[int, dict[str, float]], steps: int = 20) -> None:
+        """Each rank's heartbeat carries these step parts from its next beat on (`steps` steps of them, as the engine's StepClock adds)."""
+        for r, p in parts.items():
+            a = StepAnatomy(refresh=1)
+            for _ in range(steps):
+                a.add(**p)
+            self.beats[r].anatomy = a
 
     def log(self, rank: int, text: str) -> None:
         f = self._logs.get(rank)

@@ -39,6 +39,57 @@ def test_once_shows_every_node_and_its_ranks_grouped(tmp_path: Path) -> None:
     assert_grouped(out.stdout)
 
 
+# step anatomies as the engine wrote them (tests/diagnose/test_rules_slowrank.py INPUT): rank 3 waits for its data
+WAITS = {"step_s": 0.09036, "data_s": 0.0007804, "compute_s": 0.002731, "optim_s": 0.0009271, "comm_s": 0.08554}
+SLOW_INPUT = {"step_s": 0.09053, "data_s": 0.08346, "compute_s": 0.003233, "optim_s": 0.0009633, "comm_s": 0.002394}
+
+
+def job_with_anatomy(root: Path) -> JobDir:
+    job = two_nodes(root, 3)
+    job.anatomy({r: SLOW_INPUT if r == 3 else WAITS for r in range(4)})
+    job.step(4)
+    job.sample()
+    return job
+
+
+def assert_anatomy_under_each_rank(text: str) -> None:
+    lines = grouped(text)
+    rows = [i for i, ln in enumerate(lines) if ln.startswith("r")]
+    assert [lines[i].split()[0] for i in rows] == ["r0", "r1", "r2", "r3"], text
+    for i in rows[:3]:
+        assert lines[i + 1] == "90 ms: data 0.78, compute 2.7, optim 0.93, wait 86", text
+    assert lines[rows[3] + 1] == "91 ms: data 83, compute 3.2, optim 0.96, wait 2.4", text
+
+
+def test_once_shows_each_ranks_step_anatomy_under_it(tmp_path: Path) -> None:
+    job_with_anatomy(tmp_path / "job").close()
+    out = mt("watch", "--once", str(tmp_path / "job"))
+    assert out.returncode == 0, out.stderr
+    assert_anatomy_under_each_rank(out.stdout)
+
+
+async def test_dashboard_shows_each_ranks_step_anatomy_under_it(tmp_path: Path) -> None:
+    job = job_with_anatomy(tmp_path)
+    app = make_app(tmp_path)
+    async with app.run_test(size=(140, 44)) as pilot:
+        await loaded(pilot)
+        assert_anatomy_under_each_rank(text_of(app, "#system"))
+    job.close()
+
+
+def test_once_names_a_folder_that_is_not_the_jobs_once_and_reads_nothing_of_it(tmp_path: Path) -> None:
+    from mt.contract.status import Status, write_status
+
+    job = two_nodes(tmp_path / "job")
+    write_status(job.paths.on("n3"), Status(state="failed", attempt=1, exit_code=1,
+                                            worker_pids={str(r): 7 for r in range(64)}), node_only=True)
+    job.close()
+    out = mt("watch", "--once", str(tmp_path / "job"))
+    assert out.returncode == 0, out.stderr
+    assert_grouped(out.stdout)
+    assert out.stdout.count("n3") == 1 and "not part of this job (ignored): nodes/n3" in out.stdout, out.stdout
+
+
 async def test_dashboard_shows_every_node_and_its_ranks_at_80x24(tmp_path: Path) -> None:
     job = two_nodes(tmp_path)
     app = make_app(tmp_path)
@@ -90,8 +141,14 @@ def test_headless_prints_the_nodes_of_a_job(tmp_path: Path) -> None:
 
 
 def hostile_nodes(root: Path) -> JobDir:
-    """The 2-node job, and beside it every kind of nodes/ entry a reader must survive."""
+    """The 2-node job, and beside it every kind of nodes/ entry a reader must survive (n3-n5 named
+    by the job as its nodes, so their hostile files are read)."""
+    from mt.contract.status import read_status, write_status
+
     job = two_nodes(root)
+    st = read_status(root)
+    st.job_nodes = ["n1", "n2", "n3", "n4", "n5"]
+    write_status(job.paths, st)
     nodes = job.paths.nodes_dir
     (nodes / "afile").write_text("not a folder")
     os.symlink("/etc", nodes / "alink")
@@ -124,7 +181,7 @@ def test_hostile_nodes_entries_crash_no_reader(tmp_path: Path) -> None:
     out = mt("watch", "--once", str(tmp_path / "job"), timeout=60)
     assert out.returncode == 0, out.stderr
     lines = grouped(out.stdout)
-    assert lines[0] == "job: 5 nodes, 4 ranks", out.stdout   # n1-n5; n1-again is a link: skipped
+    assert lines[0] == "job: 5 nodes, 4 ranks", out.stdout   # n1-n5; n1-again is a link: skipped (and not the job's)
     assert any(ln.startswith("n3 running 0/0r step -") for ln in lines), out.stdout
     assert any(ln.startswith("n4 ? 0/0r") for ln in lines), out.stdout
     assert any(ln.startswith("n5 ? 0/0r") for ln in lines), out.stdout

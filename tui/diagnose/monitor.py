@@ -172,7 +172,8 @@ class IncidentMonitor:
                 self.nodes, self._rank_logs = nodes, {}
             hbs = {r: hb for v in views for r, hb in v.heartbeats.items() if self.nodes.get(r) == v.name}
         else:
-            hbs = read_heartbeats(self.paths)
+            world = self.sig.world_size
+            hbs = read_heartbeats(self.paths, range(world) if world else None, self.sig.max_steps)
             if self.nodes:
                 self.nodes, self._rank_logs = {}, {}
         self.sig.note_heartbeats(hbs, now, self.m.straggler_steps)
@@ -225,7 +226,7 @@ class IncidentMonitor:
 
     def _logs(self) -> list[Path]:
         out = []
-        for paths in [self.paths, *(self.paths.on(n) for n in self.paths.node_names())]:
+        for paths in [self.paths, *(self.paths.on(v.name) for v in self.job.views)]:
             try:
                 out += [p for p in paths.logs.iterdir() if p.suffix == ".log"]
             except OSError:

@@ -100,21 +100,21 @@ def slow_rank(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | 
     waits = [p.comm_s for p in others] if me.comm_s is not None else [
         (p.step_s - (p.data_s or 0.0)) - (me.step_s - (me.data_s or 0.0)) for p in others]
     wait_s = max(statistics.median(waits), 0.0)  # type: ignore[type-var]
-    peers = ", ".join(str(r) for r in sorted(parts) if r != slow)
+    peers = obs.whom([r for r in sorted(parts) if r != slow])   # in a job each with its node, as the hang names them
     verb = "waits" if len(others) == 1 else "wait"
     own = f"it waits {fmt_ms(me.data_s)} a step for data" if input_bound else \
         f"its forward/backward and optimizer take {fmt_ms(me.work_s)} a step"
-    why = f"rank {slow} is {bound}-bound: {own} while rank {peers} {verb} ~{fmt_ms(wait_s)} in all-reduce for it"
+    why = f"{obs.who(slow)} is {bound}-bound: {own} while rank {peers} {verb} ~{fmt_ms(wait_s)} in all-reduce for it"
     detail = f"{why} (medians of the ranks' last steps; a step takes {fmt_ms(step_s)})"
     busy = _host_busy(sig, obs, obs.nodes.get(slow)) if bound == "compute" else None
     if busy is not None and busy >= HOST_BUSY_CORES:
         detail += f"; its host's CPU is busy with something else ({busy:.1f} cores besides the ranks)"
     evidence: dict[str, Any] = {
-        "why": why, "rank": slow, "bound": bound, "gap_s": round(gap, 4), "wait_s": round(wait_s, 4), "step_s": round(step_s, 4),
+        "why": why, "rank": slow, **({"node": obs.nodes[slow]} if slow in obs.nodes else {}), "bound": bound, "gap_s": round(gap, 4), "wait_s": round(wait_s, 4), "step_s": round(step_s, 4),
         "host_busy_cores": None if busy is None else round(busy, 2),
         "anatomy": {str(r): {k: v for k, v in p.__dict__.items() if v is not None} for r, p in sorted(parts.items())},
     }
     advice = ADVICE_INPUT if input_bound else ADVICE_COMPUTE + (" Other processes share this host's CPU now: "
                                                                 "check them (top)." if busy and busy >= 1 else "")
     return Finding("straggler", "warn", sig.last_step.step if sig.last_step else None,
-                   f"Straggler: rank {slow} is {bound}-bound", detail, advice, evidence)
+                   f"Straggler: {obs.who(slow)} is {bound}-bound", detail, advice, evidence)

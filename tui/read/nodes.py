@@ -3,7 +3,9 @@
 One reader for the viewer (`mt watch`, `--once`, `--headless`) and the job supervisor's rules:
 per refresh one scandir of nodes/ and, per node, a stat of its status.json (read again only when
 it changed), the new bytes of its system.jsonl and its heartbeat files, so the cost grows with
-the number of nodes and ranks, never with the number of steps the run has taken.
+the number of nodes and ranks, never with the number of steps the run has taken. Only the job's
+own nodes count (its status.json `job_nodes`), and what each holds is bounded by what the job can
+hold (`JobBounds`), here once, so no rule sees a rank, a pid list or a step the job cannot have.
 """
 from __future__ import annotations
 
@@ -12,16 +14,18 @@ import os
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
+from mt.contract import door
 from mt.contract.heartbeat import read_heartbeats
 from mt.contract.jsonl import JsonlTail
 from mt.contract.paths import RunPaths
-from mt.contract.status import Status, read_status
+from mt.contract.status import Status
 from mt.contract.system import clean_sample
 from tui.run.torchrun import Failure
 
 SYSTEM_TAIL_BYTES = 64 * 1024   # a node's newest sample is what is shown: the end of its file is enough
+T = TypeVar("T")   # an entry of a node's rank list (a worker pid, a failure, a sample's rank)
 _KEEP_SAMPLES = 60              # a node's samples waiting for the rules: a minute at one a second
 
 
@@ -41,6 +45,7 @@ class RankView:
     alive: bool | None = None
     syscall: str | None = None          # sampled by a job's other node (system.jsonl `syscall`, `workers`)
     workers: list[dict[str, Any]] = field(default_factory=list)
+    anatomy: dict[str, float] = field(default_factory=dict)   # its heartbeat's step anatomy (medians, s)
 
     def beat_age(self, now: float) -> float | None:
         return None if self.beat_t is None else max(0.0, now - self.beat_t)
@@ -87,6 +92,7 @@ class NodeView:
         for r, hb in self.heartbeats.items():
             rv = out.setdefault(r, RankView(r, self.name))
             rv.step, rv.beat_t, rv.phase, rv.attempt = hb["step"], hb["t"], hb.get("phase"), hb.get("attempt")
+            rv.anatomy = hb.get("anatomy") or {}
             rv.pid = rv.pid or hb.get("pid")
         return [out[r] for r in sorted(out)]
 
@@ -116,6 +122,69 @@ def _int(v: Any, default: int | None = None) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else default
 
 
+@dataclass(frozen=True)
+class JobBounds:
+    """What the job can hold, from its own status and config: ranks 0..world-1, at most `nproc` on a
+    node, heartbeat steps up to `max_step` (None: unknown, no bound but the heartbeat's own)."""
+
+    world: int | None = None
+    nproc: int | None = None
+    max_step: int | None = None
+
+    @property
+    def ranks(self) -> range | None:
+        return None if self.world is None else range(self.world)
+
+    def cut(self, items: list[T], rank: Callable[[T], int]) -> list[T]:
+        """The items of a node's list the job can hold, in the list's order: a rank in its world, each
+        rank once, the first `nproc` ranks (a failure list keeps its root cause first)."""
+        out: list[T] = []
+        seen: set[int] = set()
+        for item in items:
+            r = rank(item)
+            if r in seen or (self.world is not None and not 0 <= r < self.world):
+                continue
+            if self.nproc is not None and len(seen) >= self.nproc:
+                break
+            seen.add(r)
+            out.append(item)
+        return out
+
+
+def bounded_status(st: Status, b: JobBounds) -> Status:
+    """A node's status with its rank lists (worker_pids, failures, each attempt's failures) cut to what the job holds."""
+    st.worker_pids = dict(b.cut(list(st.worker_pids.items()), lambda kv: int(kv[0])))
+    st.failures = _bounded_failures(st.failures, b)
+    st.attempts = [{**a, "failures": _bounded_failures(a["failures"], b)} if isinstance(a.get("failures"), list) else a
+                   for a in st.attempts]
+    return st
+
+
+def _bounded_failures(raw: list[Any], b: JobBounds) -> list[Any]:
+    return b.cut([f for f in raw if isinstance(f, dict) and _int(f.get("rank")) is not None], lambda f: f["rank"])
+
+
+def bounded_sample(sample: dict[str, Any], b: JobBounds) -> dict[str, Any]:
+    """A node's system sample with the rank entries the job can hold (in its world, `nproc` at most)."""
+    return {**sample, "ranks": b.cut(sample["ranks"], lambda e: e["rank"])}
+
+
+def read_status_if_changed(path: Path, key: tuple[int, int, int] | None) -> tuple[tuple[int, int, int] | None, Status | None]:
+    """(the file's key, its Status through the door) when its (inode, size, mtime) is not `key`; (key, None) when unchanged."""
+    try:
+        st = os.lstat(path)
+        now: tuple[int, int, int] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
+    except OSError:
+        now = None
+    if now == key:
+        return key, None
+    if now is None:
+        return None, Status()
+    status = Status.parse(door.read_json(path))
+    status.written = st.st_mtime
+    return now, status
+
+
 class NodeReader:
     """One node's folder, followed: the status when it changed, the new samples, the heartbeats."""
 
@@ -125,19 +194,18 @@ class NodeReader:
         self.view = NodeView(paths.node or "")
         self._system = JsonlTail.near_end(paths.system, SYSTEM_TAIL_BYTES)
         self._status_key: tuple[int, int, int] | None = None
+        self._bounds = JobBounds()   # the bounds its status was cut to: new bounds, the status is read again
         self.new_samples: deque[dict[str, Any]] = deque(maxlen=_KEEP_SAMPLES)   # not yet taken (JobReader.take_samples)
 
-    def poll(self) -> NodeView:
+    def poll(self, bounds: JobBounds = JobBounds()) -> NodeView:
+        """The node's files now, each value bounded by what the job holds (`bounds`)."""
+        if bounds != self._bounds:
+            self._status_key, self._bounds = None, bounds
+        self._status_key, status = read_status_if_changed(self._status_path, self._status_key)
+        if status is not None:
+            self.view.status = bounded_status(status, bounds)
         try:
-            st = os.stat(self._status_path)
-            key: tuple[int, int, int] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
-        except OSError:
-            key = None
-        if key != self._status_key:
-            self._status_key = key
-            self.view.status = read_status(self.paths.root, self.paths.node) if key is not None else Status()
-        try:
-            new = [s for s in map(clean_sample, self._system.iter_new()) if s is not None]
+            new = [bounded_sample(s, bounds) for s in map(clean_sample, self._system.iter_new()) if s is not None]
         except OSError:   # not a file (a folder, a FIFO's reader gone): this node shows no sample
             new = []
         if new:
@@ -145,22 +213,59 @@ class NodeReader:
             # kept until taken: the supervisor's peer watch polls between the rules' ticks; a reader
             # nobody takes from (the viewer) keeps the last _KEEP_SAMPLES only
             self.new_samples.extend(new)
-        self.view.heartbeats = read_heartbeats(self.paths)
+        self.view.heartbeats = read_heartbeats(self.paths, bounds.ranks, bounds.max_step)
         self.view._ranks = None
         return self.view
 
 
+def counted_nodes(found: list[str], job: Status) -> tuple[list[str], list[str]]:
+    """(the folders that are the job's nodes, those that are not): the nodes its status names
+    (`job_nodes`); before it names any, the folders found, `nnodes` of them at most."""
+    if job.job_nodes:
+        mine = set(job.job_nodes)
+        counted = [n for n in found if n in mine]
+    else:
+        counted = found if job.nnodes is None else found[: job.nnodes]
+    kept = set(counted)
+    return counted, [n for n in found if n not in kept]
+
+
 class JobReader:
-    """Every node under a run directory's nodes/ (none: the one-machine layout)."""
+    """Every node under a run directory's nodes/ that is the job's (none: the one-machine layout)."""
 
     def __init__(self, run_dir: Path) -> None:
         self.paths = RunPaths(Path(run_dir))
         self.readers: dict[str, NodeReader] = {}
         self.views: list[NodeView] = []   # as the last poll found them
+        self.strays: list[str] = []       # folders under nodes/ that are not the job's: never read
+        self.job = Status()               # the job's status.json, read again only when it changed
+        self._job_key: tuple[int, int, int] | None = None
+        self._config: dict[str, Any] | None = None
+
+    def nodes(self) -> tuple[list[str], JobBounds]:
+        """The job's node folders now and what the job can hold (`strays` is set too)."""
+        self._job_key, job = read_status_if_changed(self.paths.status, self._job_key)
+        if job is not None:
+            self.job = job
+        counted, self.strays = counted_nodes(self.paths.node_names(), self.job)
+        return counted, self._bounds()
+
+    def _bounds(self) -> JobBounds:
+        """The job's world and nproc from its status (the supervisor's, the shape in force), else its config."""
+        if self._config is None:
+            raw = door.read_json(self.paths.config)
+            self._config = raw if isinstance(raw, dict) else None
+        cfg = self._config or {}
+        launch, train = cfg.get("launch") or {}, cfg.get("train") or {}
+        nproc = self.job.nproc or _positive(launch.get("nproc_per_node"))
+        nnodes = self.job.nnodes or len(self.job.job_nodes) or _positive(launch.get("nnodes"))
+        # [train] max_steps is the engine's; a script says its own (run_start): only the heartbeat's bound then
+        max_step = None if launch.get("script") else _positive(train.get("max_steps"))
+        return JobBounds(nproc * nnodes if nproc and nnodes else None, nproc, max_step)
 
     def poll(self) -> list[NodeView]:
         """Each node's view now, sorted by name; [] for a run directory without nodes/."""
-        names = self.paths.node_names()
+        names, bounds = self.nodes()
         for gone in set(self.readers) - set(names):
             del self.readers[gone]
         views = []
@@ -169,7 +274,7 @@ class JobReader:
             if reader is None:
                 reader = self.readers[name] = NodeReader(self.paths.on(name))
             try:
-                views.append(reader.poll())
+                views.append(reader.poll(bounds))
             except (OSError, ValueError):   # a folder that vanished or turned hostile mid-read
                 continue
         self.views = views
@@ -204,8 +309,13 @@ def node_of_ranks(views: list[NodeView]) -> dict[int, str]:
 
 
 def every_heartbeat(paths: RunPaths) -> dict[int, dict[str, Any]]:
-    """The heartbeats at the top and under every node's folder, by rank (one machine: the top's)."""
+    """The heartbeats at the top and under each of the job's nodes, by rank (one machine: the top's)."""
     out = read_heartbeats(paths.on(None))
-    for name in paths.node_names():
-        out.update(read_heartbeats(paths.on(name)))
+    names, bounds = JobReader(paths.root).nodes()
+    for name in names:
+        out.update(read_heartbeats(paths.on(name), bounds.ranks, bounds.max_step))
     return out
+
+
+def _positive(v: Any) -> int | None:
+    return v if _int(v) is not None and v > 0 else None

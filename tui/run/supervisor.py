@@ -41,7 +41,7 @@ from tui.run.peers import JOB_END_WAIT_S, JOB_START_WAIT_S, PEER_WAIT_S, PeerNod
 from tui.run.preempt import JobEnd
 from tui.run.procs import daemonize, die_with_parent, file_logger, kill_all, rank_processes, run_processes, terminate_all
 from tui.run.sampler import SystemSampler
-from tui.run.slurm import SlurmError, node_addr, slurm_launch, slurm_node
+from tui.run.slurm import SlurmError, hostnames, node_addr, slurm_launch, slurm_node
 from tui.run.torchrun import NodeRole, attempt_command, is_direct, worker_env, worker_exit_code
 
 
@@ -66,6 +66,8 @@ class Supervisor:
         self.is_job = self.node is None or self.cfg.launch.node_rank == 0
         self.role = None if self.node is None else NodeRole(is_host=self.is_job, addr=node_addr(self.node))
         self.status.node = self.node
+        if self.node is not None and self.is_job:   # the job's nodes: the only folders under nodes/ its readers count
+            self.status.job_nodes = hostnames(os.environ.get("SLURM_JOB_NODELIST", ""))
         self.job = JobReader(self.run_dir)   # the one reader of nodes/: the peer watch and the rules' ticks share it
         self.peers = PeerNodes(self.paths, self.job, self.log)
         # the job's supervisor (node 0) records the job's end and requeues it; other nodes never do

@@ -248,20 +248,38 @@ def _node_head(view: "NodeView", ranks: list["RankView"], now: float) -> str:
             f" cpu {fmt_field(host.get('cpu_pct'), '.0f', '%')}{gpu}")
 
 
-def node_lines(views: list["NodeView"], now: float, max_lines: int = 14) -> list[tuple[str, str]]:
-    """Every node of a job, grouped: one line per node, then its ranks where `max_lines` has room
-    for all of them; else only the ranks that exited or went quiet. (text, style) pairs."""
+def _anatomy_cell(rv: "RankView") -> tuple[str, str] | None:
+    """A live rank's step anatomy from its heartbeat, the line under its row (as the one-machine panel's)."""
+    if rv.alive is False or "step_s" not in rv.anatomy:
+        return None
+    return f"    {anatomy_text(rv.anatomy, short=True)}", "dim"
+
+
+def node_lines(views: list["NodeView"], now: float, max_lines: int = 14,
+               strays: list[str] | None = None) -> list[tuple[str, str]]:
+    """Every node of a job, grouped: one line per node, then its ranks (each live one's step anatomy
+    under it) where `max_lines` has room for all of them; else only the ranks that exited or went
+    quiet. `strays`: folders under nodes/ that are not the job's, named once. (text, style) pairs."""
     if not views:
         return []
     ranks = {v.name: v.ranks() for v in views}
     total = sum(len(r) for r in ranks.values())
-    expand = 1 + len(views) + total <= max_lines
+    rows = 1 + len(views) + total
+    expand = rows <= max_lines
+    under = {(v.name, rv.rank): _anatomy_cell(rv) for v in views for rv in ranks[v.name]} if expand else {}
+    detail = rows + sum(1 for c in under.values() if c) <= max_lines
     out = [(f"job: {len(views)} nodes, {total} ranks", "bold")]
     for v in views:
         out.append((_node_head(v, ranks[v.name], now), "bold"))
         for rv in ranks[v.name]:
             if expand or _troubled(rv, now):
                 out.append(_rank_cell(rv, now))
+                cell = under.get((v.name, rv.rank)) if detail else None
+                if cell:
+                    out.append(cell)
+    if strays:
+        more = f" and {len(strays) - 5} more" if len(strays) > 5 else ""
+        out.append((f"not part of this job (ignored): {', '.join('nodes/' + safe_text(n) for n in strays[:5])}{more}", "dim"))
     return out
 
 

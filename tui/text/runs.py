@@ -121,9 +121,10 @@ def run_summary(run_dir: Path) -> str:
         text += f"\nwarning: status says {safe_text(st.state)}, but its supervisor is gone (state lost)"
     if st.status.state == "pending":
         text += "\n" + safe_text(pending_line(st.status.slurm_job_id))   # the job id is status.json's, the reason squeue's
-    nodes = JobReader(Path(run_dir)).poll()
-    if nodes:   # a job's shared run directory: every node and its ranks
-        text += "\n" + "\n".join(line for line, _ in node_lines(nodes, time.time(), ONCE_NODE_LINES))
+    job = JobReader(Path(run_dir))
+    nodes = job.poll()
+    if nodes:   # a job's shared run directory: every node and its ranks (and once, any folder that is not the job's)
+        text += "\n" + "\n".join(line for line, _ in node_lines(nodes, time.time(), ONCE_NODE_LINES, job.strays))
     return text
 
 
