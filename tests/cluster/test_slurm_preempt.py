@@ -233,6 +233,7 @@ def test_mt_kill_cancels_the_job_and_leaves_no_process_on_any_node(slurm: Cluste
     # cancelled in Slurm (not a job that ended because its processes did), and kept so for MinJobAge
     assert "JobState=CANCELLED" in slurm.run("scontrol", "show", "job", job).stdout
     assert status(run_dir)["state"] == "killed"
+    assert not events(run_dir, "checkpoint")   # a kill is no stop: no rank saved (every=10_000: none due)
     _gone(slurm, job)
     slurm.wait_for("no process of the job left", lambda: not _job_processes(slurm, job), timeout=30)
     alive = [p for p in pids if _live(p)]
