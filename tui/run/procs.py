@@ -165,6 +165,20 @@ def terminate_all(procs: list[psutil.Process], grace_s: float, first: int = sign
     return report
 
 
+def others(run_dir: Path, pids: Iterable[int | None], node: str | None) -> list[psutil.Process]:
+    """`run_processes` but the calling one (a supervisor ending its torchrun, ranks and their children)."""
+    return [p for p in run_processes(run_dir, pids, node=node) if p.pid != os.getpid()]
+
+
+def send_all(procs: list[psutil.Process], sig: int) -> None:
+    """`sig` to each process, now; one gone meanwhile is skipped."""
+    for p in procs:
+        try:
+            p.send_signal(sig)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+
+
 def kill_all(procs: list[psutil.Process]) -> SignalReport:
     """SIGKILL each process at once (no graceful stop: it would write where it must not), and wait."""
     report = SignalReport()

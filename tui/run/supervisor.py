@@ -37,10 +37,11 @@ from tui.diagnose.hook import IncidentHook
 from tui.mirror.mirror import MirrorHook
 from tui.read.nodes import JobReader
 from tui.run import lock as runlock
+from tui.run import procs
 from tui.run.failure import attempt_failure, failures_since
 from tui.run.peers import JOB_END_WAIT_S, JOB_START_WAIT_S, PEER_WAIT_S, PeerNodes, next_attempt
 from tui.run.preempt import JobEnd
-from tui.run.procs import KILL_SIGNAL, daemonize, die_with_parent, file_logger, kill_all, rank_processes, run_processes, terminate_all
+from tui.run.procs import daemonize, die_with_parent, file_logger, kill_all, rank_processes, run_processes, terminate_all
 from tui.run.sampler import SystemSampler
 from tui.run.slurm import SlurmError, node_addr, slurm_launch, slurm_node
 from tui.run.torchrun import NodeRole, attempt_command, is_direct, worker_env, worker_exit_code
@@ -278,15 +279,12 @@ class Supervisor:
         next_tick = time.monotonic()
         while tr.poll() is None:
             now = time.monotonic()
-            if self.kill_requested and kill_deadline is None:
-                # said first, before the next tick: the rules never read the dying ranks as a crash
-                self.stopping("kill requested")
-                # mt kill signals everything itself; this covers a supervisor-only SIGUSR1. The kill
-                # signal, never SIGTERM, which torchrun forwards and every rank answers with a checkpoint
+            if self.kill_requested and kill_deadline is None:   # mt kill signals all itself; this covers a lone SIGUSR1
+                self.stopping("kill requested")   # before the next tick: the rules never read the dying ranks as a crash
                 kill_deadline = now + 15.0
-                self.signal_ranks(tr, KILL_SIGNAL)
+                procs.send_all(procs.others(self.run_dir, [tr.pid], self.node), procs.KILL_SIGNAL)   # never SIGTERM: a stop saves
             if kill_deadline is not None and now > kill_deadline:
-                kill_all(self.own_processes(tr))
+                kill_all(procs.others(self.run_dir, [tr.pid], self.node))
             run_end = self.follow_events(attempt) or run_end
             if now >= next_tick:
                 next_tick = now + self.poll_s
@@ -311,16 +309,6 @@ class Supervisor:
                 pass
         return self.follow_events(attempt) or run_end
 
-    def own_processes(self, tr: subprocess.Popen[bytes]) -> list[Any]:
-        """torchrun (or the one worker), every rank of this node and their children; not this supervisor."""
-        return [p for p in run_processes(self.run_dir, [tr.pid], node=self.node) if p.pid != os.getpid()]
-
-    def signal_ranks(self, tr: subprocess.Popen[bytes], sig: int) -> None:
-        """`sig` to torchrun and every process under it (each rank is in a process group of its own)."""
-        for p in self.own_processes(tr):
-            with contextlib.suppress(Exception):   # gone meanwhile
-                p.send_signal(sig)
-
     def check_dir(self, tr: subprocess.Popen[bytes]) -> bool:
         """If the run directory was deleted or replaced, end every process of the run; True then.
 
@@ -330,7 +318,7 @@ class Supervisor:
         if self.lost:
             self.log.error("%s; ending the run (nothing more is written there)", self.lost)
             # SIGKILL: a graceful stop would write its final checkpoint into whatever is there now
-            kill_all(self.own_processes(tr))
+            kill_all(procs.others(self.run_dir, [tr.pid], self.node))
             tr.wait()
         return self.lost is not None
 
@@ -367,8 +355,7 @@ class Supervisor:
         leftovers = [p for p in run_processes(self.run_dir, node=self.node) if p.pid != os.getpid()]
         if leftovers:
             self.log.warning("terminating %d leftover processes: %s", len(leftovers), [p.pid for p in leftovers])
-            # after a kill, nothing left may save (SIGTERM is a stop, with its checkpoint)
-            terminate_all(leftovers, grace_s=10.0, first=KILL_SIGNAL if self.kill_requested else signal.SIGTERM)
+            terminate_all(leftovers, grace_s=10.0, first=procs.KILL_SIGNAL if self.kill_requested else signal.SIGTERM)  # a kill saves nothing
 
 
 def main(argv: list[str] | None = None) -> int:
