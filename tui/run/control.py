@@ -46,14 +46,14 @@ def _require_live(run_dir: Path) -> Status:
 def takes_requests(run_dir: Path, status: Status) -> bool:
     """Whether the run reads control/: mt's engine does, a script once it calls run.step (rank
     0's heartbeat thread polls it from then on); a heartbeat of this attempt says it did."""
-    from tui.read.nodes import every_heartbeat
+    from tui.read.nodes import called_mt_init
 
     paths = RunPaths(Path(run_dir))
     raw = read_json(paths.config)
     launch = raw.get("launch") if isinstance(raw, dict) else None
     if not (isinstance(launch, dict) and launch.get("script")) or status.by_script:
         return True  # the engine, or a run mt.init made (its rank 0 is the script, which uses mt)
-    return any(hb.get("attempt") == status.attempt for hb in every_heartbeat(paths).values())   # a job: under nodes/
+    return called_mt_init(paths, status.attempt)   # a job's: under nodes/
 
 
 def not_reporting_line(run_dir: Path, action: str) -> str:

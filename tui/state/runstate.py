@@ -111,6 +111,7 @@ class RunState:
     script: str | None = None          # a user's script ([launch] script) instead of mt's engine
     n_steps: int = 0                   # step events seen (all attempts)
     attempt_t: float | None = None     # when the newest run_start was written
+    mt_init_attempt: int | None = None # the attempt a script's heartbeat names: it called mt.init (tui/read/follower.py)
     status: Status = field(default_factory=Status, repr=False)   # found: False until status.json is read
     # (t, step) of recent step events, for a wall-clock ETA that includes eval/ckpt pauses
     recent: deque = field(default_factory=lambda: deque(maxlen=64), repr=False)
@@ -124,11 +125,15 @@ class RunState:
         return self.state in FINAL_STATES
 
     def script_hint(self) -> str | None:
-        """For a script that reports nothing through mt: what `run.step` would add."""
-        if self.script is None or self.attempt_t is not None or self.n_steps or self.state == "starting":
+        """For a script with no step yet: what `run.step` would add. That it reports nothing through
+        mt is said only once its attempt ended so; before, it may still be on its way to mt.init."""
+        if self.script is None or self.attempt_t is not None or self.n_steps or self.state == "starting" \
+                or self.mt_init_attempt == self.attempt:
             return None
-        return ("this script reports nothing through mt: `run = mt.init()` and `run.step(step, loss=...)` "
-                "add loss/lr plots, hang and NaN diagnosis, and the c/s keys (docs/library.md)")
+        adds = "`run = mt.init()` and `run.step(step, loss=...)` add loss/lr plots, hang and NaN diagnosis, and the c/s keys"
+        if self.is_final:
+            return f"this script reported nothing through mt: {adds} (docs/library.md)"
+        return f"no step yet: the script has not called mt.init in this attempt (one that never does is still supervised; {adds}: docs/library.md)"
 
     def note_best(self, step: int | None, loss: float) -> None:
         """A new best loss at `step`."""

@@ -1,0 +1,47 @@
+"""What the viewer says must hold: no 'reports nothing' before a script had time to report, no ETA
+on a stalled run, no heartbeat step behind the step events, `mt kill`'s line after Slurm ended it all."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from mt.contract.heartbeat import Heartbeat
+from mt.contract.paths import RunPaths
+from mt.contract.status import Status, write_status
+from tui.read.follower import load_run_state
+from tui.text.summary import format_summary
+from tui.widgets.notice import notice_text
+
+
+def _script_run(root: Path, state: str = "running", attempt: int = 1) -> RunPaths:
+    """A script run's directory as the supervisor keeps it, no step yet (this process stands in for its processes)."""
+    paths = RunPaths(root)
+    root.mkdir(parents=True, exist_ok=True)
+    paths.config.write_text(json.dumps({"run": {"name": "train"}, "launch": {"script": "train.py", "nproc_per_node": 1}}))
+    paths.events.touch()
+    final = state in ("completed", "failed", "killed", "stopped")
+    write_status(paths, Status(state=state, attempt=attempt, supervisor_pid=os.getpid(), torchrun_pid=os.getpid(),
+                               started=time.time() - 5, ended=time.time() if final else None))
+    return paths
+
+
+def test_a_script_is_said_to_report_nothing_only_once_its_attempt_ended_without_mt_init(tmp_path: Path) -> None:
+    paths = _script_run(tmp_path / "run")
+    # before mt.init (importing torch, loading data): no step yet, not "reports nothing"
+    st = load_run_state(paths.root)
+    said = format_summary(st) + str(notice_text(st, [], None))
+    assert "reports nothing" not in said and "reported nothing" not in said, said
+    assert "No step yet: the script has not called mt.init in this attempt" in str(notice_text(st, [], None))
+    # mt.init made its first beat: it reports through mt, its first run.step is what comes next
+    Heartbeat(paths.heartbeat(0), 0, 1).beat(0, "start")
+    st = load_run_state(paths.root)
+    assert st.script_hint() is None
+    assert str(notice_text(st, [], None)) == "Starting: waiting for the script's first run.step…"
+    # a heartbeat of the attempt before is no word on this one
+    paths = _script_run(tmp_path / "run", attempt=2)
+    assert load_run_state(paths.root).script_hint().startswith("no step yet")
+    # an attempt that ended with no heartbeat and no step: now it is known
+    paths = _script_run(tmp_path / "bare", state="completed")
+    assert format_summary(load_run_state(paths.root)).splitlines()[-1].startswith("this script reported nothing through mt")
