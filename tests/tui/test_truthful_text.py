@@ -10,8 +10,10 @@ from pathlib import Path
 from mt.contract.heartbeat import Heartbeat
 from mt.contract.paths import RunPaths
 from mt.contract.status import Status, write_status
+from tests.tui.synth import running_run
 from tui.read.follower import load_run_state
 from tui.text.summary import format_summary
+from tui.widgets.header import render_header
 from tui.widgets.notice import notice_text
 
 
@@ -45,3 +47,34 @@ def test_a_script_is_said_to_report_nothing_only_once_its_attempt_ended_without_
     # an attempt that ended with no heartbeat and no step: now it is known
     paths = _script_run(tmp_path / "bare", state="completed")
     assert format_summary(load_run_state(paths.root)).splitlines()[-1].startswith("this script reported nothing through mt")
+
+
+def _eta(root: Path, now: float) -> str:
+    """The ETA as `mt watch --once` and the header say it at `now`."""
+    st = load_run_state(root)
+    first = format_summary(st, now).splitlines()[0]
+    header = render_header(st, now, 200, 0.0, False).plain
+    said = first.split("ETA ", 1)[1]
+    assert f"ETA {said}" in header, (said, header)
+    return said
+
+
+def test_no_eta_is_given_for_a_run_that_stopped_stepping(tmp_path: Path) -> None:
+    r = running_run(tmp_path / "run", steps=20, max_steps=100)   # a step event every 0.5 s, 80 to go: ~40 s
+    r.status("running", reason=None)
+    last = r.t
+    assert _eta(r.root, last + 1) == "40s"
+    # quiet for less than the run's own limit (max(hang_floor_s 30 s, 20 x 0.5 s)): a pause, not a stall
+    assert _eta(r.root, last + 25) == "40s"
+    # quiet for 6 minutes: no rate holds any more, and the line says for how long
+    assert _eta(r.root, last + 362) == "— (no step for 6m02s)"
+    # the run's own [monitor] limits: a hang floor of 5 s
+    cfg = json.loads(r.paths.config.read_text())
+    r.paths.config.write_text(json.dumps({**cfg, "monitor": {"hang_floor_s": 5.0}}))
+    assert _eta(r.root, last + 12) == "— (no step for 12s)"
+    # an open hang incident says it at once
+    r.paths.config.write_text(json.dumps(cfg))
+    r.event("incident", step=21, code="hang", severity="error", title="Hang: no progress after step 20",
+            detail="no step", advice="", evidence={})
+    r.flush()
+    assert _eta(r.root, r.t + 1).startswith("— (no step for")

@@ -69,6 +69,12 @@ def fmt_duration(s: float | None) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
+def fmt_eta(st: "RunState", now: float) -> str:
+    """The ETA at `now`, or `— (no step for 6m02s)` on a run that stopped stepping (RunState.quiet_s)."""
+    quiet = st.quiet_s(now)
+    return fmt_duration(st.eta_s()) if quiet is None else f"— (no step for {fmt_duration(quiet)})"
+
+
 def fmt_s(seconds: float | None) -> str:
     """Seconds in an incident's sentence: 0.42 s, 12 s, 3.5 min; `n/a` when unknown."""
     if seconds is None:
@@ -267,3 +273,4 @@ def node_lines(views: list["NodeView"], now: float, max_lines: int = 14) -> list
 
 if TYPE_CHECKING:
     from tui.read.nodes import NodeView, RankView
+    from tui.state.runstate import RunState
