@@ -10,8 +10,12 @@ from pathlib import Path
 from mt.contract.heartbeat import Heartbeat
 from mt.contract.paths import RunPaths
 from mt.contract.status import Status, write_status
+from tests.tui.jobdir import two_nodes
 from tests.tui.synth import running_run
 from tui.read.follower import load_run_state
+from tui.read.nodes import JobReader
+from tui.text.format import node_lines
+from tui.text.runs import run_summary
 from tui.text.summary import format_summary
 from tui.widgets.header import render_header
 from tui.widgets.notice import notice_text
@@ -78,3 +82,18 @@ def test_no_eta_is_given_for_a_run_that_stopped_stepping(tmp_path: Path) -> None
             detail="no step", advice="", evidence={})
     r.flush()
     assert _eta(r.root, r.t + 1).startswith("— (no step for")
+
+
+def test_no_rank_is_shown_behind_the_newest_step_event(tmp_path: Path) -> None:
+    job = two_nodes(tmp_path / "job", steps=199)
+    # step 200's event is out (every rank passed its collective); rank 2's beat of it is not read yet
+    job.step(200, ranks=[0, 1, 3])
+    # rank 3's file holds a beat of another attempt: its own word, not lifted to this attempt's step
+    Heartbeat(job.paths.on("n2").heartbeat(3), 3, 7).beat(150)
+    job.close()
+    assert "  r2 step 200 " in run_summary(job.paths.root)   # `mt watch --once`
+    st = load_run_state(job.paths.root)
+    lines = [line for line, _ in node_lines(JobReader(job.paths.root).poll(), time.time(), 40, st)]
+    cells = {line.split()[0]: line.split()[2] for line in lines if line.startswith("  r")}
+    assert cells == {"r0": "200", "r1": "200", "r2": "200", "r3": "150"}, lines
+    assert [line.split(" step ")[1].split()[0] for line in lines if line.startswith("n")] == ["200", "150-200"], lines

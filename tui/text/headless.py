@@ -205,7 +205,7 @@ def follow_run(run_dir: Path, out: TextIO, min_interval_s: float = 1.0, poll_s: 
         final = follower.state.state in FINAL_STATES
         if clock() >= nodes_due:   # a job's nodes, every NODES_EVERY_S: the node lines and troubled ranks
             nodes_due = clock() + NODES_EVERY_S
-            for line, _ in node_lines(job.poll(), time.time(), 0):
+            for line, _ in node_lines(job.poll(), time.time(), 0, follower.state):
                 printer.write(line)
         if final:   # the supervisor writes its verdict (incidents) before the final status
             follower.poll()

@@ -123,7 +123,7 @@ def run_summary(run_dir: Path) -> str:
         text += "\n" + pending_line(st.status.slurm_job_id)
     nodes = JobReader(Path(run_dir)).poll()
     if nodes:   # a job's shared run directory: every node and its ranks
-        text += "\n" + "\n".join(line for line, _ in node_lines(nodes, time.time(), ONCE_NODE_LINES))
+        text += "\n" + "\n".join(line for line, _ in node_lines(nodes, time.time(), ONCE_NODE_LINES, st))
     return text
 
 
