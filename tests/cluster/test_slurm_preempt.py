@@ -230,6 +230,8 @@ def test_mt_kill_cancels_the_job_and_leaves_no_process_on_any_node(slurm: Cluste
     done = _mt("kill", run_dir, env=slurm.env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"Slurm job {job} cancelled" in done.stdout
+    # Slurm ended every process: nothing was left here, and the line says so (not "0 process(es) terminated")
+    assert done.stdout.startswith(f"killed: no process left to terminate here (Slurm ended the processes of job {job})"), done.stdout
     # cancelled in Slurm (not a job that ended because its processes did), and kept so for MinJobAge
     assert "JobState=CANCELLED" in slurm.run("scontrol", "show", "job", job).stdout
     assert status(run_dir)["state"] == "killed"

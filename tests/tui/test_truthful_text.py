@@ -14,6 +14,8 @@ from tests.tui.jobdir import two_nodes
 from tests.tui.synth import running_run
 from tui.read.follower import load_run_state
 from tui.read.nodes import JobReader
+from tui.run.control import kill_summary
+from tui.run.procs import SignalReport
 from tui.text.format import node_lines
 from tui.text.runs import run_summary
 from tui.text.summary import format_summary
@@ -97,3 +99,12 @@ def test_no_rank_is_shown_behind_the_newest_step_event(tmp_path: Path) -> None:
     cells = {line.split()[0]: line.split()[2] for line in lines if line.startswith("  r")}
     assert cells == {"r0": "200", "r1": "200", "r2": "200", "r3": "150"}, lines
     assert [line.split(" step ")[1].split()[0] for line in lines if line.startswith("n")] == ["200", "150-200"], lines
+
+
+def test_mt_kills_line_says_what_ended_the_processes() -> None:
+    assert kill_summary(SignalReport(terminated=[11, 12], killed=[12], state="killed")) == \
+        "killed: 2 process(es) terminated, 1 needed SIGKILL; state killed"
+    # a Slurm job: scancel ended its processes on every node, none was left here
+    assert kill_summary(SignalReport(state="killed (Slurm job 42 cancelled)", cancelled="42")) == \
+        "killed: no process left to terminate here (Slurm ended the processes of job 42); state killed (Slurm job 42 cancelled)"
+    assert kill_summary(SignalReport(state="killed")) == "killed: no process left to terminate (they had exited); state killed"

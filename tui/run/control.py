@@ -184,6 +184,7 @@ def kill_run(run_dir: Path, grace_s: float = 10.0) -> SignalReport:
     if sup:
         try:
             sup[0].send_signal(KILL_SIGNAL)  # tells it: no restart, record `killed`
+            result.terminated.append(sup[0].pid)
         except Exception:  # noqa: BLE001 - the supervisor may be gone already; the others are signalled below
             pass
         _wait_kill_noted(run_dir, sup[0], KILL_NOTED_S)
