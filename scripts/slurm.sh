@@ -6,7 +6,7 @@
 #                               nodes are idle; idempotent (a cluster already up in DIR is kept)
 #   scripts/slurm.sh down DIR   cancel every job, stop every daemon started for DIR, and every
 #                               process left of a job of this cluster; idempotent
-#   scripts/slurm.sh env DIR    print the environment a client needs (SLURM_CONF=...)
+#   scripts/slurm.sh env DIR    print the environment a client needs, for eval: export SLURM_CONF=...
 #
 # Everything lives under DIR: the config, the munge key and socket, state, spool, logs, pids.
 # Clients find the cluster with SLURM_CONF=DIR/slurm.conf (the munge socket is in its AuthInfo).
@@ -258,6 +258,6 @@ case $cmd in
         ok=1
         ;;
     down) down ;;
-    env) echo "SLURM_CONF=$CONF" ;;
+    env) printf 'export SLURM_CONF=%q\n' "$CONF" ;;   # eval "$(scripts/slurm.sh env DIR)" sets it in a shell
     *) usage ;;
 esac

@@ -56,9 +56,11 @@ def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def save(step: int) -> None:
     if rank == 0:
-        path = run.dir / "ckpt" / f"step{step}.pt"
+        path = run.dir / "ckpt" / f"step{step}.pt"   # in the run directory (docs/library.md, "Where to save")
         path.parent.mkdir(exist_ok=True)
-        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, path)
+        part = path.with_name(f".{path.name}.part")   # renamed whole: a kill mid-save leaves the previous one
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, part)
+        os.replace(part, path)
         run.checkpoint_saved(path, step)  # answers `mt ckpt`; a resumed attempt gets it as run.resume_from
     if ddp:
         dist.barrier()

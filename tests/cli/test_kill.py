@@ -16,6 +16,7 @@ from typing import Iterator
 import psutil
 import pytest
 
+from mt.contract.checkpoints import folders
 from tests.cli.conftest import MT, REPO, PidTracker, events, mt, run_dir_from, status, wait_for, write_preset
 from tui.run.control import kill_run
 from tui.run.procs import run_processes
@@ -24,6 +25,7 @@ pytestmark = pytest.mark.slow
 
 # Slow enough that it is still training when the test acts; kill/stop end it long before.
 SLOW = {"train": {"max_steps": 3000}, "checkpoint": {"every_steps": 0}, "faults": {"step_sleep_s": 0.1}}
+EVERY, KEEP = 5, 2
 
 
 def _launch(tmp_path: Path, runs: Path, nproc: int = 2) -> Path:
@@ -47,9 +49,9 @@ def _track_until_training(run_dir: Path, nproc: int = 2) -> PidTracker:
     return tracker
 
 
-def _launch_headless(tmp_path: Path, runs: Path, nproc: int = 2) -> tuple[subprocess.Popen[str], Path]:
+def _launch_headless(tmp_path: Path, runs: Path, nproc: int = 2, **sections: dict) -> tuple[subprocess.Popen[str], Path]:
     """`mt launch --headless` in its own session (like a terminal or a batch job)."""
-    preset = write_preset(tmp_path / "p.toml", runs, **SLOW, launch={"nproc_per_node": nproc})
+    preset = write_preset(tmp_path / "p.toml", runs, **{**SLOW, **sections}, launch={"nproc_per_node": nproc})
     viewer = subprocess.Popen([*MT, "launch", str(preset), "--headless"], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True)
     first = viewer.stdout.readline()
@@ -65,7 +67,9 @@ def started(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tupl
     # viewer's part needs one rank (no torchrun start-up)
     for name, nproc in (("killed", 2), ("sigterm", 1)):
         tmp = tmp_path_factory.mktemp(name)
-        runs[name] = _launch_headless(tmp, tmp / "runs", nproc)
+        # the killed run checkpoints on an interval and keeps the newest KEEP: a kill adds none, deletes none
+        ckpt = {"checkpoint": {"every_steps": EVERY, "keep_last": KEEP}} if name == "killed" else {}
+        runs[name] = _launch_headless(tmp, tmp / "runs", nproc, **ckpt)
     tmp = tmp_path_factory.mktemp("sigkill")
     runs["sigkill"] = _launch_in_dashboard(tmp, tmp / "runs")
     yield runs
@@ -141,6 +145,7 @@ def _listening(pids: list[int]) -> list[tuple[int, str, int]]:
 def test_kill_during_run_leaves_nothing(started: dict) -> None:
     viewer, run_dir = started["killed"]
     tracker = _track_until_training(run_dir)
+    wait_for(lambda: len(events(run_dir, "checkpoint")) >= KEEP, 120, f"{KEEP} interval checkpoints")
     # one node exposes nothing: torchrun's rendezvous and agent stores and gloo listen on loopback
     listening = _listening(tracker.alive())
     assert len(listening) >= 2 and all(ip == "127.0.0.1" for _, ip, _ in listening), listening
@@ -156,6 +161,13 @@ def test_kill_during_run_leaves_nothing(started: dict) -> None:
     assert run_processes(run_dir) == []
     st = status(run_dir)
     assert st["state"] == "killed"
+    # no rank saved on the way out (SIGTERM would have been a stop, with its checkpoint): the newest
+    # checkpoint is an interval one, and keep_last deleted none of the ones before it
+    saved = events(run_dir, "checkpoint")
+    assert [(c["reason"], c["step"] % EVERY) for c in saved] == [("interval", 0)] * len(saved), saved
+    on_disk = sorted(step for step, _ in folders(run_dir / "checkpoints"))
+    assert on_disk == [c["step"] for c in saved[-KEEP:]], (on_disk, saved)
+    assert not [e for e in events(run_dir, "run_end") if e["status"] == "stopped"]
     again = mt("kill", run_dir)
     assert again.returncode == 2 and "already ended (killed)" in again.stderr
 

@@ -230,9 +230,12 @@ def test_mt_kill_cancels_the_job_and_leaves_no_process_on_any_node(slurm: Cluste
     done = _mt("kill", run_dir, env=slurm.env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"Slurm job {job} cancelled" in done.stdout
+    # Slurm ended every process: nothing was left here, and the line says so (not "0 process(es) terminated")
+    assert done.stdout.startswith(f"killed: no process left to terminate here (Slurm ended the processes of job {job})"), done.stdout
     # cancelled in Slurm (not a job that ended because its processes did), and kept so for MinJobAge
     assert "JobState=CANCELLED" in slurm.run("scontrol", "show", "job", job).stdout
     assert status(run_dir)["state"] == "killed"
+    assert not events(run_dir, "checkpoint")   # a kill is no stop: no rank saved (every=10_000: none due)
     _gone(slurm, job)
     slurm.wait_for("no process of the job left", lambda: not _job_processes(slurm, job), timeout=30)
     alive = [p for p in pids if _live(p)]

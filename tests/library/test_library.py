@@ -194,6 +194,7 @@ def test_mt_kill_ends_a_run_that_mt_init_made_without_a_supervisor(tmp_path: Pat
     finally:
         proc.kill()
     assert status(run_dir)["state"] == "killed"
+    assert not events(run_dir, "checkpoint")   # killed, not stopped: the script saved nothing on the way out
     again = mt("kill", run_dir)
     assert again.returncode != 0 and "already ended" in again.stderr
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -221,3 +222,34 @@ def test_a_one_process_script_gets_what_torchrun_gives_and_resumes(tmp_path: Pat
     assert "injected crash on rank 0 at step 2" in (bare_dir / "logs" / "rank0.log").read_text()
     # it reported no step, so the incident names none (it said "at step 1")
     assert "incident [error] crash before the first step: Worker crashed: rank 0 before the first step" in bare.stdout, bare.stdout
+
+
+@pytest.mark.parametrize("how", ["mt kill", "SIGUSR1 to the supervisor"])
+def test_mt_kill_of_a_script_saves_no_checkpoint_and_deletes_none(tmp_path: Path, how: str) -> None:
+    # a script that saves every 5 steps and keeps the newest 2, as keep_last does: a kill must not
+    # save the state the user meant to discard, nor let the script's pruning delete a good save for it.
+    # The supervisor's own kill path (a lone SIGUSR1, as `scancel --signal=USR1` sends it) saves nothing either
+    every, keep = 5, 2
+    args = ["--save-every", str(every), "--keep", str(keep), "--sleep", "0.05", "--steps", "100000"]
+    launch = mt("launch", _script_preset(tmp_path, "killed", args, restarts=1, script="plain_loop.py", nproc=1), "--detach")
+    assert launch.returncode == 0, launch.stderr
+    run_dir = Path(launch.stdout.strip().splitlines()[-1])
+    try:
+        wait_for(lambda: len(events(run_dir, "checkpoint")) >= keep, 90, f"{keep} interval checkpoints")
+        if how == "mt kill":
+            kill = mt("kill", run_dir, "--grace", "5")
+            assert kill.returncode == 0, kill.stdout + kill.stderr
+        else:
+            os.kill(status(run_dir)["supervisor_pid"], signal.SIGUSR1)
+            wait_for(lambda: status(run_dir)["state"] == "killed", 60, "the supervisor to record the kill")
+    finally:
+        mt("kill", run_dir)
+    st = status(run_dir)
+    assert st["state"] == "killed" and st["reason"] == "killed by mt kill" and st["attempt"] == 1, st  # not restarted
+    saved = events(run_dir, "checkpoint")
+    assert [(c["reason"], c["step"] % every) for c in saved] == [("script", 0)] * len(saved), saved
+    newest = saved[-1]["step"]
+    on_disk = sorted(int(p.stem[5:]) for p in run_dir.glob("ckpt-*.json"))
+    assert on_disk == [newest - every * (keep - 1 - i) for i in range(keep)], (on_disk, newest)
+    assert not [e for e in events(run_dir, "run_end") if e["status"] == "stopped"]   # no graceful stop either
+    assert not _incidents(run_dir, "crash"), (run_dir / "incidents.jsonl").read_text()   # a kill is no crash

@@ -85,28 +85,27 @@ def stop(
 @app.command()
 def kill(
     run_dir: RunDirArg,
-    grace: Annotated[float, typer.Option("--grace", help="Seconds between SIGTERM and SIGKILL.")] = 10.0,
+    grace: Annotated[float, typer.Option("--grace", help="Seconds between SIGUSR1 and SIGKILL.")] = 10.0,
 ) -> None:
-    """Terminate every process of a run (SIGTERM, then SIGKILL after --grace seconds).
+    """End every process of a run at once (SIGUSR1, then SIGKILL after --grace seconds).
 
-    No checkpoint is promised; use `mt stop` for a graceful end. Example:
+    No rank saves a checkpoint: the newest one stays the one before the kill. `mt stop` ends a
+    run with a checkpoint. Example:
 
     \b
         mt kill runs/tiny-cpu-20260101-120000 --grace 5
     """
     from tui.read.rundir import NotARunError
-    from tui.run.control import ControlError, kill_run
+    from tui.run.control import ControlError, kill_run, kill_summary
     from tui.text.format import safe_text
 
     try:
         result = kill_run(run_dir, grace)
     except (NotARunError, ControlError) as e:
         fail(str(e))
-    n = len(set(result.terminated) | set(result.killed))
-    forced = f", {len(result.killed)} needed SIGKILL" if result.killed else ""
     if result.survivors:
         fail(f"{run_dir}: processes still alive after SIGKILL: {result.survivors}", RUN_FAILED)
-    typer.echo(f"killed: {n} process(es) terminated{forced}; state {safe_text(result.state)}")
+    typer.echo(safe_text(kill_summary(result)))
 
 
 @app.command()

@@ -60,6 +60,11 @@ class RunFollower:
             add_incident(self.state, rec, source="supervisor")
             res.changed = True
         res.changed |= self._poll_status()
+        st = self.state
+        if st.script is not None and not st.n_steps and st.attempt_t is None and st.mt_init_attempt != st.attempt:
+            from tui.read.nodes import called_mt_init  # a script before its first step only: a few small reads
+            if called_mt_init(self.paths, st.attempt):
+                st.mt_init_attempt, res.changed = st.attempt, True
         return res
 
     def is_big(self) -> bool:

@@ -308,6 +308,11 @@ def node_of_ranks(views: list[NodeView]) -> dict[int, str]:
     return {r: n for r, (_, n) in out.items()}
 
 
+def called_mt_init(paths: RunPaths, attempt: int | None) -> bool:
+    """Whether a script run's ranks called mt.init in `attempt`: its first beat is a heartbeat of that attempt."""
+    return any(hb.get("attempt") == attempt for hb in every_heartbeat(paths).values())
+
+
 def every_heartbeat(paths: RunPaths) -> dict[int, dict[str, Any]]:
     """The heartbeats at the top and under each of the job's nodes, by rank (one machine: the top's)."""
     out = read_heartbeats(paths.on(None))

@@ -46,14 +46,14 @@ def _require_live(run_dir: Path) -> Status:
 def takes_requests(run_dir: Path, status: Status) -> bool:
     """Whether the run reads control/: mt's engine does, a script once it calls run.step (rank
     0's heartbeat thread polls it from then on); a heartbeat of this attempt says it did."""
-    from tui.read.nodes import every_heartbeat
+    from tui.read.nodes import called_mt_init
 
     paths = RunPaths(Path(run_dir))
     raw = read_json(paths.config)
     launch = raw.get("launch") if isinstance(raw, dict) else None
     if not (isinstance(launch, dict) and launch.get("script")) or status.by_script:
         return True  # the engine, or a run mt.init made (its rank 0 is the script, which uses mt)
-    return any(hb.get("attempt") == status.attempt for hb in every_heartbeat(paths).values())   # a job: under nodes/
+    return called_mt_init(paths, status.attempt)   # a job's: under nodes/
 
 
 def not_reporting_line(run_dir: Path, action: str) -> str:
@@ -141,13 +141,14 @@ def wait_final(run_dir: Path, timeout: float) -> Status:
 
 
 def kill_run(run_dir: Path, grace_s: float = 10.0) -> SignalReport:
-    """SIGTERM, then SIGKILL after grace_s, to the supervisor, torchrun and every worker.
+    """SIGUSR1 (a kill, never a stop: no rank saves), then SIGKILL after grace_s, to torchrun and
+    every worker; the supervisor's SIGUSR1 makes it record `killed` and never restart.
 
     Workers live in their own process groups, so they are found one by one: recorded pids,
     processes naming the run directory, and all their descendants. Ends with state `killed`.
     """
     from tui.run.preempt import cancel_job
-    from tui.run.procs import SignalReport, kill_all, run_processes, terminate_all  # psutil only when killing
+    from tui.run.procs import KILL_SIGNAL, SignalReport, kill_all, run_processes, terminate_all  # psutil only when killing
 
     try:
         run_dir = require_run_dir(Path(run_dir)).resolve()
@@ -176,16 +177,21 @@ def kill_run(run_dir: Path, grace_s: float = 10.0) -> SignalReport:
         raise ControlError(f"{run_dir}: the run has already ended ({status.state}); nothing to kill")
     if not procs and sup_pid and not cancelled:
         raise ControlError(f"{run_dir}: no process of this run is running")
-    result = SignalReport(state=f"killed (Slurm job {status.slurm_job_id} cancelled)" if cancelled else "killed")
+    result = SignalReport(state=f"killed (Slurm job {status.slurm_job_id} cancelled)" if cancelled else "killed",
+                          cancelled=status.slurm_job_id if cancelled else None)
     # only a pid whose command line names this run is signalled: a stale pid may be reused
     sup = [p for p in procs if p.pid == sup_pid]
     if sup:
         try:
-            sup[0].send_signal(signal.SIGUSR1)  # tells it: no restart, record `killed`
+            sup[0].send_signal(KILL_SIGNAL)  # tells it: no restart, record `killed`
+            result.terminated.append(sup[0].pid)
         except Exception:  # noqa: BLE001 - the supervisor may be gone already; the others are signalled below
             pass
+        _wait_kill_noted(run_dir, sup[0], KILL_NOTED_S)
     others = [p for p in procs if p.pid != sup_pid]
-    result.merge(terminate_all(others, grace_s))
+    # SIGUSR1, not SIGTERM: a rank reads SIGTERM as a stop and saves a checkpoint (a diverged run's
+    # state the user meant to discard, and keep_last may delete a good one for it); USR1 ends it as is
+    result.merge(terminate_all(others, grace_s, KILL_SIGNAL))
     # the supervisor writes `killed` and exits once torchrun is gone; give it a moment
     if sup:
         import psutil
@@ -197,7 +203,7 @@ def kill_run(run_dir: Path, grace_s: float = 10.0) -> SignalReport:
         rest = run_processes(run_dir)
         if not rest:
             break
-        result.merge(terminate_all(rest, grace_s))
+        result.merge(terminate_all(rest, grace_s, KILL_SIGNAL))
     result.survivors = [p.pid for p in run_processes(run_dir)]
     status = read_status(run_dir)
     if was_final:
@@ -206,6 +212,33 @@ def kill_run(run_dir: Path, grace_s: float = 10.0) -> SignalReport:
         status.state, status.ended, status.reason = "killed", time.time(), "killed by mt kill"
         write_status(paths, status)
     return result
+
+
+KILL_NOTED_S = 5.0   # how long `mt kill` waits for the supervisor to record the kill before ending the ranks
+
+
+def _wait_kill_noted(run_dir: Path, sup: Any, timeout: float) -> None:
+    """Until the supervisor has said `kill requested` (or ended): ranks that die before it did
+    would read as a crash to the incident rules, which judge dead ranks of a `running` run."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and sup.is_running():
+        status = read_status(run_dir)
+        if status.is_final or status.reason == "kill requested":
+            return
+        time.sleep(0.05)
+
+
+def kill_summary(result: SignalReport) -> str:
+    """`mt kill`'s line: what it ended here, and what Slurm ended, in words that hold when nothing was left."""
+    n = len(set(result.terminated) | set(result.killed))
+    if n:
+        forced = f", {len(result.killed)} needed SIGKILL" if result.killed else ""
+        did = f"{n} process(es) terminated{forced}"
+    elif result.cancelled:
+        did = f"no process left to terminate here (Slurm ended the processes of job {result.cancelled})"
+    else:
+        did = "no process left to terminate (they had exited)"
+    return f"killed: {did}; state {result.state}"
 
 
 def own_rank0(status: Status) -> list[Any]:

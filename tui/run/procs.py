@@ -15,6 +15,12 @@ import psutil
 from mt.contract.paths import ENV_NODE
 
 _PR_SET_PDEATHSIG = 1
+# What `mt kill` (and a Slurm run's `scancel --signal=USR1`) sends every process of a run: a kill,
+# never a stop. SIGTERM is the graceful stop (mt stop for a bare script, Slurm's preemption), which
+# every rank answers with a checkpoint; nothing of mt's catches SIGUSR1 in a rank (its default
+# action ends the process at once, no save) nor in torchrun (not in its signals to forward), and
+# the supervisor reads it as "killed: never restart" (tui/run/supervisor.py `_on_kill`).
+KILL_SIGNAL = signal.SIGUSR1
 
 
 def die_with_parent() -> None:
@@ -128,13 +134,15 @@ def rank_processes(torchrun_pid: int | None) -> dict[int, psutil.Process]:
 
 @dataclass
 class SignalReport:
-    """What signalling did (terminate_all, kill_all, `mt kill`): who got SIGTERM, who needed
-    SIGKILL, who is still there; `state`: the run's state after `mt kill`."""
+    """What signalling did (terminate_all, kill_all, `mt kill`): who got the first signal (SIGTERM,
+    or `mt kill`'s SIGUSR1), who needed SIGKILL, who is still there; `state`: the run's state after
+    `mt kill`; `cancelled`: the Slurm job `mt kill` cancelled (Slurm ended its processes, not us)."""
 
     terminated: list[int] = field(default_factory=list)
     killed: list[int] = field(default_factory=list)
     survivors: list[int] = field(default_factory=list)
     state: str = ""
+    cancelled: str | None = None
 
     def merge(self, other: "SignalReport") -> None:
         """Add who `other` signalled (its survivors are for the caller to count again)."""
@@ -142,12 +150,12 @@ class SignalReport:
         self.killed += [p for p in other.killed if p not in self.killed]
 
 
-def terminate_all(procs: list[psutil.Process], grace_s: float) -> SignalReport:
-    """SIGTERM each process, wait up to grace_s, then SIGKILL whatever is left."""
+def terminate_all(procs: list[psutil.Process], grace_s: float, first: int = signal.SIGTERM) -> SignalReport:
+    """`first` (SIGTERM: a graceful stop) to each process, wait up to grace_s, then SIGKILL whatever is left."""
     report = SignalReport()
     for p in procs:
         try:
-            p.send_signal(signal.SIGTERM)
+            p.send_signal(first)
             report.terminated.append(p.pid)
         except psutil.NoSuchProcess:
             pass
@@ -155,6 +163,20 @@ def terminate_all(procs: list[psutil.Process], grace_s: float) -> SignalReport:
     rest = kill_all(alive)
     report.killed, report.survivors = rest.killed, rest.survivors
     return report
+
+
+def others(run_dir: Path, pids: Iterable[int | None], node: str | None) -> list[psutil.Process]:
+    """`run_processes` but the calling one (a supervisor ending its torchrun, ranks and their children)."""
+    return [p for p in run_processes(run_dir, pids, node=node) if p.pid != os.getpid()]
+
+
+def send_all(procs: list[psutil.Process], sig: int) -> None:
+    """`sig` to each process, now; one gone meanwhile is skipped."""
+    for p in procs:
+        try:
+            p.send_signal(sig)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
 
 
 def kill_all(procs: list[psutil.Process]) -> SignalReport:

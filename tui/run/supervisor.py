@@ -7,7 +7,8 @@ from the newest checkpoint when a worker dies and `[launch] max_restarts` allows
 Signals: SIGTERM/SIGINT = graceful stop (forwarded to torchrun, which forwards to the workers;
 they write a final checkpoint; under Slurm its SIGTERM reached every task already and is not
 forwarded, and it is a preemption: tui/run/preempt.py). SIGUSR1 = `mt kill` is terminating the run: never restart,
-record `killed`. Run it with `python -m tui.run.supervisor --run-dir DIR [--daemon | --slurm]`.
+record `killed`, SIGUSR1 (never SIGTERM: no rank saves) to torchrun and the ranks.
+Run it with `python -m tui.run.supervisor --run-dir DIR [--daemon | --slurm]`.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from tui.diagnose.hook import IncidentHook
 from tui.mirror.mirror import MirrorHook
 from tui.read.nodes import JobReader
 from tui.run import lock as runlock
+from tui.run import procs
 from tui.run.failure import attempt_failure, failures_since
 from tui.run.peers import JOB_END_WAIT_S, JOB_START_WAIT_S, PEER_WAIT_S, PeerNodes, next_attempt
 from tui.run.preempt import JobEnd
@@ -241,8 +243,8 @@ class Supervisor:
         self.status.attempts.append(record)
         self.status.torchrun_pid = tr.pid
         self.write_status("running", f"torchrun pid {tr.pid}")
-        if self.stop_requested or self.kill_requested:
-            tr.send_signal(signal.SIGTERM)  # a signal that raced the start
+        if self.stop_requested and not self.kill_requested:
+            tr.send_signal(signal.SIGTERM)  # a stop that raced the start (a kill's is the watch's first act)
         run_end = self.watch(attempt, tr)
         rc = tr.returncode
         record.update(ended=time.time(), exit_code=rc)
@@ -279,6 +281,12 @@ class Supervisor:
         next_tick = time.monotonic()
         while tr.poll() is None:
             now = time.monotonic()
+            if self.kill_requested and kill_deadline is None:   # mt kill signals all itself; this covers a lone SIGUSR1
+                self.stopping("kill requested")   # before the next tick: the rules never read the dying ranks as a crash
+                kill_deadline = now + 15.0
+                procs.send_all(procs.others(self.run_dir, [tr.pid], self.node), procs.KILL_SIGNAL)   # never SIGTERM: a stop saves
+            if kill_deadline is not None and now > kill_deadline:
+                kill_all(procs.others(self.run_dir, [tr.pid], self.node))
             run_end = self.follow_events(attempt) or run_end
             if now >= next_tick:
                 next_tick = now + self.poll_s
@@ -297,15 +305,6 @@ class Supervisor:
                 if lost is not None:
                     self.status.slurm_state = lost.slurm_state
                 self.stopping(lost.reason if lost is not None else "SIGTERM: graceful stop")
-            if self.kill_requested and kill_deadline is None:
-                # said before the processes die, so the incident rules never read the kill as a crash
-                self.stopping("kill requested")
-                # mt kill signals everything itself; this covers a supervisor-only SIGUSR1
-                kill_deadline = now + 15.0
-                if tr.poll() is None:
-                    tr.send_signal(signal.SIGTERM)
-            if kill_deadline is not None and now > kill_deadline:
-                terminate_all(run_processes(self.run_dir, [tr.pid], node=self.node), grace_s=1.0)
             try:
                 tr.wait(timeout=min(0.25, self.poll_s))
             except subprocess.TimeoutExpired:
@@ -321,7 +320,7 @@ class Supervisor:
         if self.lost:
             self.log.error("%s; ending the run (nothing more is written there)", self.lost)
             # SIGKILL: a graceful stop would write its final checkpoint into whatever is there now
-            kill_all([p for p in run_processes(self.run_dir, [tr.pid], node=self.node) if p.pid != os.getpid()])
+            kill_all(procs.others(self.run_dir, [tr.pid], self.node))
             tr.wait()
         return self.lost is not None
 
@@ -358,7 +357,7 @@ class Supervisor:
         leftovers = [p for p in run_processes(self.run_dir, node=self.node) if p.pid != os.getpid()]
         if leftovers:
             self.log.warning("terminating %d leftover processes: %s", len(leftovers), [p.pid for p in leftovers])
-            terminate_all(leftovers, grace_s=10.0)
+            terminate_all(leftovers, grace_s=10.0, first=procs.KILL_SIGNAL if self.kill_requested else signal.SIGTERM)  # a kill saves nothing
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mt.contract.config import MonitorConfig
 from mt.contract.events import EXIT_CODES, FAILURE_CODES, as_float
 from mt.contract.jsonl import read_json
 from mt.contract.paths import RunPaths
@@ -22,6 +23,8 @@ from tui.state.answers import ControlAnswer, note_answer
 
 if TYPE_CHECKING:
     from tui.state.runseries import RunSeries
+
+STALLED_CODES = ("hang", "dataloader_stall")   # open, they say the run makes no progress
 
 
 @dataclass
@@ -111,9 +114,13 @@ class RunState:
     script: str | None = None          # a user's script ([launch] script) instead of mt's engine
     n_steps: int = 0                   # step events seen (all attempts)
     attempt_t: float | None = None     # when the newest run_start was written
+    mt_init_attempt: int | None = None # the attempt a script's heartbeat names: it called mt.init (tui/read/follower.py)
     status: Status = field(default_factory=Status, repr=False)   # found: False until status.json is read
     # (t, step) of recent step events, for a wall-clock ETA that includes eval/ckpt pauses
     recent: deque = field(default_factory=lambda: deque(maxlen=64), repr=False)
+    # the run's own hang limits ([monitor]): no step for max(floor, factor x the time between steps)
+    hang_floor_s: float = MonitorConfig.hang_floor_s
+    hang_step_factor: float = MonitorConfig.hang_step_factor
 
     @property
     def open_incidents(self) -> list[TrackedIncident]:
@@ -124,11 +131,15 @@ class RunState:
         return self.state in FINAL_STATES
 
     def script_hint(self) -> str | None:
-        """For a script that reports nothing through mt: what `run.step` would add."""
-        if self.script is None or self.attempt_t is not None or self.n_steps or self.state == "starting":
+        """For a script with no step yet: what `run.step` would add. That it reports nothing through
+        mt is said only once its attempt ended so; before, it may still be on its way to mt.init."""
+        if self.script is None or self.attempt_t is not None or self.n_steps or self.state == "starting" \
+                or self.mt_init_attempt == self.attempt:
             return None
-        return ("this script reports nothing through mt: `run = mt.init()` and `run.step(step, loss=...)` "
-                "add loss/lr plots, hang and NaN diagnosis, and the c/s keys (docs/library.md)")
+        adds = "`run = mt.init()` and `run.step(step, loss=...)` add loss/lr plots, hang and NaN diagnosis, and the c/s keys"
+        if self.is_final:
+            return f"this script reported nothing through mt: {adds} (docs/library.md)"
+        return f"no step yet: the script has not called mt.init in this attempt (one that never does is still supervised; {adds}: docs/library.md)"
 
     def note_best(self, step: int | None, loss: float) -> None:
         """A new best loss at `step`."""
@@ -142,9 +153,26 @@ class RunState:
             self.best_history.pop()
         self.best_loss_step, self.best_loss = self.best_history[-1] if self.best_history else (None, None)
 
-    def eta_s(self) -> float | None:
-        """Seconds to max_steps at the recent wall-clock rate; None when unknown or finished."""
+    def quiet_s(self, now: float) -> float | None:
+        """Seconds since the newest step event when the run has stopped making progress (an open hang
+        or DataLoader stall, or no step for max(hang_floor_s, hang_step_factor x the recent time
+        between step events)): no rate can give an ETA then. None while it steps."""
+        if self.is_final or self.supervisor_lost or not self.recent:   # a lost run says so instead
+            return None
+        quiet = max(0.0, now - self.recent[-1][0])
+        if any(i.code in STALLED_CODES for i in self.open_incidents):
+            return quiet
+        if len(self.recent) < 2:
+            return None
+        between = (self.recent[-1][0] - self.recent[0][0]) / (len(self.recent) - 1)
+        return quiet if quiet >= max(self.hang_floor_s, self.hang_step_factor * between) else None
+
+    def eta_s(self, now: float | None = None) -> float | None:
+        """Seconds to max_steps at the recent wall-clock rate; None when unknown, finished or (at
+        `now`) stalled."""
         if self.is_final or self.supervisor_lost or self.step is None or not self.max_steps or len(self.recent) < 2:
+            return None
+        if now is not None and self.quiet_s(now) is not None:
             return None
         (t0, s0), (t1, s1) = self.recent[0], self.recent[-1]
         if s1 <= s0 or t1 <= t0:
@@ -205,7 +233,10 @@ def new_state(run_dir: Path) -> RunState:
     st = RunState(run_dir=paths.root, name=paths.root.name)
     cfg = read_json(paths.config)
     if isinstance(cfg, dict):
-        run, train, launch = (t if isinstance(t := cfg.get(k), dict) else {} for k in ("run", "train", "launch"))
+        run, train, launch, monitor = (t if isinstance(t := cfg.get(k), dict) else {} for k in ("run", "train", "launch", "monitor"))
+        floor, factor = as_float(monitor.get("hang_floor_s")), as_float(monitor.get("hang_step_factor"))
+        st.hang_floor_s = floor if math.isfinite(floor) and floor > 0 else st.hang_floor_s
+        st.hang_step_factor = factor if math.isfinite(factor) and factor > 1 else st.hang_step_factor
         st.name = str(run.get("name") or st.name)
         script = launch.get("script")
         st.script = script if isinstance(script, str) and script else None

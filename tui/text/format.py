@@ -69,6 +69,12 @@ def fmt_duration(s: float | None) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
+def fmt_eta(st: "RunState", now: float) -> str:
+    """The ETA at `now`, or `— (no step for 6m02s)` on a run that stopped stepping (RunState.quiet_s)."""
+    quiet = st.quiet_s(now)
+    return fmt_duration(st.eta_s()) if quiet is None else f"— (no step for {fmt_duration(quiet)})"
+
+
 def fmt_s(seconds: float | None) -> str:
     """Seconds in an incident's sentence: 0.42 s, 12 s, 3.5 min; `n/a` when unknown."""
     if seconds is None:
@@ -223,20 +229,29 @@ def _troubled(rv: "RankView", now: float) -> bool:
     return rv.alive is False or (age is not None and age >= STALE_BEAT_S)
 
 
-def _rank_cell(rv: "RankView", now: float) -> tuple[str, str]:
+def shown_step(rv: "RankView", run: "RunState | None") -> int | None:
+    """A rank's step as shown: its heartbeat's, never behind the run's newest step event of the same
+    attempt (every rank passed that step's collective; its beat lands after, or was read before)."""
+    if rv.step is None or run is None or run.step is None or rv.attempt != run.attempt:
+        return rv.step
+    return max(rv.step, run.step)
+
+
+def _rank_cell(rv: "RankView", now: float, run: "RunState | None") -> tuple[str, str]:
     """One rank's line under its node, and its style: red exited, yellow a stale heartbeat."""
     age = rv.beat_age(now)
-    head = f"  r{rv.rank} step {'-' if rv.step is None else rv.step} hb {fmt_duration(age)}"
+    step = shown_step(rv, run)
+    head = f"  r{rv.rank} step {'-' if step is None else step} hb {fmt_duration(age)}"
     if rv.alive is False:
         return f"{head} pid {rv.pid or '-'} exited", "red"
     text = f"{head} cpu {fmt_field(rv.cpu_pct, '.0f', '%')} {fmt_gib(rv.rss_bytes)}G pid {rv.pid or '-'}"
     return text, "yellow" if age is not None and age >= STALE_BEAT_S else ""
 
 
-def _node_head(view: "NodeView", ranks: list["RankView"], now: float) -> str:
+def _node_head(view: "NodeView", ranks: list["RankView"], now: float, run: "RunState | None") -> str:
     """A node in one line: state, ranks up, step range, oldest heartbeat, host CPU and GPUs."""
     up = sum(1 for r in ranks if r.alive is not False)
-    steps = [r.step for r in ranks if r.step is not None]
+    steps = [s for s in (shown_step(r, run) for r in ranks) if s is not None]
     span = "-" if not steps else str(min(steps)) if min(steps) == max(steps) else f"{min(steps)}-{max(steps)}"
     ages = [a for a in (r.beat_age(now) for r in ranks) if a is not None]
     s = view.sample or {}
@@ -256,10 +271,11 @@ def _anatomy_cell(rv: "RankView") -> tuple[str, str] | None:
 
 
 def node_lines(views: list["NodeView"], now: float, max_lines: int = 14,
-               strays: list[str] | None = None) -> list[tuple[str, str]]:
+               strays: list[str] | None = None, run: "RunState | None" = None) -> list[tuple[str, str]]:
     """Every node of a job, grouped: one line per node, then its ranks (each live one's step anatomy
     under it) where `max_lines` has room for all of them; else only the ranks that exited or went
-    quiet. `strays`: folders under nodes/ that are not the job's, named once. (text, style) pairs."""
+    quiet. `strays`: folders under nodes/ that are not the job's, named once. `run`: the run's state,
+    whose newest step event no rank's shown step is behind. (text, style) pairs."""
     if not views:
         return []
     ranks = {v.name: v.ranks() for v in views}
@@ -270,10 +286,10 @@ def node_lines(views: list["NodeView"], now: float, max_lines: int = 14,
     detail = rows + sum(1 for c in under.values() if c) <= max_lines
     out = [(f"job: {len(views)} nodes, {total} ranks", "bold")]
     for v in views:
-        out.append((_node_head(v, ranks[v.name], now), "bold"))
+        out.append((_node_head(v, ranks[v.name], now, run), "bold"))
         for rv in ranks[v.name]:
             if expand or _troubled(rv, now):
-                out.append(_rank_cell(rv, now))
+                out.append(_rank_cell(rv, now, run))
                 cell = under.get((v.name, rv.rank)) if detail else None
                 if cell:
                     out.append(cell)
@@ -285,3 +301,4 @@ def node_lines(views: list["NodeView"], now: float, max_lines: int = 14,
 
 if TYPE_CHECKING:
     from tui.read.nodes import NodeView, RankView
+    from tui.state.runstate import RunState

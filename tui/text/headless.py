@@ -19,14 +19,14 @@ from tui.read.follower import PollResult, RunFollower
 from tui.read.nodes import JobReader
 from tui.read.rundir import liveness
 from tui.state.runstate import RunState, TrackedIncident
-from tui.text.format import anatomy_lines, at_step, fmt_duration, fmt_num, fmt_rate, fmt_write_time, node_lines, safe_text, stacks_lines
+from tui.text.format import anatomy_lines, at_step, fmt_eta, fmt_num, fmt_rate, fmt_write_time, node_lines, safe_text, stacks_lines
 
 
 def step_line(st: RunState) -> str:
     total = "?" if st.max_steps is None else str(st.max_steps)
     width = len(total)
     return (f"step {st.step:>{width}}/{total}  loss {fmt_num(st.loss, '.4f')}  lr {fmt_num(st.lr, '.2e')}"
-            f"  {fmt_rate(st.tokens_per_s, st.samples_per_s)}  ETA {fmt_duration(st.eta_s())}")
+            f"  {fmt_rate(st.tokens_per_s, st.samples_per_s)}  ETA {fmt_eta(st, time.time())}")
 
 
 def event_line(ev: Record) -> str | None:
@@ -205,7 +205,7 @@ def follow_run(run_dir: Path, out: TextIO, min_interval_s: float = 1.0, poll_s: 
         final = follower.state.state in FINAL_STATES
         if clock() >= nodes_due:   # a job's nodes, every NODES_EVERY_S: the node lines and troubled ranks
             nodes_due = clock() + NODES_EVERY_S
-            for line, _ in node_lines(job.poll(), time.time(), 0):
+            for line, _ in node_lines(job.poll(), time.time(), 0, run=follower.state):
                 printer.write(line)
         if final:   # the supervisor writes its verdict (incidents) before the final status
             follower.poll()

@@ -124,7 +124,7 @@ def run_summary(run_dir: Path) -> str:
     job = JobReader(Path(run_dir))
     nodes = job.poll()
     if nodes:   # a job's shared run directory: every node and its ranks (and once, any folder that is not the job's)
-        text += "\n" + "\n".join(line for line, _ in node_lines(nodes, time.time(), ONCE_NODE_LINES, job.strays))
+        text += "\n" + "\n".join(line for line, _ in node_lines(nodes, time.time(), ONCE_NODE_LINES, job.strays, st))
     return text
 
 

@@ -8,6 +8,7 @@ from tui.text.format import (
     anatomy_lines,
     at_step,
     fmt_duration,
+    fmt_eta,
     fmt_loss,
     fmt_num,
     fmt_parallel,
@@ -29,7 +30,7 @@ def format_summary(st: "RunState", now: float | None = None) -> str:
     parallel = fmt_parallel(st.strategy, st.compile, st.activation_checkpointing)
     lines = [
         f"{st.name}  [{'lost' if st.supervisor_lost else st.state}]  attempt {st.attempt}  step {step}/{total}"
-        f"  elapsed {fmt_duration(st.elapsed_s(now))}  ETA {fmt_duration(st.eta_s())}",
+        f"  elapsed {fmt_duration(st.elapsed_s(now))}  ETA {fmt_eta(st, now)}",
         f"loss {fmt_loss(st.loss, st.loss_floor)}  best {fmt_num(st.best_loss)}"
         f"{'' if st.best_loss_step is None else f' @{st.best_loss_step}'}"
         f"{' (recent steps only)' if st.best_loss_partial else ''}"

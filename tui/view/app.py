@@ -169,12 +169,12 @@ class MtApp(App[int]):
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self.say("killing the run: SIGTERM, then SIGKILL after the grace period")
+                self.say("killing the run: SIGUSR1 (no checkpoint), then SIGKILL after the grace period")
                 self._kill()
 
         self.push_screen(ConfirmScreen(f"Kill run {safe_text(self.watcher.follower.state.name)}?\n"
-                                       "SIGTERM to torchrun and every worker, SIGKILL after 10 s.\n"
-                                       "Unsaved progress since the last checkpoint is lost."), answered)
+                                       "SIGUSR1 to torchrun and every worker, SIGKILL after 10 s.\n"
+                                       "No checkpoint is saved: progress since the last one is lost."), answered)
 
     @work(thread=True, group="control", name="kill run")
     def _kill(self) -> None:

@@ -206,7 +206,7 @@ class DashboardScreen(PlotKeys, Screen[None]):
             if self._dirty:
                 ended = st.state if st.state in FINAL_STATES else "lost" if st.supervisor_lost else None
                 self._system.show(self.watcher.system, ended, now, sampled=not st.status.by_script,
-                                  nodes=self.watcher.nodes)
+                                  nodes=self.watcher.nodes, run=st)
                 self._incidents.show(st.incidents, now)
                 self._show_strip()
                 self._dirty = False

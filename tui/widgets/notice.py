@@ -19,6 +19,7 @@ def notice_text(st: RunState, log_tail: list[str], failing_rank: int | None) -> 
         return Text(hint[0].upper() + hint[1:], style="yellow")
     if st.state == "starting" or (st.state == "running" and st.step is None):
         what = ("the supervisor to start torchrun" if st.status.torchrun_pid is None
+                else "the script's first run.step" if st.script is not None   # it called mt.init (no hint above)
                 else "rank 0 to report run_start" if not st.world_size else "the first optimizer step")
         return Text(f"Starting: waiting for {what}…", style="yellow")
     if st.state == "stopping":

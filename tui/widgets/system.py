@@ -9,6 +9,7 @@ from textual.widgets import Static
 
 from tui.read.nodes import NodeView
 from tui.read.watcher import SystemView
+from tui.state.runstate import RunState
 from tui.text.format import anatomy_text, fmt_duration, fmt_field, fmt_gib, node_lines, safe_text
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -102,10 +103,10 @@ def render_system(view: SystemView, ended: str | None = None, sampled: bool = Tr
     return t
 
 
-def render_nodes(nodes: list[NodeView], now: float, max_lines: int) -> Text:
+def render_nodes(nodes: list[NodeView], now: float, max_lines: int, run: RunState | None = None) -> Text:
     """A job's panel: every node and its ranks, grouped (tui/text/format.py `node_lines`)."""
     t = Text()
-    for i, (line, style) in enumerate(node_lines(nodes, now, max_lines)):
+    for i, (line, style) in enumerate(node_lines(nodes, now, max_lines, run=run)):
         t.append(("\n" if i else "") + line, style=style)
     return t
 
@@ -116,12 +117,12 @@ class SystemPanel(Static, can_focus=True):
     _last: Text | None = None
 
     def show(self, view: SystemView, ended: str | None = None, now: float = 0.0, sampled: bool = True,
-             nodes: list[NodeView] | None = None) -> None:
-        """`nodes`: a job's nodes, shown instead of this machine's sample."""
+             nodes: list[NodeView] | None = None, run: RunState | None = None) -> None:
+        """`nodes`: a job's nodes, shown instead of this machine's sample (no rank's step behind `run`'s)."""
         self.border_subtitle = "" if nodes else not_live_note(view, ended, now)
         # the panel is at most 14 rows beside the plots, the screen's height as a tab
         rows = max(14, self.size.height - 2) if nodes else 0
-        text = render_nodes(nodes, now, rows) if nodes else render_system(view, ended, sampled)
+        text = render_nodes(nodes, now, rows, run) if nodes else render_system(view, ended, sampled)
         if text != self._last:
             # a relayout only when the number of lines changes (the panel is height: auto)
             relayout = self._last is None or len(text.split()) != len(self._last.split())
