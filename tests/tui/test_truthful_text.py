@@ -95,7 +95,7 @@ def test_no_rank_is_shown_behind_the_newest_step_event(tmp_path: Path) -> None:
     job.close()
     assert "  r2 step 200 " in run_summary(job.paths.root)   # `mt watch --once`
     st = load_run_state(job.paths.root)
-    lines = [line for line, _ in node_lines(JobReader(job.paths.root).poll(), time.time(), 40, st)]
+    lines = [line for line, _ in node_lines(JobReader(job.paths.root).poll(), time.time(), 40, run=st)]
     cells = {line.split()[0]: line.split()[2] for line in lines if line.startswith("  r")}
     assert cells == {"r0": "200", "r1": "200", "r2": "200", "r3": "150"}, lines
     assert [line.split(" step ")[1].split()[0] for line in lines if line.startswith("n")] == ["200", "150-200"], lines
