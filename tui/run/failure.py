@@ -38,3 +38,13 @@ def attempt_failure(cfg: Config, paths: RunPaths, rc: int, worker_rc: int | None
 def failures_since(log_path: Path, offset: int) -> list[dict[str, Any]]:
     """This attempt's failed workers from torchrun's report, as status.json `failures` keeps them."""
     return [{"rank": f.rank, "exit_code": f.exit_code, "pid": f.pid} for f in read_failures(log_path, offset)]
+
+
+HANG_ENDED = "hang: mt ended the attempt"
+
+
+def hang_reason(rec: dict[str, Any], timeout_s: float) -> str:
+    """status.json `reason` for an attempt ended on a hang verdict: the verdict, then its stacks' line."""
+    ev = rec.get("evidence") or {}
+    what = "; ".join(str(x) for x in (rec.get("title"), ev.get("verdict")) if x)
+    return f"{HANG_ENDED} {timeout_s:g} s after the verdict ([monitor] hang_timeout_s): {what}"

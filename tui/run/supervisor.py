@@ -36,13 +36,15 @@ from tui.diagnose.hook import IncidentHook
 from tui.mirror.mirror import MirrorHook
 from tui.read.nodes import JobReader
 from tui.run import lock as runlock
-from tui.run.failure import attempt_failure, failures_since
+from tui.run.failure import attempt_failure, failures_since, hang_reason
 from tui.run.peers import JOB_END_WAIT_S, JOB_START_WAIT_S, PEER_WAIT_S, PeerNodes, next_attempt
 from tui.run.preempt import JobEnd
 from tui.run.procs import daemonize, die_with_parent, file_logger, kill_all, rank_processes, run_processes, terminate_all
 from tui.run.sampler import SystemSampler
 from tui.run.slurm import SlurmError, node_addr, slurm_launch, slurm_node
 from tui.run.torchrun import NodeRole, attempt_command, is_direct, worker_env, worker_exit_code
+
+HANG_GRACE_S = 5.0   # from SIGTERM to SIGKILL when a hung attempt is ended
 
 
 class Supervisor:
@@ -79,6 +81,7 @@ class Supervisor:
         self.current_attempt: int | None = None  # from the newest run_start event
         self.dir_watch = runlock.DirWatch(self.run_dir)
         self.lost: str | None = None  # the run dir is gone or replaced: write nothing more there
+        self.hung: str | None = None  # this attempt was ended on a hang verdict: why (its failure reason)
 
     # -- status ----------------------------------------------------------------------------
     def finish(self, state: str, code: int, exit_code: int | None, reason: str) -> int:
@@ -165,12 +168,13 @@ class Supervisor:
                 ended = run_end.status if run_end else None
                 # torchrun itself exits 1 after forwarding a SIGTERM even when every worker
                 # stopped cleanly, so the engine's own run_end is the word on how it ended
-                if rc == 0 or ended in CLEAN_STATES:
+                # (an attempt ended on a hang failed, whatever its processes said as they went)
+                if not self.hung and (rc == 0 or ended in CLEAN_STATES):
                     state = ended if ended in CLEAN_STATES else \
                         ("stopped" if self.stop_requested else "completed")
                     return self.finish(state, 0, exit_code=rc, reason=(run_end.reason if run_end else "") or state)
                 reason = self.failure_reason(rc, worker_rc, run_end)
-                if self.stop_requested and self.cfg.launch.script and run_end is None:
+                if self.stop_requested and self.cfg.launch.script and run_end is None and not self.hung:
                     # a script that does not use mt dies of the SIGTERM we forwarded: that is its stop
                     return self.finish("stopped", 0, exit_code=rc, reason="stopped by SIGTERM (the script reports "
                                        "nothing through mt, so it saved no final checkpoint for mt)")
@@ -194,6 +198,8 @@ class Supervisor:
             self.mirrors.close()
 
     def failure_reason(self, rc: int, worker_rc: int | None, run_end: RunEnd | None) -> str:
+        if self.hung:
+            return self.hung
         return attempt_failure(self.cfg, self.paths, rc, worker_rc, run_end, self.peers.killed_elsewhere(self.status.attempt))
 
     def run_attempt(self, attempt: int) -> tuple[int, int | None, RunEnd | None]:
@@ -206,7 +212,7 @@ class Supervisor:
         self.write_status("starting", f"attempt {attempt}")
         if self.kill_requested or self.stop_requested:  # a signal arrived before torchrun started
             return (-signal.SIGTERM, None, RunEnd(time.time(), {}, None, "stopped", "stopped before start"))
-        self.current_attempt = None
+        self.current_attempt, self.hung = None, None
         log_path = self.paths.logs / "torchrun.log"
         log_offset = log_path.stat().st_size if log_path.exists() else 0
         # torchrun's scratch, removed when the attempt ends (torchrun itself never removes it)
@@ -245,7 +251,7 @@ class Supervisor:
         rc = tr.returncode
         record.update(ended=time.time(), exit_code=rc)
         worker_rc = (rc if is_direct(self.cfg) else worker_exit_code(log_path, log_offset)) if rc else None
-        clean = run_end is not None and run_end.status in CLEAN_STATES
+        clean = run_end is not None and run_end.status in CLEAN_STATES and not self.hung
         if not self.kill_requested and not clean:
             self.status.exit_code = rc
         if self.node is not None and rc and not is_direct(self.cfg):
@@ -257,7 +263,7 @@ class Supervisor:
                 self.status.reason = self.failure_reason(rc, worker_rc, run_end)
                 self.save_status()
         # a kill, or a stop that torchrun reports as exit 1, is not a crash for the rules
-        if rc and not self.kill_requested and not clean and not self.lost:
+        if (rc or self.hung) and not self.kill_requested and not clean and not self.lost:
             self.status.reason = self.failure_reason(rc, worker_rc, run_end)
             self.save_status()
             self.tick()  # let the rules classify the crash (crash, oom, ...) now
@@ -275,6 +281,7 @@ class Supervisor:
         run_end = None
         kill_deadline = None
         next_tick = time.monotonic()
+        since = time.time()
         while tr.poll() is None:
             now = time.monotonic()
             run_end = self.follow_events(attempt) or run_end
@@ -290,6 +297,8 @@ class Supervisor:
                         self.write_status(self.status.state or "running", f"workers {dumps(self.status.worker_pids)}")
                 # a job's other node samples its ranks' system calls too: the rules run on the job's node
                 self.tick(self.sampler.append(self.ranks, self.paths.system, self.log, detail=not self.is_job))
+                if self.is_job and not self.hung and kill_deadline is None and not self.stop_requested:
+                    self.end_if_hung(tr, since)
             if self.stop_requested and self.status.state == "running":
                 lost = self.slurm.node_failure()   # Slurm's SIGTERM after a node failed: said at once
                 if lost is not None:
@@ -309,6 +318,20 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 pass
         return self.follow_events(attempt) or run_end
+
+    def end_if_hung(self, tr: subprocess.Popen[bytes], since: float) -> None:
+        """A hang verdict of this attempt [monitor] hang_timeout_s old (its stacks kept): end the
+        attempt, so run() restarts it within max_restarts or fails the run with the verdict as reason."""
+        timeout = self.cfg.monitor.hang_timeout_s
+        rec = self.incidents.overdue("hang", since, timeout, time.time())
+        if rec is None:
+            return
+        self.hung = hang_reason(rec, timeout)
+        self.log.warning("%s; ending the attempt", self.hung)
+        self.stopping(self.hung)   # said first: the rules must not read the ranks' end as a crash
+        # a hung rank never acts on SIGTERM (it is stuck), so the grace is short before SIGKILL
+        terminate_all([p for p in run_processes(self.run_dir, [tr.pid], node=self.node) if p.pid != os.getpid()],
+                      grace_s=HANG_GRACE_S)
 
     def check_dir(self, tr: subprocess.Popen[bytes]) -> bool:
         """If the run directory was deleted or replaced, end every process of the run; True then.
