@@ -80,6 +80,6 @@ def test_a_hung_attempt_is_ended_after_hang_timeout_s_and_restarted_from_its_che
                     if r["code"] in ("crash", "oom")], "the ended attempt was read as a crash"
         log = (run_dir / "logs" / "supervisor.log").read_text()
         assert "hang: mt ended the attempt 2 s after the verdict" in log
-        assert tracker.alive() == [], tracker.alive()
+        wait_for(lambda: tracker.alive() == [], 30, "the run's processes to end")
     finally:
         end_run(run_dir)
