@@ -39,10 +39,12 @@ class Faults:
             while True:
                 time.sleep(1.0)
 
-    def in_forward(self) -> None:
-        """slow_rank's extra time in every forward/backward (a slower device), inside the step's compute."""
-        if self.cfg.slow_step_s and self.cfg.slow_rank == self.rank:
-            time.sleep(self.cfg.slow_step_s)
+    def in_forward(self, micro: int) -> None:
+        """step_work_s, and slow_rank's slow_step_s more (a slower device), in a step's first forward: its compute."""
+        c = self.cfg
+        extra = c.slow_step_s if c.slow_rank == self.rank else 0.0
+        if micro == 0 and c.step_work_s + extra:
+            time.sleep(c.step_work_s + extra)
 
     def maybe_poison(self, loss: torch.Tensor, step: int, micro: int) -> torch.Tensor:
         """NaN for the loss of rank 0's first micro-batch at nan_at_step, as a bad sample would give."""

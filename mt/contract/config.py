@@ -256,9 +256,11 @@ class FaultsConfig:
     """Rank 0's write of this step's checkpoint raises OSError after its first file (async: a checkpoint_failed incident)."""
     hang_at_exit: bool = False
     """`hang_rank` hangs once its work is done, where destroy_process_group runs (as a hung shutdown would)."""
+    step_work_s: float = _c(0.0, ge=0)
+    """Every rank spends this long in every step's forward (timed as compute, unlike step_sleep_s), every attempt."""
     slow_rank: int = _c(0, ge=0)
     slow_step_s: float = _c(0.0, ge=0)
-    """`slow_rank` spends this much longer in every step's forward/backward (a slower device), every attempt."""
+    """`slow_rank` spends this much longer in every step's forward (a slower device), every attempt."""
     slow_checkpoint_s: float = _c(0.0, ge=0)
     """Rank 0 sleeps this long in every checkpoint write, after its first file (a slow filesystem)."""
 
