@@ -36,15 +36,13 @@ from tui.diagnose.hook import IncidentHook
 from tui.mirror.mirror import MirrorHook
 from tui.read.nodes import JobReader
 from tui.run import lock as runlock
-from tui.run.failure import attempt_failure, failures_since, hang_reason
+from tui.run.failure import attempt_failure, end_if_hung, failures_since
 from tui.run.peers import JOB_END_WAIT_S, JOB_START_WAIT_S, PEER_WAIT_S, PeerNodes, next_attempt
 from tui.run.preempt import JobEnd
 from tui.run.procs import daemonize, die_with_parent, file_logger, kill_all, rank_processes, run_processes, terminate_all
 from tui.run.sampler import SystemSampler
 from tui.run.slurm import SlurmError, node_addr, slurm_launch, slurm_node
 from tui.run.torchrun import NodeRole, attempt_command, is_direct, worker_env, worker_exit_code
-
-HANG_GRACE_S = 5.0   # from SIGTERM to SIGKILL when a hung attempt is ended
 
 
 class Supervisor:
@@ -166,9 +164,7 @@ class Supervisor:
                 if self.kill_requested:
                     return self.finish("killed", 1, exit_code=None, reason="killed by mt kill")
                 ended = run_end.status if run_end else None
-                # torchrun itself exits 1 after forwarding a SIGTERM even when every worker
-                # stopped cleanly, so the engine's own run_end is the word on how it ended
-                # (an attempt ended on a hang failed, whatever its processes said as they went)
+                # torchrun exits 1 after a forwarded SIGTERM however cleanly workers stopped: run_end says how (an ended hang failed)
                 if not self.hung and (rc == 0 or ended in CLEAN_STATES):
                     state = ended if ended in CLEAN_STATES else \
                         ("stopped" if self.stop_requested else "completed")
@@ -198,9 +194,7 @@ class Supervisor:
             self.mirrors.close()
 
     def failure_reason(self, rc: int, worker_rc: int | None, run_end: RunEnd | None) -> str:
-        if self.hung:
-            return self.hung
-        return attempt_failure(self.cfg, self.paths, rc, worker_rc, run_end, self.peers.killed_elsewhere(self.status.attempt))
+        return self.hung or attempt_failure(self.cfg, self.paths, rc, worker_rc, run_end, self.peers.killed_elsewhere(self.status.attempt))
 
     def run_attempt(self, attempt: int) -> tuple[int, int | None, RunEnd | None]:
         """One torchrun (or the one worker itself: `direct`); returns (its exit code, the first worker's, the run_end)."""
@@ -280,8 +274,7 @@ class Supervisor:
         self.ranks = {}
         run_end = None
         kill_deadline = None
-        next_tick = time.monotonic()
-        since = time.time()
+        next_tick, since = time.monotonic(), time.time()
         while tr.poll() is None:
             now = time.monotonic()
             run_end = self.follow_events(attempt) or run_end
@@ -297,8 +290,8 @@ class Supervisor:
                         self.write_status(self.status.state or "running", f"workers {dumps(self.status.worker_pids)}")
                 # a job's other node samples its ranks' system calls too: the rules run on the job's node
                 self.tick(self.sampler.append(self.ranks, self.paths.system, self.log, detail=not self.is_job))
-                if self.is_job and not self.hung and kill_deadline is None and not self.stop_requested:
-                    self.end_if_hung(tr, since)
+                if self.is_job and not (self.hung or self.kill_requested or self.stop_requested):
+                    self.hung = end_if_hung(self.incidents, self.cfg.monitor, since, self.stopping, self.paths, tr.pid)
             if self.stop_requested and self.status.state == "running":
                 lost = self.slurm.node_failure()   # Slurm's SIGTERM after a node failed: said at once
                 if lost is not None:
@@ -318,20 +311,6 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 pass
         return self.follow_events(attempt) or run_end
-
-    def end_if_hung(self, tr: subprocess.Popen[bytes], since: float) -> None:
-        """A hang verdict of this attempt [monitor] hang_timeout_s old (its stacks kept): end the
-        attempt, so run() restarts it within max_restarts or fails the run with the verdict as reason."""
-        timeout = self.cfg.monitor.hang_timeout_s
-        rec = self.incidents.overdue("hang", since, timeout, time.time())
-        if rec is None:
-            return
-        self.hung = hang_reason(rec, timeout)
-        self.log.warning("%s; ending the attempt", self.hung)
-        self.stopping(self.hung)   # said first: the rules must not read the ranks' end as a crash
-        # a hung rank never acts on SIGTERM (it is stuck), so the grace is short before SIGKILL
-        terminate_all([p for p in run_processes(self.run_dir, [tr.pid], node=self.node) if p.pid != os.getpid()],
-                      grace_s=HANG_GRACE_S)
 
     def check_dir(self, tr: subprocess.Popen[bytes]) -> bool:
         """If the run directory was deleted or replaced, end every process of the run; True then.
