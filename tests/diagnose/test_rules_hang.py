@@ -241,3 +241,24 @@ def test_a_checkpoint_is_given_its_measured_time_before_an_early_verdict(tmp_pat
         assert EARLY_FLOOR_S + 3 * 8.0 <= inc["t"] - t_last <= EARLY_FLOOR_S + 3 * 8.0 + CONFIRM_S + 1.0, inc["t"] - t_last
     finally:
         _end(waiter, sleeper)
+
+
+def test_a_script_that_saved_slowly_before_gets_that_time_at_any_step(tmp_path: Path) -> None:
+    # a script's rank 1 saves (rank 0 waits in its barrier) whenever the script decides: no config says when
+    waiter, sleeper = _ranks(tmp_path)
+    try:
+        run = FakeRun(tmp_path / "r", monitor=MonitorConfig(), script="train.py")
+        run.pids = {0: waiter.pid, 1: sleeper.pid}
+        warm(run, 20, step_time=0.1)
+        run.idle(6)   # its first save: rank 1 busy, rank 0 waiting, nothing measured yet
+        assert [r["code"] for r in run.opened()] == ["hang"]   # a first slow save looks like a hang
+        run.event("checkpoint", step=run.step, path="x", bytes=1, seconds=6.0, reason="script", request_id=None)
+        for _ in range(40):
+            run.do_step(step_time=0.1)
+        t_last = run.now
+        run.idle(3 * 6.0)   # its next save, at a step of its choosing: 3x the 6 s it took
+        assert len(run.opened("hang")) == 1
+        run.idle(EARLY_FLOOR_S + CONFIRM_S + 1.0)
+        assert len(run.opened("hang")) == 2 and run.opened("hang")[1]["t"] - t_last > 3 * 6.0
+    finally:
+        _end(waiter, sleeper)

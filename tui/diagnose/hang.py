@@ -94,6 +94,8 @@ def early_limit(sig: RunSignals, hbs: dict[int, dict[str, Any]], med: float | No
     if last is None or med is None or last.step <= sig.start_step + WARMUP_STEPS:
         return None
     kinds = sig.pauses_due(last.step) | {hb.get("phase") for hb in hbs.values()} & {"eval", "checkpoint"}
+    if sig.facts.script:   # a script's saves and evals come when it decides: any kind it has reported may run now
+        kinds |= set(sig.pause_s)
     if any(k not in sig.pause_s for k in kinds):
         return None
     return max(EARLY_FLOOR_S, m.hang_step_factor * med) + sum(sig.pause_allowance(str(k)) for k in kinds)
