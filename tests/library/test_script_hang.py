@@ -30,6 +30,7 @@ def test_a_hung_script_is_ended_after_hang_timeout_as_failed_with_the_verdict(tm
         recs = [json.loads(line) for line in (run_dir / "incidents.jsonl").read_text().splitlines()]
         hang = next(r for r in recs if r["code"] == "hang" and r["status"] == "open")
         assert hang["evidence"]["suspect_ranks"] == [1] and hang["title"] in st["reason"], (hang, st)
+        assert "--hang-timeout" in hang["advice"] and "pg_timeout_s" not in hang["advice"], hang["advice"]
         assert not [r for r in recs if r["code"] in ("crash", "nccl_timeout")], "the ended attempt was read as a crash"
         print(f"\nlast step -> verdict {hang['t'] - last:.1f} s -> run ended {st['ended'] - last:.1f} s: {st['reason']}")
         assert st["ended"] - last < 60, "ended by the script's own gloo timeout, not by mt"

@@ -10,6 +10,8 @@ from tui.diagnose.findings import WAITING_SYSCALLS, Finding, Observation, RankPr
 from tui.diagnose.signals import WARMUP_STEPS, RunSignals
 from tui.text.format import fmt_s
 
+EARLY_FLOOR_S = 3.0   # the least quiet spell named a hang early: a loaded host's scheduling hiccups stay under it
+CONFIRM_S = 1.0       # the same rank(s) seen stopped while the others wait, over polls this far apart
 ADVICE_HANG = (
     "Look at which rank stopped first and what the others do: ranks blocked in a collective "
     "(futex/poll, ~0% CPU or spinning) wait for the one that is stuck (sleeping, in I/O, or "
@@ -20,8 +22,6 @@ ADVICE_HANG = (
     "hang_timeout_s old (`mt launch train.py --hang-timeout S` for a script) and restarts it from "
     "the newest checkpoint within [launch] max_restarts; `mt kill` ends it now."
 )
-EARLY_FLOOR_S = 3.0   # the least quiet spell named a hang early: a loaded host's scheduling hiccups stay under it
-CONFIRM_S = 1.0       # the same rank(s) seen stopped while the others wait, over polls this far apart
 ADVICE_STRAGGLER = (
     "One rank is slower than the rest and every collective waits for it. Check that rank's "
     "host and GPU (clocks, temperature, other processes, PCIe/NVLink errors), its data "
