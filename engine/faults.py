@@ -39,6 +39,13 @@ class Faults:
             while True:
                 time.sleep(1.0)
 
+    def in_forward(self, micro: int) -> None:
+        """step_work_s, and slow_rank's slow_step_s more (a slower device), in a step's first forward: its compute."""
+        c = self.cfg
+        extra = c.slow_step_s if c.slow_rank == self.rank else 0.0
+        if micro == 0 and c.step_work_s + extra:
+            time.sleep(c.step_work_s + extra)
+
     def maybe_poison(self, loss: torch.Tensor, step: int, micro: int) -> torch.Tensor:
         """NaN for the loss of rank 0's first micro-batch at nan_at_step, as a bad sample would give."""
         if self.armed and self.cfg.nan_at_step == step and self.rank == 0 and micro == 0:
@@ -58,13 +65,22 @@ class Faults:
         return {samples + (at - step - 1) * global_batch + self.rank: seconds}
 
     def in_checkpoint(self, step: int) -> Callable[[str], None] | None:
-        """A hook for checkpoint.save that kills this process (or fails the write) after the first
-        file of that step (sharded: train.pt, once every rank's shards are written)."""
+        """A hook for checkpoint.save that kills this process (or fails the write, or sleeps
+        slow_checkpoint_s) after the first file of that step (sharded: train.pt, once every rank's shards are written)."""
         if self.armed and self.cfg.fail_checkpoint_at_step == step:
             def fail(name: str) -> None:
                 raise OSError(f"injected write failure in checkpoint step {step} after {name} ([faults] fail_checkpoint_at_step)")
 
             return fail
+        if self.cfg.slow_checkpoint_s and not (self.armed and self.cfg.crash_in_checkpoint_at_step == step):
+            seconds, slept = self.cfg.slow_checkpoint_s, []
+
+            def slow(name: str) -> None:
+                if not slept:  # once a checkpoint, after its first file (sharded: train.pt, its only one here)
+                    slept.append(name)
+                    time.sleep(seconds)
+
+            return slow
         if not (self.armed and self.cfg.crash_in_checkpoint_at_step == step):
             return None
 

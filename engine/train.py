@@ -181,6 +181,7 @@ class Trainer:
             with (nullcontext() if sync else self.par.no_sync()):
                 with self.precision.autocast():
                     loss = loss_of(call_model(self.par.module, batch), self.what)
+                self.faults.in_forward(micro)
                 loss = self.faults.maybe_poison(loss, step, micro)
                 self.precision.backward(self.faults.maybe_overflow(loss / self.accum, step))
             micro_losses.append((loss.detach(), idx))

@@ -215,8 +215,13 @@ class MonitorConfig:
     throughput_window_s: float = _c(30.0, gt=0)
     """The low rate must hold for half of this window (eval/checkpoint steps excluded)."""
     hang_floor_s: float = _c(30.0, gt=0)
-    """No step for max(this, hang_step_factor x the median step interval) is a hang."""
+    """No step for max(this, hang_step_factor x the median step interval) is a hang, whatever the
+    ranks show; one rank stopped while the others wait in a collective is named sooner (docs/events.md)."""
     hang_step_factor: float = _c(20.0, gt=1)
+    """No step for this many median step intervals (3 s at least) makes a hang suspected."""
+    hang_timeout_s: float = _c(300.0, ge=0)
+    """A hang verdict this old ends the attempt (stacks kept): a restart from the newest checkpoint
+    within [launch] max_restarts, else the run fails with the verdict as its reason; 0: never."""
     straggler_steps: int = _c(3, ge=1)
     """A rank's heartbeat this many steps behind the leading one, steadily, is a straggler."""
     memory_pressure_share: float = _c(0.95, gt=0, le=1)
@@ -251,6 +256,13 @@ class FaultsConfig:
     """Rank 0's write of this step's checkpoint raises OSError after its first file (async: a checkpoint_failed incident)."""
     hang_at_exit: bool = False
     """`hang_rank` hangs once its work is done, where destroy_process_group runs (as a hung shutdown would)."""
+    step_work_s: float = _c(0.0, ge=0)
+    """Every rank spends this long in every step's forward (timed as compute, unlike step_sleep_s), every attempt."""
+    slow_rank: int = _c(0, ge=0)
+    slow_step_s: float = _c(0.0, ge=0)
+    """`slow_rank` spends this much longer in every step's forward (a slower device), every attempt."""
+    slow_checkpoint_s: float = _c(0.0, ge=0)
+    """Rank 0 sleeps this long in every checkpoint write, after its first file (a slow filesystem)."""
 
 
 @dataclass

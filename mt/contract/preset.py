@@ -197,6 +197,8 @@ def _check(cfg: Config, source: str) -> None:
                           "or \"auto\" under train.strategy = \"fsdp\"); full checkpoints are written blocking")
     if cfg.faults.hang_rank >= cfg.world_size and (cfg.faults.hang_at_step or cfg.faults.hang_at_exit):
         raise ConfigError(source, "faults.hang_rank", f"must be < world size ({cfg.world_size})")
+    if cfg.faults.slow_rank >= cfg.world_size and cfg.faults.slow_step_s:
+        raise ConfigError(source, "faults.slow_rank", f"must be < world size ({cfg.world_size})")
     _check_slurm(cfg, source)
 
 

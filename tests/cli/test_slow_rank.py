@@ -75,3 +75,46 @@ def test_a_balanced_run_has_no_straggler(tmp_path: Path) -> None:
         assert hb["anatomy"]["n"] == 20 and hb["anatomy"]["data_s"] > 0.02, hb  # it was measured, and judged
     finally:
         end_run(run_dir)
+
+
+# mt's own engine: every rank's forward takes 0.25 s ([faults] step_work_s), rank 1's 50 ms more
+WORK = {"step_work_s": 0.25, "slow_rank": 1}
+
+
+def _engine_run(tmp_path: Path, slow_step_s: float, max_steps: int) -> Path:
+    from tests.cli.conftest import write_preset
+
+    preset = write_preset(tmp_path / "p.toml", tmp_path / "runs", train={"max_steps": max_steps},
+                          checkpoint={"every_steps": 0}, faults={**WORK, "slow_step_s": slow_step_s})
+    res = mt("launch", preset, "--detach", "--name", "slow")
+    assert res.returncode == 0, res.stdout + res.stderr
+    return Path(res.stdout.strip())
+
+
+def test_a_rank_ten_percent_slower_for_30_s_is_named(tmp_path: Path) -> None:
+    run_dir = _engine_run(tmp_path, 0.05, 1000)
+    try:
+        first = _first_step_t(run_dir)
+        inc = _opened(run_dir, "straggler", 120)
+        ev = inc["evidence"]
+        assert ev["rank"] == 1 and ev["bound"] == "compute", inc
+        share = ev["gap_s"] / ev["step_s"]
+        print(f"\nstraggler opened {inc['t'] - first:.1f} s after the first step: gap {ev['gap_s'] * 1000:.0f} ms, "
+              f"{share:.0%} of a {ev['step_s'] * 1000:.0f} ms step, held {ev['held_s']} s")
+        assert 0.1 <= share < 0.2 and ev["held_s"] >= 30.0, ev   # under the old 20% bar: named by its 30 s
+        assert inc["t"] - first <= 60
+    finally:
+        end_run(run_dir)
+
+
+def test_a_balanced_run_of_the_same_pace_has_no_straggler(tmp_path: Path) -> None:
+    run_dir = _engine_run(tmp_path, 0.0, 160)   # ~42 s of 0.26 s steps: past the window's 20 steps and 30 s more
+    try:
+        first = _first_step_t(run_dir)
+        wait_for(lambda: status(run_dir).get("state") in ("completed", "failed"), 240, "the run's end")
+        assert status(run_dir)["state"] == "completed"
+        steps = events(run_dir, "step")
+        assert steps[-1]["t"] - first >= 30 + 20 * 0.25, "too short to have been judged for 30 s"
+        assert _incidents(run_dir, "straggler") == []
+    finally:
+        end_run(run_dir)

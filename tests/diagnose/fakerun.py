@@ -33,7 +33,7 @@ class FakeRun:
     """Writes events/system/heartbeats/status like the engine and supervisor would."""
 
     def __init__(self, root: Path, monitor: MonitorConfig | None = None, world: int = 2,
-                 eval_every: int = 0, checkpoint_every: int = 0, num_workers: int = 1) -> None:
+                 eval_every: int = 0, checkpoint_every: int = 0, num_workers: int = 1, script: str = "") -> None:
         self.paths = RunPaths(root)
         root.mkdir(parents=True, exist_ok=True)
         (root / "logs").mkdir(exist_ok=True)
@@ -41,6 +41,7 @@ class FakeRun:
         cfg.launch.nproc_per_node = world
         cfg.train.eval_every, cfg.checkpoint.every_steps = eval_every, checkpoint_every
         cfg.data.num_workers = num_workers
+        cfg.launch.script = script   # a user's script: its checkpoints come when it decides
         cfg.monitor = monitor or MonitorConfig()
         self.paths.config.write_text(json.dumps(cfg.to_dict()))
         self.world, self.m = world, cfg.monitor

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from mt.contract.config import MonitorConfig
+from tui.diagnose.hang import CONFIRM_S, EARLY_FLOOR_S
 
 from .fakerun import FakeRun, dead_pid
 
@@ -18,7 +19,18 @@ def warm(run: FakeRun, n: int = 30, step_time: float = 0.3) -> None:
         run.do_step(step_time=step_time)
 
 
-def test_hang_fires_after_the_floor_naming_the_stale_rank(tmp_path: Path) -> None:
+def test_hang_fires_after_the_floor_when_no_rank_stands_out(tmp_path: Path) -> None:
+    m = MonitorConfig(hang_floor_s=10.0)
+    run = FakeRun(tmp_path / "r", monitor=m)
+    warm(run)
+    t_last = run.now
+    run.idle(m.hang_floor_s + 5)  # every heartbeat at the same step, every "rank" the same process
+    (inc,) = run.opened("hang")
+    assert m.hang_floor_s <= inc["t"] - t_last <= m.hang_floor_s + 1.0
+    assert inc["evidence"]["early"] is False and inc["evidence"]["suspect_ranks"] == []
+
+
+def test_hang_is_named_early_when_a_rank_is_behind(tmp_path: Path) -> None:
     m = MonitorConfig(hang_floor_s=10.0)
     run = FakeRun(tmp_path / "r", monitor=m)
     warm(run)
@@ -30,7 +42,9 @@ def test_hang_fires_after_the_floor_naming_the_stale_rank(tmp_path: Path) -> Non
     assert len(got) == 1
     inc = got[0]
     assert inc["step"] == last + 1 and inc["severity"] == "error"
-    assert m.hang_floor_s <= inc["t"] - t_last <= m.hang_floor_s + 1.0
+    early = m.hang_step_factor * 0.3   # factor x the run's own median step interval (over the 3 s floor)
+    assert early + CONFIRM_S <= inc["t"] - t_last <= early + CONFIRM_S + 1.0, inc["t"] - t_last
+    assert inc["evidence"]["early"] is True and "named early" in inc["detail"]
     ev = inc["evidence"]
     assert ev["suspect_ranks"] == [1]
     assert set(ev["ranks"]) == {"0", "1"} and ev["ranks"]["1"]["heartbeat_step"] == last
@@ -172,3 +186,79 @@ def test_a_nested_heartbeat_file_costs_only_its_own_reading(tmp_path: Path) -> N
     finally:
         stopped.kill()
         stopped.wait()
+
+
+def _ranks(tmp_path: Path) -> tuple[subprocess.Popen[str], subprocess.Popen[str]]:
+    """Two real processes: one waiting in read() as a rank in a collective does, one asleep in its own code."""
+    waiter = subprocess.Popen([sys.executable, "-c", "import sys; print('ready', flush=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time\nprint('ready', flush=True)\nwhile True: time.sleep(1)"],
+                               stdout=subprocess.PIPE, text=True)
+    for p in (waiter, sleeper):
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    return waiter, sleeper
+
+
+def _end(*procs: subprocess.Popen[str]) -> None:
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def test_a_rank_asleep_while_the_other_waits_is_a_hang_within_seconds(tmp_path: Path) -> None:
+    m = MonitorConfig()   # the 30 s floor stays the fallback
+    waiter, sleeper = _ranks(tmp_path)
+    try:
+        run = FakeRun(tmp_path / "r", monitor=m)
+        run.pids = {0: waiter.pid, 1: sleeper.pid}
+        warm(run, 40, step_time=0.1)
+        t_last = run.now
+        run.idle(12)
+        (inc,) = run.opened("hang")
+        assert inc["evidence"]["suspect_ranks"] == [1] and inc["evidence"]["early"] is True, inc
+        assert inc["t"] - t_last <= EARLY_FLOOR_S + CONFIRM_S + 1.0, inc["t"] - t_last
+        assert "rank 1 looks stuck (it is in clock_nanosleep while rank 0 waits for a peer" in inc["detail"], inc["detail"]
+    finally:
+        _end(waiter, sleeper)
+
+
+def test_a_checkpoint_is_given_its_measured_time_before_an_early_verdict(tmp_path: Path) -> None:
+    m = MonitorConfig()
+    waiter, sleeper = _ranks(tmp_path)   # rank 1 "writes" while rank 0 waits in the barrier: a checkpoint looks so
+    try:
+        run = FakeRun(tmp_path / "r", monitor=m, checkpoint_every=40)
+        run.pids = {0: waiter.pid, 1: sleeper.pid}
+        warm(run, 40, step_time=0.1)
+        run.idle(8)   # the first checkpoint: never measured, only the floor (and its estimate) decides
+        assert run.opened("hang") == []
+        run.event("checkpoint", step=run.step, path="x", bytes=1, seconds=8.0, reason="interval", request_id=None)
+        for _ in range(40):
+            run.do_step(step_time=0.1)
+        t_last = run.now
+        run.idle(40)  # the next one never ends: 3x the measured 8 s, then named
+        (inc,) = run.opened("hang")
+        assert inc["evidence"]["early"] is True and inc["evidence"]["suspect_ranks"] == [1], inc
+        assert EARLY_FLOOR_S + 3 * 8.0 <= inc["t"] - t_last <= EARLY_FLOOR_S + 3 * 8.0 + CONFIRM_S + 1.0, inc["t"] - t_last
+    finally:
+        _end(waiter, sleeper)
+
+
+def test_a_script_that_saved_slowly_before_gets_that_time_at_any_step(tmp_path: Path) -> None:
+    # a script's rank 1 saves (rank 0 waits in its barrier) whenever the script decides: no config says when
+    waiter, sleeper = _ranks(tmp_path)
+    try:
+        run = FakeRun(tmp_path / "r", monitor=MonitorConfig(), script="train.py")
+        run.pids = {0: waiter.pid, 1: sleeper.pid}
+        warm(run, 20, step_time=0.1)
+        run.idle(6)   # its first save: rank 1 busy, rank 0 waiting, nothing measured yet
+        assert [r["code"] for r in run.opened()] == ["hang"]   # a first slow save looks like a hang
+        run.event("checkpoint", step=run.step, path="x", bytes=1, seconds=6.0, reason="script", request_id=None)
+        for _ in range(40):
+            run.do_step(step_time=0.1)
+        t_last = run.now
+        run.idle(3 * 6.0)   # its next save, at a step of its choosing: 3x the 6 s it took
+        assert len(run.opened("hang")) == 1
+        run.idle(EARLY_FLOOR_S + CONFIRM_S + 1.0)
+        assert len(run.opened("hang")) == 2 and run.opened("hang")[1]["t"] - t_last > 3 * 6.0
+    finally:
+        _end(waiter, sleeper)

@@ -14,7 +14,7 @@ from mt.contract.status import Status
 from tui.diagnose.findings import Observation
 from tui.diagnose.rules import evaluate
 from tui.diagnose.signals import RunFacts, RunSignals
-from tui.diagnose.slowrank import slow_rank
+from tui.diagnose.slowrank import HOLD_S, slow_rank
 
 NOW = 1_800_000_000.0
 # heartbeat anatomies as the engine wrote them: rank 1's dataset sleeps 10 ms an item (8 items a step)
@@ -108,3 +108,48 @@ def test_the_heartbeat_fragment_parses_back() -> None:
     assert rec["anatomy"] == {"n": 4, "step_s": 0.104, "data_s": 0.05, "comm_s": 4e-06}
     bad = clean_heartbeat({"step": 1, "t": 2.0, "anatomy": {"n": 3, "step_s": "x", "data_s": -1}})
     assert bad == {"step": 1, "t": 2.0}
+
+
+# +50 ms in rank 1's forward on ~0.3 s steps (the engine's anatomy with [faults] slow_step_s): 15% of a step
+SLOWER = {0: {"n": 20, "step_s": 0.352, "data_s": 0.0009, "compute_s": 0.2531, "optim_s": 0.0009, "comm_s": 0.0561},
+          1: {"n": 20, "step_s": 0.353, "data_s": 0.0009, "compute_s": 0.3032, "optim_s": 0.0010, "comm_s": 0.0052}}
+
+
+def _ticks(sig: RunSignals, seconds: int, anatomies: Any) -> list[float]:
+    """One judgement a second (as the supervisor ticks) for `seconds`; the times it named a straggler."""
+    named = []
+    for i in range(seconds + 1):
+        a = anatomies(i) if callable(anatomies) else anatomies
+        obs = observe(a)
+        obs.now = NOW + i
+        for hb in obs.heartbeats.values():
+            hb["t"] = obs.now - 0.5
+        if slow_rank(sig, obs, MonitorConfig()) is not None:
+            named.append(float(i))
+    return named
+
+
+def test_a_ten_percent_gap_is_named_once_held_for_30_s() -> None:
+    sig = signals()
+    named = _ticks(sig, 40, SLOWER)
+    assert named and named[0] == HOLD_S, named   # not before: a gap under 20% needs its 30 s
+    obs = observe(SLOWER)
+    obs.now = NOW + 41
+    for hb in obs.heartbeats.values():
+        hb["t"] = obs.now - 0.5
+    f = slow_rank(sig, obs, MonitorConfig())
+    assert f is not None and f.evidence["rank"] == 1 and f.evidence["bound"] == "compute" and f.evidence["held_s"] == 41.0
+    assert f.detail.endswith("(medians of the ranks' last steps; a step takes 352 ms, 15% of it, for 41 s)"), f.detail
+
+
+def test_a_gap_that_breaks_before_30_s_starts_its_clock_again() -> None:
+    # every 20 s one second of balance (a rank's window of fast steps): never 30 s without a break
+    assert _ticks(signals(), 90, lambda i: BALANCED if i % 20 == 19 else SLOWER) == []
+
+
+def test_a_balanced_run_whose_ranks_trade_places_is_never_named() -> None:
+    # either rank 5% slower in turn, as scheduling noise on a shared host makes it
+    def noisy(i: int) -> dict[int, dict[str, Any]]:
+        fast, slow = (0, 1) if (i // 7) % 2 else (1, 0)
+        return {fast: {**SLOWER[0], "compute_s": 0.2531}, slow: {**SLOWER[0], "compute_s": 0.2531 + 0.016, "comm_s": 0.04}}
+    assert _ticks(signals(), 120, noisy) == []

@@ -25,6 +25,7 @@ def launch(
     nproc: NprocOpt = None,
     slurm: Annotated[bool, typer.Option("--slurm", help="Submit the run to Slurm (sbatch) instead of starting it here: [slurm] and [launch] nnodes/nproc_per_node give the allocation; prints the run directory and the job id and returns.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="With --slurm: print the batch script and submit nothing (no run directory is made).")] = False,
+    hang_timeout: Annotated[Optional[float], typer.Option("--hang-timeout", metavar="SECONDS", help="End an attempt this long after its hang verdict (its stacks kept): restart it from the newest checkpoint within max_restarts, else fail the run (overrides monitor.hang_timeout_s, default 300; 0: never).", show_default=False)] = None,
     node_rank: Annotated[Optional[int], typer.Option("--node-rank", help="This node's rank in a multi-node job (overrides launch.node_rank). Every node runs mt launch with the same preset and gets its own run dir (suffix -node<K>); the one that gets global rank 0 holds the events.", show_default=False)] = None,
 ) -> None:
     """Validate PRESET, create its run directory, start the run detached and open the dashboard.
@@ -41,7 +42,7 @@ def launch(
     from tui.run.launch import LaunchError, Overrides, launch_run
 
     over = Overrides(name=name, runs_dir=str(runs_dir) if runs_dir else None, nproc=nproc, node_rank=node_rank,
-                     script_args=script_args or None)
+                     script_args=script_args or None, hang_timeout=hang_timeout)
     if dry_run and not slurm:
         fail("--dry-run: only with --slurm (it prints the batch script)")
     if slurm:

@@ -13,6 +13,7 @@ from mt.contract.status import CLEAN_STATES
 from tui.diagnose.findings import Finding, Observation, RankProc
 from tui.diagnose.lost import lost_nodes, node_lost
 from tui.diagnose.signals import RunSignals
+from tui.run.failure import HANG_ENDED
 from tui.run.torchrun import Failure, torchrun_failures
 from tui.text.format import at_step, fmt_rank
 
@@ -134,6 +135,8 @@ def _worth_explaining(sig: RunSignals, obs: Observation, exited: bool) -> bool:
         obs.fresh_error or any(p.alive is False for p in obs.procs.values()))
     if st.state == "killed" or st.reason == "kill requested" or not (exited or dying):
         return False  # mt kill: a SIGKILL after the grace period is the user's doing, not a crash
+    if (st.reason or "").startswith(HANG_ENDED):
+        return False  # the supervisor ended a hung attempt: the open hang says why
     if (obs.open_evidence.get("nan_loss") or {}).get("action") == "stop":
         return False  # the engine stopped on purpose, and said why (nan_loss)
     return not (sig.run_end is not None and sig.run_end.status in CLEAN_STATES)

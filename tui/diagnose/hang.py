@@ -7,17 +7,20 @@ from typing import Any
 from mt.contract.config import MonitorConfig
 from mt.contract.events import as_float
 from tui.diagnose.findings import WAITING_SYSCALLS, Finding, Observation, RankProc
-from tui.diagnose.signals import RunSignals
+from tui.diagnose.signals import WARMUP_STEPS, RunSignals
 from tui.text.format import fmt_s
 
+EARLY_FLOOR_S = 3.0   # the least quiet spell named a hang early: a loaded host's scheduling hiccups stay under it
+CONFIRM_S = 1.0       # the same rank(s) seen stopped while the others wait, over polls this far apart
 ADVICE_HANG = (
     "Look at which rank stopped first and what the others do: ranks blocked in a collective "
     "(futex/poll, ~0% CPU or spinning) wait for the one that is stuck (sleeping, in I/O, or "
     "busy in its own code). Get its stack: `kill -USR2 PID` (mt's engine writes every thread's "
     "stack to logs/rank<N>.log) or `py-spy dump --pid PID`; check for a rank-"
     "dependent branch that skips a collective, a dead DataLoader worker, a full disk, or a "
-    "GPU fault (nvidia-smi, dmesg). Lower [launch] pg_timeout_s so a hung collective fails "
-    "fast, and resume from the last checkpoint."
+    "GPU fault (nvidia-smi, dmesg). mt ends the attempt once the verdict is [monitor] "
+    "hang_timeout_s old (`mt launch train.py --hang-timeout S` for a script) and restarts it from "
+    "the newest checkpoint within [launch] max_restarts; `mt kill` ends it now."
 )
 ADVICE_STRAGGLER = (
     "One rank is slower than the rest and every collective waits for it. Check that rank's "
@@ -83,8 +86,37 @@ def _suspects(hbs: dict[int, dict[str, Any]], procs: dict[int, RankProc]) -> tup
     return [], ""
 
 
+def early_limit(sig: RunSignals, hbs: dict[int, dict[str, Any]], med: float | None, m: MonitorConfig) -> float | None:
+    """The quiet spell after which a rank stopped while the others wait is a hang: max(3 s, factor x
+    the median step interval), plus 3x the measured length of an eval or checkpoint under way; None
+    when the run has no measured pace yet, or a pause under way was never measured (the floor decides)."""
+    last = sig.last_step
+    if last is None or med is None or last.step <= sig.start_step + WARMUP_STEPS:
+        return None
+    kinds = sig.pauses_due(last.step) | {hb.get("phase") for hb in hbs.values()} & {"eval", "checkpoint"}
+    if sig.facts.script:   # a script's saves and evals come when it decides: any kind it has reported may run now
+        kinds |= set(sig.pause_s)
+    if any(k not in sig.pause_s for k in kinds):
+        return None
+    return max(EARLY_FLOOR_S, m.hang_step_factor * med) + sum(sig.pause_allowance(str(k)) for k in kinds)
+
+
+def _confirmed(sig: RunSignals, obs: Observation, hbs: dict[int, dict[str, Any]], idle: float,
+               early: float | None) -> tuple[list[int], str] | None:
+    """The stopped rank(s) and why, once the same ones were seen over CONFIRM_S past the early limit."""
+    found = _suspects(hbs, obs.procs) if early is not None and idle >= early else ([], "")
+    if not found[0]:
+        sig.stuck = None
+        return None
+    ranks = tuple(found[0])
+    if sig.stuck is None or sig.stuck[0] != ranks:
+        sig.stuck = (ranks, obs.now)
+    return found if obs.now - sig.stuck[1] >= CONFIRM_S else None
+
+
 def hang(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
-    """No new step for max(floor, factor x median step time) while rank processes live."""
+    """No new step for max(floor, factor x median step time) while rank processes live; sooner
+    (`early_limit`) when one rank stopped while the others wait in a collective."""
     if not running(sig, obs):
         return None
     if obs.procs and not any(p.alive for p in obs.procs.values()):
@@ -102,13 +134,18 @@ def hang(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
         for kind in sig.pauses_due(last.step):  # a long eval or checkpoint is not a hang
             limit += m.hang_floor_s + sig.pause_allowance(kind)
     idle = obs.now - progress
-    if idle < limit:
+    early = early_limit(sig, hbs, med, m)
+    confirmed = _confirmed(sig, obs, hbs, idle, early)
+    if idle < limit and confirmed is None:
         return None
     step = (last.step if last else sig.start_step) + 1
     stall = obs.open_evidence.get("dataloader_stall") or {}
     if stall.get("in_progress") and stall.get("step") == step:
         return None  # this quiet spell was already seen to be the input pipeline's
-    suspects, why = _suspects(hbs, obs.procs)
+    suspects, why = confirmed or _suspects(hbs, obs.procs)
+    early_named = confirmed is not None and early is not None and idle < limit
+    if early_named:
+        limit = early   # the ranks show who stopped: the stale mark is the early limit
     ranks = sorted(set(hbs) | set(obs.procs))
     per_rank = {}
     for r in ranks:
@@ -125,11 +162,14 @@ def hang(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
     lines = [f"{obs.who(r)}: heartbeat step {per_rank[str(r)]['heartbeat_step']}, "
              f"{fmt_s(per_rank[str(r)]['heartbeat_age_s'])} old, {_doing(obs.procs.get(r))}" for r in ranks]
     who = (f"rank {obs.whom(suspects)} looks stuck ({why}); " if suspects else "")
-    detail = (f"no step for {fmt_s(idle)} after step {step - 1} (limit {fmt_s(limit)}: max of "
-              f"{fmt_s(m.hang_floor_s)} and {m.hang_step_factor:g} x the median {fmt_s(med)} between steps); "
+    how = (f"named early at {fmt_s(limit)}: one rank stopped while the others wait, seen for {fmt_s(CONFIRM_S)}"
+           if early_named else f"limit {fmt_s(limit)}: max of {fmt_s(m.hang_floor_s)} and {m.hang_step_factor:g} x "
+           f"the median {fmt_s(med)} between steps")
+    detail = (f"no step for {fmt_s(idle)} after step {step - 1} ({how}); "
               f"{who}stale heartbeats: {obs.whom(stale) or 'none'}. " + "; ".join(lines))
     evidence = {"idle_s": round(idle, 1), "limit_s": round(limit, 1), "last_step": step - 1,
-                "median_step_interval_s": med, "stale_ranks": stale, "suspect_ranks": suspects, "ranks": per_rank}
+                "median_step_interval_s": med, "stale_ranks": stale, "suspect_ranks": suspects, "ranks": per_rank,
+                "early": early_named}
     title = f"Hang: no progress after step {step - 1}"
     if obs.nodes and suspects:   # a job: which rank on which node, at the step it stopped at
         title = f"Hang: {obs.who(suspects[0])} stopped at step {per_rank[str(suspects[0])]['heartbeat_step']:,}"

@@ -13,6 +13,8 @@ from mt.contract.events import dumps
 from mt.contract.records import Record
 from mt.contract.status import Status
 
+STACKS_WAIT_S = 30.0   # how long an overdue incident waits for its capture before its attempt is ended anyway
+
 
 class IncidentHook:
     """The IncidentMonitor, fed in memory; its failures are logged, never fatal."""
@@ -73,6 +75,17 @@ class IncidentHook:
         except Exception:
             self.log.exception("incident monitor poll failed")
         self._captured()
+
+    def overdue(self, code: str, since: float, age_s: float, now: float) -> dict[str, Any] | None:
+        """The open incident `code` opened at or after `since`, once `age_s` old and its stacks are
+        back (or STACKS_WAIT_S later without them): what the supervisor ends a hung attempt on."""
+        rec = self.monitor.open.get(code) if self.monitor is not None and age_s > 0 else None
+        t = rec.get("t") if rec is not None else None
+        if not isinstance(t, (int, float)) or t < since or now - t < age_s:
+            return None
+        ev = rec.get("evidence") or {}   # type: ignore[union-attr]
+        captured = "verdict" in ev or "stacks_error" in ev or self.captures is None
+        return rec if captured or now - t >= age_s + STACKS_WAIT_S else None
 
     def note(self, finding: Any, closed_reason: str) -> None:
         """Record an incident about what is already over (opened and closed at once)."""

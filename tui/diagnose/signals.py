@@ -71,6 +71,8 @@ class RunSignals:
         self.step_times: dict[int, float] = {}  # step -> event time, for pause lengths
         self.heartbeat_lag: dict[int, tuple[int, float]] = {}  # rank -> (steps behind, since when)
         self.blocked_on_input_since: float | None = None  # a silent script's ranks all waiting on their loaders
+        self.stuck: tuple[tuple[int, ...], float] | None = None  # the ranks a quiet run waits for, since when
+        self.slow_since: tuple[int, float] | None = None  # the rank slower than the others by the held share, since when
 
     # -- feeding ---------------------------------------------------------------------------
     def feed_event(self, ev: Record) -> None:

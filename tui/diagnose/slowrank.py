@@ -15,8 +15,10 @@ from tui.text.format import fmt_ms
 
 MIN_STEPS = 10      # a window this full before a rank is judged (start-up steps are not its pace)
 GAP_S = 0.02        # the slow rank's own time over the others' median, at least this in absolute terms
-GAP_SHARE = 0.2     # ... and this share of a step: a few ms on a fast step is noise
-KEEP = 0.5          # an open incident stays while the gap is over half of that (hysteresis)
+GAP_SHARE = 0.2     # ... and this share of a step names it at once: a few ms on a fast step is noise
+HELD_SHARE = 0.1    # a smaller gap, this share of a step or more, names it once held HOLD_S without a break
+HOLD_S = 30.0       # a balanced run's ranks trade places within seconds; a slower device stays slower
+KEEP = 0.5          # an open incident stays while the gap is over half of its bar (hysteresis)
 FRESH_S = 30.0      # a heartbeat older than this is the hang rule's, not a pace
 HOST_BUSY_CORES = 1.0  # cores busy outside the ranks that make "something else" worth saying
 
@@ -77,8 +79,22 @@ def _host_busy(sig: RunSignals, obs: Observation, node: str | None) -> float | N
     return statistics.median(spare) if spare else None
 
 
+def _named(sig: RunSignals, now: float, slow: int, gap: float, step_s: float, is_open: bool) -> bool:
+    """Whether the gap names the rank: over GAP_SHARE of a step now, or over HELD_SHARE since HOLD_S
+    (the clock restarts when the gap falls under it or another rank is the slowest)."""
+    if gap >= max(GAP_S, HELD_SHARE * step_s) * (KEEP if is_open else 1.0):
+        if sig.slow_since is None or sig.slow_since[0] != slow:
+            sig.slow_since = (slow, now)
+    else:
+        sig.slow_since = None
+    if gap >= max(GAP_S, GAP_SHARE * step_s) * (KEEP if is_open else 1.0):
+        return True
+    return sig.slow_since is not None and now - sig.slow_since[1] >= HOLD_S
+
+
 def slow_rank(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
-    """A rank whose own time a step exceeds the others' by GAP_S and GAP_SHARE of a step, and why."""
+    """A rank whose own time a step exceeds the others' by GAP_S and GAP_SHARE of a step (or
+    HELD_SHARE, held for HOLD_S), and why."""
     if not running(sig, obs):
         return None
     parts = _parts(sig, obs)
@@ -88,8 +104,8 @@ def slow_rank(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | 
     me, others = parts[slow], [p for r, p in parts.items() if r != slow]
     gap = _gap(me, others, "busy_s") or 0.0
     step_s = statistics.median(p.step_s for p in parts.values())
-    held = (obs.open_evidence.get("straggler") or {}).get("rank") == slow
-    if gap < max(GAP_S, GAP_SHARE * step_s) * (KEEP if held else 1.0):
+    is_open = (obs.open_evidence.get("straggler") or {}).get("rank") == slow
+    if not _named(sig, obs.now, slow, gap, step_s, is_open):
         return None
     data_gap, work_gap = _gap(me, others, "data_s"), _gap(me, others, "work_s")
     input_bound = data_gap is not None and (work_gap is None or data_gap >= work_gap)
@@ -105,12 +121,15 @@ def slow_rank(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | 
     own = f"it waits {fmt_ms(me.data_s)} a step for data" if input_bound else \
         f"its forward/backward and optimizer take {fmt_ms(me.work_s)} a step"
     why = f"{obs.who(slow)} is {bound}-bound: {own} while rank {peers} {verb} ~{fmt_ms(wait_s)} in all-reduce for it"
-    detail = f"{why} (medians of the ranks' last steps; a step takes {fmt_ms(step_s)})"
+    held_s = obs.now - sig.slow_since[1] if sig.slow_since is not None else 0.0
+    steady = f", {gap / step_s:.0%} of it, for {held_s:.0f} s" if gap < GAP_SHARE * step_s else ""
+    detail = f"{why} (medians of the ranks' last steps; a step takes {fmt_ms(step_s)}{steady})"
     busy = _host_busy(sig, obs, obs.nodes.get(slow)) if bound == "compute" else None
     if busy is not None and busy >= HOST_BUSY_CORES:
         detail += f"; its host's CPU is busy with something else ({busy:.1f} cores besides the ranks)"
     evidence: dict[str, Any] = {
-        "why": why, "rank": slow, **({"node": obs.nodes[slow]} if slow in obs.nodes else {}), "bound": bound, "gap_s": round(gap, 4), "wait_s": round(wait_s, 4), "step_s": round(step_s, 4),
+        "why": why, "rank": slow, **({"node": obs.nodes[slow]} if slow in obs.nodes else {}), "bound": bound, "gap_s": round(gap, 4),
+        "wait_s": round(wait_s, 4), "step_s": round(step_s, 4), "held_s": round(held_s, 1),
         "host_busy_cores": None if busy is None else round(busy, 2),
         "anatomy": {str(r): {k: v for k, v in p.__dict__.items() if v is not None} for r, p in sorted(parts.items())},
     }

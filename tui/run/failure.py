@@ -1,13 +1,16 @@
 """Why an attempt failed, in the one line status.json `reason` keeps, and the failed workers a node reports."""
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from mt.contract import space
-from mt.contract.config import Config
+from mt.contract.config import Config, MonitorConfig
 from mt.contract.paths import RunPaths
 from mt.contract.records import RunEnd
+from tui.run.procs import run_processes, terminate_all
 from tui.run.torchrun import is_direct, read_failures
 
 
@@ -38,3 +41,28 @@ def attempt_failure(cfg: Config, paths: RunPaths, rc: int, worker_rc: int | None
 def failures_since(log_path: Path, offset: int) -> list[dict[str, Any]]:
     """This attempt's failed workers from torchrun's report, as status.json `failures` keeps them."""
     return [{"rank": f.rank, "exit_code": f.exit_code, "pid": f.pid} for f in read_failures(log_path, offset)]
+
+
+HANG_ENDED = "hang: mt ended the attempt"
+HANG_GRACE_S = 5.0   # from SIGTERM to SIGKILL: a hung rank never acts on SIGTERM (it is stuck)
+
+
+def hang_reason(rec: dict[str, Any], timeout_s: float) -> str:
+    """status.json `reason` for an attempt ended on a hang verdict: the verdict, then its stacks' line."""
+    ev = rec.get("evidence") or {}
+    what = "; ".join(str(x) for x in (rec.get("title"), ev.get("verdict")) if x)
+    return f"{HANG_ENDED} {timeout_s:g} s after the verdict ([monitor] hang_timeout_s): {what}"
+
+
+def end_if_hung(incidents: Any, m: MonitorConfig, since: float, say: Callable[[str], None], paths: RunPaths,
+                torchrun_pid: int) -> str | None:
+    """A hang verdict of the attempt begun at `since`, [monitor] hang_timeout_s old (its stacks kept): say
+    why (first, so the rules never read the ranks' end as a crash), end its processes, return the reason."""
+    rec = incidents.overdue("hang", since, m.hang_timeout_s, time.time())
+    if rec is None:
+        return None
+    reason = hang_reason(rec, m.hang_timeout_s)
+    say(reason)
+    procs = run_processes(paths.root, [torchrun_pid], node=paths.node)   # this node's: the supervisor's own ranks
+    terminate_all([p for p in procs if p.pid != os.getpid()], grace_s=HANG_GRACE_S)
+    return reason

@@ -49,11 +49,14 @@ class Overrides:
     node_rank: int | None = None
     script_args: list[str] | None = None
     """ARGS after `--`: for a script (they replace `[launch] script_args`)."""
+    hang_timeout: float | None = None
+    """`--hang-timeout`: [monitor] hang_timeout_s (a script has no preset to say it in)."""
 
     def flags(self) -> dict[str, str]:
         """The config key each given flag set -> the flag as typed (for errors: blame the flag)."""
         given = {"run.name": ("--name", self.name), "run.runs_dir": ("--runs-dir", self.runs_dir),
-                 "launch.nproc_per_node": ("--nproc", self.nproc), "launch.node_rank": ("--node-rank", self.node_rank)}
+                 "launch.nproc_per_node": ("--nproc", self.nproc), "launch.node_rank": ("--node-rank", self.node_rank),
+                 "monitor.hang_timeout_s": ("--hang-timeout", self.hang_timeout)}
         # a value with a control character is shown quoted and escaped: the error stays one line
         return {key: f"{flag} {json.dumps(value) if presets.control_char(str(value)) else value}"
                 for key, (flag, value) in given.items() if value is not None}
@@ -92,6 +95,8 @@ def resolve_config(preset: Path, over: Overrides, slurm: bool = False) -> tuple[
         raw["launch"]["nproc_per_node"] = over.nproc
     if over.node_rank is not None:
         raw["launch"]["node_rank"] = over.node_rank
+    if over.hang_timeout is not None:
+        raw["monitor"]["hang_timeout_s"] = over.hang_timeout
     if not raw["run"]["workdir"]:
         raw["run"]["workdir"] = os.getcwd()   # user factories are found where mt launch runs
     try:

@@ -38,7 +38,7 @@ from tui.mirror.mirror import MirrorHook
 from tui.read.nodes import JobReader
 from tui.run import lock as runlock
 from tui.run import procs
-from tui.run.failure import attempt_failure, failures_since
+from tui.run.failure import attempt_failure, end_if_hung, failures_since
 from tui.run.peers import JOB_END_WAIT_S, JOB_START_WAIT_S, PEER_WAIT_S, PeerNodes, next_attempt
 from tui.run.preempt import JobEnd
 from tui.run.procs import daemonize, die_with_parent, file_logger, kill_all, rank_processes, run_processes, terminate_all
@@ -83,6 +83,7 @@ class Supervisor:
         self.current_attempt: int | None = None  # from the newest run_start event
         self.dir_watch = runlock.DirWatch(self.run_dir)
         self.lost: str | None = None  # the run dir is gone or replaced: write nothing more there
+        self.hung: str | None = None  # this attempt was ended on a hang verdict: why (its failure reason)
 
     # -- status ----------------------------------------------------------------------------
     def finish(self, state: str, code: int, exit_code: int | None, reason: str) -> int:
@@ -167,14 +168,13 @@ class Supervisor:
                 if self.kill_requested:
                     return self.finish("killed", 1, exit_code=None, reason="killed by mt kill")
                 ended = run_end.status if run_end else None
-                # torchrun itself exits 1 after forwarding a SIGTERM even when every worker
-                # stopped cleanly, so the engine's own run_end is the word on how it ended
-                if rc == 0 or ended in CLEAN_STATES:
+                # torchrun exits 1 after a forwarded SIGTERM however cleanly workers stopped: run_end says how (an ended hang failed)
+                if not self.hung and (rc == 0 or ended in CLEAN_STATES):
                     state = ended if ended in CLEAN_STATES else \
                         ("stopped" if self.stop_requested else "completed")
                     return self.finish(state, 0, exit_code=rc, reason=(run_end.reason if run_end else "") or state)
                 reason = self.failure_reason(rc, worker_rc, run_end)
-                if self.stop_requested and self.cfg.launch.script and run_end is None:
+                if self.stop_requested and self.cfg.launch.script and run_end is None and not self.hung:
                     # a script that does not use mt dies of the SIGTERM we forwarded: that is its stop
                     return self.finish("stopped", 0, exit_code=rc, reason="stopped by SIGTERM (the script reports "
                                        "nothing through mt, so it saved no final checkpoint for mt)")
@@ -198,7 +198,7 @@ class Supervisor:
             self.mirrors.close()
 
     def failure_reason(self, rc: int, worker_rc: int | None, run_end: RunEnd | None) -> str:
-        return attempt_failure(self.cfg, self.paths, rc, worker_rc, run_end, self.peers.killed_elsewhere(self.status.attempt))
+        return self.hung or attempt_failure(self.cfg, self.paths, rc, worker_rc, run_end, self.peers.killed_elsewhere(self.status.attempt))
 
     def run_attempt(self, attempt: int) -> tuple[int, int | None, RunEnd | None]:
         """One torchrun (or the one worker itself: `direct`); returns (its exit code, the first worker's, the run_end)."""
@@ -210,7 +210,7 @@ class Supervisor:
         self.write_status("starting", f"attempt {attempt}")
         if self.kill_requested or self.stop_requested:  # a signal arrived before torchrun started
             return (-signal.SIGTERM, None, RunEnd(time.time(), {}, None, "stopped", "stopped before start"))
-        self.current_attempt = None
+        self.current_attempt, self.hung = None, None
         log_path = self.paths.logs / "torchrun.log"
         log_offset = log_path.stat().st_size if log_path.exists() else 0
         # torchrun's scratch, removed when the attempt ends (torchrun itself never removes it)
@@ -249,7 +249,7 @@ class Supervisor:
         rc = tr.returncode
         record.update(ended=time.time(), exit_code=rc)
         worker_rc = (rc if is_direct(self.cfg) else worker_exit_code(log_path, log_offset)) if rc else None
-        clean = run_end is not None and run_end.status in CLEAN_STATES
+        clean = run_end is not None and run_end.status in CLEAN_STATES and not self.hung
         if not self.kill_requested and not clean:
             self.status.exit_code = rc
         if self.node is not None and rc and not is_direct(self.cfg):
@@ -261,7 +261,7 @@ class Supervisor:
                 self.status.reason = self.failure_reason(rc, worker_rc, run_end)
                 self.save_status()
         # a kill, or a stop that torchrun reports as exit 1, is not a crash for the rules
-        if rc and not self.kill_requested and not clean and not self.lost:
+        if (rc or self.hung) and not self.kill_requested and not clean and not self.lost:
             self.status.reason = self.failure_reason(rc, worker_rc, run_end)
             self.save_status()
             self.tick()  # let the rules classify the crash (crash, oom, ...) now
@@ -278,7 +278,7 @@ class Supervisor:
         self.ranks = {}
         run_end = None
         kill_deadline = None
-        next_tick = time.monotonic()
+        next_tick, since = time.monotonic(), time.time()
         while tr.poll() is None:
             now = time.monotonic()
             if self.kill_requested and kill_deadline is None:   # mt kill signals all itself; this covers a lone SIGUSR1
@@ -300,6 +300,8 @@ class Supervisor:
                         self.write_status(self.status.state or "running", f"workers {dumps(self.status.worker_pids)}")
                 # a job's other node samples its ranks' system calls too: the rules run on the job's node
                 self.tick(self.sampler.append(self.ranks, self.paths.system, self.log, detail=not self.is_job))
+                if self.is_job and not (self.hung or self.kill_requested or self.stop_requested):
+                    self.hung = end_if_hung(self.incidents, self.cfg.monitor, since, self.stopping, self.paths, tr.pid)
             if self.stop_requested and self.status.state == "running":
                 lost = self.slurm.node_failure()   # Slurm's SIGTERM after a node failed: said at once
                 if lost is not None:
