@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from mt.contract import door
 from mt.contract.anatomy import PARTS, StepAnatomy
 from mt.contract.events import JSON_ERRORS, as_float
 from mt.contract.paths import RunPaths
@@ -128,18 +129,12 @@ def read_heartbeats(paths: RunPaths) -> dict[int, dict[str, Any]]:
 
 
 def _read_record(path: str) -> Any:
-    """One heartbeat file's JSON, or None: three system calls, no buffered file object (a job's
-    viewer reads a thousand of these a second); never blocks (a FIFO put there) or follows a link."""
+    """One heartbeat file's JSON, or None: through the door (never blocks on a FIFO put there,
+    never follows a link), no buffered file object (a job's viewer reads a thousand a second)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        data = door.read_head(path, _READ_MAX)
     except OSError:
         return None
-    try:
-        data = os.read(fd, _READ_MAX)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
     try:
         return json.loads(data)
     except JSON_ERRORS:   # a torn or foreign file; a bad UTF-8 byte is a ValueError too
