@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from mt.contract import fmt, space
+from mt.contract import door, fmt, space
 from mt.contract.checkpoints import FORMAT, FORMAT_VERSION, folder_name, folders, step_of
 
 
@@ -86,7 +86,7 @@ def hash_files(folder: Path, names: list[str]) -> dict[str, Any]:
     files = {}
     for name in names:
         sha, size = hashlib.sha256(), 0
-        with open(folder / name, "rb") as f:
+        with door.open_file(folder / name) as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 sha.update(block)
                 size += len(block)

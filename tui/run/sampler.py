@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import psutil
 
+from mt.contract import door
 from mt.contract.events import dumps
 from mt.contract.system import clean_sample
 from tui.diagnose.probes import sample_detail
@@ -136,8 +137,11 @@ class SystemSampler:
             log.exception("cannot sample the system")
             return None
         try:
-            with open(path, "a", encoding="utf-8") as f:
-                f.write(dumps(sample) + "\n")
+            fd = door.open_append(path)     # never through a link or into a FIFO
+            try:
+                os.write(fd, (dumps(sample) + "\n").encode())
+            finally:
+                os.close(fd)
         except OSError:
             log.exception("cannot write %s", path.name)
         return clean_sample(sample)

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mt.contract import fmt, space
+from mt.contract import door, fmt, space
 from mt.contract.checkpoints import newest
 from mt.contract.events import dumps
 from mt.contract.paths import RunPaths
@@ -227,7 +227,7 @@ class Supervisor:
         # one process: no torchrun agent hosts the group's store, so its worker serves one on a
         # loopback socket bound here (a free port, no race; engine/direct.py)
         store = socket.create_server(("127.0.0.1", 0), backlog=256) if is_direct(self.cfg) else None
-        with open(log_path, "ab") as out, store or contextlib.nullcontext():
+        with os.fdopen(door.open_append(log_path), "ab") as out, store or contextlib.nullcontext():
             self.torchrun = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 env=worker_env(self.cfg, store=store, attempt=attempt, node=self.node, flight_dir=self.paths.flight),
