@@ -86,7 +86,8 @@ def hash_files(folder: Path, names: list[str]) -> dict[str, Any]:
     files = {}
     for name in names:
         sha, size = hashlib.sha256(), 0
-        with door.open_file(folder / name) as f:
+        # files DCP just wrote here; a link is followed (never a FIFO or device): verify() refuses links
+        with door.open_file(folder / name, follow=True) as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 sha.update(block)
                 size += len(block)
