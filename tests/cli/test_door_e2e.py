@@ -185,6 +185,7 @@ def test_a_dev_zero_mirror_json_keeps_the_supervisor_small(tmp_path: Path, runs:
         stop = mt("stop", run_dir, "--timeout", "120", timeout=180)
         assert stop.returncode == 0, stop.stdout + stop.stderr
         assert _status(run_dir)["state"] == "stopped"
+        print(f"supervisor peak RSS {watch.peak >> 20} MiB")
         assert watch.peak < RSS_BOUND // 4 and not watch.killed, f"peak {watch.peak >> 20} MiB"
     finally:
         watch.close()
