@@ -4,7 +4,7 @@ What it refuses, before a byte is read: anything that is not a regular file (a F
 device such as /dev/zero, a folder), a symbolic link unless the caller says the layout allows one,
 and a whole-file read of more than the caller's stated bound. It never blocks (O_NONBLOCK: a FIFO
 put in a run directory cannot hang a reader) and never unpickles. tests/test_door.py walks the
-source and fails on any other open or read of a file in mt/ or tui/.
+source and fails on any other open or read of a file in mt/, tui/ or engine/.
 """
 from __future__ import annotations
 
@@ -152,7 +152,16 @@ def is_regular(path: str | os.PathLike[str]) -> bool:
 
 def open_append(path: str | os.PathLike[str], mode: int = 0o600) -> int:
     """A write-only, appending fd of a regular file (created if missing); never through a link, never blocking."""
-    fd = os.open(path, _APPEND, mode)
+    try:
+        fd = os.open(path, _APPEND, mode)
+    except FileNotFoundError:
+        raise
+    except OSError as e:    # a FIFO without a reader is ENXIO, a link ELOOP: say which
+        try:
+            what = "a symbolic link" if os.path.islink(path) else _kind(os.lstat(path).st_mode)
+        except OSError:
+            raise e from None
+        raise Refused(f"{path}: {what}, not a regular file") from None
     _check(fd, path)
     return fd
 

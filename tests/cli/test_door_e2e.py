@@ -123,6 +123,8 @@ def test_a_fifo_in_a_live_run_blocks_neither_its_supervisor_nor_watch_nor_stop(t
         assert stop.returncode == 0, stop.stdout + stop.stderr
         assert _status(run_dir)["state"] == "stopped"
         assert events(run_dir, "run_end")[-1]["status"] == "stopped"
+        log = door.read_text(run_dir / "logs" / "supervisor.log", 64 << 20)
+        assert log.count("cannot write system.jsonl") == 1 and "a FIFO, not a regular file" in log, log[-4000:]
     finally:
         end_run(run_dir)
 

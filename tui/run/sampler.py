@@ -97,6 +97,7 @@ class SystemSampler:
     def __init__(self, gpus: GpuReader | None = None) -> None:
         self.gpus = gpus if gpus is not None else GpuReader()
         self._procs: dict[int, psutil.Process] = {}
+        self._write_error = ""   # the last failed write's error: logged once, not every second
         psutil.cpu_percent(None)  # primes the host counter: the first real reading is a delta
 
     def _proc(self, pid: int) -> psutil.Process | None:
@@ -142,8 +143,11 @@ class SystemSampler:
                 os.write(fd, (dumps(sample) + "\n").encode())
             finally:
                 os.close(fd)
-        except OSError:
-            log.exception("cannot write %s", path.name)
+            self._write_error = ""
+        except OSError as e:
+            if str(e) != self._write_error:
+                log.error("cannot write %s: %s (said once until it changes)", path.name, e)
+            self._write_error = str(e)
         return clean_sample(sample)
 
     def sample(self, rank_pids: dict[int, int], now: float | None = None, detail: bool = False) -> dict[str, Any]:
