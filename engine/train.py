@@ -32,6 +32,7 @@ from engine.user import call_model, loss_of, to_device, tokens_per_sample
 from engine.weights import fit_problems, load_into, read_state
 from mt.anomaly import StepAnomalies, nan_incident, recompile_incident
 from mt.contract import builders as event_fields
+from mt.contract import door
 from mt.contract.anatomy import StepAnatomy
 from mt.contract.attempt import ResumeRefused, plan
 from mt.contract.checkpoints import CheckpointError
@@ -216,8 +217,11 @@ class Trainer:
         if self.trace is None:
             return
         self.trace_path.parent.mkdir(exist_ok=True)
-        with open(self.trace_path, "a") as f:
-            f.write(json.dumps({"attempt": self.attempt, "step": step, "rank": self.env.rank, "micro_batches": self.trace}) + "\n")
+        fd = door.open_append(self.trace_path)
+        try:
+            os.write(fd, (json.dumps({"attempt": self.attempt, "step": step, "rank": self.env.rank, "micro_batches": self.trace}) + "\n").encode())
+        finally:
+            os.close(fd)
         self.trace = []
 
     def _report_nan(self, step: int, lr: float, grad_norm: float, loss: float, micro_losses: list[tuple[torch.Tensor, list[int]]]) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mt.contract import checkpoints
+from mt.contract import checkpoints, door
 from mt.contract.paths import RunPaths
 
 
@@ -55,7 +55,8 @@ def read_state(path: Path) -> tuple[dict[str, torch.Tensor], str]:
 
 def _torch_load(path: Path) -> dict[str, torch.Tensor]:
     try:
-        state: Any = torch.load(path, map_location="cpu", weights_only=True)
+        with door.open_file(path, follow=True) as f:     # the user's own file: a link is theirs to make
+            state: Any = torch.load(f, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - weights_only refuses pickled code, and a bad file raises many types
         raise InitFromError(f"model.init_from: {path}: not a weights-only state dict: {type(e).__name__}: {e}") from None
     if isinstance(state, dict) and isinstance(state.get("model"), dict):

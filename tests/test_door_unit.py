@@ -64,3 +64,13 @@ def test_append_refuses_a_fifo_and_a_link(tmp_path: Path) -> None:
     os.write(fd, b"x\n")
     os.close(fd)
     assert (tmp_path / "log").read_bytes() == b"x\n"
+
+
+def test_a_folder_is_listed_only_when_it_is_no_link(tmp_path: Path) -> None:
+    (tmp_path / "nodes" / "n1").mkdir(parents=True)
+    (tmp_path / "nodes" / "file").write_text("x")
+    (tmp_path / "link").symlink_to("/proc")
+    assert sorted(door.folder_names(tmp_path / "nodes")) == ["file", "n1"]
+    assert door.folder_names(tmp_path / "nodes", folders_only=True) == ["n1"]
+    assert door.folder_names(tmp_path / "link") == []
+    assert door.folder_names(tmp_path / "missing") == []

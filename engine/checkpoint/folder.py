@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from mt.contract import fmt, space
+from mt.contract import door, fmt, space
 from mt.contract.checkpoints import FORMAT, FORMAT_VERSION, folder_name, folders, step_of
 
 
@@ -86,7 +86,8 @@ def hash_files(folder: Path, names: list[str]) -> dict[str, Any]:
     files = {}
     for name in names:
         sha, size = hashlib.sha256(), 0
-        with open(folder / name, "rb") as f:
+        # files DCP just wrote here; a link is followed (never a FIFO or device): verify() refuses links
+        with door.open_file(folder / name, follow=True) as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 sha.update(block)
                 size += len(block)

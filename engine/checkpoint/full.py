@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from engine.checkpoint import folder
+from mt.contract import door
 from mt.contract.checkpoints import FILES, CheckpointError
 
 
@@ -91,7 +92,8 @@ def load_file(path: Path, name: str, map_location: torch.device | str) -> Any:
     # RNG states must stay CPU tensors (torch.set_rng_state takes no others)
     where = "cpu" if name == "train.pt" else map_location
     try:
-        return torch.load(path / name, map_location=where, weights_only=True)
+        with door.open_file(path / name) as f:
+            return torch.load(f, map_location=where, weights_only=True)
     except Exception as e:  # noqa: BLE001 - weights_only refuses pickled code with UnpicklingError, and more
         raise CheckpointError(f"{path}/{name}: refused by weights_only load: {type(e).__name__}: {e}") from None
 

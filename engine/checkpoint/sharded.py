@@ -37,6 +37,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from engine.checkpoint import folder, full
 from engine.checkpoint.folder import Saved
+from mt.contract import door
 from mt.contract.checkpoints import CheckpointError
 from mt.contract.space import DiskFullError
 
@@ -85,11 +86,15 @@ class SafeReader(FileSystemReader):
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         path = Path(self._get_metadata_path(kwargs.get("rank")))
-        md = unpickle_metadata(path.read_bytes(), str(path))
+        md = unpickle_metadata(door.read_bytes(path, METADATA_MAX_BYTES), str(path))
         if getattr(md, "storage_meta", None) is None:
             md.storage_meta = StorageMeta()
         md.storage_meta.load_id = self.load_id
         return md
+
+
+METADATA_MAX_BYTES = 1 << 30
+"""A DCP .metadata over this is refused unread (a 70B model's is tens of MiB)."""
 
 
 class SafePlanner(DefaultLoadPlanner):
@@ -108,7 +113,7 @@ class SafePlanner(DefaultLoadPlanner):
 
 def read_metadata(path: Path) -> Metadata:
     """The DCP metadata of checkpoint folder `path`, read without running code."""
-    return unpickle_metadata((path / ".metadata").read_bytes(), f"{path}/.metadata")
+    return unpickle_metadata(door.read_bytes(path / ".metadata", METADATA_MAX_BYTES), f"{path}/.metadata")
 
 
 def read_byte_items(path: Path, md: Metadata) -> None:

@@ -11,11 +11,11 @@ import hashlib
 import json
 import os
 import re
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
+from mt.contract import door
 from mt.contract.events import JSON_ERRORS
 
 FORMAT = "mt-checkpoint"
@@ -38,20 +38,15 @@ class CheckpointError(ValueError):
 
 
 def _open_regular(path: Path, what: str) -> tuple[int, int]:
-    """(fd, size) of a regular file opened without following a symlink and without blocking (a
-    FIFO, a device or a folder is refused before anything is read); FileNotFoundError passes."""
+    """(fd, size) of a regular file opened through the door (a FIFO, a device, a folder or a
+    link is refused before anything is read); FileNotFoundError passes."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd, st = door.open_fd(path)
     except FileNotFoundError:
         raise
-    except OSError as e:
-        kind = "a symlink" if os.path.islink(path) else (e.strerror or type(e).__name__)
+    except OSError as e:    # the door says "<path>: a FIFO, not a regular file"
+        kind = str(e).removeprefix(f"{path}: ").split(",")[0]
         raise CheckpointError(f"{what}: not a regular file of the checkpoint ({kind})") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a special file"
-        raise CheckpointError(f"{what}: not a regular file of the checkpoint ({kind})")
     return fd, st.st_size
 
 
@@ -64,8 +59,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
     try:
         if size > MAX_MANIFEST_BYTES:
             raise CheckpointError(f"{path}: unreadable manifest.json: {size} bytes (more than any manifest)")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            manifest = json.loads(f.read(MAX_MANIFEST_BYTES + 1).decode("utf-8"))
+        manifest = json.loads(os.read(fd, MAX_MANIFEST_BYTES + 1).decode("utf-8"))
     except CheckpointError:
         raise
     except (OSError, *JSON_ERRORS) as e:  # RecursionError: nesting too deep for the parser
@@ -249,23 +243,22 @@ def reported(events: Path, chunk: int = 1 << 20) -> Path | None:
     from mt.contract.records import Checkpoint, parse_event  # the typed parser: only for a script's run
 
     try:
-        f = open(events, "rb")
-    except OSError:
-        return None
-    with f:
-        end = f.seek(0, 2)
-        tail = b""
-        while end > 0:
-            start = max(0, end - chunk)
-            f.seek(start)
-            data = f.read(end - start) + tail
-            end = start
-            lines = data.split(b"\n")
-            tail = lines.pop(0) if start > 0 else b""  # may be the end of a line that starts before
-            for line in reversed(lines):
-                if b'"checkpoint"' not in line:
-                    continue
-                rec = parse_event(line)
-                if isinstance(rec, Checkpoint) and rec.path and os.path.exists(rec.path):
-                    return Path(rec.path)
+        with door.open_file(events) as f:
+            end = f.seek(0, 2)
+            tail = b""
+            while end > 0:
+                start = max(0, end - chunk)
+                f.seek(start)
+                data = f.read(end - start) + tail
+                end = start
+                lines = data.split(b"\n")
+                tail = lines.pop(0) if start > 0 else b""  # may be the end of a line that starts before
+                for line in reversed(lines):
+                    if b'"checkpoint"' not in line:
+                        continue
+                    rec = parse_event(line)
+                    if isinstance(rec, Checkpoint) and rec.path and os.path.exists(rec.path):
+                        return Path(rec.path)
+    except OSError:     # missing, or refused by the door (a FIFO, a device, a link)
+        pass
     return None

@@ -4,7 +4,7 @@ What it refuses, before a byte is read: anything that is not a regular file (a F
 device such as /dev/zero, a folder), a symbolic link unless the caller says the layout allows one,
 and a whole-file read of more than the caller's stated bound. It never blocks (O_NONBLOCK: a FIFO
 put in a run directory cannot hang a reader) and never unpickles. tests/test_door.py walks the
-source and fails on any other open or read of a file in mt/ or tui/.
+source and fails on any other open or read of a file in mt/, tui/ or engine/.
 """
 from __future__ import annotations
 
@@ -150,9 +150,34 @@ def is_regular(path: str | os.PathLike[str]) -> bool:
         return False
 
 
+def folder_names(path: str | os.PathLike[str], *, folders_only: bool = False) -> list[str]:
+    """The names in a folder that is not a link (listed through the folder opened here, so a folder
+    swapped for a link after the check is not followed); [] if it is missing or not a folder."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return []
+    try:
+        with os.scandir(fd) as it:
+            return [e.name for e in it if not folders_only or e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
+
+
 def open_append(path: str | os.PathLike[str], mode: int = 0o600) -> int:
     """A write-only, appending fd of a regular file (created if missing); never through a link, never blocking."""
-    fd = os.open(path, _APPEND, mode)
+    try:
+        fd = os.open(path, _APPEND, mode)
+    except FileNotFoundError:
+        raise
+    except OSError as e:    # a FIFO without a reader is ENXIO, a link ELOOP: say which
+        try:
+            what = "a symbolic link" if os.path.islink(path) else _kind(os.lstat(path).st_mode)
+        except OSError:
+            raise e from None
+        raise Refused(f"{path}: {what}, not a regular file") from None
     _check(fd, path)
     return fd
 

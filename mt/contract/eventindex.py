@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mt.contract import door
 from mt.contract.events import SCHEMA, SCHEMA_VERSION, T_MAX, T_MIN
 from mt.contract.records import Checkpoint, Eval, Incident, Record, Rejected, RunEnd, Step, parse_event
 
@@ -190,7 +191,7 @@ def open_index(events: Path, catch_up_bytes: int = CATCH_UP_BYTES) -> IndexWrite
     path = index_path(events)
     try:
         size = os.stat(events).st_size
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
     except OSError as e:
         print(f"events index {path}: {e}; the viewer will read events.jsonl instead", file=sys.stderr)
         return None
@@ -200,7 +201,7 @@ def open_index(events: Path, catch_up_bytes: int = CATCH_UP_BYTES) -> IndexWrite
             os.close(fd)
             return None
         if size > covered:
-            with open(events, "rb") as f:
+            with door.open_file(events) as f:
                 f.seek(covered)
                 data = f.read(size - covered)
             records = index_lines(data, covered)
@@ -273,7 +274,7 @@ def line_matches(events: Path, start: int, end: int, record: bytes) -> bool:
     """The line at [start, end) of events.jsonl is the one `record` (raw bytes) describes."""
     if not 0 <= start < end:
         return False
-    with open(events, "rb") as f:
+    with door.open_file(events) as f:
         f.seek(start)
         line = f.read(end - start)
     return line.endswith(b"\n") and encode(parse_event(line), end) == record

@@ -17,7 +17,8 @@ class EventWriter:
     def __init__(self, path: Path, index: bool = True) -> None:
         from mt.contract.eventindex import open_index  # it builds on this module
         self.path = Path(path)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)  # RDWR: to look at the last byte
+        # RDWR: to look at the last byte; never through a link, never blocking on a FIFO put there
+        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
         _end_torn_line(self._fd)
         self._torn = False  # a rolled-back write's fragment could not be removed
         self._index = open_index(self.path) if index else None

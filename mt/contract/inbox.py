@@ -1,19 +1,18 @@
 """Requests from outside the run: control/*.json files (rank 0) and termination signals (all ranks)."""
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
 import signal
-import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from mt.contract.events import CONTROL_ACTIONS, JSON_ERRORS
+from mt.contract import door
+from mt.contract.events import CONTROL_ACTIONS
 
 
 @dataclass
@@ -113,30 +112,10 @@ class ControlInbox:
 
 
 def _read_request(path: Path, max_bytes: int) -> tuple[Any, str | None]:
-    """The JSON in a regular file at `path`, never following a symlink nor blocking on a FIFO."""
+    """The JSON in a regular file at `path`, through the door (never a link, a FIFO, a device)."""
     if not path.name.endswith(".json"):
         return None, "a request file's name ends in .json"
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as e:
-        kind = "a symlink" if path.is_symlink() else "unreadable"
-        return None, f"{kind}, not a request file ({e.strerror})"
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return None, "not a regular file"
-        if st.st_size > max_bytes:
-            return None, f"{st.st_size} bytes; a request is at most {max_bytes}"
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(max_bytes + 1)
-    except OSError as e:
-        return None, f"unreadable ({e.strerror})"
-    finally:
-        os.close(fd)
-    try:
-        return json.loads(data), None
-    except JSON_ERRORS as e:
-        return None, f"not valid JSON ({e})"
+    return door.read_json_why(path, max_bytes)
 
 
 def _parse_request(raw: Any, path: Path) -> Request | str:

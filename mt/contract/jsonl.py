@@ -1,13 +1,13 @@
 """Reading and writing the run directory's JSON files: growing JSONL tails, atomic small files."""
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
-from mt.contract.events import JSON_ERRORS, dumps, parse_line
+from mt.contract import door
+from mt.contract.events import dumps, parse_line
 
 
 def write_json_atomic(path: Path, obj: Any, mode: int = 0o600) -> None:
@@ -24,12 +24,10 @@ def write_json_atomic(path: Path, obj: Any, mode: int = 0o600) -> None:
         raise
 
 
-def read_json(path: Path) -> Any | None:
-    """A small JSON file (status, heartbeat, control), or None if missing or unreadable."""
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, *JSON_ERRORS):
-        return None
+def read_json(path: Path, max_bytes: int = door.SMALL_JSON) -> Any | None:
+    """A small JSON file (status, config, control), or None if missing, unreadable, refused by the
+    door (a FIFO, a device, a link, over max_bytes) or not JSON."""
+    return door.read_json(path, max_bytes)
 
 
 MAX_LINE_BYTES = 1 << 20   # a longer line is skipped and counted, never held whole in memory
@@ -59,7 +57,7 @@ class JsonlTail:
     def near_end(cls, path: Path | str, max_bytes: int) -> "JsonlTail":
         """A tail that skips all but (about) the last max_bytes: for files where only recent lines matter."""
         try:
-            with open(path, "rb") as f:
+            with door.open_file(path) as f:
                 st = os.fstat(f.fileno())
                 start = max(0, st.st_size - max_bytes)
                 if start:
@@ -109,15 +107,20 @@ class JsonlTail:
         budget = st.st_size - self.offset if max_bytes is None else min(max_bytes, st.st_size - self.offset)
         if budget <= 0:
             return
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
+        try:
+            fd, _ = door.open_fd(self.path)
+        except OSError:     # gone since the stat, or refused (a FIFO, a device, a link): nothing new
+            return
+        try:
             while budget > 0:
-                data = f.read(min(_READ_BYTES, budget))
+                data = os.pread(fd, min(_READ_BYTES, budget), self.offset)
                 if not data:
                     break
                 budget -= len(data)
                 self.offset += len(data)
                 yield from self._split(data)
+        finally:
+            os.close(fd)
 
     def _split(self, data: bytes) -> Iterator[bytes]:
         if self._skipping:

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from mt.contract import door
+
 # The node a process belongs to in a job's shared run directory (Slurm's SLURMD_NODENAME); the
 # supervisor sets it for its ranks, so a rank's heartbeat lands in its node's folder.
 ENV_NODE = "MT_NODE"
@@ -65,17 +67,7 @@ class RunPaths:
     def node_names(self) -> list[str]:
         """The folders under nodes/ that can name a node, sorted; [] for a one-machine run directory,
         and for a `nodes` that is a link (to /proc or anywhere: no node is read through it)."""
-        try:
-            fd = os.open(self.nodes_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            return []
-        try:   # listed through the folder opened above: a `nodes` swapped for a link after the check is not followed
-            with os.scandir(fd) as it:
-                names = [e.name for e in it if e.is_dir(follow_symlinks=False)]
-        except OSError:
-            return []
-        finally:
-            os.close(fd)
+        names = door.folder_names(self.nodes_dir, folders_only=True)
         return sorted(n for n in names if node_name_ok(n))
 
     @property

@@ -14,6 +14,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
+from mt.contract import door
 from mt.contract.config import Config, ConfigError
 from mt.contract.events import JSON_ERRORS
 
@@ -327,10 +328,14 @@ def load_config_json(path: str | Path) -> Config:
     """Read a run's resolved `config.json`."""
     source = str(path)
     try:
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = door.read_bytes(path, door.SMALL_JSON)
     except FileNotFoundError:
         raise ConfigError(source, "", "no such file") from None
-    except (OSError, *JSON_ERRORS) as e:
+    except OSError as e:    # refused by the door: a FIFO, a device, a link, too big
+        raise ConfigError(source, "", str(e).removeprefix(f"{source}: ")) from None
+    try:
+        raw = json.loads(data)
+    except JSON_ERRORS as e:
         raise ConfigError(source, "", f"not valid JSON: {e}") from None
     if not isinstance(raw, dict):
         raise ConfigError(source, "", "expected a JSON object")

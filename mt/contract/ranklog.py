@@ -5,11 +5,13 @@ import os
 import sys
 from pathlib import Path
 
+from mt.contract import door
+
 
 def redirect_output(log_path: Path) -> None:
     """Send this process's stdout and stderr (and its children's) to its rank log, appending."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    fd = door.open_append(log_path)
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(fd, 1)

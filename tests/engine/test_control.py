@@ -114,7 +114,7 @@ def test_inbox_rejects_every_hostile_entry_and_empties_itself(tmp_path):
     why = {rid: detail for rid, _action, detail in polled.rejected}
     assert len(polled.rejected) == len(HOSTILE) + 3
     assert "t must be a number" in why["b"] and "t must be a number" in why["c"] and "t must be a number" in why["d"]
-    assert "symlink" in why["link"] and "not a regular file" in why["folder"] and "not a regular file" in why["fifo"]
+    assert "symbolic link" in why["link"] and "not a regular file" in why["folder"] and "not a regular file" in why["fifo"]
     left = sorted(p.name for p in (run / "control").iterdir())
     assert left == ["ok.json", "processed"]
     assert (tmp_path / "outside.json").exists()  # the link moved, its target untouched

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from mt.anomaly import is_clear
+from mt.contract import door
 from mt.contract.config import Config, ConfigError, MonitorConfig
 from mt.contract.events import EXIT_CODES, SCHEMA_VERSION, as_float, dumps
 from mt.contract.heartbeat import read_heartbeats
@@ -329,7 +330,7 @@ class IncidentMonitor:
     def _append(self, records: list[dict[str, Any]]) -> None:
         if not records:
             return
-        fd = os.open(self.paths.incidents, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        fd = door.open_append(self.paths.incidents)
         try:
             for rec in records:  # one write per line: a reader never sees half of one
                 os.write(fd, (dumps(rec) + "\n").encode())

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mt.contract import door
 from mt.contract.events import as_float
 from tui.diagnose.findings import ChildProc, RankProc
 from tui.run.procs import alive
@@ -32,7 +33,7 @@ def file_size(path: Path) -> int:
 def read_tail(path: Path, max_bytes: int = 32768, since: int = 0) -> str:
     """The last max_bytes of a text file written after offset `since` ('' when missing)."""
     try:
-        with open(path, "rb") as f:
+        with door.open_file(path) as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
             since = since if since <= size else 0  # truncated or replaced: all of it is new

@@ -12,6 +12,7 @@ from typing import Iterator
 
 import numpy as np
 
+from mt.contract import door
 from mt.contract.checkpoints import newest
 from mt.contract.jsonl import MAX_LINE_BYTES, next_newline
 from mt.contract.paths import RunPaths
@@ -81,7 +82,7 @@ def _step(x: float) -> int | None:
 def fix_recent(st: RunState, path: Path, end: int, tail_bytes: int = 64 * 1024) -> None:
     """Fill the ETA window and per-step extras from the last step lines (the columns lack t)."""
     start = max(0, end - tail_bytes)
-    with open(path, "rb") as f:
+    with door.open_file(path) as f:
         f.seek(start)
         data = f.read(end - start)
     lines = data.split(b"\n")[1 if start else 0:]
@@ -201,7 +202,7 @@ def _line_start(path: Path, offset: int) -> int:
     """The first line boundary at or after offset."""
     if offset <= 0:
         return 0
-    with open(path, "rb") as f:
+    with door.open_file(path) as f:
         size = os.fstat(f.fileno()).st_size
         f.seek(offset - 1)
         nl = next_newline(f, size)        # in chunks: the line may be over-long
@@ -210,7 +211,7 @@ def _line_start(path: Path, offset: int) -> int:
 
 def _head_run_start(paths: RunPaths, win_start: int) -> list[tuple[int, int, Record]]:
     """The current attempt's run_start when it lies before the scanned window."""
-    with open(paths.events, "rb") as f:
+    with door.open_file(paths.events) as f:
         first = parse_event(f.readline(MAX_LINE_BYTES + 1))
     if isinstance(first, RunStart) and read_status(paths.root).attempt in (None, first.attempt):
         return [(0, 0, first)]
@@ -221,7 +222,7 @@ def _head_run_start(paths: RunPaths, win_start: int) -> list[tuple[int, int, Rec
 def _nonstep_events(path: Path, start: int, end: int) -> Iterator[tuple[int, Record]]:
     """Every non-step event in [start, end), found without parsing the step lines."""
     pos = start
-    with open(path, "rb") as f:
+    with door.open_file(path) as f:
         f.seek(start)
         carry = b""
         while pos < end:

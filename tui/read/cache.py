@@ -7,12 +7,12 @@ truth: a cache that does not match is ignored, one that covers a prefix is exten
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 
 import numpy as np
 
+from mt.contract import door
 from mt.contract.events import JSON_ERRORS
 from mt.contract.jsonl import MAX_LINE_BYTES, write_json_atomic
 from mt.contract.paths import RunPaths
@@ -27,7 +27,7 @@ HEAD_BYTES = 4096
 def has_cache(paths: RunPaths) -> bool:
     """A cache that matches events.jsonl exists (cheap: reads the index only)."""
     try:
-        meta = json.loads((paths.root / CACHE_DIR / "index.json").read_text())
+        meta = door.read_json(paths.root / CACHE_DIR / "index.json")
         st = os.stat(paths.events)
         return (meta.get("version") == CACHE_VERSION and meta["ino"] == st.st_ino
                 and meta["end"] <= st.st_size and meta["head"] == _head_hash(paths.events))
@@ -36,7 +36,7 @@ def has_cache(paths: RunPaths) -> bool:
 
 
 def _head_hash(path: Path) -> str:
-    with open(path, "rb") as f:
+    with door.open_file(path) as f:
         return hashlib.sha1(f.read(HEAD_BYTES)).hexdigest()
 
 
@@ -44,12 +44,13 @@ def load_cache(paths: RunPaths) -> tuple[Columns, int] | None:
     """Columns and the offset they cover, if the cache matches events.jsonl as it is now."""
     d = paths.root / CACHE_DIR
     try:
-        meta = json.loads((d / "index.json").read_text())
+        meta = door.read_json(d / "index.json")
         st = os.stat(paths.events)
         if (meta.get("version") != CACHE_VERSION or meta["ino"] != st.st_ino
                 or meta["end"] > st.st_size or meta["head"] != _head_hash(paths.events)):
             return None
-        m = np.load(d / f"cols-{meta['token']}.npy")
+        with door.open_file(d / f"cols-{meta['token']}.npy") as f:
+            m = np.load(f)      # allow_pickle stays False: never unpickles
         if m.shape != (meta["n"], len(COLS)):
             return None
         cols = Columns(n=0, bad_lines=int(meta["bad_lines"]))
@@ -64,7 +65,7 @@ def load_cache(paths: RunPaths) -> tuple[Columns, int] | None:
 
 def _read_events_at(path: Path, index: list[list[int]]) -> list[tuple[int, int, Record]] | None:
     out = []
-    with open(path, "rb") as f:
+    with door.open_file(path) as f:
         for off, k in index:
             f.seek(off)
             ev = parse_event(f.readline(MAX_LINE_BYTES + 1))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mt.contract import door
 from mt.contract.events import JSON_ERRORS, SCHEMA, Field
 from mt.contract.jsonl import MAX_LINE_BYTES, next_newline
 from mt.contract.records import Record, Rejected, Step, parse_event
@@ -109,7 +110,7 @@ class ColumnScanner:
     def scan(self, path: Path, start: int, end: int, out: Columns) -> int:
         """Scan complete lines of [start, end); returns the offset after the last complete line."""
         pos = start
-        with open(path, "rb") as f:
+        with door.open_file(path) as f:
             f.seek(start)
             carry = b""
             while pos + len(carry) < end:

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from mt.contract import door
 from mt.contract.eventindex import FIELDS, HEADER, KIND_BAD, KIND_CODES, RECORD, index_path, kind_code, line_matches, read_header
 from mt.contract.paths import RunPaths
 from mt.contract.records import Rejected, parse_event
@@ -25,7 +26,7 @@ def index_end(paths: RunPaths) -> int:
     """How far into events.jsonl the index reaches, from its header and last record (cheap); 0 if unusable."""
     try:
         size = os.stat(paths.events).st_size
-        with open(index_path(paths.events), "rb") as f:
+        with door.open_file(index_path(paths.events)) as f:
             if read_header(f.read(HEADER.size)) is None:
                 return 0
             n = (os.fstat(f.fileno()).st_size - HEADER.size) // RECORD.size
@@ -42,7 +43,7 @@ def load_index(paths: RunPaths) -> tuple[Columns, int] | None:
     """Columns and events of the part of events.jsonl the index covers, and where it ends."""
     try:
         size = os.stat(paths.events).st_size
-        with open(index_path(paths.events), "rb") as f:
+        with door.open_file(index_path(paths.events)) as f:
             if read_header(f.read(HEADER.size)) is None:
                 return None
             m = np.fromfile(f, dtype="<f8")     # one copy straight into the array
@@ -78,7 +79,7 @@ def _events_at(paths: RunPaths, m: np.ndarray, starts: np.ndarray, rows: np.ndar
                steps_before: np.ndarray) -> list[tuple[int, int, dict[str, Any]]] | None:
     """The non-step events: evals rebuilt from their records, the rest read from their lines."""
     out = []
-    with open(paths.events, "rb") as f:
+    with door.open_file(paths.events) as f:
         for i in rows.tolist():
             start, k = int(starts[i]), int(steps_before[i])
             if m[i, _COL["kind"]] == _EVAL:

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import BinaryIO
 
+from mt.contract import door
 from mt.contract.eventindex import HEADER, KIND_BAD, KIND_CODES, RECORD, index_path, kind_code, line_matches, read_header
 from mt.contract.paths import RunPaths
 from mt.contract.records import Rejected, parse_event
@@ -26,7 +27,7 @@ def quick_read_index(run_dir: Path) -> BulkResult | None:
     paths = RunPaths(Path(run_dir))
     try:
         st = os.stat(paths.events)
-        with open(index_path(paths.events), "rb") as f:
+        with door.open_file(index_path(paths.events)) as f:
             picked = _pick_records(f)
     except (OSError, ValueError):
         return None
@@ -83,7 +84,7 @@ def _state_from_index(paths: RunPaths, items: list[tuple[int, int, Record]]) -> 
     checked by the parser, None at the first that disagrees) and loads no numpy for a first frame."""
     state = new_state(paths.root)
     last_step = max((i for i, _, rec in items if rec[1] == _STEP), default=None)
-    with open(paths.events, "rb") as f:
+    with door.open_file(paths.events) as f:
         for i, start, rec in items:
             kind = int(rec[1])
             if kind == KIND_BAD:

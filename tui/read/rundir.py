@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mt.contract import door
 from mt.contract.paths import RunPaths
 from mt.contract.status import Liveness, Status, judge
 
@@ -13,7 +14,18 @@ class NotARunError(ValueError):
 
 def is_run_dir(path: Path) -> bool:
     """A run directory has a config.json written by `mt launch`."""
-    return RunPaths(Path(path)).config.is_file()
+    return door.is_regular(RunPaths(Path(path)).config)
+
+
+def _config_missing(config: Path) -> str:
+    """Why config.json does not make a run directory: missing, or what the door says it is instead."""
+    try:
+        door.read_head(config, 0)
+    except FileNotFoundError:
+        return "no config.json"
+    except OSError as e:
+        return f"config.json: {str(e).removeprefix(f'{config}: ')}"
+    return "no config.json"
 
 
 def require_run_dir(path: Path) -> Path:
@@ -22,7 +34,7 @@ def require_run_dir(path: Path) -> Path:
     if not path.is_dir():
         raise NotARunError(f"{path}: no such run directory")
     if not is_run_dir(path):
-        raise NotARunError(f"{path}: not an mt run directory (no config.json)")
+        raise NotARunError(f"{path}: not an mt run directory ({_config_missing(RunPaths(path).config)})")
     return path
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from mt.contract import door
 from mt.contract.heartbeat import read_heartbeats
 from mt.contract.jsonl import JsonlTail
 from mt.contract.system import clean_sample
@@ -72,9 +73,12 @@ class LogTail:
             skip_first = False
         if size == self._offset:
             return []
-        with open(self.path, "rb") as f:
-            f.seek(self._offset)
-            data = f.read(size - self._offset)
+        try:
+            with door.open_file(self.path) as f:
+                f.seek(self._offset)
+                data = f.read(size - self._offset)
+        except OSError:     # gone, or refused by the door (a FIFO, a device, a link)
+            return []
         self._offset += len(data)
         parts = (self._partial + data).split(b"\n")
         self._partial = parts.pop()

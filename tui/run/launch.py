@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from mt.contract import fmt, space
+from mt.contract import door, fmt, space
 from mt.contract import preset as presets
 from mt.contract.attempt import ResumeRefused, attempt_config
 from mt.contract.checkpoints import newest, reported
@@ -217,7 +217,7 @@ def start_supervisor(run_dir: Path, lock_fd: int) -> int:
     """
     paths = RunPaths(Path(run_dir))
     # 0600 like every file of the run, whatever this shell's umask (the supervisor appends to it)
-    with os.fdopen(os.open(paths.supervisor_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab") as log:
+    with os.fdopen(door.open_append(paths.supervisor_log), "ab") as log:
         proc = subprocess.run(
             [sys.executable, "-P", "-m", "tui.run.supervisor", "--run-dir", str(run_dir), "--daemon",
              "--lock-fd", str(lock_fd)],

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import array
 import hashlib
-import json
 import os
 import re
 import sys
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator, TextIO
 
+from mt.contract import door
 from mt.contract.events import JSON_ERRORS
 from mt.contract.jsonl import write_json_atomic
 from tui.run.torchrun import usable_cores
@@ -231,7 +231,7 @@ def read_cache(path: str | Path) -> Tokens | None:
     """The cached token file at path, if it and its sidecar (`<key>.json`) are there and agree."""
     path = Path(path)
     try:
-        meta = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
+        meta = door.read_json(path.with_suffix(".json"))    # in runs_dir/.tokens: through the door
         size = path.stat().st_size
         dtype, n = meta["dtype"], meta["tokens"]
     except (OSError, TypeError, KeyError, *JSON_ERRORS):

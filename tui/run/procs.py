@@ -12,6 +12,7 @@ from typing import Iterable
 
 import psutil
 
+from mt.contract import door
 from mt.contract.paths import ENV_NODE
 
 _PR_SET_PDEATHSIG = 1
@@ -201,7 +202,7 @@ def daemonize(log_path: Path) -> None:
         sys.stdout.write(f"{pid}\n")
         sys.stdout.flush()
         os._exit(0)
-    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    fd = door.open_append(log_path)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import psutil
 
+from mt.contract import door
 from mt.contract.events import dumps
 from mt.contract.system import clean_sample
 from tui.diagnose.probes import sample_detail
@@ -96,6 +97,7 @@ class SystemSampler:
     def __init__(self, gpus: GpuReader | None = None) -> None:
         self.gpus = gpus if gpus is not None else GpuReader()
         self._procs: dict[int, psutil.Process] = {}
+        self._write_error = ""   # the last failed write's error: logged once, not every second
         psutil.cpu_percent(None)  # primes the host counter: the first real reading is a delta
 
     def _proc(self, pid: int) -> psutil.Process | None:
@@ -136,10 +138,16 @@ class SystemSampler:
             log.exception("cannot sample the system")
             return None
         try:
-            with open(path, "a", encoding="utf-8") as f:
-                f.write(dumps(sample) + "\n")
-        except OSError:
-            log.exception("cannot write %s", path.name)
+            fd = door.open_append(path)     # never through a link or into a FIFO
+            try:
+                os.write(fd, (dumps(sample) + "\n").encode())
+            finally:
+                os.close(fd)
+            self._write_error = ""
+        except OSError as e:
+            if str(e) != self._write_error:
+                log.error("cannot write %s: %s (said once until it changes)", path.name, e)
+            self._write_error = str(e)
         return clean_sample(sample)
 
     def sample(self, rank_pids: dict[int, int], now: float | None = None, detail: bool = False) -> dict[str, Any]:

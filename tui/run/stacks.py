@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 
+from mt.contract import door
 from mt.contract.paths import RunPaths
 from mt.contract.status import read_status
 from mt.stacks import DUMP_SIGNAL
@@ -79,11 +80,15 @@ def catches_dump_signal(pid: int) -> bool:
         return False
 
 
+DUMP_MAX_BYTES = 8 << 20
+"""At most this much of what a rank log gained after its stack dump is read (a dump is KiBs)."""
+
+
 def _read_from(path: Path, offset: int) -> str:
     try:
-        with open(path, "rb") as f:
+        with door.open_file(path) as f:
             f.seek(offset)
-            return f.read().decode("utf-8", "replace")
+            return f.read(DUMP_MAX_BYTES).decode("utf-8", "replace")
     except OSError:
         return ""
 

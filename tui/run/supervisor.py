@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mt.contract import fmt, space
+from mt.contract import door, fmt, space
 from mt.contract.checkpoints import newest
 from mt.contract.events import dumps
 from mt.contract.paths import RunPaths
@@ -231,7 +231,7 @@ class Supervisor:
         # one process: no torchrun agent hosts the group's store, so its worker serves one on a
         # loopback socket bound here (a free port, no race; engine/direct.py)
         store = socket.create_server(("127.0.0.1", 0), backlog=256) if is_direct(self.cfg) else None
-        with open(log_path, "ab") as out, store or contextlib.nullcontext():
+        with os.fdopen(door.open_append(log_path), "ab") as out, store or contextlib.nullcontext():
             self.torchrun = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 env=worker_env(self.cfg, store=store, attempt=attempt, node=self.node, flight_dir=self.paths.flight),
@@ -276,8 +276,7 @@ class Supervisor:
     def watch(self, attempt: int, tr: subprocess.Popen[bytes]) -> RunEnd | None:
         """Sample, diagnose and follow events until torchrun exits; returns this attempt's run_end."""
         self.ranks = {}
-        run_end = None
-        kill_deadline = None
+        run_end, kill_deadline = None, None   # this attempt's run_end; when a kill's SIGKILL is due
         next_tick, since = time.monotonic(), time.time()
         while tr.poll() is None:
             now = time.monotonic()

@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from mt.contract import door
 from mt.contract.config import HF_OFFLINE, STORE_FD_ENV, Config
 from mt.contract.paths import ENV_NODE
 from tui.run.flight import recorder_env
@@ -195,12 +196,17 @@ def _parse_blocks(text: str) -> list[Failure]:
     return found
 
 
+FAILURE_TAIL_BYTES = 4 << 20
+"""How much of the log's end read_failures reads: torchrun's report is its last few KiB."""
+
+
 def read_failures(log_path: Path, offset: int) -> list[Failure]:
     """torchrun's ChildFailedError report in its log after `offset` (the root cause first); [] without one."""
     try:
-        with open(log_path, "rb") as f:
-            f.seek(offset)
-            text = f.read().decode("utf-8", "replace")
+        with door.open_file(log_path) as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(offset, size - FAILURE_TAIL_BYTES))   # the report ends the log
+            text = f.read(FAILURE_TAIL_BYTES).decode("utf-8", "replace")
     except OSError:
         return []
     return torchrun_failures(text)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mt.contract import door
 from mt.contract.events import JSON_ERRORS
 from mt.contract.paths import RunPaths
 from tui.read.follower import load_run_state
@@ -50,11 +51,12 @@ def read_config(run_dir: Path) -> dict[str, Any]:
     """The resolved config the run recorded: config.json (mt launch writes it before training)."""
     path = RunPaths(Path(run_dir)).config
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
+        cfg = json.loads(door.read_bytes(path, door.SMALL_JSON))
     except FileNotFoundError:
         raise DiffError(f"{run_dir}: not an mt run directory (no config.json)") from None
     except (OSError, *JSON_ERRORS) as e:
-        raise DiffError(f"{path}: cannot read the run's config ({type(e).__name__})") from None
+        why = str(e).removeprefix(f"{path}: ") if isinstance(e, door.Refused) else type(e).__name__
+        raise DiffError(f"{path}: cannot read the run's config ({why})") from None
     if not isinstance(cfg, dict):
         raise DiffError(f"{path}: not a config (expected a JSON object)")
     if _depth(cfg) > MAX_DEPTH:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TextIO
 
+from mt.contract import door
 from tui.diagnose.stacks import Group, RankStack
 from tui.run.stacknodes import NodesVerdict, capture_everywhere
 from tui.run.stacks import Capture, capture_ranks, ranks_of_pid
@@ -45,6 +46,18 @@ def render(cap: Capture, show_all: bool) -> list[str]:
     return [safe_text(line) for line in out]
 
 
+STACK_MAX_BYTES = 1 << 20
+"""At most this much of one rank's kept stack file is shown (a py-spy dump is a few KiB)."""
+
+
+def _stack_text(path: Path) -> str:
+    """A kept rank*.txt, through the door: its first STACK_MAX_BYTES, or why it cannot be shown."""
+    try:
+        return door.read_head(path, STACK_MAX_BYTES).decode("utf-8", "replace")
+    except OSError as e:    # gone, or refused: a FIFO, a device, a link
+        return f"(not shown: {e})"
+
+
 def render_nodes(found: NodesVerdict, show_all: bool) -> list[str]:
     """The verdict over every node's capture, one line per group naming its nodes, then each node's folder."""
     out = [found.verdict.line]
@@ -57,7 +70,7 @@ def render_nodes(found: NodesVerdict, show_all: bool) -> list[str]:
         if show_all:
             for f in sorted(folder.glob("rank*.txt")):
                 out.append(f"  {f.name}:")
-                out += ["    " + line for line in f.read_text(errors="replace").splitlines()]
+                out += ["    " + line for line in _stack_text(f).splitlines()]
     if found.silent:
         out.append(f"no capture from node {', '.join(found.silent)} (its supervisor did not answer)")
     return [safe_text(line) for line in out]
