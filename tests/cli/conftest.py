@@ -133,6 +133,15 @@ def status(run_dir: Path) -> dict[str, Any]:
         return {}
 
 
+def incidents(run_dir: Path, code: str) -> list[dict[str, Any]]:
+    """Every record of incidents.jsonl with this code, opened and closed, in order."""
+    try:
+        lines = (run_dir / "incidents.jsonl").read_text().splitlines()
+    except OSError:
+        return []
+    return [r for r in map(json.loads, lines) if r.get("code") == code]
+
+
 def events(run_dir: Path, kind: str | None = None) -> list[dict[str, Any]]:
     try:
         lines = (run_dir / "events.jsonl").read_text().splitlines()

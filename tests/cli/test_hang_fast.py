@@ -8,19 +8,11 @@ from typing import Any
 
 import pytest
 
-from tests.cli.conftest import PidTracker, end_run, events, mt, status, wait_for, write_preset
+from tests.cli.conftest import PidTracker, end_run, events, incidents, mt, status, wait_for, write_preset
 
 pytestmark = pytest.mark.slow
 
 FAST = {"step_sleep_s": 0.1}   # ~0.1 s steps (the 1-layer model's own compute is a few ms)
-
-
-def _incidents(run_dir: Path, code: str) -> list[dict[str, Any]]:
-    try:
-        lines = (run_dir / "incidents.jsonl").read_text().splitlines()
-    except OSError:
-        return []
-    return [r for r in map(json.loads, lines) if r.get("code") == code]
 
 
 def _launch(tmp_path: Path, **sections: dict[str, Any]) -> Path:
@@ -35,9 +27,9 @@ def test_a_hang_is_on_disk_with_the_stuck_rank_and_its_frame_within_10_s_of_the_
                       faults={**FAST, "hang_at_step": 40, "hang_rank": 1}, monitor={"hang_timeout_s": 0})
     try:
         def stacks() -> dict[str, Any] | None:
-            return next((r for r in _incidents(run_dir, "hang") if r["status"] == "update" and "groups" in r["evidence"]), None)
+            return next((r for r in incidents(run_dir, "hang") if r["status"] == "update" and "groups" in r["evidence"]), None)
         upd = wait_for(stacks, 240, "the hang's stacks")
-        opened = next(r for r in _incidents(run_dir, "hang") if r["status"] == "open")
+        opened = next(r for r in incidents(run_dir, "hang") if r["status"] == "open")
         last = max(e["t"] for e in events(run_dir, "step"))
         ev = upd["evidence"]
         assert ev["suspect_ranks"] == [1] and ev["early"] is True, opened
@@ -57,7 +49,7 @@ def test_a_clean_run_with_evals_and_slow_checkpoints_raises_no_hang(tmp_path: Pa
         assert status(run_dir)["state"] == "completed", status(run_dir)
         ckpts = events(run_dir, "checkpoint")
         assert len(ckpts) == 4 and all(c["seconds"] >= 4.0 for c in ckpts), ckpts
-        assert _incidents(run_dir, "hang") == []
+        assert incidents(run_dir, "hang") == []
     finally:
         end_run(run_dir)
 
@@ -73,7 +65,7 @@ def test_a_hung_attempt_is_ended_after_hang_timeout_s_and_restarted_from_its_che
         assert st["state"] == "completed" and st["attempt"] == 2, st
         starts = events(run_dir, "run_start")
         assert [s["start_step"] for s in starts] == [0, 20], starts   # the restart resumed from step 20's checkpoint
-        hang = next(r for r in _incidents(run_dir, "hang") if r["status"] == "open")
+        hang = next(r for r in incidents(run_dir, "hang") if r["status"] == "open")
         assert hang["evidence"]["suspect_ranks"] == [1], hang
         assert starts[1]["t"] - hang["t"] >= 2.0
         assert not [r for r in map(json.loads, (run_dir / "incidents.jsonl").read_text().splitlines())

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.cli.conftest import end_run, events, launch_user_run, mt, status, wait_for
+from tests.cli.conftest import end_run, events, incidents, launch_user_run, mt, status, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -16,16 +16,8 @@ pytestmark = pytest.mark.slow
 SLOW_DATA = {"factory": "my_data:slow", "args": {"rank": 1, "delay_s": 0.01}, "num_workers": 0}
 
 
-def _incidents(run_dir: Path, code: str) -> list[dict[str, Any]]:
-    try:
-        lines = (run_dir / "incidents.jsonl").read_text().splitlines()
-    except OSError:
-        return []
-    return [r for r in map(json.loads, lines) if r.get("code") == code]
-
-
 def _opened(run_dir: Path, code: str, timeout: float) -> dict[str, Any]:
-    return wait_for(lambda: next((r for r in _incidents(run_dir, code) if r["status"] == "open"), None),
+    return wait_for(lambda: next((r for r in incidents(run_dir, code) if r["status"] == "open"), None),
                     timeout, f"a {code} incident")
 
 
@@ -70,7 +62,7 @@ def test_a_balanced_run_has_no_straggler(tmp_path: Path) -> None:
     try:
         wait_for(lambda: status(run_dir).get("state") in ("completed", "failed"), 240, "the run's end")
         assert status(run_dir)["state"] == "completed"
-        assert _incidents(run_dir, "straggler") == []
+        assert incidents(run_dir, "straggler") == []
         hb = json.loads((run_dir / "heartbeat" / "rank1").read_text())
         assert hb["anatomy"]["n"] == 20 and hb["anatomy"]["data_s"] > 0.02, hb  # it was measured, and judged
     finally:
@@ -115,6 +107,6 @@ def test_a_balanced_run_of_the_same_pace_has_no_straggler(tmp_path: Path) -> Non
         assert status(run_dir)["state"] == "completed"
         steps = events(run_dir, "step")
         assert steps[-1]["t"] - first >= 30 + 20 * 0.25, "too short to have been judged for 30 s"
-        assert _incidents(run_dir, "straggler") == []
+        assert incidents(run_dir, "straggler") == []
     finally:
         end_run(run_dir)
