@@ -45,6 +45,7 @@ class Overrides:
     name: str | None = None
     runs_dir: str | None = None
     nproc: int | None = None
+    nnodes: int | None = None
     node_rank: int | None = None
     script_args: list[str] | None = None
     """ARGS after `--`: for a script (they replace `[launch] script_args`)."""
@@ -52,7 +53,8 @@ class Overrides:
     def flags(self) -> dict[str, str]:
         """The config key each given flag set -> the flag as typed (for errors: blame the flag)."""
         given = {"run.name": ("--name", self.name), "run.runs_dir": ("--runs-dir", self.runs_dir),
-                 "launch.nproc_per_node": ("--nproc", self.nproc), "launch.node_rank": ("--node-rank", self.node_rank)}
+                 "launch.nproc_per_node": ("--nproc", self.nproc), "launch.nnodes": ("--nnodes", self.nnodes),
+                 "launch.node_rank": ("--node-rank", self.node_rank)}
         return {key: f"{flag} {value}" for key, (flag, value) in given.items() if value is not None}
 
 
@@ -86,6 +88,8 @@ def resolve_config(preset: Path, over: Overrides, slurm: bool = False) -> tuple[
         raw["run"]["runs_dir"] = over.runs_dir
     if over.nproc is not None:
         raw["launch"]["nproc_per_node"] = over.nproc
+    if over.nnodes is not None:
+        raw["launch"]["nnodes"] = over.nnodes
     if over.node_rank is not None:
         raw["launch"]["node_rank"] = over.node_rank
     if not raw["run"]["workdir"]:

@@ -79,6 +79,7 @@ class Supervisor:
         self.current_attempt: int | None = None  # from the newest run_start event
         self.dir_watch = runlock.DirWatch(self.run_dir)
         self.lost: str | None = None  # the run dir is gone or replaced: write nothing more there
+        self.peer_tick = 0.0          # the next tick while waiting for the other nodes' reports (monotonic)
 
     # -- status ----------------------------------------------------------------------------
     def finish(self, state: str, code: int, exit_code: int | None, reason: str) -> int:
@@ -201,7 +202,7 @@ class Supervisor:
         started = time.time()
         st, launch = self.status, self.cfg.launch
         st.attempt, st.torchrun_pid, st.worker_pids, st.started = attempt, None, {}, st.started or started
-        st.ended, st.exit_code, st.reason, st.failures = None, None, None, []
+        st.ended, st.exit_code, st.reason, st.failures, st.slurm_state = None, None, None, [], None
         st.nproc, st.nnodes, st.node_rank, st.direct = launch.nproc_per_node, launch.nnodes, launch.node_rank, is_direct(self.cfg)
         self.write_status("starting", f"attempt {attempt}")
         if self.kill_requested or self.stop_requested:  # a signal arrived before torchrun started
@@ -252,13 +253,14 @@ class Supervisor:
             # what the job's supervisor needs to name the rank and node that failed first
             record["failures"] = self.status.failures = failures_since(log_path, log_offset)
             if self.is_job:
-                self.peers.wait_for_attempt_end(attempt, PEER_WAIT_S)
+                self.peers.wait_for_attempt_end(attempt, PEER_WAIT_S, self.while_peers_report)
             else:
                 self.status.reason = self.failure_reason(rc, worker_rc, run_end)
                 self.save_status()
         # a kill, or a stop that torchrun reports as exit 1, is not a crash for the rules
         if rc and not self.kill_requested and not clean and not self.lost:
-            self.status.reason = self.failure_reason(rc, worker_rc, run_end)
+            if self.status.slurm_state != "NODE_FAIL":   # Slurm's word on a lost node says more than its peer's error
+                self.status.reason = self.failure_reason(rc, worker_rc, run_end)
             self.save_status()
             self.tick()  # let the rules classify the crash (crash, oom, ...) now
         self.reap_leftovers()
@@ -290,11 +292,11 @@ class Supervisor:
                         self.write_status(self.status.state or "running", f"workers {dumps(self.status.worker_pids)}")
                 # a job's other node samples its ranks' system calls too: the rules run on the job's node
                 self.tick(self.sampler.append(self.ranks, self.paths.system, self.log, detail=not self.is_job))
-            if self.stop_requested and self.status.state == "running":
-                lost = self.slurm.node_failure()   # Slurm's SIGTERM after a node failed: said at once
-                if lost is not None:
-                    self.status.slurm_state = lost.slurm_state
-                self.stopping(lost.reason if lost is not None else "SIGTERM: graceful stop")
+            if self.stop_requested and self.status.state in ("running", "stopping"):
+                if self.node_failed():
+                    next_tick = now
+                elif self.status.state == "running":
+                    self.stopping("SIGTERM: graceful stop")
             if self.kill_requested and kill_deadline is None:
                 # said before the processes die, so the incident rules never read the kill as a crash
                 self.stopping("kill requested")
@@ -309,6 +311,26 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 pass
         return self.follow_events(attempt) or run_end
+
+    def node_failed(self) -> bool:
+        """Slurm's SIGTERM came because a node of the job failed: recorded as soon as Slurm says it (asked
+        again for a while); True when just recorded, for the rules to run at once: Slurm kills this
+        node's part KillWait after its SIGTERM."""
+        lost = self.slurm.node_failure() if self.stop_requested else None
+        if lost is None or self.status.slurm_state == lost.slurm_state:
+            return False
+        self.status.slurm_state = lost.slurm_state
+        self.stopping(lost.reason)
+        return True
+
+    def while_peers_report(self) -> bool:
+        """Each poll while the job's supervisor waits for the other nodes to report a failed attempt: Slurm's
+        word on a lost node, the samples and the rules go on; True (stop waiting): a node failed, it never reports."""
+        now = time.monotonic()
+        if self.node_failed() or now >= self.peer_tick:
+            self.peer_tick = now + self.poll_s
+            self.tick(self.sampler.append(self.ranks, self.paths.system, self.log, detail=False))
+        return self.status.slurm_state == "NODE_FAIL"
 
     def check_dir(self, tr: subprocess.Popen[bytes]) -> bool:
         """If the run directory was deleted or replaced, end every process of the run; True then.
