@@ -56,14 +56,14 @@ class PeerNodes:
         """Until every other node has recorded the end of `attempt` (its failures with it); `each` runs
         every poll meanwhile (the rules and Slurm's word go on: a lost node never reports) and ends
         the wait when it returns True."""
-        deadline = time.monotonic() + timeout_s
+        start = time.monotonic()
         while True:
             waiting = [v.name for v in self.job.poll() if v.name != self.paths.node and not _attempt_over(v.status, attempt)]
-            if not waiting or time.monotonic() > deadline or each():
+            if not waiting or time.monotonic() > start + timeout_s or each():
                 break
             time.sleep(_POLL_S)
         if waiting:
-            self.log.warning("attempt %d: no end reported by node %s within %.0f s", attempt, ", ".join(waiting), timeout_s)
+            self.log.warning("attempt %d: no end reported by node %s in %.1f s", attempt, ", ".join(waiting), time.monotonic() - start)
 
     def killed_elsewhere(self, attempt: int | None) -> str:
         """`rank 1 on node n2 was killed by signal 9 (SIGKILL)` for the first such failure on another
