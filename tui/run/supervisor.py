@@ -313,9 +313,8 @@ class Supervisor:
         return self.follow_events(attempt) or run_end
 
     def node_failed(self) -> bool:
-        """Slurm's SIGTERM came because a node of the job failed: recorded as soon as Slurm says it (asked
-        again for a while); True when just recorded, for the rules to run at once: Slurm kills this
-        node's part KillWait after its SIGTERM."""
+        """Slurm's SIGTERM came because a node of the job failed or the job was requeued: recorded as soon
+        as Slurm says it; True when just recorded, for the rules to run at once (KillWait is short)."""
         lost = self.slurm.node_failure() if self.stop_requested else None
         if lost is None or self.status.slurm_state == lost.slurm_state:
             return False
