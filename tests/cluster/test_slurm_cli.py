@@ -4,6 +4,7 @@ hand (`scontrol requeue`) recorded as one, with `mt stop`/`mt resume`/`mt kill` 
 job waits in the queue. The quick tests need no cluster; the others use the `slurm` fixture (slow)."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -127,6 +128,10 @@ def test_a_requeue_by_hand_is_pending_and_the_next_attempt_runs_on_both_nodes(sl
     assert (final["state"], final["attempt"]) == ("completed", 2), logs
     assert "did not start attempt" not in logs and "CANCELLED" not in logs, logs
     assert [e["attempt"] for e in events(run_dir, "run_start")] == [1, 2]
+    # the requeue's SIGTERM (and KillWait's SIGKILL) ended attempt 1: no worker crashed
+    crashes = [json.loads(line) for line in (run_dir / "incidents.jsonl").read_text().splitlines()
+               if '"code":"crash"' in line] if (run_dir / "incidents.jsonl").is_file() else []
+    assert crashes == [], crashes
     n2 = status(run_dir / "nodes" / "n2") if (run_dir / "nodes" / "n2" / "status.json").is_file() else {}
     assert (n2.get("state"), n2.get("attempt")) == ("completed", 2), n2
 

@@ -216,6 +216,8 @@ def worker_exit(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding 
     signum, signame = _signal_name(first.exit_code)
     if kind == "terminated" or (kind is None and (signum in _POLITE or not exited)):
         return None  # stopped from outside (mt stop/kill, a scheduler): the status says so
+    if obs.status.slurm_state == "REQUEUED" and kind in (None, "peer"):
+        return None  # Slurm requeued the job: its SIGTERM (KillWait later SIGKILL) ended the ranks, the status says so
     host_mem = _host_memory_share(sig, first.node or obs.nodes.get(first.rank))
     code, what = _what_happened(kind, line, signum, signame, host_mem,
                                 first.exit_code if first.exit_code is not None else rc)
