@@ -2,10 +2,17 @@
 supervisor began the attempt (a 2-node job once waited 120 s for an attempt 2 that never came)."""
 from __future__ import annotations
 
+import logging
+import threading
+import time
+from pathlib import Path
+
 import pytest
 
-from mt.contract.status import Status
-from tui.run.peers import next_attempt
+from mt.contract.paths import RunPaths
+from mt.contract.status import Status, read_status, write_status
+from tui.read.nodes import JobReader
+from tui.run.peers import PeerNodes, next_attempt
 
 
 def test_a_fresh_job_starts_attempt_one_on_every_node() -> None:
@@ -31,3 +38,32 @@ def test_after_a_requeue_both_nodes_take_the_next_attempt(monkeypatch) -> None:
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     st = Status(state="pending", attempt=1, attempts=[{"attempt": 1, "ended": 5.0, "slurm_restart": 0}])
     assert next_attempt(st, is_job=False) == 2 and next_attempt(st, is_job=True) == 2
+
+
+def test_a_job_status_ended_in_an_earlier_slurm_run_does_not_turn_the_other_node_away(monkeypatch: pytest.MonkeyPatch,
+                                                                                        tmp_path: Path) -> None:
+    """`scontrol requeue` by hand recorded as an end (`stopped`) by the old allocation's supervisor: the
+    other node of the requeued job waits for the job's supervisor to begin attempt 2 (it gave up at once:
+    'the job's supervisor did not start attempt 2 in 120 s'), and joins it once begun."""
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    paths = RunPaths(tmp_path)
+    write_status(paths, Status(state="stopped", attempt=1, attempts=[{"attempt": 1, "ended": 5.0, "slurm_restart": 0}]))
+    peers = PeerNodes(RunPaths(tmp_path, "n2"), JobReader(tmp_path), logging.getLogger("test"))
+    attempt = next_attempt(read_status(tmp_path), is_job=False)
+    assert attempt == 2
+
+    def begin() -> None:   # the job's supervisor of the requeued job, a moment later
+        time.sleep(1.0)
+        write_status(paths, Status(state="running", attempt=2, torchrun_pid=4242,
+                                   attempts=[{"attempt": 1, "ended": 5.0, "slurm_restart": 0},
+                                             {"attempt": 2, "ended": None, "slurm_restart": 1}]))
+
+    job = threading.Thread(target=begin)
+    job.start()
+    t0 = time.monotonic()
+    joined = peers.wait_for_job_attempt(attempt, timeout_s=30)
+    job.join()
+    assert joined and time.monotonic() - t0 >= 0.9
+    # the same status written in this Slurm run (restart 1) does mean the job ended without attempt 2
+    write_status(paths, Status(state="failed", attempt=1, attempts=[{"attempt": 1, "ended": 5.0, "slurm_restart": 1}]))
+    assert peers.wait_for_job_attempt(2, timeout_s=30) is False

@@ -13,7 +13,7 @@ from mt.contract.config import MonitorConfig
 from mt.contract.status import Status, write_status
 from tests.tui.jobdir import JobDir, two_nodes
 from tui.diagnose.lost import LOST_QUIET_S
-from tui.diagnose.monitor import IncidentMonitor
+from tui.diagnose.monitor import IncidentMonitor, Tick
 from tui.text.format import fmt_ranks
 
 pytestmark = pytest.mark.timeout(120)
@@ -271,4 +271,48 @@ def test_a_heartbeat_past_max_steps_is_no_progress_and_no_straggler(tmp_path: Pa
         out += [r for r in monitor.poll() if r["code"] == "straggler"]
         time.sleep(0.1)
     assert out == [], out
+
+
+NODE_FAIL_SAID = "node n2 failed (NODE_FAIL): Slurm requeued job 7 (restart 1); this node's part is stopping"
+SLURM_TERM = "Signal 15 (SIGTERM) received by PID 4242\n"
+
+
+def _as_n1s_supervisor(monitor: IncidentMonitor, job: JobDir, st: Status) -> list[dict]:
+    """Ticks as n1's supervisor runs them (tui/run/supervisor.py): its status and its own sample in
+    memory, the other nodes' from their files; the exit incidents opened."""
+    out = []
+    for _ in range(3):
+        sample = {**job.templates["n1"], "t": time.time()}
+        recs = monitor.observe(Tick(time.time(), st, monitor.events.iter_new(), [sample]))
+        out += [r for r in recs if r["code"] in ("crash", "oom", "nccl_timeout") and r["status"] == "open"]
+        time.sleep(0.2)
+    return out
+
+
+@pytest.mark.parametrize("order", ["slurm first, survivors silent", "slurm first, survivors stopped by its SIGTERM",
+                                   "survivors lost their peer, then slurm"])
+def test_slurms_node_fail_names_the_lost_node_at_once_whichever_came_first(tmp_path: Path, order: str) -> None:
+    """Slurm's NODE_FAIL (its SIGTERM to n1, recorded in the job's status), n2's death and n1's ranks'
+    errors arrive in any order, and Slurm kills n1's supervisor KillWait (2 s on the test cluster) after
+    its SIGTERM: the one exit incident names n2 as soon as Slurm said it, well before LOST_QUIET_S."""
+    job = two_nodes(tmp_path, 5, gap_s=0.05)
+    monitor = IncidentMonitor(tmp_path, MonitorConfig(), node="n1")
+    base = dict(attempt=1, nnodes=2, nproc=2, node_rank=0)
+    _as_n1s_supervisor(monitor, job, Status(state="running", **base))
+    time.sleep(0.3)   # n2 goes: its heartbeats and samples stop; n1's supervisor samples on
+    if order.startswith("survivors lost"):
+        for r in (0, 1):
+            job.log(r, GLOO_PEER)
+        # maybe lost: not yet a verdict, and nothing blames n1
+        assert _as_n1s_supervisor(monitor, job, Status(state="running", **base)) == []
+    elif order.endswith("SIGTERM"):
+        for r in (0, 1):
+            job.log(r, SLURM_TERM)
+    t0 = time.monotonic()
+    out = _as_n1s_supervisor(monitor, job, Status(state="stopping", slurm_state="NODE_FAIL", reason=NODE_FAIL_SAID, **base))
+    took = time.monotonic() - t0
+    assert [r["title"] for r in out] == ["Node lost: node n2 (ranks 2, 3) at step 6"], out
+    assert took < LOST_QUIET_S - 2.0, took
+    ev = out[0]["evidence"]
+    assert (ev["node"], ev["survivor"]["node"], ev["survivor"]["rank"]) == ("n2", "n1", 0), ev
     job.close()

@@ -1,6 +1,7 @@
 """`mt launch`, `mt watch`, `mt resume`, `mt ls`, `mt diff`: starting runs and looking at them."""
 from __future__ import annotations
 
+import sys
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn, Optional
@@ -23,7 +24,8 @@ def launch(
     name: Annotated[Optional[str], typer.Option("--name", help="Run name (overrides run.name).", show_default=False)] = None,
     runs_dir: Annotated[Optional[Path], typer.Option("--runs-dir", help="Where run directories go (overrides run.runs_dir).", show_default=False)] = None,
     nproc: NprocOpt = None,
-    slurm: Annotated[bool, typer.Option("--slurm", help="Submit the run to Slurm (sbatch) instead of starting it here: [slurm] and [launch] nnodes/nproc_per_node give the allocation; prints the run directory and the job id and returns.")] = False,
+    nnodes: Annotated[Optional[int], typer.Option("--nnodes", help="Nodes of the run (overrides launch.nnodes): with --slurm the nodes Slurm allocates; without it, each node runs mt launch with --node-rank K.", show_default=False)] = None,
+    slurm: Annotated[bool, typer.Option("--slurm", help="Submit the run to Slurm (sbatch) instead of starting it here: [slurm] and [launch] nnodes/nproc_per_node (--nnodes, --nproc) give the allocation; prints the run directory and the job id and returns (--headless: follows the job until it ends).")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="With --slurm: print the batch script and submit nothing (no run directory is made).")] = False,
     hang_timeout: Annotated[Optional[float], typer.Option("--hang-timeout", metavar="SECONDS", help="End an attempt this long after its hang verdict (its stacks kept): restart it from the newest checkpoint within max_restarts, else fail the run (overrides monitor.hang_timeout_s, default 300; 0: never).", show_default=False)] = None,
     node_rank: Annotated[Optional[int], typer.Option("--node-rank", help="This node's rank in a multi-node job (overrides launch.node_rank). Every node runs mt launch with the same preset and gets its own run dir (suffix -node<K>); the one that gets global rank 0 holds the events.", show_default=False)] = None,
@@ -41,12 +43,13 @@ def launch(
     from mt.contract.config import ConfigError
     from tui.run.launch import LaunchError, Overrides, launch_run
 
-    over = Overrides(name=name, runs_dir=str(runs_dir) if runs_dir else None, nproc=nproc, node_rank=node_rank,
-                     script_args=script_args or None, hang_timeout=hang_timeout)
+    over = Overrides(name=name, runs_dir=str(runs_dir) if runs_dir else None, nproc=nproc, nnodes=nnodes,
+                     node_rank=node_rank, script_args=script_args or None, hang_timeout=hang_timeout)
     if dry_run and not slurm:
         fail("--dry-run: only with --slurm (it prints the batch script)")
     if slurm:
-        _launch_slurm(preset, over, dry_run)
+        _check_every(every)
+        _launch_slurm(preset, over, dry_run, _slurm_follow(dry_run, detach, headless, node_rank), every)
     try:
         run_dir = launch_run(preset, over)
     except ConfigError as e:
@@ -57,8 +60,20 @@ def launch(
     _attach(run_dir, detach, headless, every)
 
 
-def _launch_slurm(preset: Path, over: Overrides, dry_run: bool) -> NoReturn:
-    """`mt launch --slurm`: submit (or print the script) and return; the job runs the supervisor."""
+def _slurm_follow(dry_run: bool, detach: bool, headless: bool, node_rank: int | None) -> bool:
+    """Whether `mt launch --slurm` follows the job (--headless); an option that cannot apply is refused."""
+    if node_rank is not None:
+        fail("--node-rank: not with --slurm (Slurm gives each node of the job its rank)")
+    if dry_run and (detach or headless):
+        fail(f"{'--detach' if detach else '--headless'}: not with --dry-run (it submits nothing to follow)")
+    if detach and headless:
+        fail("--detach and --headless: choose one (--detach returns at once, --headless follows the job)")
+    return headless
+
+
+def _launch_slurm(preset: Path, over: Overrides, dry_run: bool, follow: bool = False, every: float = 1.0) -> NoReturn:
+    """`mt launch --slurm`: submit (or print the script) and return, or with `follow` (--headless)
+    print the job's progress until it ends and exit with the run's code; the job runs the supervisor."""
     from mt.contract.config import ConfigError
     from tui.run.slurm import SlurmError, launch_slurm
     from tui.run.slurm import dry_run as script_for
@@ -74,6 +89,10 @@ def _launch_slurm(preset: Path, over: Overrides, dry_run: bool) -> NoReturn:
 
     held = " (held: scontrol release it to start)" if sub.held else ""
     typer.echo(f"run dir: {safe_text(sub.run_dir)}\nslurm job: {safe_text(sub.job_id)}{held}")
+    if follow:
+        from tui.text.headless import follow_headless
+
+        raise typer.Exit(follow_headless(sub.run_dir, sys.stdout, every_s=every))
     raise typer.Exit(OK)
 
 
@@ -176,8 +195,13 @@ def resume(
 
     try:
         queued = in_queue(run_dir)
+        if queued and queued.waiting:   # already queued (submitted, or requeued): its job starts the next attempt
+            typer.echo(queued.line)
+            if headless:
+                _attach(run_dir.resolve(), False, True, every, since)
+            raise typer.Exit(OK)
         if queued:
-            fail(queued)
+            fail(queued.line)
         resume_run(run_dir, nproc, from_scratch)
         if read_status(run_dir).slurm_job_id:   # a Slurm run: sbatch again; the job starts the next attempt
             sub = resubmit(run_dir)

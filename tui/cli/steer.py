@@ -55,6 +55,8 @@ def stop(
 ) -> None:
     """Stop a live run gracefully: it finishes the step, writes a final checkpoint and exits.
 
+    A Slurm run pending in the queue (submitted or requeued) has its job cancelled and is recorded stopped.
+
     Resume it later with `mt resume`. Example:
 
     \b
@@ -62,13 +64,19 @@ def stop(
     """
     from tui.read.rundir import NotARunError
     from tui.run.control import ControlError, request_stop, wait_answer, wait_final
+    from tui.run.preempt import stop_pending
+    from tui.run.slurm import SlurmError
     from tui.text.format import safe_text
     from tui.text.runs import last_checkpoint_line
 
     t0 = time.monotonic()
     try:
+        queued = stop_pending(run_dir, timeout)   # a Slurm run waiting in the queue: its job is cancelled
+        if queued is not None:
+            typer.echo(safe_text(f"run {queued.state} ({queued.reason}); {last_checkpoint_line(run_dir)}"))
+            return
         request_id = request_stop(run_dir)  # None: a script with no mt calls got SIGTERM instead
-    except (NotARunError, ControlError) as e:
+    except (NotARunError, ControlError, SlurmError) as e:
         fail(str(e))
     answer = wait_answer(run_dir, request_id, timeout) if request_id is not None else None
     if answer is not None and answer.status == "rejected":

@@ -202,6 +202,10 @@ def worker_exit(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding 
     rank that has gone, or printed an error since the last step, with a clear cause in its
     log already counts.
     """
+    if obs.nodes and obs.status.slurm_state == "NODE_FAIL":
+        # Slurm said a node failed: decided from that and the heartbeats, whichever of the node's death,
+        # the survivors' errors and Slurm's SIGTERM came first (the survivors' logs may say nothing yet)
+        return _node_failed(sig, obs)
     rc = obs.status.exit_code
     if rc in (None, 0) and obs.node_exits:   # a job: a node's torchrun failed before the job's status says so
         rc = obs.node_exits[min(obs.node_exits)].exit_code
@@ -215,6 +219,8 @@ def worker_exit(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding 
     signum, signame = _signal_name(first.exit_code)
     if kind == "terminated" or (kind is None and (signum in _POLITE or not exited)):
         return None  # stopped from outside (mt stop/kill, a scheduler): the status says so
+    if obs.status.slurm_state == "REQUEUED" and kind in (None, "peer"):
+        return None  # Slurm requeued the job: its SIGTERM (KillWait later SIGKILL) ended the ranks, the status says so
     host_mem = _host_memory_share(sig, first.node or obs.nodes.get(first.rank))
     code, what = _what_happened(kind, line, signum, signame, host_mem,
                                 first.exit_code if first.exit_code is not None else rc)
@@ -244,3 +250,24 @@ def worker_exit(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding 
             return None   # lost, or its supervisor is about to record the failure: a later tick says which
     return Finding(code, "error", step, _title(code, step, who, stuck),
                    _detail(who, what, source, first, failures, code, stuck), ADVICE[code], evidence)
+
+
+def _node_failed(sig: RunSignals, obs: Observation) -> Finding | None:
+    """The node Slurm's NODE_FAIL took, found by its heartbeats (stopped first, nothing recorded); the
+    job's node (this supervisor's) and its first rank are the survivor. None until the node is told apart."""
+    said = {r: classify_log(t)[0] for r, t in obs.rank_logs.items()}
+    quiet = lost_nodes(sig, obs, obs.node, said)
+    if not quiet.lost:
+        return None
+    mine = sorted(r for r, n in obs.nodes.items() if n == obs.node) or [-1]
+    rank = next((r for r in mine if said.get(r) in ("peer", "timeout")), mine[0])
+    kind, line = classify_log(obs.rank_logs.get(rank, ""))
+    what = {"peer": f"lost its collective peer: {line}", "timeout": f"timed out in a collective: {line}"}.get(
+        kind or "", "was stopped by Slurm (NODE_FAIL: it ends the job's tasks on the other nodes)")
+    last = sig.last_step if obs.status.attempt in (None, sig.attempt) else None
+    step = last.step + 1 if last else None
+    who = fmt_rank(rank, obs.node) if rank >= 0 else f"node {obs.node}"
+    evidence: dict[str, Any] = {"torchrun_exit_code": obs.status.exit_code, "last_step": last.step if last else None,
+                                "slurm_state": "NODE_FAIL", "failures": [],
+                                "survivor": {"rank": rank if rank >= 0 else None, "node": obs.node, "kind": kind, "line": line or None}}
+    return node_lost(quiet.lost, quiet.others_t, step, who, what, evidence)

@@ -46,6 +46,7 @@ class Overrides:
     name: str | None = None
     runs_dir: str | None = None
     nproc: int | None = None
+    nnodes: int | None = None
     node_rank: int | None = None
     script_args: list[str] | None = None
     """ARGS after `--`: for a script (they replace `[launch] script_args`)."""
@@ -55,8 +56,8 @@ class Overrides:
     def flags(self) -> dict[str, str]:
         """The config key each given flag set -> the flag as typed (for errors: blame the flag)."""
         given = {"run.name": ("--name", self.name), "run.runs_dir": ("--runs-dir", self.runs_dir),
-                 "launch.nproc_per_node": ("--nproc", self.nproc), "launch.node_rank": ("--node-rank", self.node_rank),
-                 "monitor.hang_timeout_s": ("--hang-timeout", self.hang_timeout)}
+                 "launch.nproc_per_node": ("--nproc", self.nproc), "launch.nnodes": ("--nnodes", self.nnodes),
+                 "launch.node_rank": ("--node-rank", self.node_rank), "monitor.hang_timeout_s": ("--hang-timeout", self.hang_timeout)}
         # a value with a control character is shown quoted and escaped: the error stays one line
         return {key: f"{flag} {json.dumps(value) if presets.control_char(str(value)) else value}"
                 for key, (flag, value) in given.items() if value is not None}
@@ -93,6 +94,8 @@ def resolve_config(preset: Path, over: Overrides, slurm: bool = False) -> tuple[
         raw["run"]["runs_dir"] = over.runs_dir
     if over.nproc is not None:
         raw["launch"]["nproc_per_node"] = over.nproc
+    if over.nnodes is not None:
+        raw["launch"]["nnodes"] = over.nnodes
     if over.node_rank is not None:
         raw["launch"]["node_rank"] = over.node_rank
     if over.hang_timeout is not None:
@@ -219,7 +222,7 @@ def start_supervisor(run_dir: Path, lock_fd: int) -> int:
     # 0600 like every file of the run, whatever this shell's umask (the supervisor appends to it)
     with os.fdopen(door.open_append(paths.supervisor_log), "ab") as log:
         proc = subprocess.run(
-            [sys.executable, "-P", "-m", "tui.run.supervisor", "--run-dir", str(run_dir), "--daemon",
+            [sys.executable, "-P", "-m", "tui.run.supervisor_main", "--run-dir", str(run_dir), "--daemon",
              "--lock-fd", str(lock_fd)],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, pass_fds=(lock_fd,),
             start_new_session=True, check=False, timeout=60,

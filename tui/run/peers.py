@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import time
+from typing import Callable
 
 from mt.contract.paths import RunPaths
 from mt.contract.status import Status, read_status
@@ -40,7 +41,7 @@ class PeerNodes:
             st = read_status(self.paths.root)
             if (st.attempt or 0) > attempt or (st.attempt == attempt and st.torchrun_pid and st.state != "starting"):
                 return True
-            if st.is_final and (st.attempt or 0) >= attempt - 1:
+            if st.is_final and (st.attempt or 0) >= attempt - 1 and not _before_this_run(st):
                 return False   # the job ended without this attempt
             time.sleep(_POLL_S)
         return False
@@ -51,16 +52,18 @@ class PeerNodes:
         while time.monotonic() < deadline and not read_status(self.paths.root).is_final:
             time.sleep(_POLL_S)
 
-    def wait_for_attempt_end(self, attempt: int, timeout_s: float) -> None:
-        """Until every other node has recorded the end of `attempt` (its failures with it)."""
-        deadline = time.monotonic() + timeout_s
+    def wait_for_attempt_end(self, attempt: int, timeout_s: float, each: Callable[[], bool] = lambda: False) -> None:
+        """Until every other node has recorded the end of `attempt` (its failures with it); `each` runs
+        every poll meanwhile (the rules and Slurm's word go on: a lost node never reports) and ends
+        the wait when it returns True."""
+        start = time.monotonic()
         while True:
             waiting = [v.name for v in self.job.poll() if v.name != self.paths.node and not _attempt_over(v.status, attempt)]
-            if not waiting or time.monotonic() > deadline:
+            if not waiting or time.monotonic() > start + timeout_s or each():
                 break
             time.sleep(_POLL_S)
         if waiting:
-            self.log.warning("attempt %d: no end reported by node %s within %.0f s", attempt, ", ".join(waiting), timeout_s)
+            self.log.warning("attempt %d: no end reported by node %s in %.1f s", attempt, ", ".join(waiting), time.monotonic() - start)
 
     def killed_elsewhere(self, attempt: int | None) -> str:
         """`rank 1 on node n2 was killed by signal 9 (SIGKILL)` for the first such failure on another
@@ -88,6 +91,14 @@ def next_attempt(status: Status, is_job: bool) -> int:
         status.state in ("running", "stopping") and newest.get("attempt") == status.attempt
         and newest.get("ended") is None and newest.get("slurm_restart") == restart_count(os.environ))
     return status.attempt if begun else attempt
+
+
+def _before_this_run(st: Status) -> bool:
+    """The job's status was written in an earlier Slurm run of the job (a requeue, by anyone, that its
+    supervisor recorded as an end, or did not see): its job's supervisor has yet to write this run's."""
+    newest = st.attempts[-1] if st.attempts else {}
+    restart = newest.get("slurm_restart")
+    return isinstance(restart, int) and restart < restart_count(os.environ)
 
 
 def _attempt_over(st: Status, attempt: int) -> bool:

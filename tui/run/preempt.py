@@ -19,7 +19,10 @@ from mt.contract.preset import load_config_json
 from mt.contract.records import Checkpoint, Record, RecordTail, Step
 from mt.contract.status import LIVE_STATES, Status, read_status, write_status
 from tui.diagnose.findings import Finding
-from tui.run.slurm import SlurmError, Submitted, _slurm, hostnames, queue_state, submit
+from tui.run.slurm import QUERY_TIMEOUT_S, SUBMIT_TIMEOUT_S, SlurmError, Submitted, _slurm, hostnames, queue_state, submit
+
+NODE_FAIL_WINDOW_S = 10.0   # after Slurm's SIGTERM, how long the job's supervisor asks whether a node failed
+NODE_FAIL_ASK_S = 0.3       # ... and how often (scontrol show job: a few ms for slurmctld)
 
 
 @dataclass
@@ -39,10 +42,10 @@ class JobInfo:
         return f"{self.state} ({', '.join(extra)})" if extra else self.state
 
 
-def job_info(job_id: str) -> JobInfo | None:
+def job_info(job_id: str, timeout_s: float = SUBMIT_TIMEOUT_S) -> JobInfo | None:
     """Slurm's record of the job; None when Slurm no longer knows it (or cannot be asked)."""
     try:
-        done = _slurm("scontrol", "show", "job", "-o", job_id)
+        done = _slurm("scontrol", "show", "job", "-o", job_id, timeout_s=timeout_s)
     except SlurmError:
         return None
     fields = dict(tok.partition("=")[::2] for tok in done.stdout.split() if "=" in tok)
@@ -140,13 +143,18 @@ class Ending:
     slurm_state: str | None = None
 
 
-def after_stop(job_id: str, stop_signal: int | None, progress: Progress, reason: str) -> Ending:
+def after_stop(job_id: str, stop_signal: int | None, progress: Progress, reason: str,
+               env: Mapping[str, str] = os.environ) -> Ending:
     """A stop that ended with its checkpoint: requeue when Slurm asked for it (SIGTERM, from a
-    preemption or the time-limit warning) and the job still runs; a job being cancelled is not."""
+    preemption or the time-limit warning) and the job still runs; a job being cancelled is not; a
+    job requeued by anyone (its restart count past this run's) is pending, not requeued twice."""
     if stop_signal != signal.SIGTERM:   # `mt stop` (a control request, or SIGINT for a bare script)
         return Ending("stopped", reason)
     info = job_info(job_id)
     at = f"the checkpoint at step {progress.checkpoint}" if progress.checkpoint is not None else "no checkpoint"
+    again = requeued(job_id, env, f"stopped with {at}", info)
+    if again is not None:
+        return again
     if info is not None and (info.state == "RUNNING" or _queued_again(info)):
         # RUNNING: a preemption's or the time-limit warning's SIGTERM to the tasks, the job goes on: we
         # requeue it. Queued again: PreemptMode=REQUEUE or someone's `scontrol requeue` did it already.
@@ -161,16 +169,46 @@ def after_stop(job_id: str, stop_signal: int | None, progress: Progress, reason:
                   f"{at}; not requeued", slurm_state=ended)
 
 
-def requeued_by_slurm(job_id: str, env: Mapping[str, str], what: str) -> Ending | None:
-    """The job's attempt ended because a node failed and Slurm requeued the job itself (NODE_FAIL with
-    --requeue and JobRequeue: its restart count went past this run's and the node left its NodeList while
-    it completes): `pending`, naming the node, whatever this node's part ended as (Slurm's SIGTERM, or its
-    ranks lost their peer). None otherwise."""
-    info = job_info(job_id)
+def down_nodes(nodes: list[str]) -> list[str]:
+    """Those of `nodes` Slurm holds down or failed now (`scontrol show node`: DOWN, FAIL, NOT_RESPONDING)."""
+    if not nodes:
+        return []
+    try:
+        done = _slurm("scontrol", "show", "node", "-o", ",".join(nodes), timeout_s=QUERY_TIMEOUT_S)
+    except SlurmError:
+        return []
+    out = []
+    for line in done.stdout.splitlines() if done.returncode == 0 else []:
+        fields = dict(tok.partition("=")[::2] for tok in line.split() if "=" in tok)
+        flags = set(fields.get("State", "").replace("+", " ").replace("*", " NOT_RESPONDING").split())
+        if fields.get("NodeName") in nodes and flags & {"DOWN", "FAIL", "FAILING", "NOT_RESPONDING"}:
+            out.append(fields["NodeName"])
+    return out
+
+
+def requeued(job_id: str, env: Mapping[str, str], what: str, info: JobInfo | None = None) -> Ending | None:
+    """Requeued by anyone (`scontrol requeue` by hand, PreemptMode=REQUEUE): Slurm counted the restart
+    at once (the job reads COMPLETING while its tasks end, then PENDING). `pending`, whatever this
+    attempt ended as (`what`); never requeued twice. None when its restart count is still this run's."""
+    info = info or job_info(job_id)
     if info is None or info.restarts <= restart_count(env):
         return None
+    return Ending("pending", f"requeued in Slurm (job {job_id}, {info.words()}, restart {info.restarts}): {what}; "
+                  "the next attempt starts when Slurm runs the job again", slurm_state="REQUEUED")
+
+
+def requeued_by_slurm(job_id: str, env: Mapping[str, str], what: str, info: JobInfo | None = None) -> Ending | None:
+    """The job's attempt ended because a node failed and Slurm requeued the job itself (NODE_FAIL with
+    --requeue and JobRequeue: its restart count went past this run's, and the node left its NodeList while
+    it completes, or once the job is queued again Slurm holds the node down): `pending`, naming the node,
+    whatever this node's part ended as (Slurm's SIGTERM, or its ranks lost their peer). None otherwise."""
+    info = info or job_info(job_id)
+    if info is None or info.restarts <= restart_count(env):
+        return None
+    ours = hostnames(env.get("SLURM_JOB_NODELIST", ""))
     held = set(hostnames(info.nodes))
-    lost = [n for n in hostnames(env.get("SLURM_JOB_NODELIST", "")) if n not in held] if held else []
+    # a requeued job that has finished completing holds no node: which of ours is down says it
+    lost = [n for n in ours if n not in held] if held else down_nodes(ours)
     if not lost:   # requeued with every node (PreemptMode=REQUEUE, someone's requeue): after_stop's to say
         return None
     return Ending("pending", f"node {', '.join(lost)} failed (NODE_FAIL): Slurm requeued job {job_id} (restart "
@@ -184,7 +222,8 @@ def cut_short(status: Status, progress: Progress, job_id: str) -> Finding | None
         return None
     was = "stopping: its stop's checkpoint had not landed" if status.state == "stopping" else status.state
     at = f"step {progress.checkpoint}" if progress.checkpoint is not None else "the start (no checkpoint)"
-    why = status.reason if status.slurm_state == "NODE_FAIL" else "the grace period was too short, or its node failed"
+    said = status.slurm_state in ("NODE_FAIL", "REQUEUED") and status.reason
+    why = status.reason if said else "the grace period was too short, or its node failed"
     detail = (f"attempt {status.attempt} of Slurm job {job_id} ended before its supervisor could record it "
               f"(it was {was}; {why}): "
               f"{progress.lost} steps lost since the newest checkpoint, at {at}")
@@ -196,13 +235,57 @@ def cut_short(status: Status, progress: Progress, job_id: str) -> Finding | None
                     "checkpoint_step": progress.checkpoint, "lost_steps": progress.lost, "slurm_job_id": job_id})
 
 
-def in_queue(run_dir: Path) -> str | None:
-    """Why `mt resume` must not submit a Slurm run again: its job is still queued or running."""
-    job = read_status(run_dir).slurm_job_id
+@dataclass
+class Queued:
+    """A Slurm run whose job is still in the queue: `waiting` (PENDING: no supervisor of it runs now,
+    whatever its status last said) or running; `line` says so."""
+
+    line: str
+    waiting: bool
+
+
+def in_queue(run_dir: Path) -> Queued | None:
+    """Why `mt resume` must not submit a Slurm run again: its job is still queued (already: its next
+    attempt starts with the job) or running."""
+    status = read_status(run_dir)
+    job = status.slurm_job_id
     queued = queue_state(job) if job else None
     if not queued:
         return None
-    return f"{run_dir}: its Slurm job {job} is still in the queue ({queued}); `mt stop` or `mt kill` it first"
+    if queued.startswith("PENDING"):
+        return Queued(f"{run_dir}: already queued: Slurm job {job} is {queued}; its next attempt starts when Slurm "
+                      "runs it (`mt stop` cancels it)", True)
+    return Queued(f"{run_dir}: its Slurm job {job} is still in the queue ({queued}); `mt stop` or `mt kill` it first", False)
+
+
+def stop_pending(run_dir: Path, timeout_s: float) -> Status | None:
+    """`mt stop` of a Slurm run whose job waits in the queue (submitted, or requeued by anyone, while its
+    status may still say `stopping`: Slurm killed its supervisor first): `scancel` the job and record
+    `stopped` (a resume submits it again; its checkpoints stay). None when the job is not pending (it
+    runs: its supervisor takes the stop)."""
+    status = read_status(run_dir)
+    job = status.slurm_job_id
+    if not job or status.is_final or status.state not in ("pending", *LIVE_STATES):
+        return None
+    queued = queue_state(job)
+    if queued is None:
+        raise SlurmError(f"{run_dir}: squeue cannot say whether Slurm job {job} still waits; `scancel {job}` by hand")
+    if not (queued.startswith("PENDING") or (queued == "" and status.state == "pending")):
+        return None
+    if queued:
+        done = _slurm("scancel", job)
+        if done.returncode != 0:
+            raise SlurmError(f"scancel {job} failed: {(done.stderr.strip() or done.stdout.strip() or 'no message')}")
+    deadline = time.monotonic() + timeout_s
+    while queue_state(job) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if read_status(run_dir).state != status.state:   # it started meanwhile: its supervisor recorded the stop
+        return read_status(run_dir)
+    status.slurm_state = "CANCELLED"
+    status.end("stopped", f"stopped while pending in Slurm: job {job} cancelled before its next attempt (mt stop)",
+               time.time(), status.exit_code)
+    write_status(RunPaths(Path(run_dir)), status)
+    return status
 
 
 def resubmit(run_dir: Path) -> Submitted:
@@ -257,6 +340,9 @@ class JobEnd:
         self.under_slurm, self.job_id = under_slurm, job_id
         self.signal: int | None = None   # the first stop signal: SIGTERM under Slurm is a preemption
         self.progress = Progress()       # newest step and checkpoint
+        self.signal_at: float | None = None      # when node_failure first saw Slurm's SIGTERM (monotonic)
+        self.next_ask = 0.0
+        self.node_fail: Ending | None = None     # Slurm said a node of the job failed, or it requeued the job
 
     def stop_signal(self, signum: int) -> bool:
         """Note a stop signal; whether to forward it to torchrun: not Slurm's SIGTERM (preemption, cancel,
@@ -269,16 +355,28 @@ class JobEnd:
         and to be requeued, cancelled), or None."""
         if not self.job_id:
             return None
-        by_slurm = requeued_by_slurm(self.job_id, os.environ, f"this attempt ended {state}: {reason}") \
+        what = f"this attempt ended {state}: {reason}"
+        by_slurm = (requeued_by_slurm(self.job_id, os.environ, what) or
+                    (requeued(self.job_id, os.environ, what) if state == "failed" else None)) \
             if state in ("stopped", "failed") else None
         return by_slurm or (after_stop(self.job_id, self.signal, self.progress, reason) if state == "stopped" else None)
 
     def node_failure(self) -> Ending | None:
-        """Slurm's SIGTERM because a node of the job failed (and Slurm requeued it): said as the stop
-        begins, for the job's supervisor may be killed with its tasks before the end (KillWait)."""
+        """Slurm's SIGTERM because a node of the job failed, or someone requeued the job (Slurm requeued
+        it, NODE_FAIL or REQUEUED): asked again every
+        NODE_FAIL_ASK_S for NODE_FAIL_WINDOW_S after the signal (a loaded slurmctld may record the
+        requeue after its SIGTERM came), for the job's supervisor may be killed with its tasks KillWait
+        after it. The Ending once Slurm said it (the same one after), else None."""
         if not self.job_id or self.signal != signal.SIGTERM:
             return None
-        return requeued_by_slurm(self.job_id, os.environ, "this node's part is stopping")
+        now = time.monotonic()
+        self.signal_at = self.signal_at or now
+        if self.node_fail is None and now >= self.next_ask and now - self.signal_at <= NODE_FAIL_WINDOW_S:
+            self.next_ask = now + NODE_FAIL_ASK_S
+            info, what = job_info(self.job_id, QUERY_TIMEOUT_S), "this node's part is stopping"
+            if info is not None:
+                self.node_fail = requeued_by_slurm(self.job_id, os.environ, what, info) or requeued(self.job_id, os.environ, what, info)
+        return self.node_fail
 
     def lost_before(self, status: Status) -> Finding | None:
         """The previous attempt's stop that Slurm cut short before its checkpoint (the steps lost)."""

@@ -4,7 +4,7 @@ docs/run-directory.md (slurm/).
 
 Written by hand rather than with submitit: submitit pickles a Python callable into its own folder
 layout and runs it with its own requeue logic, while a run here is a run directory and a command
-(`python -m tui.run.supervisor --slurm`); a batch script of a dozen lines needs no dependency.
+(`python -m tui.run.supervisor_main --slurm`); a batch script of a dozen lines needs no dependency.
 """
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def batch_script(cfg: Config, run_dir: Path, python: str = sys.executable) -> st
         # B: the batch shell gets it, not every task: the supervisor's own SIGUSR1 means "kill"
         opts.append(f"--signal=B:USR1@{s.signal_grace_s}")
     opts += [sbatch_option(x) for x in s.extra]
-    sup = [python, "-P", "-m", "tui.run.supervisor", "--run-dir", str(run_dir), "--slurm"]
+    sup = [python, "-P", "-m", "tui.run.supervisor_main", "--run-dir", str(run_dir), "--slurm"]
     lines = ["#!/bin/bash", *(f"#SBATCH {o}" for o in opts),
              f"# mt run {shlex.quote(str(run_dir))} (mt launch --slurm); the supervisor runs in the foreground of each node's task",
              f"cd {shlex.quote(cfg.run.workdir or str(run_dir))}",

@@ -8,11 +8,11 @@ Signals: SIGTERM/SIGINT = graceful stop (forwarded to torchrun, which forwards t
 they write a final checkpoint; under Slurm its SIGTERM reached every task already and is not
 forwarded, and it is a preemption: tui/run/preempt.py). SIGUSR1 = `mt kill` is terminating the run: never restart,
 record `killed`, SIGUSR1 (never SIGTERM: no rank saves) to torchrun and the ranks.
-Run it with `python -m tui.run.supervisor --run-dir DIR [--daemon | --slurm]`.
+Its process (arguments, the lock, daemonizing) is tui/run/supervisor_main.py:
+`python -m tui.run.supervisor_main --run-dir DIR [--daemon | --slurm]`.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import os
@@ -20,7 +20,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -41,9 +40,9 @@ from tui.run import procs
 from tui.run.failure import attempt_failure, end_if_hung, failures_since
 from tui.run.peers import JOB_END_WAIT_S, JOB_START_WAIT_S, PEER_WAIT_S, PeerNodes, next_attempt
 from tui.run.preempt import JobEnd
-from tui.run.procs import daemonize, die_with_parent, file_logger, kill_all, rank_processes, run_processes, terminate_all
+from tui.run.procs import die_with_parent, file_logger, kill_all, rank_processes, run_processes, terminate_all
 from tui.run.sampler import SystemSampler
-from tui.run.slurm import SlurmError, hostnames, node_addr, slurm_launch, slurm_node
+from tui.run.slurm import hostnames, node_addr, slurm_launch, slurm_node
 from tui.run.torchrun import NodeRole, attempt_command, is_direct, worker_env, worker_exit_code
 
 
@@ -84,6 +83,7 @@ class Supervisor:
         self.dir_watch = runlock.DirWatch(self.run_dir)
         self.lost: str | None = None  # the run dir is gone or replaced: write nothing more there
         self.hung: str | None = None  # this attempt was ended on a hang verdict: why (its failure reason)
+        self.peer_tick = 0.0          # the next tick while waiting for the other nodes' reports (monotonic)
 
     # -- status ----------------------------------------------------------------------------
     def finish(self, state: str, code: int, exit_code: int | None, reason: str) -> int:
@@ -205,7 +205,7 @@ class Supervisor:
         started = time.time()
         st, launch = self.status, self.cfg.launch
         st.attempt, st.torchrun_pid, st.worker_pids, st.started = attempt, None, {}, st.started or started
-        st.ended, st.exit_code, st.reason, st.failures = None, None, None, []
+        st.ended, st.exit_code, st.reason, st.failures, st.slurm_state = None, None, None, [], None
         st.nproc, st.nnodes, st.node_rank, st.direct = launch.nproc_per_node, launch.nnodes, launch.node_rank, is_direct(self.cfg)
         self.write_status("starting", f"attempt {attempt}")
         if self.kill_requested or self.stop_requested:  # a signal arrived before torchrun started
@@ -256,13 +256,14 @@ class Supervisor:
             # what the job's supervisor needs to name the rank and node that failed first
             record["failures"] = self.status.failures = failures_since(log_path, log_offset)
             if self.is_job:
-                self.peers.wait_for_attempt_end(attempt, PEER_WAIT_S)
+                self.peers.wait_for_attempt_end(attempt, PEER_WAIT_S, self.while_peers_report)
             else:
                 self.status.reason = self.failure_reason(rc, worker_rc, run_end)
                 self.save_status()
         # a kill, or a stop that torchrun reports as exit 1, is not a crash for the rules
         if (rc or self.hung) and not self.kill_requested and not clean and not self.lost:
-            self.status.reason = self.failure_reason(rc, worker_rc, run_end)
+            if self.status.slurm_state != "NODE_FAIL":   # Slurm's word on a lost node says more than its peer's error
+                self.status.reason = self.failure_reason(rc, worker_rc, run_end)
             self.save_status()
             self.tick()  # let the rules classify the crash (crash, oom, ...) now
         self.reap_leftovers()
@@ -301,16 +302,35 @@ class Supervisor:
                 self.tick(self.sampler.append(self.ranks, self.paths.system, self.log, detail=not self.is_job))
                 if self.is_job and not (self.hung or self.kill_requested or self.stop_requested):
                     self.hung = end_if_hung(self.incidents, self.cfg.monitor, since, self.stopping, self.paths, tr.pid)
-            if self.stop_requested and self.status.state == "running":
-                lost = self.slurm.node_failure()   # Slurm's SIGTERM after a node failed: said at once
-                if lost is not None:
-                    self.status.slurm_state = lost.slurm_state
-                self.stopping(lost.reason if lost is not None else "SIGTERM: graceful stop")
+            if self.stop_requested and self.status.state in ("running", "stopping"):
+                if self.node_failed():
+                    next_tick = now
+                elif self.status.state == "running":
+                    self.stopping("SIGTERM: graceful stop")
             try:
                 tr.wait(timeout=min(0.25, self.poll_s))
             except subprocess.TimeoutExpired:
                 pass
         return self.follow_events(attempt) or run_end
+
+    def node_failed(self) -> bool:
+        """Slurm's SIGTERM came because a node of the job failed or the job was requeued: recorded as soon
+        as Slurm says it; True when just recorded, for the rules to run at once (KillWait is short)."""
+        lost = self.slurm.node_failure() if self.stop_requested else None
+        if lost is None or self.status.slurm_state == lost.slurm_state:
+            return False
+        self.status.slurm_state = lost.slurm_state
+        self.stopping(lost.reason)
+        return True
+
+    def while_peers_report(self) -> bool:
+        """Each poll while the job's supervisor waits for the other nodes to report a failed attempt: Slurm's
+        word on a lost node, the samples and the rules go on; True (stop waiting): a node failed, it never reports."""
+        now = time.monotonic()
+        if self.node_failed() or now >= self.peer_tick:
+            self.peer_tick = now + self.poll_s
+            self.tick(self.sampler.append(self.ranks, self.paths.system, self.log, detail=False))
+        return self.status.slurm_state == "NODE_FAIL"
 
     def check_dir(self, tr: subprocess.Popen[bytes]) -> bool:
         """If the run directory was deleted or replaced, end every process of the run; True then.
@@ -359,42 +379,3 @@ class Supervisor:
         if leftovers:
             self.log.warning("terminating %d leftover processes: %s", len(leftovers), [p.pid for p in leftovers])
             terminate_all(leftovers, grace_s=10.0, first=procs.KILL_SIGNAL if self.kill_requested else signal.SIGTERM)  # a kill saves nothing
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tui.run.supervisor", description=__doc__)
-    parser.add_argument("--run-dir", required=True, type=Path)
-    parser.add_argument("--daemon", action="store_true", help="fork, print the pid and return")
-    parser.add_argument("--slurm", action="store_true",
-                        help="inside a Slurm job (srun task): stay in the foreground, a child of the task Slurm tracks and signals")
-    parser.add_argument("--lock-fd", type=int, help="the run's lock, taken by the caller and handed down")
-    args = parser.parse_args(argv)
-    os.umask(0o077)  # everything in a run directory is private to its owner, like the folder
-    try:  # before anything else: a second supervisor must not touch the run (or its node's files)
-        node = slurm_node(os.environ) if args.slurm else None
-        if args.lock_fd is not None:
-            runlock.adopt(args.run_dir, args.lock_fd, "a starting supervisor")
-            lock = args.lock_fd
-        else:
-            lock = runlock.acquire(args.run_dir, "a starting supervisor", node=node)
-    except (runlock.RunBusy, SlurmError, OSError) as e:
-        print(f"mt supervisor: {e}", file=sys.stderr)
-        return 2
-    if args.daemon and not args.slurm:
-        daemonize(RunPaths(args.run_dir).supervisor_log)
-    runlock.note_holder(lock, f"supervisor pid {os.getpid()}")
-    sup = Supervisor(args.run_dir, slurm=args.slurm)
-    try:
-        return sup.run()
-    except Exception:
-        sup.log.exception("supervisor crashed")
-        try:
-            sup.status.ended, sup.status.reason = time.time(), "supervisor crashed; see logs/supervisor.log"
-            sup.write_status("failed")
-        except OSError:
-            sup.log.exception("cannot record the crash in status.json")
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,7 +14,7 @@ from typing import Callable, TextIO
 
 from mt.contract.paths import RunPaths
 from mt.contract.records import Checkpoint, ControlEvent, Eval, Incident, Metrics, Record, RunEnd, RunStart, Step
-from mt.contract.status import CLEAN_STATES, FINAL_STATES, read_status
+from mt.contract.status import CLEAN_STATES, FINAL_STATES, Status, read_status
 from tui.read.follower import PollResult, RunFollower
 from tui.read.nodes import JobReader
 from tui.read.rundir import liveness
@@ -105,6 +105,7 @@ class _Printer:
         self.verdicts: set[tuple[str, int | None, int]] = set()   # incidents whose stacks were printed
         self.silent: set[tuple[str, int | None, int]] = set()   # before a resume: read, never printed
         self.pending_end: tuple[RunEnd, float] | None = None   # a failed run_end waiting for its exit incident
+        self.job_shown: tuple[str | None, int | None] | None = None   # a Slurm run: (pending or running, attempt) said last
 
     def write(self, line: str) -> None:
         self.out.write(safe_text(line) + "\n")   # every line holds the run's own names and reasons
@@ -134,6 +135,21 @@ class _Printer:
     def end(self, ev: RunEnd, st: RunState) -> None:
         reason = (st.first_failure() or ev.reason) if ev.status == "failed" else ev.reason
         self.write(f"run ended {at_step(ev.step)}: {ev.status} ({reason})")
+
+    def job(self, status: Status) -> None:
+        """A Slurm run: one line when it is queued (Slurm's reason, and why it waits) and one when its
+        supervisor starts an attempt."""
+        phase = "pending" if status.state == "pending" else "running" if status.state in ("starting", "running") else None
+        if status.slurm_job_id is None or phase is None or (phase, status.attempt) == self.job_shown:
+            return
+        self.job_shown = (phase, status.attempt)
+        if phase == "pending":
+            from tui.text.runs import pending_line
+
+            self.write(f"state: {pending_line(status.slurm_job_id)}" + (f" ({status.reason})" if status.reason else ""))
+        else:
+            self.write(f"state: running: Slurm job {status.slurm_job_id}, attempt {status.attempt or 1}")
+        self.out.flush()
 
     def fold(self, folded: list[tuple[str, Record]], st: RunState, now: float, final: bool) -> None:
         """The lines for what one poll read, in file order."""
@@ -219,6 +235,7 @@ def follow_run(run_dir: Path, out: TextIO, min_interval_s: float = 1.0, poll_s: 
             out.flush()
             return st.state
         status = read_status(Path(run_dir))
+        printer.job(status)
         if liveness(status) == "lost" and liveness(read_status(Path(run_dir))) == "lost":
             printer.write(f"run lost: its supervisor (pid {status.supervisor_pid}) is gone: {run_dir}")
             out.flush()
