@@ -145,7 +145,7 @@ class _RssWatch:
         out = []
         for p in psutil.process_iter(["cmdline"]):
             cmd = p.info["cmdline"] or []
-            if "tui.run.supervisor" in cmd and self.run_dir in cmd:
+            if "tui.run.supervisor_main" in cmd and self.run_dir in cmd:
                 out.append(p)
         return out
 

@@ -17,7 +17,7 @@ def supervisors(run_dir: Path) -> list[int]:
     out = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info["cmdline"] or []
-        if "tui.run.supervisor" in cmd and str(run_dir) in cmd:
+        if "tui.run.supervisor_main" in cmd and str(run_dir) in cmd:
             out.append(p.pid)
     return out
 
