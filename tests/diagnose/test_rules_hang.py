@@ -5,7 +5,10 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import psutil
 
 from mt.contract.config import MonitorConfig
 from tui.diagnose.hang import CONFIRM_S, EARLY_FLOOR_S
@@ -169,14 +172,18 @@ def test_a_nested_heartbeat_file_costs_only_its_own_reading(tmp_path: Path) -> N
     """heartbeat/rank9 nested past json's recursion limit (and one with an infinite step): the
     monitor still polls and names the SIGSTOPped rank 1 as the hang's suspect."""
     m = MonitorConfig(hang_floor_s=10.0)
-    stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # real ranks, not this test's process: under pytest-xdist it has children of its own, which the
+    # stall rule would take for busy DataLoader workers and call the quiet spell the input pipeline's
+    waiter, stopped = _ranks(tmp_path)
     try:
         run = FakeRun(tmp_path / "r", monitor=m)
-        run.pids[1] = stopped.pid
+        run.pids[0], run.pids[1] = waiter.pid, stopped.pid
         warm(run)
         run.paths.heartbeat(9).write_text("[" * 100_000 + "]" * 100_000)
         run.paths.heartbeat(8).write_text('{"step": 1e999, "t": 1e999, "pid": 1}')
         os.kill(stopped.pid, signal.SIGSTOP)
+        while psutil.Process(stopped.pid).status() != psutil.STATUS_STOPPED:   # a signal lands when the kernel says
+            time.sleep(0.01)
         run.heartbeat(0, run.step + 1)  # rank 0 went on; the stopped rank 1 did not
         run.idle(m.hang_floor_s + 5)
         (inc,) = run.opened("hang")
@@ -184,8 +191,7 @@ def test_a_nested_heartbeat_file_costs_only_its_own_reading(tmp_path: Path) -> N
         assert inc["evidence"]["ranks"]["1"]["state"] == "T"   # /proc says stopped: it is the real process
         assert set(inc["evidence"]["ranks"]) == {"0", "1"}     # the bad files named no rank
     finally:
-        stopped.kill()
-        stopped.wait()
+        _end(waiter, stopped)
 
 
 def _ranks(tmp_path: Path) -> tuple[subprocess.Popen[str], subprocess.Popen[str]]:
