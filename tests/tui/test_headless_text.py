@@ -166,6 +166,23 @@ def test_every_is_a_flag_of_each_headless_command(tmp_path: Path) -> None:
     assert mt("watch", tmp_path / "run", "--headless", "--every", "-1").returncode == 2
 
 
+def test_every_where_no_step_line_would_print_is_refused_not_dropped(tmp_path: Path) -> None:
+    """#34 item 9: an option is never silently dropped; --every paces step lines, and these print none."""
+    finished_run(tmp_path / "run", steps=3)
+    preset = tmp_path / "p.toml"
+    preset.write_text('[run]\nname = "e"\n[train]\nmax_steps = 2\n')
+    for args in (["watch", tmp_path / "run", "--once", "--every", "5"],
+                 ["watch", tmp_path / "run", tmp_path / "run", "--headless", "--every", "5"],
+                 ["launch", preset, "--detach", "--every", "5", "--runs-dir", tmp_path / "runs"],
+                 ["launch", preset, "--slurm", "--dry-run", "--every", "5", "--runs-dir", tmp_path / "runs"]):
+        res = mt(*args)
+        assert res.returncode == 2 and res.stderr.strip().count("\n") == 0, (args, res.stdout, res.stderr)
+        assert "--every: only with --headless" in res.stderr, (args, res.stderr)
+    assert not (tmp_path / "runs").exists()   # refused before anything was made
+    res = mt("watch", tmp_path / "run", "--once")   # not given: nothing to refuse
+    assert res.returncode == 0, res.stderr
+
+
 def test_a_checkpoints_write_time_shows_what_the_loop_waited(tmp_path: Path) -> None:
     r = SynthRun(tmp_path, max_steps=4)
     r.run_start()

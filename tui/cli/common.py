@@ -23,7 +23,7 @@ OK, RUN_FAILED, BAD_INPUT = 0, 1, 2
 RunDirArg = Annotated[Path, typer.Argument(help="A run directory, e.g. runs/tiny-cpu-20260101-120000.", show_default=False)]
 DetachOpt = Annotated[bool, typer.Option("--detach", help="Print the run directory and return; the run keeps going.")]
 HeadlessOpt = Annotated[bool, typer.Option("--headless", help="No dashboard: print progress lines and exit with the run's result (SIGTERM stops the run gracefully; Ctrl-C only detaches).")]
-EveryOpt = Annotated[float, typer.Option("--every", metavar="SECONDS", help="With --headless: at most one step line per SECONDS (0: one per logged step); checkpoints, evals, incidents and attempts always get their line.")]
+EveryOpt = Annotated[Optional[float], typer.Option("--every", metavar="SECONDS", help="With --headless: at most one step line per SECONDS (default 1; 0: one per logged step); checkpoints, evals, incidents and attempts always get their line.", show_default=False)]
 NprocOpt = Annotated[Optional[int], typer.Option("--nproc", help="Worker processes on this node (overrides launch.nproc_per_node).", show_default=False)]
 
 
@@ -37,14 +37,30 @@ def fail(message: str, code: int = BAD_INPUT) -> NoReturn:
     raise typer.Exit(code)
 
 
+def _not_terminals() -> str:
+    """Which of stdin and stdout is not a terminal ('' when both are)."""
+    return " and ".join(n for n, f in (("stdin", sys.stdin), ("stdout", sys.stdout)) if f is None or not f.isatty())
+
+
 def _no_dashboard(headless: bool, instead: str = "following the run as with --headless") -> bool:
     """True for --headless, and (said in one line) when stdin or stdout is not a terminal: the
     dashboard would draw into a pipe and spin on a closed input."""
-    why = "" if headless else " and ".join(n for n, f in (("stdin", sys.stdin), ("stdout", sys.stdout))
-                                           if f is None or not f.isatty())
+    why = "" if headless else _not_terminals()
     if why:
         typer.echo(f"mt: {why} not a terminal: no dashboard; {instead}", err=True)
     return headless or bool(why)
+
+
+def every_s(every: float | None, headless: bool, detach: bool = False) -> float:
+    """--every's seconds (1 when not given); exit 2 when negative, or when nothing would print the step
+    lines it paces (--detach, --once, the dashboard on a terminal): an option is never silently dropped."""
+    if every is None:
+        return 1.0
+    if not every >= 0:
+        fail(f"--every: expected a number of seconds >= 0, got {every}")
+    if detach or not (headless or _not_terminals()):
+        fail("--every: only with --headless (it paces the step lines; the dashboard, --detach and --once print none)")
+    return every
 
 
 def _attach(run_dir: Path, detach: bool, headless: bool, every: float = 1.0,

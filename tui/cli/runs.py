@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, NoReturn, Optional
 
 import typer
 
-from tui.cli.common import OK, RUN_FAILED, DetachOpt, EveryOpt, HeadlessOpt, NprocOpt, _attach, _no_dashboard, app, fail
+from tui.cli.common import OK, RUN_FAILED, DetachOpt, EveryOpt, HeadlessOpt, NprocOpt, _attach, _no_dashboard, app, every_s, fail
 
 if TYPE_CHECKING:
     from tui.run.launch import Overrides
@@ -20,7 +20,7 @@ def launch(
     script_args: Annotated[Optional[list[str]], typer.Argument(metavar="-- ARGS", help="Arguments for a script, after --.", show_default=False)] = None,
     detach: DetachOpt = False,
     headless: HeadlessOpt = False,
-    every: EveryOpt = 1.0,
+    every: EveryOpt = None,
     name: Annotated[Optional[str], typer.Option("--name", help="Run name (overrides run.name).", show_default=False)] = None,
     runs_dir: Annotated[Optional[Path], typer.Option("--runs-dir", help="Where run directories go (overrides run.runs_dir).", show_default=False)] = None,
     nproc: NprocOpt = None,
@@ -48,16 +48,16 @@ def launch(
     if dry_run and not slurm:
         fail("--dry-run: only with --slurm (it prints the batch script)")
     if slurm:
-        _check_every(every)
-        _launch_slurm(preset, over, dry_run, _slurm_follow(dry_run, detach, headless, node_rank), every)
+        follow = _slurm_follow(dry_run, detach, headless, node_rank)
+        _launch_slurm(preset, over, dry_run, follow, every_s(every, follow, detach or dry_run or not follow))
+    seconds = every_s(every, headless, detach)
     try:
         run_dir = launch_run(preset, over)
     except ConfigError as e:
         fail(str(e))
     except LaunchError as e:
         fail(str(e), RUN_FAILED)
-    _check_every(every)
-    _attach(run_dir, detach, headless, every)
+    _attach(run_dir, detach, headless, seconds)
 
 
 def _slurm_follow(dry_run: bool, detach: bool, headless: bool, node_rank: int | None) -> bool:
@@ -96,11 +96,6 @@ def _launch_slurm(preset: Path, over: Overrides, dry_run: bool, follow: bool = F
     raise typer.Exit(OK)
 
 
-def _check_every(every: float) -> None:
-    if not every >= 0:
-        fail(f"--every: expected a number of seconds >= 0, got {every}")
-
-
 MAX_COMPARED = 8   # runs one compare view overlays (colours that stay distinct)
 
 
@@ -109,7 +104,7 @@ def watch(
     run_dirs: Annotated[list[Path], typer.Argument(metavar="RUN_DIR...", help="A run directory, e.g. runs/tiny-cpu-20260101-120000; several (up to 8) open the compare view.", show_default=False)],
     once: Annotated[bool, typer.Option("--once", help="Print a plain-text summary and exit.")] = False,
     headless: Annotated[bool, typer.Option("--headless", help="No dashboard: print progress lines until the run ends and exit with its result (SIGTERM stops the run gracefully; Ctrl-C only detaches).")] = False,
-    every: EveryOpt = 1.0,
+    every: EveryOpt = None,
 ) -> None:
     """Open the dashboard on a live or finished run (--once: print a summary and exit;
     --headless: print progress lines until it ends). Several runs: their losses overlaid.
@@ -129,6 +124,7 @@ def watch(
             require_run_dir(run_dir)
     except NotARunError as e:
         fail(str(e))
+    seconds = every_s(every, headless, once or len(run_dirs) > 1)
     if len(run_dirs) > 1:
         _compare(run_dirs, once, headless)
     run_dir = run_dirs[0]
@@ -137,9 +133,8 @@ def watch(
 
         typer.echo(run_summary(run_dir))
         return
-    _check_every(every)
     if _no_dashboard(headless):
-        _attach(run_dir, False, True, every)
+        _attach(run_dir, False, True, seconds)
     from tui.view.app import run_app
 
     raise typer.Exit(run_app(run_dir))
@@ -166,7 +161,7 @@ def resume(
     nproc: NprocOpt = None,
     detach: DetachOpt = False,
     headless: HeadlessOpt = False,
-    every: EveryOpt = 1.0,
+    every: EveryOpt = None,
     from_scratch: Annotated[bool, typer.Option("--from-scratch", help="When no checkpoint is intact (or there is none), start again from step 0 instead of refusing; the damaged checkpoints are not deleted first.")] = False,
 ) -> None:
     """Start a new attempt of a stopped or failed run from its newest intact checkpoint.
@@ -186,7 +181,7 @@ def resume(
             fail("no run under runs/ to resume; name one: mt resume RUN_DIR")
     if nproc is not None and nproc < 1:
         fail(f"--nproc: expected an integer >= 1, got {nproc}")
-    _check_every(every)
+    seconds = every_s(every, headless, detach)
     since = resume_point(run_dir)   # --headless prints only the new attempt's lines
     from mt.contract.config import ConfigError
     from mt.contract.status import read_status
@@ -198,7 +193,7 @@ def resume(
         if queued and queued.waiting:   # already queued (submitted, or requeued): its job starts the next attempt
             typer.echo(queued.line)
             if headless:
-                _attach(run_dir.resolve(), False, True, every, since)
+                _attach(run_dir.resolve(), False, True, seconds, since)
             raise typer.Exit(OK)
         if queued:
             fail(queued.line)
@@ -209,7 +204,7 @@ def resume(
             raise typer.Exit(0)
     except (NotARunError, ResumeError, SlurmError, ConfigError) as e:
         fail(str(e))
-    _attach(run_dir.resolve(), detach, headless, every, since)
+    _attach(run_dir.resolve(), detach, headless, seconds, since)
 
 
 class LsSort(str, Enum):
