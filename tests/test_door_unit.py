@@ -74,3 +74,20 @@ def test_a_folder_is_listed_only_when_it_is_no_link(tmp_path: Path) -> None:
     assert door.folder_names(tmp_path / "nodes", folders_only=True) == ["n1"]
     assert door.folder_names(tmp_path / "link") == []
     assert door.folder_names(tmp_path / "missing") == []
+
+
+def test_a_ranks_heartbeat_writer_never_writes_through_a_dropped_link_or_fifo(tmp_path: Path) -> None:
+    """A heartbeat/rank0 that is a link to a user's file, or a FIFO, is replaced, not followed or hung on."""
+    from mt.contract.heartbeat import Heartbeat, read_heartbeats
+    from mt.contract.paths import RunPaths
+
+    paths = RunPaths(tmp_path)
+    paths.heartbeat(0).parent.mkdir(parents=True)
+    victim = tmp_path / "bashrc"
+    victim.write_text("export KEEP=1\n")
+    paths.heartbeat(0).symlink_to(victim)
+    os.mkfifo(paths.heartbeat(1))
+    for rank in (0, 1):
+        Heartbeat(paths.heartbeat(rank), rank, attempt=1).beat(7)
+    assert victim.read_text() == "export KEEP=1\n"
+    assert {r: hb["step"] for r, hb in read_heartbeats(paths).items()} == {0: 7, 1: 7}

@@ -1,10 +1,12 @@
 """heartbeat/rank<N>: each rank's last step, time and phase, rewritten in place every step."""
 from __future__ import annotations
 
+import errno
 import json
 import math
 import mmap
 import os
+import stat
 import sys
 import threading
 import time
@@ -42,11 +44,29 @@ class Heartbeat:
         self._map[:] = record.encode()[: self.WIDTH + 1]
 
 
+def _own_file(path: Path) -> int:
+    """This rank's heartbeat file, opened to write: never through a link (a dropped heartbeat/rank0 ->
+    ~/.bashrc would be truncated) nor into a FIFO; such a thing in its place is removed, not followed."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        fd = -1
+    if fd >= 0 and stat.S_ISREG(os.fstat(fd).st_mode):
+        return fd
+    if fd >= 0:
+        os.close(fd)
+    os.unlink(path)   # the link or FIFO itself, never what it points to
+    return os.open(path, flags | os.O_EXCL, 0o600)
+
+
 def _mapped(path: Path, size: int) -> mmap.mmap:
     """The file's first `size` bytes, mapped, with blocks behind them: a page of a sparse file on a
     full filesystem (a tmpfs) cannot be allocated when first written, and that write is a SIGBUS."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = _own_file(path)
     try:
         os.ftruncate(fd, size)
         allocate(fd, size)  # no room: OSError here, not a signal in the training loop
