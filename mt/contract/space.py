@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -129,7 +130,11 @@ def ensure_reserve(path: Path, size: int = RESERVE_BYTES) -> bool:
     except OSError:
         pass
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+        # never through a link nor into a FIFO put there: a reserve is a regular file of our own
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return False
     except OSError:
         return False
     try:
