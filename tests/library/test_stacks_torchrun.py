@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -48,12 +47,19 @@ def _torchrun(cwd: Path, *args: str, nnodes: int = 1, node_rank: int = 0, port: 
 
 
 def _end(proc: subprocess.Popen[bytes]) -> None:
-    """The job's whole process group (the agent and its ranks), by the agent's own group id."""
+    """The agent and every process under it: torchrun starts each rank in a process group of its own,
+    so the agent's group alone left the hung ranks running after the suite (adopted by init)."""
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        tree = []
+    for p in tree:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
     proc.wait(30)
+    psutil.wait_procs(tree, timeout=30)
 
 
 def _stacks(*args: str) -> list[str] | None:
