@@ -379,3 +379,7 @@ class Supervisor:
         if leftovers:
             self.log.warning("terminating %d leftover processes: %s", len(leftovers), [p.pid for p in leftovers])
             terminate_all(leftovers, grace_s=10.0, first=procs.KILL_SIGNAL if self.kill_requested else signal.SIGTERM)  # a kill saves nothing
+
+
+if __name__ == "__main__":   # its process moved beside it: say where, rather than do nothing
+    raise SystemExit("mt: the supervisor runs as python -m tui.run.supervisor_main --run-dir DIR [--daemon | --slurm]")
