@@ -16,6 +16,18 @@ from tui.run.slurm import SlurmError, slurm_node
 from tui.run.supervisor import Supervisor
 from tui.run.supervisor import __doc__ as SUPERVISOR_DOC
 
+KILL_CANCEL_WAIT_S = 30.0
+"""How long a killed supervisor under Slurm waits for `mt kill`'s scancel before it ends its task."""
+
+
+def await_cancel(sup: Supervisor) -> None:
+    """`mt kill` of a Slurm job: USR1 (recorded `killed`, the ranks ended), then scancel. Ending this task
+    first would end the job on its own (FAILED or COMPLETED) before scancel lands, so wait for the
+    SIGTERM that scancel brings (stop_requested), at most KILL_CANCEL_WAIT_S."""
+    deadline = time.monotonic() + KILL_CANCEL_WAIT_S
+    while not sup.stop_requested and time.monotonic() < deadline:
+        time.sleep(0.1)
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tui.run.supervisor_main", description=SUPERVISOR_DOC)
@@ -41,7 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     runlock.note_holder(lock, f"supervisor pid {os.getpid()}")
     sup = Supervisor(args.run_dir, slurm=args.slurm)
     try:
-        return sup.run()
+        code = sup.run()
+        if args.slurm and sup.kill_requested:
+            await_cancel(sup)
+        return code
     except Exception:
         sup.log.exception("supervisor crashed")
         try:
