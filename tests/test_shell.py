@@ -7,19 +7,13 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.test_door import _dotted
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("mt", "tui", "engine", "bench")
 SHELL_CALLS = {"os.system", "os.popen", "subprocess.getoutput", "subprocess.getstatusoutput"}
 QUOTED = {"shlex.quote", "shlex.join"}
 SCRIPT = ("tui/run/slurm.py", "batch_script")   # the shell script mt writes
-
-
-def _dotted(node: ast.expr) -> str:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        return f"{_dotted(node.value)}.{node.attr}"
-    return "?"
 
 
 def through_a_shell(source: str) -> list[int]:
