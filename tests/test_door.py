@@ -29,8 +29,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("mt/contract/eventlog.py", "EventWriter.__init__"): "the event writer: O_RDWR | O_APPEND | O_NOFOLLOW | O_NONBLOCK, to end a torn line",
     ("mt/contract/eventindex.py", "open_index"): "the index writer's own file: O_RDWR | O_NOFOLLOW | O_NONBLOCK",
     ("mt/contract/heartbeat.py", "_mapped"): "maps the fd _own_file opened, to write this rank's own heartbeat",
-    ("mt/contract/heartbeat.py", "_own_file"): "the writer's own heartbeat file, O_NOFOLLOW | O_NONBLOCK, a link or FIFO in its place removed (readers use the door)",
-    ("mt/contract/space.py", "ensure_reserve"): "allocates the reserve file this process writes; nothing is read",
     ("tui/run/lock.py", "acquire"): "the run's lock file: O_NOFOLLOW, flock only, nothing read",
     ("tui/mirror/table.py", "write_csv"): "writes the export file the user named",
     ("tui/mirror/tensorboard.py", "EventFile.__init__"): "creates a new, uniquely named TensorBoard event file",

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
 _READ = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
-_APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW
+_OWN = os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW
 
 SMALL_JSON = 1 << 20
 """The default bound of a small JSON file (status, config, a request, a verdict): 1 MiB."""
@@ -166,10 +166,11 @@ def folder_names(path: str | os.PathLike[str], *, folders_only: bool = False) ->
         os.close(fd)
 
 
-def open_append(path: str | os.PathLike[str], mode: int = 0o600) -> int:
-    """A write-only, appending fd of a regular file (created if missing); never through a link, never blocking."""
+def open_own(path: str | os.PathLike[str], flags: int, mode: int = 0o600) -> int:
+    """An fd to write one of mt's own files (created if missing) with `flags` (O_WRONLY, O_RDWR,
+    O_APPEND, ...): never through a link, never blocking on a FIFO, Refused for anything not a regular file."""
     try:
-        fd = os.open(path, _APPEND, mode)
+        fd = os.open(path, flags | _OWN, mode)
     except FileNotFoundError:
         raise
     except OSError as e:    # a FIFO without a reader is ENXIO, a link ELOOP: say which
@@ -180,6 +181,11 @@ def open_append(path: str | os.PathLike[str], mode: int = 0o600) -> int:
         raise Refused(f"{path}: {what}, not a regular file") from None
     _check(fd, path)
     return fd
+
+
+def open_append(path: str | os.PathLike[str], mode: int = 0o600) -> int:
+    """A write-only, appending fd of a regular file (created if missing); never through a link, never blocking."""
+    return open_own(path, os.O_WRONLY | os.O_APPEND, mode)
 
 
 def size_of(path: Path | str) -> int:

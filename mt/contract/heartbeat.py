@@ -1,12 +1,10 @@
 """heartbeat/rank<N>: each rank's last step, time and phase, rewritten in place every step."""
 from __future__ import annotations
 
-import errno
 import json
 import math
 import mmap
 import os
-import stat
 import sys
 import threading
 import time
@@ -45,21 +43,13 @@ class Heartbeat:
 
 
 def _own_file(path: Path) -> int:
-    """This rank's heartbeat file, opened to write: never through a link (a dropped heartbeat/rank0 ->
-    ~/.bashrc would be truncated) nor into a FIFO; such a thing in its place is removed, not followed."""
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    """This rank's heartbeat file, opened to write through the door (a dropped heartbeat/rank0 -> ~/.bashrc
+    is never truncated, a FIFO never written); such a thing in its place is removed, not followed."""
     try:
-        fd = os.open(path, flags, 0o600)
-    except OSError as e:
-        if e.errno != errno.ELOOP:
-            raise
-        fd = -1
-    if fd >= 0 and stat.S_ISREG(os.fstat(fd).st_mode):
-        return fd
-    if fd >= 0:
-        os.close(fd)
-    os.unlink(path)   # the link or FIFO itself, never what it points to
-    return os.open(path, flags | os.O_EXCL, 0o600)
+        return door.open_own(path, os.O_RDWR)
+    except door.Refused:
+        os.unlink(path)   # the link or FIFO itself, never what it points to
+        return door.open_own(path, os.O_RDWR | os.O_EXCL)
 
 
 def _mapped(path: Path, size: int) -> mmap.mmap:

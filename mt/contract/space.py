@@ -7,10 +7,10 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mt.contract import door
 from mt.contract.fmt import human_bytes
 
 # What the supervisor keeps allocated in every run directory (RunPaths.reserve) and deletes to
@@ -130,11 +130,7 @@ def ensure_reserve(path: Path, size: int = RESERVE_BYTES) -> bool:
     except OSError:
         pass
     try:
-        # never through a link nor into a FIFO put there: a reserve is a regular file of our own
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            return False
+        fd = door.open_own(path, os.O_WRONLY)   # never through a link nor into a FIFO put there
     except OSError:
         return False
     try:
