@@ -26,8 +26,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("mt/contract/jsonl.py", "write_json_atomic"): "writes a new temp file from mkstemp, renamed into place",
     ("mt/contract/preset.py", "load_preset"): "the user's preset named on the command line",
     ("mt/contract/preset.py", "write_script_preset"): "writes a new file (O_CREAT | O_EXCL)",
-    ("mt/contract/eventlog.py", "EventWriter.__init__"): "the event writer: O_RDWR | O_APPEND | O_NOFOLLOW | O_NONBLOCK, to end a torn line",
-    ("mt/contract/eventindex.py", "open_index"): "the index writer's own file: O_RDWR | O_NOFOLLOW | O_NONBLOCK",
     ("mt/contract/heartbeat.py", "_mapped"): "maps the fd _own_file opened, to write this rank's own heartbeat",
     ("tui/run/lock.py", "acquire"): "the run's lock file: O_NOFOLLOW, flock only, nothing read",
     ("tui/mirror/table.py", "write_csv"): "writes the export file the user named",

@@ -191,7 +191,7 @@ def open_index(events: Path, catch_up_bytes: int = CATCH_UP_BYTES) -> IndexWrite
     path = index_path(events)
     try:
         size = os.stat(events).st_size
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+        fd = door.open_own(path, os.O_RDWR)   # a FIFO or a link there: no index, never a block
     except OSError as e:
         print(f"events index {path}: {e}; the viewer will read events.jsonl instead", file=sys.stderr)
         return None

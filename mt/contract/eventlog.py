@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from mt.contract import door
 from mt.contract.events import dumps, make_event
 
 
@@ -18,7 +19,7 @@ class EventWriter:
         from mt.contract.eventindex import open_index  # it builds on this module
         self.path = Path(path)
         # RDWR: to look at the last byte; never through a link, never blocking on a FIFO put there
-        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+        self._fd = door.open_own(self.path, os.O_RDWR | os.O_APPEND)
         _end_torn_line(self._fd)
         self._torn = False  # a rolled-back write's fragment could not be removed
         self._index = open_index(self.path) if index else None
