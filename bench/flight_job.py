@@ -2,7 +2,7 @@
 
     python -m torch.distributed.run --nproc-per-node 2 bench/flight_job.py BACKEND OUT [--dump]
 
-BACKEND gloo (CPU) or nccl (a GPU per rank). With the recorder's variables set (tui/run/flight.py
+BACKEND gloo (CPU) or nccl (a GPU per rank). With the recorder's variables set (tui/stacks/recorder.py
 `recorder_env`), torch itself dumps on an NCCL watchdog timeout; `--dump` also has each rank write
 torch's `_dump_fr_trace()` to OUT/rank_<N> (rank 1 at once, rank 0 after its collective failed).
 Used by bench/gpu_check.py (the flight part) and tests/diagnose/test_flight.py.

@@ -8,9 +8,9 @@
 3. MFU of gpt2-small (124M, seq 1024, bf16) on one GPU for a few hundred steps;
 4. gpt2-small under fsdp, eager then `train.compile = true` (MFU of each, the ratio, the first
    step's compile time, recompiles), both with sharded `[checkpoint] async = true` checkpoints;
-5. PyTorch's flight recorder with mt's variables (tui/run/flight.py): a 2-rank job whose rank 1
+5. PyTorch's flight recorder with mt's variables (tui/stacks/recorder.py): a 2-rank job whose rank 1
    never joins collective #4 (bench/flight_job.py), on NCCL (needs 2 GPUs) and on gloo: whether
-   torch dumped on the timeout into flight/, and what mt's reader (tui/run/flight.py `analyze`:
+   torch dumped on the timeout into flight/, and what mt's reader (tui/stacks/recorder.py `analyze`:
    plain values only, never torch's pickle.load) names (the report's `analyzer_*` keys).
 OUT/gpu_check.json is rewritten after every part; a part that failed, compared nothing or was
 skipped is listed under "problems" and the script exits 1. Needs only torch, numpy and psutil.
@@ -265,7 +265,7 @@ def free_port() -> int:
 def flight_part(root: Path, dry_run: bool) -> tuple[dict, list[str]]:
     """The flight recorder on NCCL (2 GPUs) and gloo: dumps on timeout, and mt's reader's verdict
     (--dry: gloo only, which must at least record the collectives: its explicit dump)."""
-    from tui.run.flight import analyze, dumps_in, recorder_env
+    from tui.stacks.recorder import analyze, dumps_in, recorder_env
 
     gpus = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
                           capture_output=True, text=True).stdout.strip()

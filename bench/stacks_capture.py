@@ -63,7 +63,7 @@ def main() -> None:
     p.add_argument("--torch", action="store_true")
     p.add_argument("--py-spy", action="store_true", help="ranks without the dump: every stack read by py-spy")
     args = p.parse_args()
-    from tui.run.stacks import capture, find_ranks
+    from tui.stacks.capture import capture, find_ranks
 
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp) / "run"

@@ -82,7 +82,7 @@ def plain(tmp: Path) -> float:
 
 def launched(tmp: Path, i: int) -> dict[str, float]:
     """One `mt launch --headless` into runs<i>: the first into a folder checks the factories, a
-    second one finds that check in `.checks/` (tui/run/usercheck.py)."""
+    second one finds that check in `.checks/` (tui/supervise/usercheck.py)."""
     runs = tmp / f"runs{i}"
     preset = tmp / "p.toml"
     preset.write_text(PRESET.format(runs=runs))

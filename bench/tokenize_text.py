@@ -1,4 +1,4 @@
-"""Tokenizing generated text into the launch-time token cache (tui/run/prepare.py), as mt launch does.
+"""Tokenizing generated text into the launch-time token cache (tui/tools/prepare.py), as mt launch does.
 
     .venv/bin/python bench/tokenize_text.py [--mb 100] [--vocab 8192] [--dir /tmp/mt-bench-tokenize]
 
@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.corpus import write_corpus
-from tui.run import prepare
+from tui.tools import prepare
 
 
 def main() -> int:

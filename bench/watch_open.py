@@ -23,7 +23,7 @@ ONCE = r"""
 import resource, sys, time
 t0 = time.perf_counter()
 from tui.read.follower import load_run_state
-from tui.text.summary import format_summary
+from tui.report.summary import format_summary
 st = load_run_state(sys.argv[1]); text = format_summary(st)
 print({"once_s": time.perf_counter() - t0, "step": st.step, "best_partial": st.best_loss_partial,
        "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})

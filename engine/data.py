@@ -176,7 +176,7 @@ def _token_splits(cfg: Config) -> Splits:
         splits.loss_floor = markov_entropy(succ, cum)
         return splits
     if d.source == "text" and d.tokenizer:
-        # mt launch tokenized the text into this file (tui/run/prepare.py); mt resume makes it again if it is gone
+        # mt launch tokenized the text into this file (tui/tools/prepare.py); mt resume makes it again if it is gone
         if not d.token_cache:
             raise DataError("data.tokenizer is set but data.token_cache is not: start the run with mt launch, which tokenizes the text")
         return _token_file(Path(d.token_cache), d.token_dtype, cfg,

@@ -1,6 +1,6 @@
 """`python -P -m engine.direct MODULE ARGS`: the one worker of a run started without torchrun.
 
-For one process the supervisor skips torchrun (`tui/run/torchrun.py` `is_direct`), but the
+For one process the supervisor skips torchrun (`tui/supervise/torchrun.py` `is_direct`), but the
 worker still gets what torchrun gives a rank (`MASTER_ADDR`/`MASTER_PORT`, `LOCAL_RANK`, ...):
 a script's own `init_process_group()` (env://, as the HF Trainer and accelerate call it too)
 connects to a store whatever the process count. torchrun's agent hosts that store; here the

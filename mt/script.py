@@ -3,7 +3,7 @@
 What the supervisor (or torchrun) starts on each rank of a script run: it sends the rank's
 output to logs/rank<N>.log, tells `mt.init` which run to join (MT_RUN_DIR, MT_ATTEMPT), then
 runs the script as `python train.py ARGS` would: `__main__`, its own folder first on sys.path.
-`--run-dir` in this command line is how mt finds the run's processes (tui/run/procs.py).
+`--run-dir` in this command line is how mt finds the run's processes (tui/supervise/procs.py).
 """
 from __future__ import annotations
 

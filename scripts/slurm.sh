@@ -97,7 +97,7 @@ SchedulerParameters=sched_interval=2,bf_interval=2
 ReturnToService=2
 JobRequeue=1
 # job ids from SLURM_TEST_FIRST_JOB_ID: two test clusters on one machine would otherwise both run job 1,
-# and a job's rendezvous port is derived from its id (tui/run/slurm.py rendezvous_port)
+# and a job's rendezvous port is derived from its id (tui/cluster/slurm.py rendezvous_port)
 FirstJobId=${SLURM_TEST_FIRST_JOB_ID:-1}
 # short timeouts: finished jobs leave squeue after 5 s; a step gets 2 s between SIGTERM and SIGKILL
 MinJobAge=5

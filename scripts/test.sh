@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # lint first: import bans (no torch in tui/ or mt/, no engine/tui in mt/) are rules here
-.venv/bin/ruff check .
+.venv/bin/ruff check --no-cache .  # no cache: a package's new .ruff.toml must take effect
 if (($#)); then  # tests named on the command line: as given
     exec .venv/bin/python -m pytest -q --durations=15 "$@"
 fi

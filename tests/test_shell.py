@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("mt", "tui", "engine", "bench")
 SHELL_CALLS = {"os.system", "os.popen", "subprocess.getoutput", "subprocess.getstatusoutput"}
 QUOTED = {"shlex.quote", "shlex.join"}
-SCRIPT = ("tui/run/slurm.py", "batch_script")   # the shell script mt writes
+SCRIPT = ("tui/cluster/slurm.py", "batch_script")   # the shell script mt writes
 
 
 def through_a_shell(source: str) -> list[int]:

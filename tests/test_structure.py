@@ -3,6 +3,8 @@ lines, and the run-directory contract (mt/contract/) at the bottom: stdlib and i
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -115,3 +117,23 @@ def test_the_contract_imports_only_the_stdlib_and_itself(mod: str) -> None:
                if n.split(".")[0] not in sys.stdlib_module_names and not n.startswith("mt.contract")
                and n != "__future__" and not n.startswith("__future__.")}
     assert outside == set()
+
+
+def test_each_tui_package_bans_the_packages_above_it_in_the_order_of_docs_map() -> None:
+    """tui/ is held in layers by ruff: every package's .ruff.toml is the one docs/map.md's order implies."""
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, str(root / "scripts" / "layer_rules.py"), "--check"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_layer_rule_is_held_by_ruff_against_an_upward_import(tmp_path: Path) -> None:
+    """A module in tui/format/ importing tui/state/ (above it) fails ruff: the rule holds, not just exists."""
+    root = Path(__file__).resolve().parent.parent
+    probe = root / "tui" / "format" / f"_probe_{os.getpid()}.py"
+    probe.write_text("from tui.state import series\n\nprint(series)\n")
+    try:
+        ruff = Path(sys.executable).parent / "ruff"
+        done = subprocess.run([str(ruff), "check", "--no-cache", "--select", "TID251", str(probe)], capture_output=True, text=True)
+    finally:
+        probe.unlink()
+    assert done.returncode == 1 and "format is below state" in done.stdout, done.stdout + done.stderr

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 # Hugging Face libraries read these when imported: no download, no hub lookup, no telemetry.
-# Every worker gets them (tui/run/torchrun.py), and engine/kinds/hf.py sets them before importing.
+# Every worker gets them (tui/supervise/torchrun.py), and engine/kinds/hf.py sets them before importing.
 HF_OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
               "HF_HUB_DISABLE_TELEMETRY": "1"}
 

@@ -1,6 +1,6 @@
 """How mt's own messages write byte counts and numbers (a disk-full reason, an incident's text).
 
-Stdlib only: mt cannot import the viewer's tui/text/format.py; the supervisor and `mt launch` use these
+Stdlib only: mt cannot import the viewer's tui/format/fmt.py; the supervisor and `mt launch` use these
 too, so each is written once.
 """
 from __future__ import annotations

@@ -140,7 +140,7 @@ class StopSignals:
     SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
     # Slurm signals every process of a step: a rank gets a cancel's SIGTERM from Slurm and again from
     # torchrun forwarding it, moments apart; that repeat is the same stop (the supervisor, under
-    # Slurm, no longer forwards it: tui/run/supervisor.py `_on_stop`; torchrun's agent always does)
+    # Slurm, no longer forwards it: tui/supervise/supervisor.py `_on_stop`; torchrun's agent always does)
     SAME_STOP_S = 0.2
 
     def __init__(self, signals: tuple[int, ...] = SIGNALS) -> None:

@@ -259,7 +259,7 @@ def config_from_dict(raw: dict[str, Any], source: str) -> Config:
 
 def require_rendezvous(cfg: Config, source: str) -> None:
     """Several nodes started by hand (`--node-rank K`) must be told where to meet; under Slurm
-    (`--slurm`) the allocation says (tui/run/slurm.py), so this is not part of the preset's checks."""
+    (`--slurm`) the allocation says (tui/cluster/slurm.py), so this is not part of the preset's checks."""
     if cfg.launch.nnodes > 1 and not cfg.launch.rdzv_endpoint:
         raise ConfigError(source, "launch.rdzv_endpoint",
                           f"required when launch.nnodes > 1 (got nnodes = {cfg.launch.nnodes}), unless mt launch --slurm")

@@ -14,7 +14,7 @@ from mt.contract.paths import RunPaths
 from tests.cli.conftest import SMALL, toml_text, write_preset
 from tests.tui.synth import write_status
 from tui.cli import app
-from tui.run.launch import Overrides, create_run
+from tui.supervise.launch import Overrides, create_run
 
 runner = CliRunner()
 
@@ -218,8 +218,8 @@ def test_resume_without_any_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
 def test_far_more_cpu_ranks_than_cores_is_a_warning(tmp_path: Path) -> None:
     from mt.contract.preset import load_preset
-    from tui.run.devices import device_warnings
-    from tui.run.torchrun import usable_cores
+    from tui.read.procs import usable_cores
+    from tui.supervise.devices import device_warnings
 
     cores = usable_cores()
     many = load_preset(write_preset(tmp_path / "p.toml", tmp_path / "runs", launch={"nproc_per_node": 4 * cores}))

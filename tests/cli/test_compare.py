@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tests.cli.conftest import mt, write_preset
 from tests.tui.conftest import FIXTURES
-from tui.run.launch import Overrides, create_run
+from tui.supervise.launch import Overrides, create_run
 
 
 def test_diff_lists_exactly_the_two_keys_two_presets_differ_in(tmp_path: Path) -> None:
@@ -74,7 +74,7 @@ def test_ls_sorts_by_best_loss_name_or_start_and_compare_once(tmp_path: Path) ->
 
 
 def test_config_diff_flattens_tables_and_names_keys_one_side_lacks() -> None:
-    from tui.text.diff import MISSING, config_diff
+    from tui.report.diff import MISSING, config_diff
 
     a = {"train": {"lr": 1, "clip": 1.0}, "data": {"path": "x"}, "launch": {"env": {}}}
     b = {"train": {"lr": 1.0, "clip": 1.0}, "model": {"layers": [2, 2]}, "launch": {"env": {}}}

@@ -58,9 +58,9 @@ def test_full_disk_fails_clearly_and_resumes_once_there_is_room(tmp_path):
 
 
 def test_supervisor_records_the_final_state_on_a_full_disk(tmp_path):
-    from tui.run.failure import attempt_failure
-    from tui.run.launch import Overrides, create_run
-    from tui.run.supervisor import Supervisor
+    from tui.supervise.failure import attempt_failure
+    from tui.supervise.launch import Overrides, create_run
+    from tui.supervise.supervisor import Supervisor
 
     with tmpfs("1m") as mnt:
         preset = write_preset(tmp_path / "p.toml", mnt / "runs")

@@ -16,7 +16,7 @@ from mt.contract import door
 from mt.contract.paths import RunPaths
 from tests.cli.conftest import MT, REPO, end_run, events, mt, run_cmd, wait_for, write_preset
 from tests.tui.synth import SynthRun
-from tui.run.stacknodes import nodes_verdict, pending_requests, request_stacks
+from tui.stacks.nodes import nodes_verdict, pending_requests, request_stacks
 
 SLOW_1 = {"train": {"max_steps": 3000}, "checkpoint": {"every_steps": 0}, "faults": {"step_sleep_s": 0.1},
           "launch": {"nproc_per_node": 1}}
@@ -145,7 +145,7 @@ class _RssWatch:
         out = []
         for p in psutil.process_iter(["cmdline"]):
             cmd = p.info["cmdline"] or []
-            if "tui.run.supervisor_main" in cmd and self.run_dir in cmd:
+            if "tui.supervise.supervisor_main" in cmd and self.run_dir in cmd:
                 out.append(p)
         return out
 

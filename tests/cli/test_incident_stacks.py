@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.cli.conftest import end_run, events, launch_user_run, mt, wait_for
-from tui.run.stacks import py_spy
+from tui.stacks.capture import py_spy
 
 pytestmark = pytest.mark.slow
 

@@ -18,8 +18,8 @@ import pytest
 
 from mt.contract.checkpoints import folders
 from tests.cli.conftest import MT, REPO, PidTracker, events, mt, run_dir_from, status, wait_for, write_preset
-from tui.run.control import kill_run
-from tui.run.procs import run_processes
+from tui.read.procs import run_processes
+from tui.supervise.control import kill_run
 
 pytestmark = pytest.mark.slow
 

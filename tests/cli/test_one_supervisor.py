@@ -17,7 +17,7 @@ def supervisors(run_dir: Path) -> list[int]:
     out = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info["cmdline"] or []
-        if "tui.run.supervisor_main" in cmd and str(run_dir) in cmd:
+        if "tui.supervise.supervisor_main" in cmd and str(run_dir) in cmd:
             out.append(p.pid)
     return out
 
@@ -31,7 +31,7 @@ def test_two_resumes_at_once_start_one_supervisor(tmp_path: Path, runs: Path) ->
     try:
         wait_for(lambda: events(run_dir, "checkpoint"), 180, "a checkpoint")
         # a second supervisor started by hand on a live run refuses before touching anything
-        stray = subprocess.run([sys.executable, "-m", "tui.run.supervisor_main", "--run-dir", str(run_dir)],
+        stray = subprocess.run([sys.executable, "-m", "tui.supervise.supervisor_main", "--run-dir", str(run_dir)],
                                capture_output=True, text=True, cwd=REPO, timeout=60)
         holder = status(run_dir)["supervisor_pid"]
         assert stray.returncode == 2 and f"held by supervisor pid {holder}" in stray.stderr, stray.stderr

@@ -13,10 +13,12 @@ from mt.contract.checkpoints import folders, newest
 from mt.contract.paths import RunPaths
 from mt.contract.preset import config_from_dict
 from tests.cli.conftest import SMALL, wait_for
-from tui.run.lock import DirWatch
-from tui.run.procs import rank_processes, run_processes, terminate_all
-from tui.run.sampler import SystemSampler
-from tui.run.torchrun import torchrun_command, torchrun_failures, usable_cores, worker_env, worker_exit_code
+from tui.read.procs import rank_processes, run_processes, usable_cores
+from tui.read.torchrun_log import torchrun_failures, worker_exit_code
+from tui.supervise.lock import DirWatch
+from tui.supervise.procs import terminate_all
+from tui.supervise.sampler import SystemSampler
+from tui.supervise.torchrun import torchrun_command, worker_env
 
 
 def _cfg(**launch: object):

@@ -16,7 +16,7 @@ import pytest
 from mt.contract.paths import RunPaths
 from tests.cli.conftest import mt, run_dir_from, write_preset
 from tests.tui.synth import write_status
-from tui.run.launch import Overrides, create_run
+from tui.supervise.launch import Overrides, create_run
 
 ESC = "\x1b[2J"
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from tests.cli.conftest import REPO, mt, write_preset
 from tui.cli import app
-from tui.run.launch import Overrides, create_run
+from tui.supervise.launch import Overrides, create_run
 
 # Runs `mt ARGS` in-process, then reports whether torch was imported along the way.
 PROBE = (
@@ -34,8 +34,8 @@ def _probe(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_importing_the_cli_loads_no_torch() -> None:
-    res = subprocess.run([sys.executable, "-c", "import sys, tui.cli, tui.run.launch, tui.run.control, tui.run.supervisor, "
-                          "tui.run.sampler, tui.run.procs, tui.text.headless, tui.text.runs, tui.run.doctor; "
+    res = subprocess.run([sys.executable, "-c", "import sys, tui.cli, tui.supervise.launch, tui.supervise.control, tui.supervise.supervisor, "
+                          "tui.supervise.sampler, tui.supervise.procs, tui.report.headless, tui.report.runs, tui.tools.doctor; "
                           "assert 'torch' not in sys.modules, 'torch imported'"],
                          capture_output=True, text=True, timeout=60, cwd=REPO)
     assert res.returncode == 0, res.stderr

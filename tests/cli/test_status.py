@@ -15,11 +15,11 @@ from mt.contract.status import Status, read_status, write_status
 from tests.diagnose.fakerun import FakeRun, dead_pid
 from tests.tui.synth import SynthRun
 from tui.diagnose.probes import ProcReader
+from tui.read.procs import alive
 from tui.read.rundir import liveness
 from tui.read.watcher import Watcher
-from tui.run.procs import alive
-from tui.run.sampler import SystemSampler
-from tui.text.runs import run_row
+from tui.report.runs import run_row
+from tui.supervise.sampler import SystemSampler
 
 SUPERVISED = {
     "state": "running", "attempt": 2, "supervisor_pid": 41, "torchrun_pid": 42, "direct": False,

@@ -12,8 +12,8 @@ import pytest
 
 from tests.cli.conftest import mt, run_dir_from, write_preset
 from tests.corpus import write_corpus
-from tui.run import prepare
-from tui.run.launch import Overrides, create_run
+from tui.supervise.launch import Overrides, create_run
+from tui.tools import prepare
 
 pytest.importorskip("tokenizers")
 

@@ -12,8 +12,8 @@ import pytest
 from mt.contract.config import ConfigError
 from tests.cli.test_user_code_input import GOOD_DATA, GOOD_MODEL, preset_text
 from tests.engine.usercode import work_folder
-from tui.run import usercheck
-from tui.run.launch import Overrides, create_run, resolve_config
+from tui.supervise import usercheck
+from tui.supervise.launch import Overrides, create_run, resolve_config
 
 
 def test_a_passed_check_is_reused_until_a_file_it_imported_changes(tmp_path: Path) -> None:

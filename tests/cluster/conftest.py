@@ -98,7 +98,7 @@ def slurm() -> Iterator[Cluster]:
     # no SLURM_* of a job this session may itself run in (sbatch would take them for its own)
     client = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     base = _free_port_base()
-    # its own job ids too: a job's rendezvous port is 20000 + its id (tui/run/slurm.py), and two
+    # its own job ids too: a job's rendezvous port is 20000 + its id (tui/cluster/slurm.py), and two
     # clusters that both number from 1 put their first 2-node jobs on one port (EADDRINUSE)
     env = dict(client, SLURM_TEST_PORT=str(base), SLURM_TEST_FIRST_JOB_ID=str(1001 + (base - 16817) // 7 * 500 % 11000))
     try:

@@ -11,8 +11,8 @@ import pytest
 
 from mt.contract.paths import RunPaths
 from mt.contract.status import Status, read_status, write_status
+from tui.cluster.peers import PeerNodes, next_attempt
 from tui.read.nodes import JobReader
-from tui.run.peers import PeerNodes, next_attempt
 
 
 def test_a_fresh_job_starts_attempt_one_on_every_node() -> None:

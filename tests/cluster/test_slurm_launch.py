@@ -19,7 +19,7 @@ from mt.contract.config import LaunchConfig
 from mt.contract.status import Status, judge
 from tests.cli.conftest import MT, REPO, events, run_dir_from, status, write_preset
 from tests.cluster.conftest import Cluster
-from tui.run.slurm import rendezvous_port, slurm_launch
+from tui.cluster.slurm import rendezvous_port, slurm_launch
 
 SLURM = {"partition": "debug", "time": "0:05:00", "signal_grace_s": 30, "cpus_per_task": 1,
          "extra": ["--exclusive", "#SBATCH --comment=mt-test"]}
@@ -48,7 +48,7 @@ def test_dry_run_prints_the_batch_script_with_the_slurm_values_and_makes_nothing
     out = next(line for line in lines if line.startswith("#SBATCH --output="))
     assert out.startswith(f"#SBATCH --output={(tmp_path / 'runs').resolve()}/t-") and out.endswith("/slurm/job-%j.out")
     step = next(line for line in lines if line.startswith("srun "))
-    assert "--ntasks-per-node=1" in step and "-m tui.run.supervisor" in step and step.endswith("--slurm' &")
+    assert "--ntasks-per-node=1" in step and "-m tui.supervise.supervisor" in step and step.endswith("--slurm' &")
     assert not (tmp_path / "runs").exists()   # nothing submitted, no run directory
 
 

@@ -24,8 +24,9 @@ from tui.diagnose.exit import worker_exit
 from tui.diagnose.findings import Observation
 from tui.diagnose.signals import RunFacts, RunSignals
 from tui.read.nodes import NodeExit
-from tui.run.procs import run_processes
-from tui.run.torchrun import Failure, NodeRole, torchrun_command, worker_env
+from tui.read.procs import run_processes
+from tui.read.torchrun_log import Failure
+from tui.supervise.torchrun import NodeRole, torchrun_command, worker_env
 
 FINAL = ("completed", "failed", "killed", "stopped")
 

@@ -21,7 +21,7 @@ from mt.contract.status import Status
 from tests.cli.conftest import MT, REPO, events, run_dir_from, status, write_preset
 from tests.cluster.conftest import Cluster
 from tests.engine.runner import final_weights, steps_by_attempt
-from tui.run.preempt import Ending, JobInfo, Progress, after_stop, cut_short, restart_count
+from tui.cluster.preempt import Ending, JobInfo, Progress, after_stop, cut_short, restart_count
 
 FINAL = ("completed", "failed", "killed", "stopped")
 HARD = {"model": {"dropout": 0.1}, "train": {"grad_accum_steps": 2}}   # dropout and accumulation: state to restore

@@ -28,11 +28,11 @@ from mt.contract.paths import RunPaths
 from mt.contract.preset import config_from_dict
 from mt.contract.status import Status
 from tests.cli.conftest import REPO, SMALL, end_run, events, mt, status, wait_for, write_preset
-from tui.diagnose.flight import NotADump, Unjoined, load_dump, plain_unpickle
-from tui.diagnose.hook import IncidentHook
-from tui.run.autostacks import IncidentCaptures, flight_evidence
-from tui.run.flight import MAX_DUMP_BYTES, analyze, dumps_here, recorder_env
-from tui.run.torchrun import worker_env
+from tui.stacks.auto import IncidentCaptures, flight_evidence
+from tui.stacks.flight import NotADump, Unjoined, load_dump, plain_unpickle
+from tui.stacks.recorder import MAX_DUMP_BYTES, analyze, dumps_here, recorder_env
+from tui.supervise.diagnosis import IncidentHook
+from tui.supervise.torchrun import worker_env
 
 JOB = REPO / "bench" / "flight_job.py"
 WANT = "rank 1 did not join collective #4 (gloo:all_reduce, group 0:default_pg); rank 0 waits in it"

@@ -23,10 +23,10 @@ from mt.contract.status import Status, read_status, write_status
 from mt.contract.system import clean_sample
 from tests.cli.conftest import mt
 from tests.tui.jobdir import JobDir, two_nodes
+from tui.cluster.peers import PeerNodes
 from tui.diagnose.monitor import IncidentMonitor, Tick
 from tui.read.nodes import JobReader, every_heartbeat
-from tui.run.peers import PeerNodes
-from tui.run.sampler import SystemSampler
+from tui.supervise.sampler import SystemSampler
 
 pytestmark = pytest.mark.timeout(120)
 LOG = logging.getLogger("test")

@@ -14,7 +14,7 @@ from mt.contract.status import Status, write_status
 from tests.tui.jobdir import JobDir, two_nodes
 from tui.diagnose.lost import LOST_QUIET_S
 from tui.diagnose.monitor import IncidentMonitor, Tick
-from tui.text.format import fmt_ranks
+from tui.format.fmt import fmt_ranks
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -278,7 +278,7 @@ SLURM_TERM = "Signal 15 (SIGTERM) received by PID 4242\n"
 
 
 def _as_n1s_supervisor(monitor: IncidentMonitor, job: JobDir, st: Status) -> list[dict]:
-    """Ticks as n1's supervisor runs them (tui/run/supervisor.py): its status and its own sample in
+    """Ticks as n1's supervisor runs them (tui/supervise/supervisor.py): its status and its own sample in
     memory, the other nodes' from their files; the exit incidents opened."""
     out = []
     for _ in range(3):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tui.diagnose.exit import classify_log
-from tui.run.torchrun import torchrun_failures
+from tui.read.torchrun_log import torchrun_failures
 
 from .fakerun import FakeRun, dead_pid
 

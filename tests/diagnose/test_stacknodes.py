@@ -6,7 +6,7 @@ import json
 import time
 
 from mt.contract.paths import RunPaths
-from tui.run.stacknodes import nodes_verdict, pending_requests, request_stacks
+from tui.stacks.nodes import nodes_verdict, pending_requests, request_stacks
 
 
 def _run(tmp_path):
@@ -55,9 +55,9 @@ def test_the_verdict_over_nodes_groups_ranks_and_names_the_silent_node(tmp_path)
 
 
 def test_an_incident_says_what_py_spy_would_add_for_the_ranks_without_a_stack(tmp_path):
-    from tui.diagnose.stacks import Frame, RankStack, ThreadStack, verdict
-    from tui.run.autostacks import detail_of, evidence_of
-    from tui.run.stacks import PY_SPY_HINT, Capture
+    from tui.stacks.auto import detail_of, evidence_of
+    from tui.stacks.capture import PY_SPY_HINT, Capture
+    from tui.stacks.verdict import Frame, RankStack, ThreadStack, verdict
 
     main = ThreadStack("0x1", (Frame("/w/train.py", 9, "step"),), main=True)
     note = f"no dump within 2 s of SIGUSR2; {PY_SPY_HINT}"

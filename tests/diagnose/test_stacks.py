@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tui.diagnose.stacks import Frame, RankStack, ThreadStack, parse_faulthandler, parse_py_spy, verdict
-from tui.run import stacks as capture_mod
+from tui.stacks import capture as capture_mod
+from tui.stacks.verdict import Frame, RankStack, ThreadStack, parse_faulthandler, parse_py_spy, verdict
 
 # a main thread in park() -> wait_here(), a second thread in side(); ready once it printed its pid
 TARGET = textwrap.dedent('''

@@ -226,7 +226,7 @@ def test_a_corrupted_file_under_a_good_manifest_is_passed_over_by_resume_the_pic
     `mt resume` refuses exactly when the engine would find nothing to continue from."""
     from mt.contract import space
     from mt.contract.paths import RunPaths
-    from tui.run.launch import ResumeError, resume_run
+    from tui.supervise.launch import ResumeError, resume_run
 
     run = make_run(tmp_path)
     root = RunPaths(run).checkpoints

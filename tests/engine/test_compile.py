@@ -148,7 +148,7 @@ def test_a_recompile_reaches_the_incident_file_and_the_summary_says_compile(tmp_
     from mt.contract.records import Rejected, Step, parse_event
     from tests.diagnose.fakerun import FakeRun
     from tui.read.follower import load_run_state
-    from tui.text.summary import format_summary
+    from tui.report.summary import format_summary
 
     assert isinstance(parse_event({"kind": "step", "step": 3, "recompiles": 1}), Step)
     assert parse_event({"kind": "step", "step": 3, "recompiles": 1}).recompiles == 1

@@ -145,7 +145,7 @@ def test_hostile_control_entries_never_end_a_run(tmp_path):
 
 
 def test_two_checkpoint_requests_in_one_step_are_both_answered(tmp_path):
-    from tui.run.control import wait_answer
+    from tui.supervise.control import wait_answer
 
     run = make_run(tmp_path, train={"max_steps": 3})
     drop(run, "ckpt-a", "checkpoint")

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from tui.diagnose.stacks import parse_faulthandler
-from tui.run.stacks import capture
+from tui.stacks.capture import capture
+from tui.stacks.verdict import parse_faulthandler
 
 from .runner import REPO, events, kill_tree, logs, make_run, start, wait_for
 from .usercode import user_base

@@ -9,7 +9,7 @@ import pytest
 from engine.data import DataError, build_splits
 from mt.contract.preset import config_from_dict
 from tests.corpus import write_corpus
-from tui.run import prepare
+from tui.tools import prepare
 
 from .runner import SMALL, events, make_run, merge, run_engine
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli.conftest import PidTracker, end_run, events, mt, status, wait_for
-from tui.run.failure import HANG_ENDED
+from tui.diagnose.hang import HANG_ENDED
 
 pytestmark = pytest.mark.slow
 SCRIPTS = Path(__file__).parent / "scripts"

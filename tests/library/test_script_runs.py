@@ -143,7 +143,7 @@ def test_script_faults_are_diagnosed_with_the_rank(tmp_path: Path) -> None:
     found = wait_for(lambda: _incidents(hang_dir, "hang"), 90, "a hang incident")
     assert found[0]["evidence"]["suspect_ranks"] == [1] and found[0]["step"] == 6, found[0]
     assert mt("kill", hang_dir).returncode == 0
-    from tui.run.procs import run_processes
+    from tui.read.procs import run_processes
     assert run_processes(hang_dir) == []  # no orphan of the script's ranks
 
 

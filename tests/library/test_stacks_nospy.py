@@ -35,7 +35,7 @@ def _no_spy_python(tmp_path: Path) -> tuple[str, dict[str, str]]:
     path = os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep) if d and not shutil.which("py-spy", path=d))
     python = str(venv / "bin" / "python")
     env = {**os.environ, "PATH": path, "PYTHONUNBUFFERED": "1"}
-    probe = subprocess.run([python, "-c", "from tui.run.stacks import py_spy; print(py_spy())"],
+    probe = subprocess.run([python, "-c", "from tui.stacks.capture import py_spy; print(py_spy())"],
                            capture_output=True, text=True, env=env, cwd=REPO)
     assert probe.stdout.strip() == "None", probe.stdout + probe.stderr   # the premise: no py-spy anywhere
     return python, env

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli.conftest import REPO, events, mt, wait_for
-from tui.run.stacks import NoRanksError, capture, find_ranks, py_spy
+from tui.stacks.capture import NoRanksError, capture, find_ranks, py_spy
 
 pytestmark = pytest.mark.slow
 SCRIPT = REPO / "tests" / "library" / "scripts" / "faulty.py"

@@ -18,9 +18,9 @@ from mt.contract.jsonl import write_json_atomic
 from mt.contract.paths import ENV_NODE, RunPaths
 from mt.contract.status import Status
 from tests.cli.conftest import MT, REPO, mt, wait_for
-from tui.run.autostacks import IncidentCaptures, detail_of, evidence_of
-from tui.run.stacks import NoRanksError, py_spy, ranks_of_pid
-from tui.text.stacks import verdict_note
+from tui.stacks.auto import IncidentCaptures, detail_of, evidence_of
+from tui.stacks.capture import NoRanksError, py_spy, ranks_of_pid
+from tui.stacks.text import verdict_note
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(py_spy() is None, reason="py-spy reads a script without mt")]
 SCRIPT = REPO / "tests" / "library" / "scripts" / "faulty.py"

@@ -53,7 +53,7 @@ class JobDir:
         """Statuses (job and nodes) `running`, every rank's heartbeat at step 0, run_start, and
         (`sampled`) each node's sample template from a SystemSampler. `pids`: rank -> a live
         process (default: this one)."""
-        from tui.run.sampler import SystemSampler
+        from tui.supervise.sampler import SystemSampler
 
         sampler = SystemSampler() if sampled else None
         try:

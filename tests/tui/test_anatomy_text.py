@@ -7,10 +7,10 @@ from pathlib import Path
 
 from tests.tui.synth import complete, finished_run, running_run
 from tests.tui.test_headless_text import append, headless, incident
+from tui.format.fmt import anatomy_lines
 from tui.read.follower import load_run_state
 from tui.read.watcher import SystemView, Watcher
-from tui.text.format import anatomy_lines
-from tui.text.summary import format_summary
+from tui.report.summary import format_summary
 from tui.widgets.incidents import incident_detail
 from tui.widgets.system import render_system
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from tests.tui.synth import SynthRun
 from tui.read.follower import load_run_state
-from tui.run.control import wait_answer
 from tui.state.answers import ControlAnswer
+from tui.supervise.control import wait_answer
 
 
 def test_wait_answer_and_the_viewer_give_the_same_answer(tmp_path: Path) -> None:

@@ -9,9 +9,9 @@ from textual.widgets import OptionList
 from mt.contract.jsonl import read_events
 from tests.tui.conftest import fixed_now
 from tests.tui.synth import SynthRun, write_status
+from tui.format.fmt import fmt_duration, fmt_num
 from tui.read.cache import CACHE_DIR
 from tui.read.follower import load_run_state
-from tui.text.format import fmt_duration, fmt_num
 from tui.view.app import MtApp
 from tui.widgets.dialogs import ConfirmScreen, HelpScreen
 

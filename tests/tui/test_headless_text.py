@@ -13,8 +13,8 @@ from mt.contract.records import parse_event
 from tests.cli.conftest import mt
 from tests.tui.synth import SynthRun, finished_run
 from tui.read.follower import load_run_state
-from tui.text.headless import event_line, follow_run
-from tui.text.summary import format_summary
+from tui.report.headless import event_line, follow_run
+from tui.report.summary import format_summary
 
 CRASH = "RuntimeError: injected crash at step 12 on rank 1 ([faults] crash_at_step)"
 PEER = "rank 0: RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:29500"
@@ -211,8 +211,8 @@ def test_a_run_that_ended_before_its_first_step_says_so(tmp_path: Path) -> None:
 def test_mt_ckpt_and_mt_stop_name_a_saved_checkpoint_in_one_line(tmp_path: Path) -> None:
     """`mt ckpt` (the engine's answer) and `mt stop` (the run's newest checkpoint) share checkpoint_line."""
     from mt.contract.records import Checkpoint
+    from tui.report.runs import answer_line, last_checkpoint_line
     from tui.state.answers import ControlAnswer
-    from tui.text.runs import answer_line, last_checkpoint_line
 
     finished_run(tmp_path, steps=100)
     newest = load_run_state(tmp_path).last_checkpoint

@@ -10,7 +10,7 @@ from mt.contract.records import Incident, parse_incident
 from tests.tui.synth import complete, finished_run, running_run
 from tests.tui.test_headless_text import append, headless, incident
 from tui.read.follower import load_run_state
-from tui.text.summary import format_summary
+from tui.report.summary import format_summary
 from tui.widgets.incidents import incident_detail
 
 VERDICT = "rank 2 is in `slow_item` (my_data.py:57); ranks 0, 1, 3 wait in `backward` (engine/train.py:194)"

@@ -125,7 +125,7 @@ async def test_dashboard_shows_a_dead_rank_on_its_node_when_ranks_do_not_fit(tmp
 
 
 def test_headless_prints_the_nodes_of_a_job(tmp_path: Path) -> None:
-    from tui.text.headless import follow_run
+    from tui.report.headless import follow_run
 
     job = two_nodes(tmp_path)
     job.event("run_end", step=5, status="completed", reason="max_steps reached")
@@ -225,7 +225,7 @@ def test_a_script_in_a_job_takes_requests_once_a_node_holds_its_heartbeat(tmp_pa
     import json
 
     from mt.contract.status import read_status
-    from tui.run.control import takes_requests
+    from tui.supervise.control import takes_requests
 
     job = two_nodes(tmp_path)
     cfg = json.loads(job.paths.config.read_text())

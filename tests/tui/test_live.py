@@ -82,8 +82,8 @@ def kinds(run_dir: Path, kind: str) -> list[dict]:
 
 @pytest.mark.parametrize("model", ["gpt", "python"])
 async def test_keys_checkpoint_stop_resume_kill_on_a_live_run(tmp_path, model):
-    from tui.run.control import kill_run
-    from tui.run.launch import Overrides, launch_run
+    from tui.supervise.control import kill_run
+    from tui.supervise.launch import Overrides, launch_run
 
     preset = tmp_path / "live.toml"
     preset.write_text(preset_text(tmp_path / "runs", model))
@@ -138,8 +138,8 @@ async def test_keys_checkpoint_stop_resume_kill_on_a_live_run(tmp_path, model):
 
 
 async def test_c_and_s_on_a_script_that_reports_nothing_through_mt(tmp_path):
-    from tui.run.control import kill_run
-    from tui.run.launch import Overrides, launch_run
+    from tui.supervise.control import kill_run
+    from tui.supervise.launch import Overrides, launch_run
 
     script = REPO / "tests" / "library" / "scripts" / "faulty.py"
     preset = tmp_path / "bare.toml"

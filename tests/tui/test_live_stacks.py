@@ -6,7 +6,7 @@ import pytest
 
 from tests.cli.conftest import launch_user_run
 from tests.tui.test_app import wait_for
-from tui.run.control import kill_run
+from tui.supervise.control import kill_run
 from tui.view.app import MtApp
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]

@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 
+from tui.format.fmt import fmt_compact
 from tui.state.plotmath import (
     fit_rows,
     linear_ticks,
@@ -19,7 +20,6 @@ from tui.state.plotmath import (
     y_axis,
 )
 from tui.state.window import XWindow, narrow, next_window, widen, window_range
-from tui.text.format import fmt_compact
 
 
 @pytest.mark.parametrize("v, want", [

@@ -14,8 +14,8 @@ from tui.diagnose.monitor import IncidentMonitor
 from tui.read.bulk import bulk_read, quick_read
 from tui.read.follower import RunFollower, load_run_state
 from tui.read.index_tail import quick_read_index
-from tui.run.control import wait_answer
-from tui.text.headless import follow_run
+from tui.report.headless import follow_run
+from tui.supervise.control import wait_answer
 
 # Each is valid JSON that cannot be true; each once broke or misled a reader.
 IMPOSSIBLE = [

@@ -313,7 +313,7 @@ def test_mt_ls_reads_a_big_indexed_run_from_the_index_tail_without_numpy(tmp_pat
     assert os.path.getsize(r.paths.events) > follower.BULK_MIN_BYTES
     indexed(r.root)
     ref = reference(r.root).state
-    code = ("import sys; from pathlib import Path; from tui.text.runs import run_row; row = run_row(Path(sys.argv[1])); "
+    code = ("import sys; from pathlib import Path; from tui.report.runs import run_row; row = run_row(Path(sys.argv[1])); "
             "print(row.step, row.loss, row.attempt, 'numpy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code, str(r.root)], capture_output=True, text=True, check=True,
                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__)))).stdout.split()

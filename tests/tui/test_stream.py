@@ -7,7 +7,7 @@ import os
 from mt.contract.events import dumps
 from tests.tui.synth import SynthRun, finished_run, loss_at
 from tui.read.follower import RunFollower, load_run_state
-from tui.text.summary import format_summary
+from tui.report.summary import format_summary
 
 
 def test_finished_run_state(tmp_path):

@@ -34,7 +34,7 @@ def wait_screen(session: str, pattern: str, timeout: float) -> re.Match[str]:
 
 
 def test_mt_launch_shows_progress_checkpoints_and_quits_leaving_the_run(tmp_path):
-    from tui.run.control import kill_run
+    from tui.supervise.control import kill_run
 
     session = f"mt-e2e-{os.getpid()}"
     runs = tmp_path / "runs"

@@ -14,11 +14,11 @@ from tests.tui.jobdir import two_nodes
 from tests.tui.synth import running_run
 from tui.read.follower import load_run_state
 from tui.read.nodes import JobReader
-from tui.run.control import kill_summary
-from tui.run.procs import SignalReport
-from tui.text.format import node_lines
-from tui.text.runs import run_summary
-from tui.text.summary import format_summary
+from tui.report.nodes import node_lines
+from tui.report.runs import run_summary
+from tui.report.summary import format_summary
+from tui.supervise.control import kill_summary
+from tui.supervise.procs import SignalReport
 from tui.widgets.header import render_header
 from tui.widgets.notice import notice_text
 

@@ -99,7 +99,7 @@ def test_incident_detail_lists_evidence_as_key_value_lines():
 
 def test_the_synthetic_data_loss_floor_is_shown_beside_the_loss(fixture_run):
     from tui.read.follower import load_run_state
-    from tui.text.summary import format_summary
+    from tui.report.summary import format_summary
     from tui.widgets.header import render_header
 
     run = fixture_run("finished")  # a recorded synthetic run: run_start data_loss_floor 0.92729...
@@ -115,9 +115,9 @@ def test_the_synthetic_data_loss_floor_is_shown_beside_the_loss(fixture_run):
 
 
 def test_system_numbers_print_as_fmt_num_does_everywhere_else():
-    """The panel's numbers share tui.text.format: a value as wide as the float range is cut to .4g, a
+    """The panel's numbers share tui.format.fmt: a value as wide as the float range is cut to .4g, a
     bool (not a number in JSON's sense) is N/A, as everywhere the viewer prints a number."""
-    from tui.text.format import fmt_field, fmt_gib, fmt_num
+    from tui.format.fmt import fmt_field, fmt_gib, fmt_num
 
     view = SystemView()
     rec = sample(1)

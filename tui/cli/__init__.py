@@ -1,4 +1,4 @@
-"""The `mt` command line: thin Typer wrappers over tui.run, tui.read and tui.text, one module per group of commands.
+"""The `mt` command line: thin Typer wrappers over the packages below it (docs/map.md), one module per group of commands.
 
 Exit codes: 0 success, 1 the run failed, 2 bad input. Heavy modules (psutil, Textual, the
 dashboard) are imported inside the commands that need them, so `mt --help` stays instant;

@@ -31,7 +31,7 @@ NprocOpt = Annotated[Optional[int], typer.Option("--nproc", help="Worker process
 
 def fail(message: str, code: int = BAD_INPUT) -> NoReturn:
     """One clear line on stderr, then exit with code (a path or reason from a run shown safely)."""
-    from tui.text.format import safe_text
+    from tui.format.fmt import safe_text
 
     typer.echo(f"mt: {safe_text(message, lines=True)}", err=True)
     raise typer.Exit(code)
@@ -70,8 +70,8 @@ def _attach(run_dir: Path, detach: bool, headless: bool, every: float = 1.0,
         typer.echo(str(run_dir))
         return
     if _no_dashboard(headless):
-        from tui.text.format import safe_text
-        from tui.text.headless import follow_headless
+        from tui.format.fmt import safe_text
+        from tui.report.headless import follow_headless
 
         typer.echo(f"run dir: {safe_text(run_dir)}")
         raise typer.Exit(follow_headless(run_dir, sys.stdout, every_s=every, since=since))

@@ -11,7 +11,7 @@ import typer
 from tui.cli.common import OK, RUN_FAILED, DetachOpt, EveryOpt, HeadlessOpt, NprocOpt, _attach, _no_dashboard, app, every_s, fail
 
 if TYPE_CHECKING:
-    from tui.run.launch import Overrides
+    from tui.supervise.launch import Overrides
 
 
 @app.command()
@@ -41,7 +41,7 @@ def launch(
         mt launch train.py --nproc 2 -- --lr 3e-4
     """
     from mt.contract.config import ConfigError
-    from tui.run.launch import LaunchError, Overrides, launch_run
+    from tui.supervise.launch import LaunchError, Overrides, launch_run
 
     over = Overrides(name=name, runs_dir=str(runs_dir) if runs_dir else None, nproc=nproc, nnodes=nnodes,
                      node_rank=node_rank, script_args=script_args or None, hang_timeout=hang_timeout)
@@ -75,8 +75,9 @@ def _launch_slurm(preset: Path, over: Overrides, dry_run: bool, follow: bool = F
     """`mt launch --slurm`: submit (or print the script) and return, or with `follow` (--headless)
     print the job's progress until it ends and exit with the run's code; the job runs the supervisor."""
     from mt.contract.config import ConfigError
-    from tui.run.slurm import SlurmError, launch_slurm
-    from tui.run.slurm import dry_run as script_for
+    from tui.cluster.slurm import SlurmError
+    from tui.supervise.submit import dry_run as script_for
+    from tui.supervise.submit import launch_slurm
 
     try:
         if dry_run:
@@ -85,12 +86,12 @@ def _launch_slurm(preset: Path, over: Overrides, dry_run: bool, follow: bool = F
         sub = launch_slurm(preset, over)
     except (ConfigError, SlurmError) as e:
         fail(str(e))
-    from tui.text.format import safe_text
+    from tui.format.fmt import safe_text
 
     held = " (held: scontrol release it to start)" if sub.held else ""
     typer.echo(f"run dir: {safe_text(sub.run_dir)}\nslurm job: {safe_text(sub.job_id)}{held}")
     if follow:
-        from tui.text.headless import follow_headless
+        from tui.report.headless import follow_headless
 
         raise typer.Exit(follow_headless(sub.run_dir, sys.stdout, every_s=every))
     raise typer.Exit(OK)
@@ -129,7 +130,7 @@ def watch(
         _compare(run_dirs, once, headless)
     run_dir = run_dirs[0]
     if once:
-        from tui.text.runs import run_summary
+        from tui.report.runs import run_summary
 
         typer.echo(run_summary(run_dir))
         return
@@ -146,7 +147,7 @@ def _compare(run_dirs: list[Path], once: bool, headless: bool) -> NoReturn:
         fail("--headless follows one run; give one RUN_DIR")
     once = once or _no_dashboard(False, "the compare table, as with --once")
     if once:
-        from tui.text.runs import compare_table
+        from tui.report.runs import compare_table
 
         typer.echo(compare_table(run_dirs))
         raise typer.Exit(OK)
@@ -172,8 +173,8 @@ def resume(
         mt resume runs/tiny-cpu-20260101-120000 --nproc 1 --headless
     """
     from tui.read.rundir import NotARunError, newest_run
-    from tui.run.launch import ResumeError, resume_run
-    from tui.text.headless import resume_point
+    from tui.report.headless import resume_point
+    from tui.supervise.launch import ResumeError, resume_run
 
     if run_dir is None:
         run_dir = newest_run(Path("runs"))
@@ -185,8 +186,8 @@ def resume(
     since = resume_point(run_dir)   # --headless prints only the new attempt's lines
     from mt.contract.config import ConfigError
     from mt.contract.status import read_status
-    from tui.run.preempt import in_queue, resubmit
-    from tui.run.slurm import SlurmError
+    from tui.cluster.preempt import in_queue, resubmit
+    from tui.cluster.slurm import SlurmError
 
     try:
         queued = in_queue(run_dir)
@@ -225,7 +226,7 @@ def ls_runs(
     \b
         mt ls runs --sort loss
     """
-    from tui.text.runs import runs_table
+    from tui.report.runs import runs_table
 
     if not runs_dir.is_dir():
         fail(f"{runs_dir}: no such directory")
@@ -245,7 +246,7 @@ def diff(
         mt diff runs/tiny-cpu-20260101-120000 runs/tiny-cpu-20260101-130000
     """
     from tui.read.rundir import NotARunError, require_run_dir
-    from tui.text.diff import DiffError, diff_text
+    from tui.report.diff import DiffError, diff_text
 
     try:
         typer.echo(diff_text(require_run_dir(run_a), require_run_dir(run_b)))

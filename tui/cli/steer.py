@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 def _ask(run_dir: Path, action: str, timeout: float) -> tuple[str, ControlAnswer]:
     """Send a control request and wait for the engine's answer; a run that cannot take one fails."""
     from tui.read.rundir import NotARunError
-    from tui.run.control import ControlError, send_request, wait_answer
+    from tui.supervise.control import ControlError, send_request, wait_answer
 
     try:
         request_id = send_request(run_dir, action)
@@ -40,8 +40,8 @@ def ckpt(
     request_id, answer = _ask(run_dir, "checkpoint", timeout)
     if answer.status == "timeout":
         fail(f"{run_dir}: no answer to {request_id} within {timeout:g} s", RUN_FAILED)
-    from tui.text.format import safe_text
-    from tui.text.runs import answer_line
+    from tui.format.fmt import safe_text
+    from tui.report.runs import answer_line
 
     typer.echo(safe_text(answer_line(answer)))
     if answer.status != "done":
@@ -62,12 +62,12 @@ def stop(
     \b
         mt stop runs/tiny-cpu-20260101-120000
     """
+    from tui.cluster.preempt import stop_pending
+    from tui.cluster.slurm import SlurmError
+    from tui.format.fmt import safe_text
     from tui.read.rundir import NotARunError
-    from tui.run.control import ControlError, request_stop, wait_answer, wait_final
-    from tui.run.preempt import stop_pending
-    from tui.run.slurm import SlurmError
-    from tui.text.format import safe_text
-    from tui.text.runs import last_checkpoint_line
+    from tui.report.runs import last_checkpoint_line
+    from tui.supervise.control import ControlError, request_stop, wait_answer, wait_final
 
     t0 = time.monotonic()
     try:
@@ -103,9 +103,9 @@ def kill(
     \b
         mt kill runs/tiny-cpu-20260101-120000 --grace 5
     """
+    from tui.format.fmt import safe_text
     from tui.read.rundir import NotARunError
-    from tui.run.control import ControlError, kill_run, kill_summary
-    from tui.text.format import safe_text
+    from tui.supervise.control import ControlError, kill_run, kill_summary
 
     try:
         result = kill_run(run_dir, grace)
@@ -134,8 +134,8 @@ def stacks(
         mt stacks --pid 4242 --out stacks/
     """
     from tui.read.rundir import NotARunError
-    from tui.run.stacks import NoRanksError
-    from tui.text.stacks import print_pid_stacks, print_stacks
+    from tui.stacks.capture import NoRanksError
+    from tui.stacks.text import print_pid_stacks, print_stacks
 
     if (run_dir is None) == (pid is None):
         fail("mt stacks: give a run directory or --pid PID (one of them)")

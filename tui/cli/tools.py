@@ -25,7 +25,7 @@ def prepare(
         mt prepare corpus.txt --train-tokenizer tok.json --vocab 512
         mt prepare corpus.txt --tokenizer tok.json --out corpus.bin
     """
-    from tui.run.prepare import PrepareError, prepare_command
+    from tui.tools.prepare import PrepareError, prepare_command
 
     try:
         prepare_command(text, tokenizer, out, train_tokenizer, vocab, typer.echo)
@@ -42,7 +42,7 @@ def doctor() -> None:
     \b
         mt doctor
     """
-    from tui.run.doctor import run_doctor
+    from tui.tools.doctor import run_doctor
 
     checks = run_doctor()
     for c in checks:

@@ -11,11 +11,11 @@ from mt.contract.config import MonitorConfig
 from mt.contract.events import as_float
 from mt.contract.status import CLEAN_STATES
 from tui.diagnose.findings import Finding, Observation, RankProc
+from tui.diagnose.hang import HANG_ENDED
 from tui.diagnose.lost import lost_nodes, node_lost
 from tui.diagnose.signals import RunSignals
-from tui.run.failure import HANG_ENDED
-from tui.run.torchrun import Failure, torchrun_failures
-from tui.text.format import at_step, fmt_rank
+from tui.format.fmt import at_step, fmt_rank
+from tui.read.torchrun_log import Failure, torchrun_failures
 
 _OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|"
                   r"HIP out of memory|std::bad_alloc|\bMemoryError\b|Cannot allocate memory|"

@@ -5,8 +5,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mt.contract.status import Status, judge
+from tui.format.fmt import fmt_rank
 from tui.read.nodes import NodeExit
-from tui.text.format import fmt_rank
 
 # System calls that mean "waiting for someone else": a peer in a collective, a queue, a lock.
 WAITING_SYSCALLS = frozenset({"futex", "poll", "ppoll", "select", "pselect6", "epoll_wait", "epoll_pwait",

@@ -8,7 +8,7 @@ from mt.contract.config import MonitorConfig
 from mt.contract.events import as_float
 from tui.diagnose.findings import WAITING_SYSCALLS, Finding, Observation, RankProc
 from tui.diagnose.signals import WARMUP_STEPS, RunSignals
-from tui.text.format import fmt_s
+from tui.format.fmt import fmt_s
 
 EARLY_FLOOR_S = 3.0   # the least quiet spell named a hang early: a loaded host's scheduling hiccups stay under it
 CONFIRM_S = 1.0       # the same rank(s) seen stopped while the others wait, over polls this far apart
@@ -193,3 +193,6 @@ def straggler(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | 
     evidence = {"lag_steps": {str(r): lag for r, lag in lagging.items()}, "leading_step": top,
                 "threshold_steps": m.straggler_steps, "steady_s": steady}
     return Finding("straggler", "warn", top, f"Straggler: {obs.who(worst)} behind", detail, ADVICE_STRAGGLER, evidence)
+
+
+HANG_ENDED = "hang: mt ended the attempt"

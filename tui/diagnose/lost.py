@@ -11,7 +11,7 @@ from mt.contract.status import CLEAN_STATES
 from tui.diagnose.findings import Finding, Observation
 from tui.diagnose.hang import this_attempt
 from tui.diagnose.signals import RunSignals
-from tui.text.format import at_step, fmt_ranks, fmt_s, safe_text
+from tui.format.fmt import at_step, fmt_ranks, fmt_s, safe_text
 
 LOST_QUIET_S = 5.0   # a live node's supervisor samples once a second: five missed samples and no heartbeat
 ADVICE_NODE_LOST = (

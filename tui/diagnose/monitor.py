@@ -33,8 +33,8 @@ from tui.diagnose.probes import ProcReader, file_size, read_tail, sampled_childr
 from tui.diagnose.rules import evaluate
 from tui.diagnose.signals import RunFacts, RunSignals
 from tui.read.nodes import JobReader, NodeView, node_of_ranks
+from tui.read.procs import usable_cores
 from tui.read.rundir import supervisor_alive
-from tui.run.torchrun import usable_cores
 
 # What stays open once the run is over: the facts that explain how it ended.
 KEEP_WHEN_DONE = frozenset({"nan_loss", *EXIT_CODES})

@@ -9,7 +9,7 @@ from mt.contract.config import MonitorConfig
 from mt.contract.events import as_float
 from tui.diagnose.findings import Finding, Observation
 from tui.diagnose.signals import RunSignals, StepRec
-from tui.text.format import fmt_s
+from tui.format.fmt import fmt_s
 
 ADVICE_THROUGHPUT = (
     "Compare data_wait_s, step_time_s and GPU utilisation around the drop: a rising data wait "

@@ -11,7 +11,7 @@ from typing import Any
 from mt.contract import door
 from mt.contract.events import as_float
 from tui.diagnose.findings import ChildProc, RankProc
-from tui.run.procs import alive
+from tui.read.procs import alive
 
 # x86-64 numbers of the calls a training process blocks in (others are shown by number).
 _SYSCALLS_X86_64 = {

@@ -11,7 +11,7 @@ from mt.contract.config import MonitorConfig
 from tui.diagnose.findings import Finding, Observation
 from tui.diagnose.hang import running, this_attempt
 from tui.diagnose.signals import RunSignals
-from tui.text.format import fmt_ms
+from tui.format.fmt import fmt_ms
 
 MIN_STEPS = 10      # a window this full before a rank is judged (start-up steps are not its pace)
 GAP_S = 0.02        # the slow rank's own time over the others' median, at least this in absolute terms

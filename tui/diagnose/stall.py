@@ -8,7 +8,7 @@ from tui.diagnose.findings import WAITING_SYSCALLS, ChildProc, Finding, Observat
 from tui.diagnose.hang import last_progress, running
 from tui.diagnose.perf import gpu_util, is_live
 from tui.diagnose.signals import WARMUP_STEPS, RunSignals, StepRec
-from tui.text.format import fmt_s
+from tui.format.fmt import fmt_s
 
 ADVICE_STALL = (
     "The accelerator is waiting for input. First raise [data] num_workers (one to a few per "

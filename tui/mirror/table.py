@@ -13,8 +13,8 @@ from mt.contract.jsonl import JsonlTail
 from mt.contract.paths import RunPaths
 from mt.contract.records import Eval, Metrics, RecordTail, RunStart, Step, parse_incident
 from mt.contract.system import clean_sample
+from tui.format.fmt import safe_text
 from tui.mirror.points import sample_values
-from tui.text.format import safe_text
 
 STEP_FIELDS = ("loss", "lr", "grad_norm", "tokens_per_s", "step_time_s", "data_wait_s", "mfu", "samples_per_s")
 INCIDENT_FIELDS = ("code", "severity", "status", "source", "title", "detail", "advice")

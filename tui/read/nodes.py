@@ -22,7 +22,7 @@ from mt.contract.jsonl import JsonlTail
 from mt.contract.paths import RunPaths
 from mt.contract.status import Status
 from mt.contract.system import clean_sample
-from tui.run.torchrun import Failure
+from tui.read.torchrun_log import Failure
 
 SYSTEM_TAIL_BYTES = 64 * 1024   # a node's newest sample is what is shown: the end of its file is enough
 T = TypeVar("T")   # an entry of a node's rank list (a worker pid, a failure, a sample's rank)

@@ -41,7 +41,7 @@ def require_run_dir(path: Path) -> Path:
 def supervisor_alive(status: Status) -> bool:
     """Whether the process recorded as the run's supervisor still runs (and is that process:
     one started after status.json named it is another program that reused the pid)."""
-    from tui.run.procs import alive  # psutil: only paid for by commands that need it
+    from tui.read.procs import alive  # psutil: only paid for by commands that need it
 
     return alive(status.supervisor_pid, born_by=status.written)
 

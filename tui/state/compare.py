@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tui.format.fmt import fmt_best, fmt_loss_cell, safe_text
 from tui.state.runstate import RunState
-from tui.text.format import fmt_best, fmt_loss_cell, safe_text
 
 if TYPE_CHECKING:
     import numpy as np

@@ -10,8 +10,8 @@ from typing import Iterable
 
 import numpy as np
 
+from tui.format.fmt import fmt_compact
 from tui.state.series import Series
-from tui.text.format import fmt_compact
 
 
 def ema_debiased(values: np.ndarray | Iterable[float], weight: float) -> np.ndarray:

@@ -14,10 +14,10 @@ from textual.worker import get_current_worker
 
 from mt.contract.records import Checkpoint, ControlEvent, Record
 from mt.contract.status import FINAL_STATES, read_status
+from tui.format.fmt import safe_text
 from tui.read.follower import PollResult
 from tui.read.rundir import liveness
 from tui.read.watcher import Watcher, WatchUpdate
-from tui.text.format import safe_text
 from tui.view.dashboard import DashboardScreen
 from tui.view.messages import ControlDone, RunUpdated
 from tui.widgets.dialogs import ConfirmScreen
@@ -147,7 +147,7 @@ class MtApp(App[int]):
         self._send("stop", "stop requested: final checkpoint, then the run ends")
 
     def _send(self, action: str, text: str) -> None:
-        from tui.run.control import NotReporting, request_stop, send_request  # import lazily
+        from tui.supervise.control import NotReporting, request_stop, send_request  # import lazily
         try:
             rid = request_stop(self.run_dir) if action == "stop" else send_request(self.run_dir, action)
         except NotReporting as e:  # a script with no run.step: no one would read the request
@@ -179,7 +179,7 @@ class MtApp(App[int]):
     @work(thread=True, group="control", name="kill run")
     def _kill(self) -> None:
         try:
-            from tui.run.control import kill_run
+            from tui.supervise.control import kill_run
             result = kill_run(self.run_dir, grace_s=10.0)
             left = getattr(result, "survivors", None)
             self.post_message(ControlDone(f"kill left processes running: {left}", "error") if left
@@ -199,7 +199,7 @@ class MtApp(App[int]):
     @work(thread=True, group="control", name="resume run")
     def _resume(self) -> None:
         try:
-            from tui.run.launch import resume_run
+            from tui.supervise.launch import resume_run
             resume_run(self.run_dir)
             self.post_message(ControlDone("resumed: following the new attempt"))
         except Exception as e:  # noqa: BLE001 - a failed resume is said in the UI, never a crash
@@ -215,8 +215,8 @@ class MtApp(App[int]):
     @work(thread=True, exclusive=True, group="stacks", name="capture stacks")
     def _stacks(self) -> None:
         try:
-            from tui.run.stacknodes import capture_everywhere
-            from tui.text.stacks import verdict_note
+            from tui.stacks.nodes import capture_everywhere
+            from tui.stacks.text import verdict_note
             self.post_message(ControlDone(verdict_note(capture_everywhere(self.run_dir))))
         except Exception as e:  # noqa: BLE001 - a failed capture is said in the UI, never a crash
             self.post_message(ControlDone(f"no stacks: {e}", "error"))

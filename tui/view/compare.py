@@ -17,10 +17,10 @@ from textual.reactive import reactive
 from textual.widgets import Footer
 from textual.worker import get_current_worker
 
+from tui.format.fmt import safe_text
 from tui.read.watcher import Watcher
 from tui.state.compare import run_color, run_line, x_series
 from tui.state.pacing import Pacing
-from tui.text.format import safe_text
 from tui.view.plotkeys import HELP_BINDING, SMOOTHING_BINDINGS, PlotKeys
 from tui.widgets.curve import Curve
 from tui.widgets.legend import CompareLegend

@@ -15,11 +15,11 @@ from textual.screen import Screen
 from textual.widgets import Footer, OptionList, Static
 
 from mt.contract.status import FINAL_STATES
+from tui.format.fmt import safe_text
 from tui.read.watcher import Watcher, WatchUpdate
 from tui.state.layout import MIN_H, MIN_W, Tabs, choose_layout, strip_items
 from tui.state.pacing import Pacing
 from tui.state.window import XWindow, narrow, next_window, widen
-from tui.text.format import safe_text
 from tui.view.plotkeys import HELP_BINDING, SMOOTHING_BINDINGS, PlotKeys
 from tui.widgets.curve import Curve
 from tui.widgets.header import RunHeader

@@ -4,8 +4,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
+from tui.format.fmt import fmt_compact, fmt_duration, fmt_eta, fmt_loss, fmt_num, fmt_parallel, fmt_rate, safe_text
 from tui.state.runstate import RunState
-from tui.text.format import fmt_compact, fmt_duration, fmt_eta, fmt_loss, fmt_num, fmt_parallel, fmt_rate, safe_text
 
 STATE_STYLE = {
     "pending": "bold blue", "starting": "bold yellow", "running": "bold green", "stopping": "bold yellow",
@@ -34,7 +34,7 @@ def render_header(st: RunState, now: float, width: int, smoothing: float, logy: 
         f"  attempt {st.attempt}  step {step}/{total}{pct} ")
     bar_w = max(0, min(30, width - line1.cell_len - 2))
     line1.append_text(progress_bar(st.step, st.max_steps, bar_w))
-    parts = [f"ETA {fmt_eta(st, now)}", fmt_rate(st.tokens_per_s, st.samples_per_s)]
+    parts = [f"ETA {fmt_eta(st.eta_s(), st.quiet_s(now))}", fmt_rate(st.tokens_per_s, st.samples_per_s)]
     if st.mfu is not None:
         parts.append(f"MFU {fmt_num(100 * st.mfu, '.1f')}%")
     parts.append(f"elapsed {fmt_duration(st.elapsed_s(now))}")

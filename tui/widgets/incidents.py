@@ -10,8 +10,8 @@ from textual.containers import Vertical, VerticalScroll
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
+from tui.format.fmt import anatomy_lines, fmt_duration, fmt_num, safe_text, stacks_lines
 from tui.state.runstate import TrackedIncident
-from tui.text.format import anatomy_lines, fmt_duration, fmt_num, safe_text, stacks_lines
 
 MAX_VALUE_CHARS = 300  # an evidence value longer than this (a whole traceback line) is cut
 

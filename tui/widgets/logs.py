@@ -5,7 +5,7 @@ from collections import deque
 
 from textual.widgets import RichLog
 
-from tui.text.format import safe_text
+from tui.format.fmt import safe_text
 
 MAX_LINES = 500
 

@@ -5,8 +5,8 @@ from rich.text import Text
 from textual.widgets import Static
 
 from mt.contract.events import FAILURE_CODES
+from tui.format.fmt import safe_text
 from tui.state.runstate import RunState
-from tui.text.format import safe_text
 
 
 def notice_text(st: RunState, log_tail: list[str], failing_rank: int | None) -> Text | None:

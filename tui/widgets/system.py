@@ -7,10 +7,11 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import Static
 
+from tui.format.fmt import anatomy_text, fmt_duration, fmt_field, fmt_gib, safe_text
 from tui.read.nodes import NodeView
 from tui.read.watcher import SystemView
+from tui.report.nodes import node_lines
 from tui.state.runstate import RunState
-from tui.text.format import anatomy_text, fmt_duration, fmt_field, fmt_gib, node_lines, safe_text
 
 SPARK = "▁▂▃▄▅▆▇█"
 
@@ -104,7 +105,7 @@ def render_system(view: SystemView, ended: str | None = None, sampled: bool = Tr
 
 
 def render_nodes(nodes: list[NodeView], now: float, max_lines: int, run: RunState | None = None) -> Text:
-    """A job's panel: every node and its ranks, grouped (tui/text/format.py `node_lines`)."""
+    """A job's panel: every node and its ranks, grouped (tui/format/fmt.py `node_lines`)."""
     t = Text()
     for i, (line, style) in enumerate(node_lines(nodes, now, max_lines, run=run)):
         t.append(("\n" if i else "") + line, style=style)

@@ -1,0 +1,1 @@
+"""Plain text out: `mt watch --once`, the `mt ls` table, `mt diff`, the `--headless` follower."""

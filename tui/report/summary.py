@@ -1,0 +1,62 @@
+"""The `mt watch --once` summary of a RunState."""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from tui.format.fmt import (
+    anatomy_lines,
+    at_step,
+    fmt_duration,
+    fmt_eta,
+    fmt_loss,
+    fmt_num,
+    fmt_parallel,
+    fmt_rate,
+    fmt_write_time,
+    safe_text,
+    stacks_lines,
+)
+
+if TYPE_CHECKING:
+    from tui.state.runstate import RunState
+
+
+def format_summary(st: "RunState", now: float | None = None) -> str:
+    """A few plain-text lines for `mt watch --once`."""
+    now = time.time() if now is None else now
+    step = "-" if st.step is None else str(st.step)
+    total = "?" if st.max_steps is None else str(st.max_steps)
+    parallel = fmt_parallel(st.strategy, st.compile, st.activation_checkpointing)
+    lines = [
+        f"{st.name}  [{'lost' if st.supervisor_lost else st.state}]  attempt {st.attempt}  step {step}/{total}"
+        f"  elapsed {fmt_duration(st.elapsed_s(now))}  ETA {fmt_eta(st.eta_s(), st.quiet_s(now))}",
+        f"loss {fmt_loss(st.loss, st.loss_floor)}  best {fmt_num(st.best_loss)}"
+        f"{'' if st.best_loss_step is None else f' @{st.best_loss_step}'}"
+        f"{' (recent steps only)' if st.best_loss_partial else ''}"
+        f"  val {fmt_num(st.val_loss)}  lr {fmt_num(st.lr, '.3g')}  grad_norm {fmt_num(st.grad_norm)}"
+        f"  {fmt_rate(st.tokens_per_s, st.samples_per_s)}",
+        f"world {st.world_size or '?'} x {st.device or '?'}"
+        f"{'  ' + parallel if parallel else ''}"
+        f"  precision {st.precision or '?'}"
+        f"  eff. batch {st.effective_batch or '?'}",
+    ]
+    ck = st.last_checkpoint
+    lines.append("checkpoint: none" if ck is None else
+                 f"checkpoint: step {ck.step} ({fmt_duration(ck.age_s(now))} ago"
+                 f"{'; ' + fmt_write_time(ck.seconds, ck.blocking_s) if ck.seconds is not None else ''})  {ck.path}")
+    if st.incidents:   # every incident of the run, from the engine or the supervisor, open or closed
+        lines.append(f"incidents: {len(st.open_incidents)} open, {len(st.incidents) - len(st.open_incidents)} closed")
+        for inc in st.incidents:
+            lines.append(f"  {inc.status:<6} [{inc.severity}] {inc.code} {at_step(inc.step)}: {inc.title}")
+            lines += [f"         {line}" for line in stacks_lines(inc.evidence) + anatomy_lines(inc.evidence)]
+    reason = st.first_failure() if st.state == "failed" else st.reason or st.run_end_reason
+    if st.is_final and reason:
+        lines.append(f"reason: {reason}")
+    hint = st.script_hint()
+    if hint:
+        lines.append(hint)
+    if st.bad_lines:
+        why = f" (newest: {st.bad_reason})" if st.bad_reason else ""
+        lines.append(f"skipped {st.bad_lines} unreadable event line(s){why}")
+    return safe_text("\n".join(lines), lines=True)   # names, titles, reasons and paths are the run's

@@ -1,1 +1,0 @@
-"""Running a run: launch, the supervisor, torchrun, processes, system sampling, control requests."""

@@ -1,0 +1,1 @@
+"""Stack capture and the flight recorder: taking every rank's stacks, the verdict over them, and NCCL's flight-recorder dumps."""

@@ -1,0 +1,1 @@
+"""Supervising a run: launch, the supervisor process, torchrun, the ranks' processes, system sampling, control requests, the lock."""

@@ -1,1 +1,0 @@
-"""Plain-text views: `mt watch --once`, the `mt ls` table, the `--headless` follower."""

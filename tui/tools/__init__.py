@@ -1,0 +1,1 @@
+"""Tools that are not supervision: `mt prepare` (tokenizing text) and `mt doctor`."""
