@@ -19,6 +19,20 @@ RUN_STATES = ("pending", "starting", "running", "stopping", "completed", "stoppe
 LIVE_STATES = ("starting", "running", "stopping")
 FINAL_STATES = ("completed", "stopped", "failed", "killed")
 CLEAN_STATES = ("completed", "stopped")  # ended as asked: exit code 0, no failure to diagnose
+# The one table of a run's transitions: every writer moves a Status with `move` or `end`, which
+# refuse any other step (a final run starts again only through a resume: `starting` or `pending`).
+NEXT_STATES: dict[str | None, tuple[str, ...]] = {
+    None: RUN_STATES,   # no status.json yet, or one whose state is unreadable: any first word
+    "pending": ("pending", "starting", *FINAL_STATES),
+    "starting": ("starting", "running", "stopping", "pending", *FINAL_STATES),
+    "running": ("running", "starting", "stopping", "pending", *FINAL_STATES),
+    "stopping": ("stopping", "starting", "pending", *FINAL_STATES),
+    **{final: ("starting", "pending", *FINAL_STATES) for final in FINAL_STATES},
+}
+
+
+class TransitionError(ValueError):
+    """A move NEXT_STATES does not allow: a bug in mt, never the user's input."""
 # pending: submitted to Slurm (`mt launch --slurm`), no supervisor yet: neither live nor final
 
 Liveness = Literal["pending", "starting", "live", "lost", "final"]
@@ -85,9 +99,18 @@ class Status:
         pids = [self.torchrun_pid, *self.worker_pids.values(), *(a.get("torchrun_pid") for a in self.attempts)]
         return [p for p in pids if _pid(p) is not None]
 
+    def move(self, state: str, reason: str | None = None) -> None:
+        """The one way a run's state changes (NEXT_STATES); `reason` replaces the old one when given."""
+        if state not in NEXT_STATES.get(self.state, ()):
+            raise TransitionError(f"status.json: {self.state} -> {state} is not a transition (mt/contract/status.py NEXT_STATES)")
+        self.state = state
+        if reason is not None:
+            self.reason = reason
+
     def end(self, state: str, reason: str, now: float, exit_code: int | None) -> None:
-        """The final transition, closing the attempt still open."""
-        self.state, self.ended, self.reason, self.exit_code = state, now, reason, exit_code
+        """The last transition of an attempt (or of the run), closing the attempt still open."""
+        self.move(state, reason)
+        self.ended, self.exit_code = now, exit_code
         for a in self.attempts:
             if a.get("ended") is None:
                 a.update(ended=now, exit_code=exit_code)

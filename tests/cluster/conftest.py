@@ -114,3 +114,11 @@ def slurm() -> Iterator[Cluster]:
             shutil.rmtree(path, ignore_errors=True)
         else:  # keep the logs for a look
             print(f"scripts/slurm.sh down failed ({down.returncode}); cluster folder kept: {path}\n{down.stderr}")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The Slurm tests share one test cluster: under `-n 2 --dist loadgroup` they run on one worker."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.path).parents:
+            item.add_marker(pytest.mark.xdist_group("slurm"))

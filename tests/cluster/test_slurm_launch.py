@@ -99,8 +99,8 @@ def test_pending_is_neither_live_nor_final_and_keeps_its_job_id() -> None:
     assert Status.parse({"state": "pending", "slurm_job_id": "4; rm"}).invalid == {"slurm_job_id"}
 
 
-def _ls(runs: Path) -> str:
-    done = _mt("ls", runs)
+def _ls(runs: Path, env: dict[str, str] | None = None) -> str:
+    done = _mt("ls", runs, env=env)
     assert done.returncode == 0, done.stderr
     return done.stdout.splitlines()[1]
 
@@ -146,9 +146,12 @@ def test_a_held_job_reads_pending_and_a_cancel_keeps_it_recorded(slurm: Cluster,
     slurm.wait_for("the job to leave the queue", lambda: slurm.state(job) == "" or None, timeout=30)
     out, _ = follow.communicate(timeout=30)
     assert follow.returncode == 1 and f"run killed (Slurm job {job} left the queue without starting: CANCELLED" in out, out
+    assert " killed " in _ls(tmp_path / "runs", slurm.env)   # Slurm's word: not `lost`, not pending forever
+    assert status(run_dir)["state"] == "pending"   # views only read: the status is recorded by a command that acts
+    stop = _mt("stop", run_dir, env=slurm.env)
     st = json.loads((run_dir / "status.json").read_text())
-    assert (st["state"], st["slurm_state"]) == ("killed", "CANCELLED")   # not `lost`, not pending forever
-    assert " killed " in _ls(tmp_path / "runs")
+    assert (st["state"], st["slurm_state"]) == ("killed", "CANCELLED"), (st, stop.stdout, stop.stderr)
+    assert stop.returncode == 0 and "run killed (Slurm job" in stop.stdout, stop.stdout + stop.stderr
 
 
 @pytest.mark.slow

@@ -186,10 +186,11 @@ def resume(
     since = resume_point(run_dir)   # --headless prints only the new attempt's lines
     from mt.contract.config import ConfigError
     from mt.contract.status import read_status
-    from tui.cluster.preempt import in_queue, resubmit
+    from tui.cluster.preempt import in_queue, record_gone, resubmit
     from tui.cluster.slurm import SlurmError
 
     try:
+        record_gone(run_dir)   # a Slurm job that left the queue unrecorded: settled first (views only show it)
         queued = in_queue(run_dir)
         if queued and queued.waiting:   # already queued (submitted, or requeued): its job starts the next attempt
             typer.echo(queued.line)

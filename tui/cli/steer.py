@@ -62,7 +62,7 @@ def stop(
     \b
         mt stop runs/tiny-cpu-20260101-120000
     """
-    from tui.cluster.preempt import stop_pending
+    from tui.cluster.preempt import record_gone, stop_pending
     from tui.cluster.slurm import SlurmError
     from tui.format.fmt import safe_text
     from tui.read.rundir import NotARunError
@@ -71,7 +71,8 @@ def stop(
 
     t0 = time.monotonic()
     try:
-        queued = stop_pending(run_dir, timeout)   # a Slurm run waiting in the queue: its job is cancelled
+        # a Slurm job that left the queue unrecorded is over: recorded now (views only show it)
+        queued = record_gone(run_dir) or stop_pending(run_dir, timeout)   # a Slurm run waiting in the queue: its job is cancelled
         if queued is not None:
             typer.echo(safe_text(f"run {queued.state} ({queued.reason}); {last_checkpoint_line(run_dir)}"))
             return

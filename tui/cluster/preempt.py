@@ -17,7 +17,7 @@ from typing import Iterable, Iterator, Mapping
 from mt.contract.paths import RunPaths
 from mt.contract.preset import load_config_json
 from mt.contract.records import Checkpoint, Record, RecordTail, Step
-from mt.contract.status import LIVE_STATES, Status, read_status, write_status
+from mt.contract.status import FINAL_STATES, LIVE_STATES, Status, read_status, write_status
 from tui.cluster.slurm import QUERY_TIMEOUT_S, SUBMIT_TIMEOUT_S, SlurmError, Submitted, _slurm, hostnames, queue_state, submit
 from tui.diagnose.findings import Finding
 
@@ -295,17 +295,18 @@ def resubmit(run_dir: Path) -> Submitted:
         return submit(load_config_json(RunPaths(Path(run_dir)).config), Path(run_dir))
     except SlurmError as e:
         status = read_status(run_dir)
-        status.state, status.ended, status.reason = "failed", time.time(), f"mt resume: {e}"
+        status.end("failed", f"mt resume: {e}", time.time(), status.exit_code)
         write_status(RunPaths(Path(run_dir)), status)
         raise
 
 
-def settle_gone(run_dir: Path) -> Status | None:
-    """A Slurm run whose job left the queue while its status still says it waits or runs is over:
-    no supervisor will ever write it (the allocation is gone), so the one who notices records
-    Slurm's word. Pending: `killed` (it never started). Live: the job's supervisor was killed with
-    it (the grace period ended before the stop's checkpoint, a node failed): `failed`, and how many
-    steps since the newest checkpoint were lost."""
+def gone_status(run_dir: Path) -> Status | None:
+    """A Slurm run whose job left the queue while its status still says it waits or runs is over, and
+    no supervisor will ever write it (the allocation is gone): its status as Slurm's word settles it,
+    not written (views show it; `record_gone`, for the commands that act on a run, writes it).
+    Pending: `killed` (it never started). Live: the job's supervisor was killed with it (the grace
+    period ended before the stop's checkpoint, a node failed): `failed`, and how many steps since
+    the newest checkpoint were lost."""
     status = read_status(run_dir)
     waiting = status.state in ("pending", *LIVE_STATES)
     if not waiting or status.slurm_job_id is None or queue_state(status.slurm_job_id) != "":
@@ -318,17 +319,23 @@ def settle_gone(run_dir: Path) -> Status | None:
     said = info.words() if info is not None else "no longer known to Slurm"
     status.slurm_state = info.state if info is not None else None
     if status.state == "pending":
-        status.state, status.reason = "killed", f"Slurm job {status.slurm_job_id} left the queue without starting: {said}"
-    else:
-        progress = Progress()
-        for _ in progress.feed(RecordTail(RunPaths(Path(run_dir)).events).iter_new()):
-            pass
-        at = f"step {progress.checkpoint}" if progress.checkpoint is not None else "the start (no checkpoint)"
-        status.reason = (f"Slurm job {status.slurm_job_id} ended ({said}) while the run was {status.state}, before its "
-                         f"supervisor could record it: {progress.lost} steps lost since the newest checkpoint, at {at}")
-        status.state = "failed"
-    status.end(status.state, status.reason, time.time(), status.exit_code)
-    write_status(RunPaths(Path(run_dir)), status)
+        status.end("killed", f"Slurm job {status.slurm_job_id} left the queue without starting: {said}", time.time(), status.exit_code)
+        return status
+    progress = Progress()
+    for _ in progress.feed(RecordTail(RunPaths(Path(run_dir)).events).iter_new()):
+        pass
+    at = f"step {progress.checkpoint}" if progress.checkpoint is not None else "the start (no checkpoint)"
+    status.end("failed", f"Slurm job {status.slurm_job_id} ended ({said}) while the run was {status.state}, before its "
+               f"supervisor could record it: {progress.lost} steps lost since the newest checkpoint, at {at}",
+               time.time(), status.exit_code)
+    return status
+
+
+def record_gone(run_dir: Path) -> Status | None:
+    """`gone_status`, written: what `mt resume`, `mt stop` and `mt kill` do first (views only read)."""
+    status = gone_status(run_dir)
+    if status is not None and read_status(run_dir).state not in (None, status.state, *FINAL_STATES):
+        write_status(RunPaths(Path(run_dir)), status)
     return status
 
 

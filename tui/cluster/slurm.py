@@ -146,7 +146,8 @@ def submit(cfg: Config, run_dir: Path) -> Submitted:
     if not job_id.isdigit():
         raise SlurmError(f"sbatch {script}: expected a job id, got {done.stdout.strip()!r}")
     status = read_status(run_dir)
-    status.state, status.slurm_job_id, status.reason = "pending", job_id, "submitted to Slurm"
+    status.move("pending", "submitted to Slurm")
+    status.slurm_job_id = job_id
     write_status(paths, status)
     if not held:
         released = _slurm("scontrol", "release", job_id)

@@ -20,7 +20,7 @@ from tui.read.follower import PollResult, RunFollower
 from tui.read.nodes import JobReader
 from tui.read.rundir import liveness
 from tui.report.nodes import node_lines
-from tui.state.runstate import RunState, TrackedIncident
+from tui.state.runstate import RunState, TrackedIncident, apply_status
 
 
 def step_line(st: RunState) -> str:
@@ -209,16 +209,18 @@ def follow_run(run_dir: Path, out: TextIO, min_interval_s: float = 1.0, poll_s: 
         follower.folded.clear()
         printer.printed_step = follower.state.step
         printer.silent = {key for key, inc in incident_keys(follower.state) if not inc.t or inc.t < t0}
-    next_settle = clock()
+    next_settle, gone = clock(), None
     job, nodes_due = JobReader(Path(run_dir)), clock()
     while True:
+        follower.poll()
         if clock() >= next_settle:
-            # a Slurm job gone from the queue while its status waits or runs: recorded now (no supervisor ever will)
-            from tui.cluster.preempt import settle_gone
+            # a Slurm job gone from the queue while its status waits or runs: over (no supervisor will write it)
+            from tui.cluster.preempt import gone_status
 
             next_settle = clock() + SETTLE_QUEUE_S
-            settle_gone(Path(run_dir))
-        follower.poll()
+            gone = gone_status(Path(run_dir))
+        if gone is not None:
+            apply_status(follower.state, gone)
         final = follower.state.state in FINAL_STATES
         if clock() >= nodes_due:   # a job's nodes, every NODES_EVERY_S: the node lines and troubled ranks
             nodes_due = clock() + NODES_EVERY_S
@@ -226,6 +228,8 @@ def follow_run(run_dir: Path, out: TextIO, min_interval_s: float = 1.0, poll_s: 
                 printer.write(line)
         if final:   # the supervisor writes its verdict (incidents) before the final status
             follower.poll()
+            if gone is not None:
+                apply_status(follower.state, gone)
         st, now = follower.state, clock()
         folded, follower.folded = follower.folded, []
         printer.fold(folded, st, now, final)

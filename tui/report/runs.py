@@ -13,6 +13,7 @@ from tui.read.rundir import effective_state, is_run_dir, run_dirs
 from tui.report.nodes import node_lines
 from tui.report.summary import format_summary
 from tui.state.compare import run_line, table_rows
+from tui.state.runstate import apply_status
 
 ONCE_NODE_LINES = 66   # --once lists every rank of a job up to 64 ranks on one node; beyond, only troubled ones
 
@@ -36,6 +37,7 @@ class RunRow:
     """A Slurm run's job id and Slurm's state for it (`1234 PENDING (JobHeldUser)`); "" for any other."""
     best_loss: float | None = None   # what --sort loss orders by; not a column
     job_id: str | None = None        # status.json's slurm_job_id; not a column
+    path: Path | None = None         # the run directory; not a column
 
 
 COLUMNS = ("name", "state", "attempt", "step", "loss", "best", "started", "duration")
@@ -61,7 +63,7 @@ def run_row(path: Path, now: float | None = None) -> RunRow:
             best=fmt_best(st.best_loss, st.best_loss_step, st.best_loss_partial),
             started=time.strftime("%Y-%m-%d %H:%M", time.localtime(st.started)) if st.started else "-",
             duration=fmt_duration(st.elapsed_s(now)) if st.started else "-",
-            best_loss=st.best_loss, job_id=st.status.slurm_job_id,
+            best_loss=st.best_loss, job_id=st.status.slurm_job_id, path=path,
             slurm=f"{st.status.slurm_job_id} {state}" if st.status.slurm_job_id else "",
         )
     except Exception as e:  # noqa: BLE001 - one broken run directory must not break `mt ls`
@@ -107,15 +109,22 @@ def with_slurm_states(rows: list[RunRow]) -> bool:
             r.slurm = f"{r.job_id} {known[r.job_id]}"
         elif r.job_id and queued is not None:
             r.slurm = f"{r.job_id} (not in the queue)"
+        if r.job_id and queued is not None and r.job_id not in queued and r.path is not None:
+            from tui.cluster.preempt import gone_status
+
+            gone = gone_status(r.path)   # waits or runs by its status, but its job is gone: Slurm's word, shown
+            r.state = gone.state or r.state if gone is not None else r.state
     return True
 
 
 def run_summary(run_dir: Path) -> str:
     """`mt watch --once`: the dashboard's facts as plain text."""
-    from tui.cluster.preempt import settle_gone
+    from tui.cluster.preempt import gone_status
 
-    settle_gone(Path(run_dir))   # a pending job that left the queue without starting is over: recorded first
     st = load_run_state(Path(run_dir))
+    gone = gone_status(Path(run_dir))   # a Slurm job that left the queue: Slurm's word, shown (not written)
+    if gone is not None:
+        apply_status(st, gone)
     st.supervisor_lost = effective_state(st.status) == "lost"   # no ETA, and `lost` in place of its state
     text = format_summary(st)
     if st.supervisor_lost:

@@ -211,7 +211,7 @@ def kill_run(run_dir: Path, grace_s: float = 10.0) -> SignalReport:
     if was_final:
         result.state = str(status.state)  # stragglers of an ended run: keep its outcome
     elif status.state != "killed":
-        status.state, status.ended, status.reason = "killed", time.time(), "killed by mt kill"
+        status.end("killed", "killed by mt kill", time.time(), status.exit_code)
         write_status(paths, status)
     return result
 

@@ -255,7 +255,7 @@ def launch_run(preset: Path, over: Overrides) -> Path:
 
 def _mark_failed(run_dir: Path, reason: str) -> None:
     status = read_status(run_dir)
-    status.state, status.ended, status.reason = "failed", time.time(), reason
+    status.end("failed", reason, time.time(), status.exit_code)
     write_status(RunPaths(run_dir), status)
 
 
@@ -331,8 +331,8 @@ def _resume_script(run_dir: Path, cfg: Config, status: Status, nproc: int | None
 
 
 def _start_attempt(paths: RunPaths, status: Status, reason: str, nproc: int, lock: int) -> None:
-    status.state, status.supervisor_pid, status.ended, status.exit_code = "starting", None, None, None
-    status.reason, status.nproc = reason, nproc
+    status.move("starting", reason)
+    status.supervisor_pid, status.ended, status.exit_code, status.nproc = None, None, None, nproc
     _write_or_refuse(paths, paths.status, status.to_dict())
     if status.slurm_job_id:  # a Slurm run goes back to Slurm: the caller submits it (tui.cluster.preempt.resubmit)
         return

@@ -109,7 +109,8 @@ class Supervisor:
 
     def write_status(self, state: str, note: str = "") -> None:
         """Record a transition to `state`, with the fields set before it (atomic)."""
-        self.status.state, self.status.supervisor_pid = state, os.getpid()
+        self.status.move(state)
+        self.status.supervisor_pid = os.getpid()
         self.save_status()
         self.log.info("state %s %s", state, note or dumps({"reason": self.status.reason}))
 
