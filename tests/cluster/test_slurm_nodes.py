@@ -22,7 +22,7 @@ from tests.cli.conftest import MT, REPO, events, run_dir_from, status, write_pre
 from tests.cluster.conftest import Cluster
 from tui.diagnose.exit import worker_exit
 from tui.diagnose.findings import Observation
-from tui.diagnose.signals import RunFacts, RunSignals
+from tui.diagnose.memory import RuleMemory, RunFacts
 from tui.read.nodes import NodeExit
 from tui.read.procs import run_processes
 from tui.read.torchrun_log import Failure
@@ -98,7 +98,7 @@ def test_the_crash_names_the_other_nodes_rank_killed_by_a_signal_not_the_one_tha
     obs = Observation(0.0, Status(state="failed", exit_code=1, attempt=1), torchrun_log=REPORT, node="n1",
                       rank_logs={0: "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:5"},
                       node_exits={"n2": NodeExit("n2", 1, 1, "failed", [Failure(1, -9, 77, node="n2")])})
-    found = worker_exit(RunSignals(RunFacts(world_size=2)), obs, MonitorConfig())
+    found = worker_exit(RuleMemory(RunFacts(world_size=2)), obs, MonitorConfig())
     assert found is not None and found.code == "crash", found
     assert found.title.startswith("Worker crashed: rank 1 on node n2"), found.title
     assert found.detail.startswith("rank 1 on node n2 was killed by SIGKILL") and "rank 0 on node n1 exit 1" in found.detail

@@ -21,7 +21,7 @@ from mt.contract.status import Status
 from tests.cli.conftest import MT, REPO, events, run_dir_from, status, write_preset
 from tests.cluster.conftest import Cluster
 from tests.engine.runner import final_weights, steps_by_attempt
-from tui.cluster.preempt import Ending, JobInfo, Progress, after_stop, cut_short, restart_count
+from tui.cluster.preempt import CheckpointLag, Ending, JobInfo, after_stop, cut_short, restart_count
 
 FINAL = ("completed", "failed", "killed", "stopped")
 HARD = {"model": {"dropout": 0.1}, "train": {"grad_accum_steps": 2}}   # dropout and accumulation: state to restore
@@ -102,7 +102,7 @@ def _records(*raw: dict[str, Any]) -> list[Any]:
 
 
 def test_a_cut_short_attempt_counts_the_steps_since_the_newest_checkpoint() -> None:
-    progress = Progress()
+    progress = CheckpointLag()
     seen = list(progress.feed(_records({"kind": "step", "step": 5}, {"kind": "checkpoint", "step": 5, "path": "c5",
                                                                           "reason": "interval"},
                                        {"kind": "step", "step": 6}, {"kind": "step", "step": 9})))
@@ -114,7 +114,7 @@ def test_a_cut_short_attempt_counts_the_steps_since_the_newest_checkpoint() -> N
     # an attempt that recorded its own end (requeued after its checkpoint, or final) lost nothing
     for state in ("pending", "stopped", "completed"):
         assert cut_short(Status(state=state, attempt=1, attempts=attempt), progress, "42") is None
-    assert Progress().lost == 0
+    assert CheckpointLag().lost == 0
     # the job's supervisor had said a node failed (it was killed with its tasks before its stop ended)
     said = "node n2 failed (NODE_FAIL): Slurm requeued job 42 (restart 1); this node's part is stopping"
     lost = cut_short(Status(state="stopping", attempt=1, attempts=attempt, slurm_state="NODE_FAIL", reason=said), progress, "42")
@@ -124,7 +124,7 @@ def test_a_cut_short_attempt_counts_the_steps_since_the_newest_checkpoint() -> N
 def test_mt_stop_is_never_a_preemption_and_slurms_words_are_kept() -> None:
     # SIGINT (mt stop of a bare script, mt watch --headless) or a control request: stopped, Slurm not asked
     for sig in (None, signal.SIGINT):
-        assert after_stop("42", sig, Progress(), "stop requested") == Ending("stopped", "stop requested")
+        assert after_stop("42", sig, CheckpointLag(), "stop requested") == Ending("stopped", "stop requested")
     assert JobInfo("NODE_FAIL", "NodeDown", "0:0").words() == "NODE_FAIL (reason NodeDown)"
     assert JobInfo("COMPLETING", "None", "0:15").words() == "COMPLETING (exit 0:15)"
     assert (restart_count({"SLURM_RESTART_COUNT": "2"}), restart_count({}), restart_count({"SLURM_RESTART_COUNT": "x"})) == (2, 0, 0)

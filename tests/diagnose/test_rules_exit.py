@@ -262,8 +262,8 @@ def test_the_supervisors_tick_is_all_the_monitor_needs(tmp_path: Path) -> None:
     from mt.contract.records import parse_event
     from mt.contract.status import Status
     from mt.contract.system import clean_sample
+    from tui.diagnose.memory import RunFacts
     from tui.diagnose.monitor import IncidentMonitor, Tick
-    from tui.diagnose.signals import RunFacts
 
     from .fakerun import T0
 

@@ -12,8 +12,8 @@ from mt.contract.heartbeat import clean_heartbeat
 from mt.contract.records import parse_event
 from mt.contract.status import Status
 from tui.diagnose.findings import Observation
+from tui.diagnose.memory import RuleMemory, RunFacts
 from tui.diagnose.rules import evaluate
-from tui.diagnose.signals import RunFacts, RunSignals
 from tui.diagnose.slowrank import HOLD_S, slow_rank
 
 NOW = 1_800_000_000.0
@@ -29,8 +29,8 @@ BALANCED = {0: {"n": 20, "step_s": 0.0061, "data_s": 0.0008, "compute_s": 0.0031
 SCRIPT = {0: {"n": 20, "step_s": 0.131, "data_s": 0.002}, 1: {"n": 20, "step_s": 0.131, "data_s": 0.128}}
 
 
-def signals(cores: int = 2) -> RunSignals:
-    sig = RunSignals(RunFacts(world_size=2, host_cores=cores))
+def signals(cores: int = 2) -> RuleMemory:
+    sig = RuleMemory(RunFacts(world_size=2, host_cores=cores))
     sig.feed_event(parse_event({"v": 1, "t": NOW - 60, "kind": "run_start", "attempt": 1, "world_size": 2}))
     sig.feed_event(parse_event({"v": 1, "t": NOW - 1, "kind": "step", "step": 100, "step_time_s": 0.09}))
     return sig
@@ -115,7 +115,7 @@ SLOWER = {0: {"n": 20, "step_s": 0.352, "data_s": 0.0009, "compute_s": 0.2531, "
           1: {"n": 20, "step_s": 0.353, "data_s": 0.0009, "compute_s": 0.3032, "optim_s": 0.0010, "comm_s": 0.0052}}
 
 
-def _ticks(sig: RunSignals, seconds: int, anatomies: Any) -> list[float]:
+def _ticks(sig: RuleMemory, seconds: int, anatomies: Any) -> list[float]:
     """One judgement a second (as the supervisor ticks) for `seconds`; the times it named a straggler."""
     named = []
     for i in range(seconds + 1):

@@ -5,15 +5,15 @@ from mt.contract.config import MonitorConfig
 from mt.contract.records import parse_event
 from mt.contract.status import Status
 from tui.diagnose.findings import ChildProc, Observation, RankProc
+from tui.diagnose.memory import RuleMemory, RunFacts
 from tui.diagnose.rules import evaluate
-from tui.diagnose.signals import RunFacts, RunSignals
 
 T0 = 1_800_000_000.0
 STEP_S = 0.2
 
 
-def signals(n: int = 20) -> RunSignals:
-    sig = RunSignals(RunFacts(num_workers=1, world_size=2))
+def signals(n: int = 20) -> RuleMemory:
+    sig = RuleMemory(RunFacts(num_workers=1, world_size=2))
     sig.feed_event(parse_event({"kind": "run_start", "t": T0, "attempt": 1, "start_step": 0, "world_size": 2}))
     for k in range(1, n + 1):
         sig.feed_event(parse_event({"kind": "step", "t": T0 + k * STEP_S, "step": k, "step_time_s": STEP_S,
@@ -25,7 +25,7 @@ def procs(main: dict[int, str], worker: dict[int, str]) -> dict[int, RankProc]:
     return {r: RankProc(r, 100 + r, True, 0.0, "S", main[r], [ChildProc(200 + r, "S", worker[r])]) for r in main}
 
 
-def observe(sig: RunSignals, idle: float, main: dict[int, str], worker: dict[int, str]) -> Observation:
+def observe(sig: RuleMemory, idle: float, main: dict[int, str], worker: dict[int, str]) -> Observation:
     last = sig.last_step
     assert last is not None
     return Observation(now=last.t + idle, status=Status(state="running", attempt=1),
@@ -103,7 +103,7 @@ def test_compile_workers_are_not_a_dataloader() -> None:
 
 
 def test_no_stall_judged_while_an_eval_is_due() -> None:
-    sig = RunSignals(RunFacts(num_workers=1, world_size=2, eval_every=20, eval_batches=4))
+    sig = RuleMemory(RunFacts(num_workers=1, world_size=2, eval_every=20, eval_batches=4))
     for ev in [{"kind": "run_start", "t": T0, "attempt": 1, "start_step": 0, "world_size": 2}] + [
             {"kind": "step", "t": T0 + k * STEP_S, "step": k, "step_time_s": STEP_S, "data_wait_s": 0.01,
              "tokens_per_s": 1000.0} for k in range(1, 21)]:

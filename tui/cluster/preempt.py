@@ -111,7 +111,7 @@ def _queued_again(info: JobInfo) -> bool:
 
 
 @dataclass
-class Progress:
+class CheckpointLag:
     """The newest step and the newest checkpoint's step in events.jsonl, as the supervisor reads it."""
 
     step: int | None = None
@@ -143,7 +143,7 @@ class Ending:
     slurm_state: str | None = None
 
 
-def after_stop(job_id: str, stop_signal: int | None, progress: Progress, reason: str,
+def after_stop(job_id: str, stop_signal: int | None, progress: CheckpointLag, reason: str,
                env: Mapping[str, str] = os.environ) -> Ending:
     """A stop that ended with its checkpoint: requeue when Slurm asked for it (SIGTERM, from a
     preemption or the time-limit warning) and the job still runs; a job being cancelled is not; a
@@ -215,7 +215,7 @@ def requeued_by_slurm(job_id: str, env: Mapping[str, str], what: str, info: JobI
                   f"{info.restarts}); {what}; the next attempt starts when Slurm runs the job again", slurm_state="NODE_FAIL")
 
 
-def cut_short(status: Status, progress: Progress, job_id: str) -> Finding | None:
+def cut_short(status: Status, progress: CheckpointLag, job_id: str) -> Finding | None:
     """At the start of a job's attempt: the previous one ended under Slurm without its supervisor
     recording the end (killed at the end of the grace period, or with its node); what it lost."""
     if status.state not in LIVE_STATES or not status.attempts:
@@ -321,7 +321,7 @@ def gone_status(run_dir: Path) -> Status | None:
     if status.state == "pending":
         status.end("killed", f"Slurm job {status.slurm_job_id} left the queue without starting: {said}", time.time(), status.exit_code)
         return status
-    progress = Progress()
+    progress = CheckpointLag()
     for _ in progress.feed(RecordTail(RunPaths(Path(run_dir)).events).iter_new()):
         pass
     at = f"step {progress.checkpoint}" if progress.checkpoint is not None else "the start (no checkpoint)"
@@ -346,7 +346,7 @@ class JobEnd:
     def __init__(self, under_slurm: bool, job_id: str | None) -> None:
         self.under_slurm, self.job_id = under_slurm, job_id
         self.signal: int | None = None   # the first stop signal: SIGTERM under Slurm is a preemption
-        self.progress = Progress()       # newest step and checkpoint
+        self.progress = CheckpointLag()       # newest step and checkpoint
         self.signal_at: float | None = None      # when node_failure first saw Slurm's SIGTERM (monotonic)
         self.next_ask = 0.0
         self.node_fail: Ending | None = None     # Slurm said a node of the job failed, or it requeued the job

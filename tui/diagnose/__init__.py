@@ -1,1 +1,1 @@
-"""Incident diagnosis: the rules (pure), the signals they read, the probes and the monitor."""
+"""Incident diagnosis: the rules (pure), the memory they keep between polls, the probes and the monitor."""

@@ -13,7 +13,7 @@ from mt.contract.status import CLEAN_STATES
 from tui.diagnose.findings import Finding, Observation, RankProc
 from tui.diagnose.hang import HANG_ENDED
 from tui.diagnose.lost import lost_nodes, node_lost
-from tui.diagnose.signals import RunSignals
+from tui.diagnose.memory import RuleMemory
 from tui.format.fmt import at_step, fmt_rank
 from tui.read.torchrun_log import Failure, torchrun_failures
 
@@ -94,7 +94,7 @@ def _signal_name(code: int | None) -> tuple[int | None, str | None]:
         return num, f"signal {num}"
 
 
-def _host_memory_share(sig: RunSignals, node: str | None) -> float | None:
+def _host_memory_share(sig: RuleMemory, node: str | None) -> float | None:
     """The newest sample's host memory use (in a job, of `node`'s host: the failed rank's)."""
     for s in reversed(sig.system):
         if node is not None and s.get("node") not in (None, node):
@@ -128,7 +128,7 @@ def _first_failure(obs: Observation) -> tuple[list[Failure], str]:
     return [Failure(r, None) for _, _, r in sorted(ranked)], "rank logs"
 
 
-def _worth_explaining(sig: RunSignals, obs: Observation, exited: bool) -> bool:
+def _worth_explaining(sig: RuleMemory, obs: Observation, exited: bool) -> bool:
     """Whether a worker failed (or is failing) in a way nobody asked for."""
     st = obs.status
     dying = st.state in ("running", "stopping") and (
@@ -195,7 +195,7 @@ def _title(code: str, step: int | None, who: str, stuck: list[int] | None) -> st
     return f"Collective timeout {at_step(step)}: {who} gave up waiting"
 
 
-def worker_exit(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
+def worker_exit(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Finding | None:
     """A worker exited non-zero: classify the first one to die.
 
     Known for sure once torchrun has exited (status.json has its exit code); before that, a
@@ -252,7 +252,7 @@ def worker_exit(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding 
                    _detail(who, what, source, first, failures, code, stuck), ADVICE[code], evidence)
 
 
-def _node_failed(sig: RunSignals, obs: Observation) -> Finding | None:
+def _node_failed(sig: RuleMemory, obs: Observation) -> Finding | None:
     """The node Slurm's NODE_FAIL took, found by its heartbeats (stopped first, nothing recorded); the
     job's node (this supervisor's) and its first rank are the survivor. None until the node is told apart."""
     said = {r: classify_log(t)[0] for r, t in obs.rank_logs.items()}

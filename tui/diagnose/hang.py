@@ -7,7 +7,7 @@ from typing import Any
 from mt.contract.config import MonitorConfig
 from mt.contract.events import as_float
 from tui.diagnose.findings import WAITING_SYSCALLS, Finding, Observation, RankProc
-from tui.diagnose.signals import WARMUP_STEPS, RunSignals
+from tui.diagnose.memory import WARMUP_STEPS, RuleMemory
 from tui.format.fmt import fmt_s
 
 EARLY_FLOOR_S = 3.0   # the least quiet spell named a hang early: a loaded host's scheduling hiccups stay under it
@@ -30,7 +30,7 @@ ADVICE_STRAGGLER = (
 )
 
 
-def this_attempt(sig: RunSignals, obs: Observation) -> dict[int, dict[str, Any]]:
+def this_attempt(sig: RuleMemory, obs: Observation) -> dict[int, dict[str, Any]]:
     """Heartbeats written by the current attempt (older files are left-overs)."""
     out = {}
     for rank, hb in obs.heartbeats.items():
@@ -40,7 +40,7 @@ def this_attempt(sig: RunSignals, obs: Observation) -> dict[int, dict[str, Any]]
     return out
 
 
-def running(sig: RunSignals, obs: Observation) -> bool:
+def running(sig: RuleMemory, obs: Observation) -> bool:
     """This attempt's engine is up and has not ended (a hang or a stall can only happen then)."""
     st = obs.status
     if not obs.live or st.state != "running" or st.exit_code not in (None, 0):
@@ -50,7 +50,7 @@ def running(sig: RunSignals, obs: Observation) -> bool:
     return sig.attempt is not None and sig.run_end is None
 
 
-def last_progress(sig: RunSignals, obs: Observation) -> float | None:
+def last_progress(sig: RuleMemory, obs: Observation) -> float | None:
     """The newest sign of life of this attempt: an event or a heartbeat."""
     marks = [t for t in (sig.attempt_t0, sig.last_event_t) if t is not None]
     marks += [as_float(hb.get("t")) for hb in this_attempt(sig, obs).values()]
@@ -86,7 +86,7 @@ def _suspects(hbs: dict[int, dict[str, Any]], procs: dict[int, RankProc]) -> tup
     return [], ""
 
 
-def early_limit(sig: RunSignals, hbs: dict[int, dict[str, Any]], med: float | None, m: MonitorConfig) -> float | None:
+def early_limit(sig: RuleMemory, hbs: dict[int, dict[str, Any]], med: float | None, m: MonitorConfig) -> float | None:
     """The quiet spell after which a rank stopped while the others wait is a hang: max(3 s, factor x
     the median step interval), plus 3x the measured length of an eval or checkpoint under way; None
     when the run has no measured pace yet, or a pause under way was never measured (the floor decides)."""
@@ -101,7 +101,7 @@ def early_limit(sig: RunSignals, hbs: dict[int, dict[str, Any]], med: float | No
     return max(EARLY_FLOOR_S, m.hang_step_factor * med) + sum(sig.pause_allowance(str(k)) for k in kinds)
 
 
-def _confirmed(sig: RunSignals, obs: Observation, hbs: dict[int, dict[str, Any]], idle: float,
+def _confirmed(sig: RuleMemory, obs: Observation, hbs: dict[int, dict[str, Any]], idle: float,
                early: float | None) -> tuple[list[int], str] | None:
     """The stopped rank(s) and why, once the same ones were seen over CONFIRM_S past the early limit."""
     found = _suspects(hbs, obs.procs) if early is not None and idle >= early else ([], "")
@@ -114,7 +114,7 @@ def _confirmed(sig: RunSignals, obs: Observation, hbs: dict[int, dict[str, Any]]
     return found if obs.now - sig.stuck[1] >= CONFIRM_S else None
 
 
-def hang(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
+def hang(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Finding | None:
     """No new step for max(floor, factor x median step time) while rank processes live; sooner
     (`early_limit`) when one rank stopped while the others wait in a collective."""
     if not running(sig, obs):
@@ -176,7 +176,7 @@ def hang(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
     return Finding("hang", "error", step, title, detail, ADVICE_HANG, evidence)
 
 
-def straggler(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
+def straggler(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Finding | None:
     """A rank's heartbeat steadily `straggler_steps` or more behind the most advanced rank."""
     if not running(sig, obs):
         return None

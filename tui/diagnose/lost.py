@@ -10,7 +10,7 @@ from mt.contract.events import as_float
 from mt.contract.status import CLEAN_STATES
 from tui.diagnose.findings import Finding, Observation
 from tui.diagnose.hang import this_attempt
-from tui.diagnose.signals import RunSignals
+from tui.diagnose.memory import RuleMemory
 from tui.format.fmt import at_step, fmt_ranks, fmt_s, safe_text
 
 LOST_QUIET_S = 5.0   # a live node's supervisor samples once a second: five missed samples and no heartbeat
@@ -38,7 +38,7 @@ class LostNode:
                 "state": self.state, "quiet_before_others_s": round(others_t - self.last_seen_t, 1)}
 
 
-def _last_seen(sig: RunSignals, hbs: dict[int, dict[str, Any]], ranks: list[int], node: str) -> float:
+def _last_seen(sig: RuleMemory, hbs: dict[int, dict[str, Any]], ranks: list[int], node: str) -> float:
     """The node's newest sign of life: a heartbeat of its ranks, or its supervisor's system sample."""
     marks = [as_float(hbs[r].get("t")) for r in ranks if r in hbs]
     sample = sig.newest_system(node)
@@ -58,7 +58,7 @@ class Quiet:
     others_t: float             # the other nodes' newest sign of life
 
 
-def lost_nodes(sig: RunSignals, obs: Observation, blamed: str | None, said: dict[int, str | None]) -> Quiet:
+def lost_nodes(sig: RuleMemory, obs: Observation, blamed: str | None, said: dict[int, str | None]) -> Quiet:
     """Nodes other than `blamed` (the node of the rank that lost its peer) whose ranks logged nothing
     (`said`: rank -> its log's verdict), whose supervisor recorded no failed worker and no clean end,
     and whose heartbeats and samples stopped before the others': lost once quiet LOST_QUIET_S, or

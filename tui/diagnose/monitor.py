@@ -29,9 +29,9 @@ from mt.contract.status import CLEAN_STATES, FINAL_STATES, Status, read_status
 from mt.contract.system import clean_sample
 from tui.diagnose.exit import classify_log
 from tui.diagnose.findings import Finding, Observation, RankProc
+from tui.diagnose.memory import RuleMemory, RunFacts
 from tui.diagnose.probes import ProcReader, file_size, read_tail, sampled_children
 from tui.diagnose.rules import evaluate
-from tui.diagnose.signals import RunFacts, RunSignals
 from tui.read.nodes import JobReader, NodeView, node_of_ranks
 from tui.read.procs import usable_cores
 from tui.read.rundir import supervisor_alive
@@ -87,7 +87,7 @@ class IncidentMonitor:
         self.nodes: dict[int, str] = {}   # rank -> node, in a job
         self._rank_logs: dict[int, Path] = {}   # built once per node map: a job's tick marks a thousand logs
         self.m = monitor
-        self.sig = RunSignals(facts or run_facts(self.paths))
+        self.sig = RuleMemory(facts or run_facts(self.paths))
         self.events = RecordTail(self.paths.events)
         self.system = JsonlTail(self.paths.system)
         self.procs = ProcReader()

@@ -8,7 +8,7 @@ from typing import Any
 from mt.contract.config import MonitorConfig
 from mt.contract.events import as_float
 from tui.diagnose.findings import Finding, Observation
-from tui.diagnose.signals import RunSignals, StepRec
+from tui.diagnose.memory import RuleMemory, StepRec
 from tui.format.fmt import fmt_s
 
 ADVICE_THROUGHPUT = (
@@ -25,12 +25,12 @@ ADVICE_MEMORY = (
 )
 
 
-def is_live(sig: RunSignals, obs: Observation) -> bool:
+def is_live(sig: RuleMemory, obs: Observation) -> bool:
     """The run is (still) going: no run_end for this attempt, and status.json says it lives."""
     return sig.run_end is None and obs.live
 
 
-def gpu_util(sig: RunSignals, obs: Observation, window_s: float) -> float | None:
+def gpu_util(sig: RuleMemory, obs: Observation, window_s: float) -> float | None:
     """Mean GPU utilisation over the window, if NVML sampled it for (most of) the window."""
     samples = [s for s in sig.recent_system(obs.now, window_s) if s.get("nvml") and s.get("gpus")]
     utils = []
@@ -68,7 +68,7 @@ def _time_weighted_median(steps: list[StepRec]) -> float:
     return pairs[-1][0]
 
 
-def _host_view(sig: RunSignals, obs: Observation) -> tuple[dict[str, Any], str]:
+def _host_view(sig: RuleMemory, obs: Observation) -> tuple[dict[str, Any], str]:
     """The newest system sample's host load and rank CPU, and a sentence when the host is oversubscribed."""
     sample = sig.newest_system(obs.node)   # in a job, the job's node's host: the one this monitor runs on
     if sample is None or obs.now - as_float(sample.get("t")) > 10:
@@ -86,7 +86,7 @@ def _host_view(sig: RunSignals, obs: Observation) -> tuple[dict[str, Any], str]:
     return view, ""
 
 
-def throughput_drop(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
+def throughput_drop(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Finding | None:
     """Tokens/s well below the run's own median for a sustained window (pauses excluded)."""
     if not is_live(sig, obs):
         return None
@@ -124,7 +124,7 @@ def throughput_drop(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Find
                    detail, ADVICE_THROUGHPUT, evidence)
 
 
-def memory_pressure(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
+def memory_pressure(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Finding | None:
     """A GPU's memory above the share of its total for the whole window."""
     if not is_live(sig, obs):
         return None

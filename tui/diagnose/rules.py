@@ -1,6 +1,6 @@
 """Incident rules over a run's streams: pure functions, no I/O, no torch.
 
-`RunSignals` (signals.py) accumulates events and system samples; each poll the caller
+`RuleMemory` (memory.py) accumulates events and system samples; each poll the caller
 gathers an `Observation` (findings.py: status, heartbeats, rank processes, log tails) and
 `evaluate` returns the incidents whose condition holds now. Opening, closing and writing them
 is monitor.py's job; the rules live in perf.py, hang.py, slowrank.py, stall.py and exit.py.
@@ -14,7 +14,7 @@ from tui.diagnose import perf as diagnose_perf
 from tui.diagnose import slowrank
 from tui.diagnose import stall as diagnose_stall
 from tui.diagnose.findings import Finding, Observation
-from tui.diagnose.signals import RunSignals
+from tui.diagnose.memory import RuleMemory
 
 RULES = (
     # a rank behind in steps first; else the one the others wait for at the same step (slowrank.py)
@@ -23,7 +23,7 @@ RULES = (
 )
 
 
-def evaluate(sig: RunSignals, obs: Observation, m: MonitorConfig) -> dict[str, Finding]:
+def evaluate(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> dict[str, Finding]:
     """Every rule whose condition holds now, keyed by code (at most one finding per code)."""
     found: dict[str, Finding] = {}
     for rule in RULES:

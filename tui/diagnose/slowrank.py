@@ -10,7 +10,7 @@ from typing import Any
 from mt.contract.config import MonitorConfig
 from tui.diagnose.findings import Finding, Observation
 from tui.diagnose.hang import running, this_attempt
-from tui.diagnose.signals import RunSignals
+from tui.diagnose.memory import RuleMemory
 from tui.format.fmt import fmt_ms
 
 MIN_STEPS = 10      # a window this full before a rank is judged (start-up steps are not its pace)
@@ -49,7 +49,7 @@ class Parts:
         return self.step_s - self.comm_s if self.comm_s is not None else self.data_s
 
 
-def _parts(sig: RunSignals, obs: Observation) -> dict[int, Parts]:
+def _parts(sig: RuleMemory, obs: Observation) -> dict[int, Parts]:
     out = {}
     for rank, hb in this_attempt(sig, obs).items():
         a = hb.get("anatomy") or {}
@@ -66,7 +66,7 @@ def _gap(slow: Parts, others: list[Parts], part: str) -> float | None:
     return None if mine is None or None in values else mine - statistics.median(values)
 
 
-def _host_busy(sig: RunSignals, obs: Observation, node: str | None) -> float | None:
+def _host_busy(sig: RuleMemory, obs: Observation, node: str | None) -> float | None:
     """Cores busy on the host besides the ranks, over the last 30 s of system samples (None: unknown;
     in a job, `node`'s: the slow rank's host)."""
     cores = sig.facts.host_cores
@@ -79,7 +79,7 @@ def _host_busy(sig: RunSignals, obs: Observation, node: str | None) -> float | N
     return statistics.median(spare) if spare else None
 
 
-def _named(sig: RunSignals, now: float, slow: int, gap: float, step_s: float, is_open: bool) -> bool:
+def _named(sig: RuleMemory, now: float, slow: int, gap: float, step_s: float, is_open: bool) -> bool:
     """Whether the gap names the rank: over GAP_SHARE of a step now, or over HELD_SHARE since HOLD_S
     (the clock restarts when the gap falls under it or another rank is the slowest)."""
     if gap >= max(GAP_S, HELD_SHARE * step_s) * (KEEP if is_open else 1.0):
@@ -92,7 +92,7 @@ def _named(sig: RunSignals, now: float, slow: int, gap: float, step_s: float, is
     return sig.slow_since is not None and now - sig.slow_since[1] >= HOLD_S
 
 
-def slow_rank(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
+def slow_rank(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Finding | None:
     """A rank whose own time a step exceeds the others' by GAP_S and GAP_SHARE of a step (or
     HELD_SHARE, held for HOLD_S), and why."""
     if not running(sig, obs):

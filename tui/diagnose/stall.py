@@ -6,8 +6,8 @@ import math
 from mt.contract.config import MonitorConfig
 from tui.diagnose.findings import WAITING_SYSCALLS, ChildProc, Finding, Observation, RankProc
 from tui.diagnose.hang import last_progress, running
+from tui.diagnose.memory import WARMUP_STEPS, RuleMemory, StepRec
 from tui.diagnose.perf import gpu_util, is_live
-from tui.diagnose.signals import WARMUP_STEPS, RunSignals, StepRec
 from tui.format.fmt import fmt_s
 
 ADVICE_STALL = (
@@ -18,7 +18,7 @@ ADVICE_STALL = (
 )
 
 
-def _stall_window(sig: RunSignals, steps: list[StepRec], end: int, m: MonitorConfig) -> list[StepRec]:
+def _stall_window(sig: RuleMemory, steps: list[StepRec], end: int, m: MonitorConfig) -> list[StepRec]:
     """The last `stall_steps` judged steps up to index `end`, within stall_window_s of it."""
     recent: list[StepRec] = []
     t_end = steps[end].t
@@ -51,7 +51,7 @@ def _waiting(p: RankProc) -> bool:
     return p.syscall == "running" and p.cpu_pct is not None and p.cpu_pct < 10.0
 
 
-def stall_in_progress(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
+def stall_in_progress(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Finding | None:
     """No step for a while, every rank blocked on its input queue while its DataLoader workers work.
 
     Seen from /proc while the stalled step is still waiting, so a long stall is named for what
@@ -99,7 +99,7 @@ def _blocked_on_input(obs: Observation) -> tuple[dict[int, RankProc], dict[int, 
     return (alive, feeding) if feeding else None
 
 
-def silent_stall(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
+def silent_stall(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Finding | None:
     """A script that reports nothing through mt has no steps to judge: its ranks all blocked on
     their input queues while their DataLoader workers work, for stall_window_s (with NVML, the
     GPUs idle too: a rank waiting on its GPU looks alike), seen from /proc alone."""
@@ -126,7 +126,7 @@ def silent_stall(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding
                    ADVICE_STALL, evidence)
 
 
-def dataloader_stall(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Finding | None:
+def dataloader_stall(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Finding | None:
     """Data wait a large share of recent step time (and, with NVML, GPUs idle meanwhile)."""
     silent = silent_stall(sig, obs, m)
     if silent is not None or sig.facts.script and sig.attempt is None:
@@ -154,7 +154,7 @@ def dataloader_stall(sig: RunSignals, obs: Observation, m: MonitorConfig) -> Fin
     return None
 
 
-def _stall_finding(sig: RunSignals, recent: list[StepRec], need: float, gpu: float | None,
+def _stall_finding(sig: RuleMemory, recent: list[StepRec], need: float, gpu: float | None,
                    m: MonitorConfig) -> Finding | None:
     """The incident for one window of steps, if their data wait is `need` of their time."""
     if len(recent) < min(2, m.stall_steps):

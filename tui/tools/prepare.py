@@ -132,7 +132,7 @@ def _batches(it: Iterator[bytes], n: int) -> Iterator[list[bytes]]:
         yield batch
 
 
-class Progress:
+class ProgressLine:
     """A progress line on stderr: rewritten in place on a terminal, one line every 5 s otherwise."""
 
     def __init__(self, total: int, stream: TextIO | None = None) -> None:
@@ -169,7 +169,7 @@ def tokenize_file(text: str | Path, tok: Tokenizer, out: str | Path, piece_bytes
     if show:
         total = text.stat().st_size if text.is_file() else 0
         print(f"tokenizing {text} ({fmt_mb(total)} MB) on {threads()} threads into {out}", file=sys.stderr, flush=True)
-        progress = Progress(total)
+        progress = ProgressLine(total)
     dtype = dtype_for(vocab_size(tok))
     code = "H" if dtype == "uint16" else "I"
     encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # no offsets: about twice as fast

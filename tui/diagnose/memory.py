@@ -1,4 +1,4 @@
-"""What the rules remember between polls: recent steps, pauses and system samples of a run."""
+"""The rules' memory between polls: recent steps, pauses and system samples of a run (not signals)."""
 from __future__ import annotations
 
 import math
@@ -49,7 +49,7 @@ def _f(v: float | None) -> float:
     return math.nan if v is None else v
 
 
-class RunSignals:
+class RuleMemory:
     """Accumulates the event and system streams; the current attempt's steps and pauses."""
 
     def __init__(self, facts: RunFacts | None = None) -> None:
