@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -109,11 +110,30 @@ def peak_flops(device: torch.device, precision: str) -> float | None:
     return peak
 
 
+def _cpu_attention() -> dict[Any, Any]:
+    """Formulas for the CPU's flash attention, which torch's counter lacks (a CPU run's count would
+    leave attention out): the same count as its CUDA kernels get (torch.utils.flop_counter)."""
+    from torch.utils import flop_counter as fc
+    aten = torch.ops.aten
+    if not hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu") or not hasattr(fc, "sdpa_backward_flop_count"):
+        return {}  # an older torch: attention on the CPU goes uncounted
+
+    def forward(q: Any, k: Any, v: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+        return fc.sdpa_flop_count(q, k, v)
+
+    def backward(grad: Any, q: Any, k: Any, v: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+        return fc.sdpa_backward_flop_count(grad, q, k, v)
+
+    return {aten._scaled_dot_product_flash_attention_for_cpu: forward,
+            aten._scaled_dot_product_flash_attention_for_cpu_backward: backward}
+
+
 class FlopCount:
     """One optimizer step's model FLOPs on this rank, counted by torch's FlopCounterMode around its
     forwards and backwards (each a fresh counter: entering one clears it)."""
 
     def __init__(self, recompute: bool) -> None:
+        self.formulas = _cpu_attention()
         # activation checkpointing runs the forward again inside the backward: a count of the
         # backward would hold it, so the model's FLOPs are 3 x the forward's, as 6N assumes
         self.recompute = recompute
@@ -121,7 +141,7 @@ class FlopCount:
 
     @contextmanager
     def forward(self) -> Iterator[None]:
-        with FlopCounterMode(display=False) as counter:
+        with FlopCounterMode(display=False, custom_mapping=self.formulas) as counter:
             yield
         self.forward_flops += counter.get_total_flops()
 
@@ -130,7 +150,7 @@ class FlopCount:
         if self.recompute:
             yield
             return
-        with FlopCounterMode(display=False) as counter:
+        with FlopCounterMode(display=False, custom_mapping=self.formulas) as counter:
             yield
         self.backward_flops += counter.get_total_flops()
 

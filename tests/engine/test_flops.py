@@ -146,6 +146,15 @@ def test_a_users_model_is_counted_at_the_first_step_and_6n_is_only_a_labelled_fa
     assert by_hand < 0.7 * start["flops_per_token"]                  # 6N counted the embedding and biases
     assert "FLOPs per token counted by torch at the first step: 1.229e+04" in logs(run)
 
+    # compiled, its linears checkpointed: 3 x the forward's count (the backward's holds the recomputed
+    # forward), and counting the first step costs no recompile at the second
+    run = make_run(tmp_path, "compiled", base, checkpoint={"every_steps": 0},
+                   train={"max_steps": 3, "log_every": 1, "compile": True, "activation_checkpointing": True,
+                          "fsdp": {"wrap": ["Linear"]}})
+    assert run_engine(run) == 0, logs(run)
+    assert [(s["flops_per_token"], s["recompiles"]) for s in events(run, "step")] == [(by_hand, 0)] * 3
+    assert not events(run, "incident")
+
     (tmp_path / "work" / "flopless.py").write_text(FLOPLESS)
     run = make_run(tmp_path, "estimated", base, model={**base["model"], "factory": "flopless:build", "args": {}},
                    train={"max_steps": 3, "log_every": 1}, checkpoint={"every_steps": 0})
