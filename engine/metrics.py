@@ -104,9 +104,12 @@ def peak_flops(device: torch.device, precision: str) -> float | None:
     if device.type != "cuda":
         return None
     name, math = torch.cuda.get_device_name(device), run_math(precision)
-    peak = peak_for(name, math, torch.cuda.get_device_properties(device).multi_processor_count)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    peak = peak_for(name, math, sms)
     if peak is None:
         log(f"MFU not shown: no dense {math} peak for {name} in engine/metrics.py")
+    else:  # the peak MFU is judged against, in the rank log (bench/gpu_check.py prints it)
+        log(f"MFU against {peak / 1e12:.1f} TFLOP/s: dense {math} of {name} on {sms} of its {getattr(peak_of(name), 'sms', '?')} SMs")
     return peak
 
 
