@@ -24,7 +24,7 @@ from engine.dist import DistEnv, log, seed_everything
 from engine.evaluate import Evaluator
 from engine.faults import Faults
 from engine.kinds import kind_of
-from engine.metrics import device_name, git_commit, peak_flops
+from engine.metrics import FlopCount, device_name, git_commit, peak_flops
 from engine.model import count_params
 from engine.optim import build_optimizer, lr_at, set_lr
 from engine.precision import Precision
@@ -99,7 +99,10 @@ class Trainer:
         self.sample_tokens = cfg.model.seq_len if cfg.data.source != "python" else tokens_per_sample(splits.train[0][0])
         self.tokens_per_step = self.global_batch * self.sample_tokens if self.sample_tokens else None
         self.flops_per_token = self.kind.flops_per_token(cfg, self.n_params)
-        self.peak = peak_flops(env.device)
+        # not mt's GPT: torch counts the model's FLOPs on this attempt's first step (6N until then)
+        self.flops_estimated = not self.kind.exact_flops
+        self.flop_count = FlopCount(t.activation_checkpointing) if self.flops_estimated and self.sample_tokens else None
+        self.peak = peak_flops(env.device, t.precision)
 
         stall_at = self.faults.stall_at(self.step, self.samples, self.global_batch)
         self.sampler = GlobalOrderSampler(len(splits.train), cfg.run.seed, env.rank, env.world_size, self.samples, stall_at)
@@ -128,6 +131,7 @@ class Trainer:
             self.clock.lap("start")
             loss_local, micro_losses, data_wait = self._forward_backward(step)
             self.clock.lap("backward")
+            self._take_flop_count()
             grad_norm_t = self.precision.unscale_and_clip(self.optimizer, self.model.parameters())
             stop = self.signals.received is not None or bool(requests.stop)
             self.clock.lap("agree_in")
@@ -179,17 +183,32 @@ class Trainer:
             data_wait += time.perf_counter() - t0
             batch = to_device(batch, self.env.device)
             sync = micro == self.accum - 1
+            count = self.flop_count  # the first step only, and only where torch counts the FLOPs
             with (nullcontext() if sync else self.par.no_sync()):
-                with self.precision.autocast():
+                with count.forward() if count else nullcontext(), self.precision.autocast():
                     loss = loss_of(call_model(self.par.module, batch), self.what)
                 self.faults.in_forward(micro)
                 loss = self.faults.maybe_poison(loss, step, micro)
-                self.precision.backward(self.faults.maybe_overflow(loss / self.accum, step))
+                with count.backward() if count else nullcontext():
+                    self.precision.backward(self.faults.maybe_overflow(loss / self.accum, step))
             micro_losses.append((loss.detach(), idx))
             if self.trace is not None:
                 self.trace.append(idx)
             loss_sum += loss.detach()
         return loss_sum / self.accum, micro_losses, data_wait
+
+    def _take_flop_count(self) -> None:
+        """After the first step's forward and backward: FLOPs per token from torch's count of this rank's
+        tokens, replacing the 6N estimate (kept where the counter saw no matmul)."""
+        count, self.flop_count = self.flop_count, None
+        if count is None or not self.sample_tokens:
+            return
+        tokens = self.cfg.train.micro_batch_size * self.accum * self.sample_tokens
+        if count.total() > 0:
+            estimate, self.flops_per_token, self.flops_estimated = self.flops_per_token, count.total() / tokens, False
+            log(f"FLOPs per token counted by torch at the first step: {self.flops_per_token:.4g} (6N estimate {estimate:.4g})")
+        else:
+            log("torch's FLOP counter saw no matmul at the first step: MFU uses the 6N estimate")
 
     def _log_step(self, fields: dict[str, Any]) -> None:
         """The step event every log_every steps and at the last; the anomalies it shows, every step."""
@@ -299,6 +318,10 @@ class Trainer:
         }
         if scale is not None:
             fields["loss_scale"] = scale
+        if tps is not None:
+            fields["flops_per_token"] = self.flops_per_token
+            if self.flops_estimated:
+                fields["flops_estimated"] = True
         if self.peak and tps is not None:
             fields["mfu"] = tps * self.flops_per_token / (self.peak * self.env.world_size)
         return fields

@@ -25,6 +25,8 @@ class ModelKind(Protocol):
 
     # under fsdp the ranks but 0 may build it on the meta device and receive rank 0's values
     meta_build: bool
+    # flops_per_token is the model's exact count; else an estimate torch's counter replaces at the first step
+    exact_flops: bool
 
     def build(self, cfg: Config) -> nn.Module:
         """The model, on the default device (the meta device inside the caller's `torch.device("meta")`)."""
@@ -43,7 +45,7 @@ class ModelKind(Protocol):
         ...
 
     def flops_per_token(self, cfg: Config, n_params: int) -> float:
-        """Training FLOPs per token, for MFU."""
+        """Training FLOPs per token, for MFU (an estimate where not exact_flops)."""
         ...
 
     def describe(self, cfg: Config) -> str:

@@ -12,6 +12,7 @@ from mt.contract.config import Config
 
 class GptKind:
     meta_build = True
+    exact_flops = True
 
     def build(self, cfg: Config) -> nn.Module:
         return GPT(cfg.model)

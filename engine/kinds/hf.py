@@ -15,6 +15,7 @@ from mt.contract.config import HF_OFFLINE, Config
 
 class HfKind:
     meta_build = True
+    exact_flops = False  # counted by torch at the first step (engine/metrics.py FlopCount)
 
     def build(self, cfg: Config) -> nn.Module:
         return build_hf_model(cfg)
@@ -29,7 +30,7 @@ class HfKind:
         return CausalLM(windows)
 
     def flops_per_token(self, cfg: Config, n_params: int) -> float:
-        return 6.0 * n_params
+        return 6.0 * n_params  # the usual estimate, until torch counts the first step
 
     def describe(self, cfg: Config) -> str:
         return f"the Hugging Face {cfg.model.hf.get('model_type') or 'model'}"

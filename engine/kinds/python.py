@@ -13,6 +13,7 @@ from mt.contract.config import Config
 
 class PythonKind:
     meta_build = False  # a factory's own code may need real tensors: every rank builds it
+    exact_flops = False  # counted by torch at the first step (engine/metrics.py FlopCount)
 
     def build(self, cfg: Config) -> nn.Module:
         return build_model(cfg)
@@ -28,7 +29,7 @@ class PythonKind:
         return windows  # model(x, y)
 
     def flops_per_token(self, cfg: Config, n_params: int) -> float:
-        return 6.0 * n_params  # the usual estimate: the factory's architecture is unknown
+        return 6.0 * n_params  # the usual estimate (the architecture is unknown), until torch counts the first step
 
     def describe(self, cfg: Config) -> str:
         return f"{cfg.model.factory}(...)"

@@ -70,6 +70,8 @@ class Step(Event):
     samples_per_s: float | None
     extra: dict[str, float]        # a script's own metrics passed to run.step (name -> value)
     recompiles: int | None         # torch.compile recompilations during this step (compiled runs only)
+    flops_per_token: float | None  # the model FLOPs per token mfu uses
+    flops_estimated: bool          # ... the 6 x params estimate, not torch's count or the GPT's formula
     kind: ClassVar[str] = "step"
 
     @property
@@ -225,7 +227,7 @@ def _step(raw: dict[str, Any], t: float | None) -> Step:
         t, raw, _int(raw, "step", required=True), _num(raw, "loss"), _num(raw, "lr", True),  # type: ignore[arg-type]
         _num(raw, "grad_norm", True), _num(raw, "tokens_per_s", True), _num(raw, "step_time_s", True),
         _num(raw, "data_wait_s", True), _num(raw, "mfu", True), _num(raw, "samples_per_s", True), _values(raw, "extra"),
-        _int(raw, "recompiles"))
+        _int(raw, "recompiles"), _num(raw, "flops_per_token", True), raw.get("flops_estimated") is True)
 
 
 def _values(raw: dict[str, Any], key: str) -> dict[str, float]:

@@ -363,3 +363,27 @@ def test_a_full_buffer_dump_fits_well_inside_the_readers_bound(tmp_path):
     assert out.returncode == 0, out.stderr.decode()[-2000:]
     dump = load_dump(out.stdout, 0)
     assert len(dump.entries) == 2000 and len(out.stdout) * 8 < MAX_DUMP_BYTES, len(out.stdout)
+
+
+ENV_DUMP = """\
+import json, os, sys
+with open(sys.argv[1] + f".{os.environ['RANK']}", "w") as f:
+    json.dump({k: v for k, v in os.environ.items() if k.startswith("TORCH_")}, f)
+"""
+
+
+@pytest.mark.slow
+def test_the_ranks_get_the_recorder_under_the_names_of_every_torch_from_2_2(tmp_path):
+    # torch 2.2 to 2.8 read only TORCH_NCCL_*; 2.9 on reads TORCH_FR_* first: a rank must get both
+    script, out, runs = tmp_path / "envdump.py", tmp_path / "env", tmp_path / "runs"
+    script.write_text(ENV_DUMP)
+    res = mt("launch", script, "--headless", "--nproc", "2", "--runs-dir", runs, "--", out, timeout=180)
+    assert res.returncode == 0, res.stdout + res.stderr
+    flight = next(runs.iterdir()) / "flight"
+    for rank in (0, 1):
+        env = json.loads((tmp_path / f"env.{rank}").read_text())
+        assert {k: env.get(k) for k in env if "FR_" in k or "TRACE" in k or "DUMP" in k or "DEBUG_INFO" in k} == {
+            "TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+            "TORCH_FR_DUMP_ON_TIMEOUT": "1", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+            "TORCH_FR_DUMP_TEMP_FILE": str(flight / "rank_"), "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(flight / "rank_"),
+        }, rank

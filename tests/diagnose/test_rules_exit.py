@@ -111,6 +111,34 @@ def test_oom_from_the_log(tmp_path: Path) -> None:
     assert "micro_batch_size" in run.opened()[0]["advice"]
 
 
+# CUDA's own out-of-memory (outside torch's allocator), and NCCL's when its buffers do not fit
+CUDA_ERROR_OOM = [
+    "RuntimeError: CUDA error: out of memory",
+    "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.",
+    "For debugging consider passing CUDA_LAUNCH_BLOCKING=1",
+    "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.",
+]
+NCCL_OOM = [
+    "torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, "
+    "unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5",
+    "ncclUnhandledCudaError: Call to CUDA function failed.",
+    "Last error:",
+    "Cuda failure 'out of memory'",
+]
+
+
+@pytest.mark.parametrize("lines,line", [
+    (CUDA_ERROR_OOM, "RuntimeError: CUDA error: out of memory"), (NCCL_OOM, "Cuda failure 'out of memory'"),
+    ([*NCCL_OOM[:-1], "Cuda failure 2 'out of memory'"], "Cuda failure 2 'out of memory'"),
+], ids=["cuda-error", "nccl", "nccl-numbered"])
+def test_cuda_and_nccl_out_of_memory_in_a_workers_log_is_oom(tmp_path: Path, lines: list[str], line: str) -> None:
+    log = TRACEBACK.format(r=1, last=lines[0]) + "".join(f"[rank1]: {ln}\n" for ln in lines[1:])
+    run = crashed_run(tmp_path, 1, 1, {1: log, 0: TRACEBACK.format(r=0, last=PEER)})
+    got = run.opened()
+    assert [(g["code"], g["evidence"]["rank"], g["evidence"]["line"]) for g in got] == [("oom", 1, line)], got
+    assert "micro_batch_size" in got[0]["advice"]
+
+
 def test_sigkill_with_full_host_memory_is_the_oom_killer(tmp_path: Path) -> None:
     run = crashed_run(tmp_path, 1, -9, {1: "step 12\n"}, host_mem=0.97)
     got = run.opened()

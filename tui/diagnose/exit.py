@@ -17,9 +17,13 @@ from tui.diagnose.memory import RuleMemory
 from tui.format.fmt import at_step, fmt_rank
 from tui.read.torchrun_log import Failure, torchrun_failures
 
+# CUDA's own error (a kernel launch or cudaMalloc outside torch's allocator, e.g. cuBLAS workspace,
+# NCCL buffers) reads "CUDA error: out of memory"; NCCL reports it as "Cuda failure 'out of memory'"
+# (newer NCCL: "Cuda failure 2 'out of memory'") under an "unhandled cuda error" DistBackendError.
 _OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|"
                   r"HIP out of memory|std::bad_alloc|\bMemoryError\b|Cannot allocate memory|"
-                  r"DefaultCPUAllocator: can't allocate memory")
+                  r"DefaultCPUAllocator: can't allocate memory|CUDA error: out of memory|"
+                  r"Cuda failure (?:\d+ )?'out of memory'")
 _TIMEOUT = re.compile(r"Watchdog caught collective operation timeout|collective operation timeout|"
                       r"Timed out waiting \d+ ?ms for (?:recv|send)|ProcessGroup\w*.*(?:timed out|Timeout)|"
                       r"NCCL (?:timeout|communicator was aborted)|DistBackendError.*(?:timed out|Timeout)|"

@@ -21,27 +21,37 @@ DUMP_PREFIX = "rank_"     # torch appends the global rank: flight/rank_0, flight
 MAX_DUMP_BYTES = int(BUFFER_ENTRIES) * 8192
 _DUMP = re.compile(re.escape(DUMP_PREFIX) + r"\d{1,9}")   # a rank; more digits are no dump of torch's
 _OFF = ("0", "false", "no", "off")
-_ALIASES = {"TORCH_FR_BUFFER_SIZE": "TORCH_NCCL_TRACE_BUFFER_SIZE",
-            "TORCH_FR_DUMP_TEMP_FILE": "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"}
+# Each setting under every name a supported torch (2.2+) reads, newest first: torch 2.2 to 2.8 read
+# only the TORCH_NCCL_* names (ProcessGroupNCCL.hpp), 2.9 added TORCH_FR_BUFFER_SIZE and
+# TORCH_FR_DUMP_TEMP_FILE (torch/csrc/distributed/c10d/FlightRecorder.hpp, the old names kept as
+# aliases), and later torch TORCH_FR_DUMP_ON_TIMEOUT. mt sets every name of a setting, so whichever
+# torch the ranks import finds it (a newer torch warns once that the old name is deprecated).
+_NAMES = {
+    "buffer": ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"),
+    "dump": ("TORCH_FR_DUMP_ON_TIMEOUT", "TORCH_NCCL_DUMP_ON_TIMEOUT"),
+    "file": ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"),
+}
+
+
+def _users(base: dict[str, str], setting: str) -> str | None:
+    """The user's value for a setting, under whichever of its names they used (the newest first)."""
+    return next((base[k] for k in _NAMES[setting] if k in base), None)
 
 
 def _wanted(cfg: Config, flight_dir: Path, base: dict[str, str]) -> dict[str, str]:
     """The recorder's variables mt adds for this run: none for device cpu or when the user turned the
-    recorder (or its dump on timeout) off; a value the user set, under either name, wins."""
-    users = {k: base[k] for k in ("TORCH_NCCL_DUMP_ON_TIMEOUT", *_ALIASES, *_ALIASES.values()) if k in base}
-    buffer = users.get("TORCH_FR_BUFFER_SIZE", users.get("TORCH_NCCL_TRACE_BUFFER_SIZE", BUFFER_ENTRIES))
-    if cfg.launch.device == "cpu" or buffer.strip() in _OFF or \
-            users.get("TORCH_NCCL_DUMP_ON_TIMEOUT", "1").strip().lower() in _OFF:
+    recorder (or its dump on timeout) off; a setting the user gave under any of its names is theirs."""
+    buffer, dump = _users(base, "buffer") or BUFFER_ENTRIES, _users(base, "dump") or "1"
+    if cfg.launch.device == "cpu" or buffer.strip() in _OFF or dump.strip().lower() in _OFF:
         return {}
-    want = {"TORCH_FR_BUFFER_SIZE": BUFFER_ENTRIES, "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-            "TORCH_FR_DUMP_TEMP_FILE": str(flight_dir / DUMP_PREFIX)}
-    return {k: v for k, v in want.items() if k not in base and _ALIASES.get(k) not in base}
+    values = {"buffer": BUFFER_ENTRIES, "dump": "1", "file": str(flight_dir / DUMP_PREFIX)}
+    return {name: values[setting] for setting, names in _NAMES.items() if _users(base, setting) is None
+            for name in names}
 
 
 def recorder_env(cfg: Config, flight_dir: Path, base: dict[str, str]) -> dict[str, str]:
     """The flight recorder's variables for a run that may use NCCL (device cuda or auto; never cpu),
-    creating flight_dir; a value the user set wins. torch 2.13's names (TORCH_NCCL_TRACE_BUFFER_SIZE
-    and TORCH_NCCL_DEBUG_INFO_TEMP_FILE are their deprecated aliases)."""
+    creating flight_dir, under the names of every torch from 2.2 on (_NAMES); a value the user set wins."""
     want = _wanted(cfg, flight_dir, base)
     if not want:
         return {}

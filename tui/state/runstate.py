@@ -85,6 +85,7 @@ class RunState:
     samples_per_s: float | None = None
     step_time_s: float | None = None
     mfu: float | None = None
+    mfu_estimated: bool = False  # the newest mfu counts 6 x params FLOPs per token (a user's model, uncounted)
     world_size: int | None = None
     nnodes: int | None = None
     device: str | None = None
@@ -265,7 +266,7 @@ def reduce_step(st: RunState, ev: Step) -> None:
     st.lr, st.grad_norm, st.tokens_per_s, st.step_time_s = ev.lr, ev.grad_norm, ev.tokens_per_s, ev.step_time_s
     st.samples_per_s = ev.samples_per_s
     if ev.mfu is not None:
-        st.mfu = ev.mfu
+        st.mfu, st.mfu_estimated = ev.mfu, ev.flops_estimated
     if ev.t is not None:
         st.recent.append((ev.t, ev.step))
     if st.state == "starting":

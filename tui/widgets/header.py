@@ -36,7 +36,8 @@ def render_header(st: RunState, now: float, width: int, smoothing: float, logy: 
     line1.append_text(progress_bar(st.step, st.max_steps, bar_w))
     parts = [f"ETA {fmt_eta(st.eta_s(), st.quiet_s(now))}", fmt_rate(st.tokens_per_s, st.samples_per_s)]
     if st.mfu is not None:
-        parts.append(f"MFU {fmt_num(100 * st.mfu, '.1f')}%")
+        parts.append(f"MFU {'~' if st.mfu_estimated else ''}{fmt_num(100 * st.mfu, '.1f')}%"
+                     + (" (6N estimate)" if st.mfu_estimated else ""))
     parts.append(f"elapsed {fmt_duration(st.elapsed_s(now))}")
     parallel = fmt_parallel(st.strategy, st.compile, st.activation_checkpointing)
     parts.append(f"{st.world_size or '?'} × {st.device or '?'}" + (f" {parallel}" if parallel else ""))
