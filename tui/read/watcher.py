@@ -17,6 +17,7 @@ from mt.contract import door
 from mt.contract.heartbeat import read_heartbeats
 from mt.contract.jsonl import JsonlTail
 from mt.contract.system import clean_sample
+from tui.format.fmt import terminal_line
 from tui.read.follower import PollResult, RunFollower
 from tui.read.nodes import JobReader, NodeView, node_of_ranks
 
@@ -26,6 +27,7 @@ SYSTEM_TAIL_BYTES = 256 * 1024  # a 10-hour 8-GPU system.jsonl is ~70 MB; HISTOR
 NODES_EVERY_S = 1.0   # a job's nodes are read once a second: samples come that often, ages are shown in seconds
 NODES_CPU_SHARE = 0.05  # ...or less often, where reading them all would cost more of a core than this,
 NODES_MAX_EVERY_S = 10.0  # but at least this often
+PARTIAL_MAX = 64 * 1024   # an unfinished line kept beyond this: a progress bar's newest state only
 
 
 @dataclass
@@ -82,9 +84,13 @@ class LogTail:
         self._offset += len(data)
         parts = (self._partial + data).split(b"\n")
         self._partial = parts.pop()
+        if len(self._partial) > PARTIAL_MAX and b"\r" in self._partial:
+            # a progress bar that never ends its line: only its newest state will be shown
+            self._partial = self._partial[self._partial.rindex(b"\r"):]
         if skip_first and parts:
             parts = parts[1:]
-        new = [p.decode("utf-8", "replace").rstrip("\r") for p in parts]
+        # as a terminal shows them: a bar's `\r` rewrites as its last state, cursor moves dropped
+        new = [terminal_line(p.decode("utf-8", "replace")) for p in parts]
         self.lines.extend(new)
         return new
 

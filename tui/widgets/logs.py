@@ -32,7 +32,7 @@ class LogsPanel(RichLog):
             self.clear()
             self._raw.clear()
             self.border_title = f"4 logs: rank{rank}.log  (g: next rank)"
-        lines = [safe_text(line, lines=True) for line in lines]   # a program's colours and \r bars too
+        lines = [safe_text(line, lines=True) for line in lines]   # what terminal_line left (an OSC sequence, a NUL) is shown, never obeyed
         self._raw.extend(lines)
         for line in lines:
             self.write(line, scroll_end=False)
