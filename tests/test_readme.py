@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
+
+import psutil
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -73,3 +78,17 @@ def test_every_docs_link_resolves_to_a_file() -> None:
             if not path.is_file():
                 broken.append(f"{page.relative_to(ROOT)}: {target}")
     assert not broken, broken
+
+
+@pytest.mark.slow
+def test_the_screenshot_script_shoots_a_real_run_and_leaves_nothing_running(tmp_path: Path) -> None:
+    out = tmp_path / "dashboard.svg"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "screenshot.py"), "--out", str(out), "--steps", "10"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    run_dir = done.stdout.splitlines()[0].strip()
+    svg = out.read_text().replace("&#160;", " ")
+    assert "tiny-cpu" in svg and "1 plots" in svg and "4 logs" in svg
+    assert not Path(run_dir).exists()   # the run lived in a temporary folder, gone now
+    left = [p.info["pid"] for p in psutil.process_iter(["pid", "cmdline"]) if run_dir in " ".join(p.info["cmdline"] or [])]
+    assert not left, f"processes of the shot's run still running: {left}"
