@@ -28,6 +28,7 @@ NODES_EVERY_S = 1.0   # a job's nodes are read once a second: samples come that 
 NODES_CPU_SHARE = 0.05  # ...or less often, where reading them all would cost more of a core than this,
 NODES_MAX_EVERY_S = 10.0  # but at least this often
 PARTIAL_MAX = 64 * 1024   # an unfinished line kept beyond this: a progress bar's newest state only
+PENDING_CHARS = 1000      # of an unfinished line, the panel shows the end
 
 
 @dataclass
@@ -94,6 +95,12 @@ class LogTail:
         self.lines.extend(new)
         return new
 
+    def pending(self) -> str:
+        """The unfinished last line as a terminal shows it now: a running progress bar's state."""
+        if not self._partial:
+            return ""
+        return terminal_line(self._partial.decode("utf-8", "ignore"))[-PENDING_CHARS:]
+
 
 @dataclass
 class WatchUpdate:
@@ -103,6 +110,7 @@ class WatchUpdate:
     system_changed: bool = False
     new_log_lines: list[str] = field(default_factory=list)
     log_reset: bool = False
+    log_pending: str | None = None   # the log's unfinished last line (a running bar) as it shows now; None: unchanged
 
 
 class Watcher:
@@ -120,6 +128,7 @@ class Watcher:
         self.log_rank = 0
         self._log = LogTail(self.follower.paths.rank_log(0))
         self._log_reset = True
+        self._log_pending = ""     # the unfinished last line the UI was last handed
         # the first check waits 2 s: it imports psutil, which the first frame need not wait for
         self._live_checked = time.monotonic()
         self.history_ready = False     # the plots hold the whole file read so far
@@ -227,8 +236,12 @@ class Watcher:
                 self.system.anatomy = {r: hb["anatomy"] for r, hb in hbs.items() if "anatomy" in hb}
             reset, self._log_reset = self._log_reset, False
             lines = self._log.poll()
+            pending = self._log.pending()
+            changed = reset or pending != self._log_pending
+            self._log_pending = pending
             self._check_supervisor()
-            return WatchUpdate(run=run, system_changed=sys_new, new_log_lines=lines, log_reset=reset)
+            return WatchUpdate(run=run, system_changed=sys_new, new_log_lines=lines, log_reset=reset,
+                               log_pending=pending if changed else None)
 
     def _check_supervisor(self) -> None:
         """Every 2 s: does a run that claims to be live still have a supervisor?"""

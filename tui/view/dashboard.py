@@ -177,7 +177,7 @@ class DashboardScreen(PlotKeys, Screen[None]):
         if first:  # draw now rather than at the next tick, and tell the worker it is shown
             self.render_frame()
             self.call_after_refresh(self.watcher.frame_shown.set)
-        self._logs.show(self.watcher.log_rank, u.new_log_lines, u.log_reset)
+        self._logs.show(self.watcher.log_rank, u.new_log_lines, u.log_reset, u.log_pending)
         st = self.watcher.follower.state
         if st.state in ("failed", "killed") and not self._auto_rank_done:
             # show the failing rank's log without being asked; until the rules' exit incident
