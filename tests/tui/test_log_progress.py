@@ -104,3 +104,15 @@ async def test_an_unfinished_line_at_opening_is_shown(tmp_path: Path) -> None:
         await loaded(pilot)
         await wait_for(pilot, lambda: in_log(app, "stuck:  30%") and "3/10" in log_text(app))
         assert "0/10" not in log_text(app) and in_log(app, "after the bars")
+
+
+def test_a_long_running_bar_keeps_only_its_newest_state(tmp_path: Path) -> None:
+    from tui.read.watcher import PARTIAL_MAX, LogTail
+    log = tmp_path / "rank0.log"
+    with log.open("wb") as f:   # 3,000 states of one bar, never ended by a newline
+        subprocess.run([sys.executable, "-c", "import os, sys, tqdm\nb = tqdm.tqdm(total=5000, desc='long', mininterval=0, file=sys.stderr)\n"
+                        "for _ in range(3000): b.update(1)\nsys.stderr.flush()\nos._exit(0)"], stderr=f, check=True, timeout=60)
+    assert log.stat().st_size > 150_000 > 30 * PARTIAL_MAX   # far more than is kept
+    tail = LogTail(log, start_bytes=1 << 30)
+    assert tail.poll() == [] and "long:  60%" in tail.pending() and "3000/5000" in tail.pending()
+    assert len(tail._partial) <= PARTIAL_MAX   # what is kept of the unfinished line: its newest state

@@ -27,7 +27,7 @@ SYSTEM_TAIL_BYTES = 256 * 1024  # a 10-hour 8-GPU system.jsonl is ~70 MB; HISTOR
 NODES_EVERY_S = 1.0   # a job's nodes are read once a second: samples come that often, ages are shown in seconds
 NODES_CPU_SHARE = 0.05  # ...or less often, where reading them all would cost more of a core than this,
 NODES_MAX_EVERY_S = 10.0  # but at least this often
-PARTIAL_MAX = 64 * 1024   # an unfinished line kept beyond this: a progress bar's newest state only
+PARTIAL_MAX = 4096   # an unfinished line kept beyond this: a bar's newest state only (64 KiB of states cost 4 ms a poll)
 PENDING_CHARS = 1000      # of an unfinished line, the panel shows the end
 
 
