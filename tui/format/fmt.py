@@ -163,6 +163,37 @@ def safe_text(text: object, lines: bool = False) -> str:
     return _CONTROL.sub(lambda m: m[0] if lines and m[0] in "\n\t" else _visible(m[0]), s)
 
 
+_CSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|[\r\b]")
+
+
+def terminal_line(line: str) -> str:
+    """A log line as a terminal leaves it: `\r` and backspace rewrite it (a progress bar's last
+    state), erase-line sequences clear it; other escape sequences (cursor moves, colours) are dropped."""
+    if "\r" not in line and "\x1b" not in line and "\b" not in line:
+        return line
+    buf: list[str] = []
+    col = 0
+    at = 0
+    for m in [*_CSI.finditer(line), None]:
+        text = line[at: m.start() if m else len(line)]
+        buf[col:col + len(text)] = text          # overwrite from the cursor
+        col += len(text)
+        if m is None:
+            break
+        at, code = m.end(), m[0]
+        if code == "\r":
+            col = 0
+        elif code == "\b":
+            col = max(0, col - 1)
+        elif code[-1] == "K":                     # erase in line: 0/none to the end, 1 to the cursor, 2 all
+            arg = code[2:-1]
+            if arg in ("", "0"):
+                del buf[col:]
+            else:
+                buf[: col if arg == "1" else len(buf)] = " " * (col if arg == "1" else len(buf))
+    return "".join(buf).rstrip()
+
+
 def _visible(ch: str) -> str:
     return f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
 

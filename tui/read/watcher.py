@@ -17,6 +17,7 @@ from mt.contract import door
 from mt.contract.heartbeat import read_heartbeats
 from mt.contract.jsonl import JsonlTail
 from mt.contract.system import clean_sample
+from tui.format.fmt import terminal_line
 from tui.read.follower import PollResult, RunFollower
 from tui.read.nodes import JobReader, NodeView, node_of_ranks
 
@@ -26,6 +27,8 @@ SYSTEM_TAIL_BYTES = 256 * 1024  # a 10-hour 8-GPU system.jsonl is ~70 MB; HISTOR
 NODES_EVERY_S = 1.0   # a job's nodes are read once a second: samples come that often, ages are shown in seconds
 NODES_CPU_SHARE = 0.05  # ...or less often, where reading them all would cost more of a core than this,
 NODES_MAX_EVERY_S = 10.0  # but at least this often
+PARTIAL_MAX = 4096   # an unfinished line kept beyond this: a bar's newest state only (64 KiB of states cost 4 ms a poll)
+PENDING_CHARS = 1000      # of an unfinished line, the panel shows the end
 
 
 @dataclass
@@ -82,11 +85,21 @@ class LogTail:
         self._offset += len(data)
         parts = (self._partial + data).split(b"\n")
         self._partial = parts.pop()
+        if len(self._partial) > PARTIAL_MAX and b"\r" in self._partial:
+            # a progress bar that never ends its line: only its newest state will be shown
+            self._partial = self._partial[self._partial.rindex(b"\r"):]
         if skip_first and parts:
             parts = parts[1:]
-        new = [p.decode("utf-8", "replace").rstrip("\r") for p in parts]
+        # as a terminal shows them: a bar's `\r` rewrites as its last state, cursor moves dropped
+        new = [terminal_line(p.decode("utf-8", "replace")) for p in parts]
         self.lines.extend(new)
         return new
+
+    def pending(self) -> str:
+        """The unfinished last line as a terminal shows it now: a running progress bar's state."""
+        if not self._partial:
+            return ""
+        return terminal_line(self._partial.decode("utf-8", "ignore"))[-PENDING_CHARS:]
 
 
 @dataclass
@@ -97,6 +110,7 @@ class WatchUpdate:
     system_changed: bool = False
     new_log_lines: list[str] = field(default_factory=list)
     log_reset: bool = False
+    log_pending: str | None = None   # the log's unfinished last line (a running bar) as it shows now; None: unchanged
 
 
 class Watcher:
@@ -114,6 +128,7 @@ class Watcher:
         self.log_rank = 0
         self._log = LogTail(self.follower.paths.rank_log(0))
         self._log_reset = True
+        self._log_pending = ""     # the unfinished last line the UI was last handed
         # the first check waits 2 s: it imports psutil, which the first frame need not wait for
         self._live_checked = time.monotonic()
         self.history_ready = False     # the plots hold the whole file read so far
@@ -221,8 +236,12 @@ class Watcher:
                 self.system.anatomy = {r: hb["anatomy"] for r, hb in hbs.items() if "anatomy" in hb}
             reset, self._log_reset = self._log_reset, False
             lines = self._log.poll()
+            pending = self._log.pending()
+            changed = reset or pending != self._log_pending
+            self._log_pending = pending
             self._check_supervisor()
-            return WatchUpdate(run=run, system_changed=sys_new, new_log_lines=lines, log_reset=reset)
+            return WatchUpdate(run=run, system_changed=sys_new, new_log_lines=lines, log_reset=reset,
+                               log_pending=pending if changed else None)
 
     def _check_supervisor(self) -> None:
         """Every 2 s: does a run that claims to be live still have a supervisor?"""

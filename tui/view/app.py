@@ -86,7 +86,7 @@ class MtApp(App[int]):
         while not worker.is_cancelled:
             update = self.watcher.poll(on_quick=quick)
             if (update.run.changed or update.system_changed or update.new_log_lines
-                    or update.log_reset or not self.loaded):
+                    or update.log_reset or update.log_pending is not None or not self.loaded):
                 self.post_message(RunUpdated(update))
             worker.cancelled_event.wait(self.poll_s)
 

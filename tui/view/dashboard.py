@@ -101,10 +101,12 @@ class DashboardScreen(PlotKeys, Screen[None]):
                     Curve("train", series.loss, "cyan"),
                     Curve("val", series.val_loss, "orange", smooth=False)], id="plot-loss")
                 with Horizontal(id="plots-small"):
-                    yield MetricPlot("learning rate", "lr", [Curve("lr", series.lr, "green", smooth=False)],
-                                     id="plot-lr")
-                    yield MetricPlot("tokens/s", "tokens/s", [Curve("tokens/s", series.tokens_per_s, "yellow")],
-                                     id="plot-tps")
+                    # a script may report neither: its steps are then gaps, not a row of red x's
+                    yield MetricPlot("learning rate", "lr", [Curve("lr", series.lr, "green", smooth=False, marks_bad=False)],
+                                     empty="no learning rate reported", id="plot-lr")
+                    yield MetricPlot("tokens/s", "tokens/s",
+                                     [Curve("tokens/s", series.tokens_per_s, "yellow", marks_bad=False)],
+                                     empty="no token counts reported", id="plot-tps")
                     yield MetricPlot("metric", "value", [], id="plot-extra")
                     yield MetricPlot("grad norm (red line: clip)", "grad norm",
                                      [Curve("grad_norm", series.grad_norm, "magenta")], hline=st.grad_clip,
@@ -175,7 +177,7 @@ class DashboardScreen(PlotKeys, Screen[None]):
         if first:  # draw now rather than at the next tick, and tell the worker it is shown
             self.render_frame()
             self.call_after_refresh(self.watcher.frame_shown.set)
-        self._logs.show(self.watcher.log_rank, u.new_log_lines, u.log_reset)
+        self._logs.show(self.watcher.log_rank, u.new_log_lines, u.log_reset, u.log_pending)
         st = self.watcher.follower.state
         if st.state in ("failed", "killed") and not self._auto_rank_done:
             # show the failing rank's log without being asked; until the rules' exit incident

@@ -21,3 +21,4 @@ class Curve:
     smooth: bool = True
     cache: SmoothCache | None = None  # the smoothed curve, made with the first figure
     raw: bool = True                  # the raw points in grey under the smoothed line (off: overlaid runs)
+    marks_bad: bool = True            # non-finite points as red x's; off where they only mean "not reported"

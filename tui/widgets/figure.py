@@ -58,10 +58,12 @@ class Shown:
 
 
 def draw(plt: Plot, title: str, ylabel: str, curves: list[Curve], width: int, height: int, weight: float,
-         logy: bool, hline: float | None, window: XWindow = XWindow(), xlabel: str = "step") -> None:
+         logy: bool, hline: float | None, window: XWindow = XWindow(), xlabel: str = "step",
+         empty: str = "no data") -> None:
     """Put the curves on a cleared figure of width x height: x spans the window of all curves (its
     last step always labelled), y fits what is shown in it; a log axis plots log10 y with ticks in
-    real units. The EMA is of the whole series, cut to the window afterwards."""
+    real units. The EMA is of the whole series, cut to the window afterwards. `empty` is said where
+    steps came but none with a value to draw (a script that reports no tokens)."""
     plt.clear_data()
     plt.clear_figure()
     rows = height - ROWS_SPENT
@@ -72,10 +74,11 @@ def draw(plt: Plot, title: str, ylabel: str, curves: list[Curve], width: int, he
     shown, xr = in_window(curves, weight, logy, window)
     # longest first; a window's steps give way before the title is cut
     titles = [title] if xr is None else [f"{window.label()} (steps {xr[0]:,}–{xr[1]:,}) · {title}", f"{window.label()} · {title}"]
-    drawn = [p for p in shown if p.x.size]
+    drawn = [p for p in shown if p.x.size and (p.curve.marks_bad or np.isfinite(p.y).any())]
     if not drawn:
         plt.title(fit_title(titles, width - 4))
-        plt.text("no data yet", x=0.5, y=0.5)
+        said = empty if any(p.x.size for p in shown) else "no data yet"
+        plt.text(said, x=0.5, y=0.5)
         plt.xlim(0, 1)
         plt.ylim(0, 1)
         plt.xticks([])
@@ -188,6 +191,6 @@ def _draw_curve(plt: Plot, p: Shown, width: int, xr: tuple[float, float], weight
         else:
             mid = ((raw.ymin[ok] + raw.ymax[ok]) / 2).tolist()
             plt.plot(raw.x[ok].tolist(), mid, color=c.color, marker="braille")
-    if raw.bad_x.size:
+    if raw.bad_x.size and c.marks_bad:
         # non-finite points are marked, never dropped silently: a red x on the top edge
         plt.scatter(raw.bad_x.tolist(), [top] * raw.bad_x.size, color="red", marker="x")

@@ -29,9 +29,11 @@ class MetricPlot(Widget, can_focus=True):
     }
     """
 
-    def __init__(self, title: str, ylabel: str, curves: list[Curve], hline: float | None = None, **kw) -> None:
+    def __init__(self, title: str, ylabel: str, curves: list[Curve], hline: float | None = None,
+                 empty: str = "no data", **kw) -> None:
         super().__init__(**kw)
         self.title = title
+        self.empty = empty          # said where steps came with nothing to draw
         self.ylabel = ylabel
         self.curves = curves
         self.hline = hline
@@ -90,7 +92,10 @@ class MetricPlot(Widget, can_focus=True):
         New points alone wait for `due` (the viewer's one `Pacing` for all its plots); a change of
         view (keys, size, window) or a new history (a big run's full read, a resumed attempt) does not."""
         window = window or XWindow()
-        view = (self.size.width, self.size.height, weight, logy, self.hline, window, self.xlabel)
+        # what it shows (title, which series) is part of the view: `x` swaps in a metric whose
+        # data version may equal the last one's, and must still redraw at once
+        view = (self.size.width, self.size.height, weight, logy, self.hline, window, self.xlabel,
+                self.title, self.ylabel, tuple((c.label, id(c.series)) for c in self.curves))
         key = (self.data_version(), view, tuple(c.series.generation for c in self.curves))
         if key == self._key and not force:
             return False
@@ -99,6 +104,6 @@ class MetricPlot(Widget, can_focus=True):
         self._key = key
         from tui.widgets.figure import draw
         draw(self.plt, self.title, self.ylabel, self.curves, self.size.width, self.size.height, weight, logy,
-             self.hline, window, self.xlabel)
+             self.hline, window, self.xlabel, self.empty)
         self.refresh()
         return True
