@@ -8,12 +8,13 @@ is monitor.py's job; the rules live in perf.py, hang.py, slowrank.py, stall.py a
 from __future__ import annotations
 
 from mt.contract.config import MonitorConfig
+from mt.contract.incident import Incident
 from tui.diagnose import exit as diagnose_exit
 from tui.diagnose import hang as diagnose_hang
 from tui.diagnose import perf as diagnose_perf
 from tui.diagnose import slowrank
 from tui.diagnose import stall as diagnose_stall
-from tui.diagnose.findings import Finding, Observation
+from tui.diagnose.findings import Observation
 from tui.diagnose.signals import RunSignals
 
 RULES = (
@@ -23,9 +24,9 @@ RULES = (
 )
 
 
-def evaluate(sig: RunSignals, obs: Observation, m: MonitorConfig) -> dict[str, Finding]:
+def evaluate(sig: RunSignals, obs: Observation, m: MonitorConfig) -> dict[str, Incident]:
     """Every rule whose condition holds now, keyed by code (at most one finding per code)."""
-    found: dict[str, Finding] = {}
+    found: dict[str, Incident] = {}
     for rule in RULES:
         finding = rule(sig, obs, m)
         if finding is not None and finding.code not in found:
