@@ -2,8 +2,9 @@
 
 `RunSignals` (signals.py) accumulates events and system samples; each poll the caller
 gathers an `Observation` (findings.py: status, heartbeats, rank processes, log tails) and
-`evaluate` returns the incidents whose condition holds now. Opening, closing and writing them
-is monitor.py's job; the rules live in perf.py, hang.py, slowrank.py, stall.py and exit.py.
+`evaluate` returns the incidents whose condition holds now, each an `Incident`
+(mt/contract/incident.py). Opening, closing and writing them is monitor.py's job; the rules live
+in perf.py, hang.py, slowrank.py, stall.py and exit.py. Rank 0's rules, inside training, are mt/rules.py.
 """
 from __future__ import annotations
 
