@@ -19,8 +19,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mt.anomaly import StepAnomalies
 from mt.contract.config import MonitorConfig
+from mt.rules import StepRules
 from tests.diagnose.scenarios import CLEAN, FAULTS, MONITOR, Outcome, Scenario, launch
 from tests.diagnose.streams import steps as synthetic_steps
 
@@ -56,19 +56,19 @@ def synthetic(n: int = 200, seed: int = 0) -> dict[str, Any]:
     for i in range(n):
         noise = rng.choice([0.02, 0.04, 0.08])
         stream = synthetic_steps(300, seed * 100_000 + i, noise=noise)
-        sa = StepAnomalies(m, 1.0)
+        sa = StepRules(m, 1.0)
         clean_alarms += sum(len(sa.observe(s)) for s in stream)
         at = rng.randint(m.spike_min_history + 40, 280)
         spiked = [dict(s) for s in stream]
         spiked[at - 1]["loss"] *= rng.uniform(2.0, 4.0)
-        sa = StepAnomalies(m, 1.0)
+        sa = StepRules(m, 1.0)
         got = [inc for s in spiked for inc in sa.observe(s)]
-        spikes_hit += any(g["code"] == "loss_spike" for g in got)
-        spikes_right += [(g["code"], g["step"]) for g in got] == [("loss_spike", at)]
+        spikes_hit += any(g.code == "loss_spike" for g in got)
+        spikes_right += [(g.code, g.step) for g in got] == [("loss_spike", at)]
         exploded = [dict(s) for s in stream]
         exploded[at - 1]["grad_norm"] = stream[at - 1]["grad_norm"] * rng.uniform(30, 100)
-        sa = StepAnomalies(m, 1.0)
-        grads_hit += any(g["code"] == "grad_explosion" and g["step"] == at for s in exploded for g in sa.observe(s))
+        sa = StepRules(m, 1.0)
+        grads_hit += any(g.code == "grad_explosion" and g.step == at for s in exploded for g in sa.observe(s))
     return {"curves": n, "clean_false_alarms": clean_alarms, "spike_2-4x_detected": spikes_hit,
             "spike_exact_step_only": spikes_right, "grad_30-100x_detected": grads_hit}
 

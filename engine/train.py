@@ -30,7 +30,6 @@ from engine.optim import build_optimizer, lr_at, set_lr
 from engine.precision import Precision
 from engine.user import call_model, loss_of, to_device, tokens_per_sample
 from engine.weights import fit_problems, load_into, read_state
-from mt.anomaly import StepAnomalies, nan_incident, recompile_incident
 from mt.contract import builders as event_fields
 from mt.contract import door
 from mt.contract.anatomy import StepAnatomy
@@ -41,6 +40,7 @@ from mt.contract.eventlog import EventWriter, NullEventWriter
 from mt.contract.heartbeat import Heartbeat
 from mt.contract.inbox import ControlInbox, Request, StopSignals
 from mt.contract.paths import RunPaths
+from mt.rules import StepRules, nan_incident, recompile_incident
 
 
 @dataclass
@@ -58,7 +58,7 @@ class Trainer:
         self.inbox = ControlInbox(paths.control) if env.is_main else None
         self.heartbeat = Heartbeat(paths.heartbeat(env.rank), env.rank, attempt)
         self.faults = Faults(cfg.faults, env.rank, attempt)
-        self.anomalies = StepAnomalies(cfg.monitor, t.grad_clip) if env.is_main else None
+        self.step_rules = StepRules(cfg.monitor, t.grad_clip) if env.is_main else None
 
         # ---- model, optimizer, precision, the components that act between steps ----------------
         seed_everything(cfg.run.seed)  # identical initial weights on every rank
@@ -211,15 +211,15 @@ class Trainer:
             log("torch's FLOP counter saw no matmul at the first step: MFU uses the 6N estimate")
 
     def _log_step(self, fields: dict[str, Any]) -> None:
-        """The step event every log_every steps and at the last; the anomalies it shows, every step."""
+        """The step event every log_every steps and at the last; the incidents rank 0's rules see in it, every step."""
         step = fields["step"]
         self._note_recompiles(step, fields)
         if step % self.cfg.train.log_every == 0 or step == self.cfg.train.max_steps:
             self.events.emit("step", **fields)
             self.recompiled = 0
-        if self.anomalies is not None:
-            for incident in self.anomalies.observe(fields):
-                self.events.emit("incident", **incident)
+        if self.step_rules is not None:
+            for incident in self.step_rules.observe(fields):
+                self.events.emit("incident", **incident.event_fields())
 
     def _note_recompiles(self, step: int, fields: dict[str, Any]) -> None:
         """A compiled run's step says how often it recompiled; a recompile is an incident with torch's reason."""
@@ -230,7 +230,7 @@ class Trainer:
         fields["recompiles"] = self.recompiled
         if found:
             log(f"step {step} recompiled: {'; '.join(why for _, why in found)}")
-            self.events.emit("incident", **recompile_incident(step, found))
+            self.events.emit("incident", **recompile_incident(step, found).event_fields())
 
     def _write_trace(self, step: int) -> None:
         if self.trace is None:
@@ -249,7 +249,7 @@ class Trainer:
         dist.all_gather_object(gathered, bad_local)
         indices = sorted({i for part in gathered for i in part})
         log(f"non-finite loss/gradients at step {step}: samples {indices[:32]}")
-        self.events.emit("incident", **nan_incident(step, lr, grad_norm, loss, indices, self.cfg.train.on_nan))
+        self.events.emit("incident", **nan_incident(step, lr, grad_norm, loss, indices, self.cfg.train.on_nan).event_fields())
 
     # ---- control, checkpoints, events ------------------------------------------------------
     def _poll_control(self) -> Requests:

@@ -108,7 +108,7 @@ class Run:
         self._stopping: str | None = None
         self._started = False
         self._finished = False
-        self._anomalies: Any = None
+        self._step_rules: Any = None
         self._nan_open = False
         self._steps = StepBatch()  # step events not written yet
         self._lock = threading.RLock()  # the thread's tick against the training thread's own writes
@@ -307,23 +307,23 @@ class Run:
 
     def _watch(self, steps: list[dict[str, Any]]) -> None:
         """The engine's own rank-0 rules (NaN, loss spike, grad explosion) on the script's numbers."""
-        from mt.anomaly import StepAnomalies, nan_incident
+        from mt.rules import StepRules, nan_incident
 
         assert self._events is not None
-        if self._anomalies is None:
+        if self._step_rules is None:
             from mt.contract.config import MonitorConfig
-            self._anomalies = StepAnomalies(MonitorConfig(), 0.0)
+            self._step_rules = StepRules(MonitorConfig(), 0.0)
         for fields in steps:
             loss = fields["loss"]
             if loss is not None and not math.isfinite(loss):
                 if not self._nan_open:
                     self._events.emit("incident", **nan_incident(fields["step"], fields["lr"] or math.nan,
-                                                                 fields["grad_norm"] or math.nan, loss, [], "reported"))
+                                                                 fields["grad_norm"] or math.nan, loss, [], "reported").event_fields())
                 self._nan_open = True
                 continue
             self._nan_open = False
-            for incident in self._anomalies.observe(fields):
-                self._events.emit("incident", **incident)
+            for incident in self._step_rules.observe(fields):
+                self._events.emit("incident", **incident.event_fields())
 
     def _ensure_started(self, step: int) -> None:
         if self._events is not None and not self._started:

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from engine.checkpoint import full, sharded
 from engine.dist import DistEnv, log
 from mt.contract import checkpoints, space
+from mt.contract.incident import Incident
 from mt.contract.paths import RunPaths
 
 
@@ -29,9 +30,9 @@ def find_checkpoint(paths: RunPaths, env: DistEnv, events: Any, where: torch.dev
                  manifest["files"] if path else None]
         for p, why in skipped:
             log(f"skipping checkpoint {p}: {why}")
-            events.emit("incident", step=0, code="checkpoint_skipped", severity="warn", title="Checkpoint skipped on resume",
-                        detail=why, advice="The newest intact checkpoint is used instead; inspect or delete the damaged folder.",
-                        evidence={"path": str(p)})
+            events.emit("incident", **Incident("checkpoint_skipped", "warn", 0, "Checkpoint skipped on resume", why,
+                                                "The newest intact checkpoint is used instead; inspect or delete the damaged folder.",
+                                                {"path": str(p)}).event_fields())
     dist.broadcast_object_list(found, src=0)
     if found[0] is None:
         return None

@@ -18,13 +18,13 @@ from engine import parallel
 from engine.checkpoint import folder, full, sharded
 from engine.dist import DistEnv, log, report_failure
 from engine.faults import Faults
-from mt.anomaly import checkpoint_failed_incident, disk_full_incident
 from mt.contract import builders as event_fields
 from mt.contract import checkpoints
 from mt.contract.config import Config
 from mt.contract.inbox import ControlInbox, Request
 from mt.contract.paths import RunPaths
 from mt.contract.space import DiskFullError
+from mt.rules import checkpoint_failed_incident, disk_full_incident
 
 Reason = Literal["stop", "final", "request", "interval"]  # why a checkpoint is written: its event's `reason`
 _LAST: tuple[Reason, ...] = ("final", "stop")  # the run's last weights: ending without them must not look like success
@@ -128,7 +128,7 @@ class Checkpointer:
         why = report_failure(p.error)
         last = self._newest()
         log(f"checkpoint ({reason}) step {p.step} failed in the background: {why}; {last}")
-        self.events.emit("incident", **checkpoint_failed_incident(p.step, why, last, reason, self.paths.checkpoints))
+        self.events.emit("incident", **checkpoint_failed_incident(p.step, why, last, reason, self.paths.checkpoints).event_fields())
         self._reject(reqs, why)
 
     def _report_saved(self, saved: folder.Saved, step: int, reason: str, reqs: list[Request], blocking_s: float) -> None:
@@ -146,7 +146,7 @@ class Checkpointer:
         final = reason in _LAST
         log(f"checkpoint ({reason}) step {step} {'failed' if final else 'skipped'}: {e}")
         then = "the run ends as failed" if final else "training goes on and the next checkpoint tries again"
-        self.events.emit("incident", **disk_full_incident(step, e, reason, self._newest(), then, self.cfg.checkpoint.keep_last))
+        self.events.emit("incident", **disk_full_incident(step, e, reason, self._newest(), then, self.cfg.checkpoint.keep_last).event_fields())
         self._reject(reqs, str(e))
 
     def _newest(self) -> str:

@@ -170,7 +170,7 @@ class CheckpointConfig:
 
 @dataclass
 class MonitorConfig:
-    """Thresholds of the diagnosis rules (mt/anomaly.py on rank 0, tui/diagnose/ in the supervisor)."""
+    """Thresholds of the diagnosis rules (mt/rules.py on rank 0, tui/diagnose/ in the supervisor)."""
 
     stall_window_s: float = _c(20.0, gt=0)
     """Only steps (and GPU samples) this recent count towards a dataloader stall."""

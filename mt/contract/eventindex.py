@@ -18,7 +18,8 @@ from typing import Any
 
 from mt.contract import door
 from mt.contract.events import SCHEMA, SCHEMA_VERSION, T_MAX, T_MIN
-from mt.contract.records import Checkpoint, Eval, Incident, Record, Rejected, RunEnd, Step, parse_event
+from mt.contract.incident import IncidentLine
+from mt.contract.records import Checkpoint, Eval, Record, Rejected, RunEnd, Step, parse_event
 
 MAGIC = b"MTEVIDX1"
 VERSION = 2
@@ -50,7 +51,7 @@ def encode(rec: Record | Rejected, end: int) -> bytes:
         step, loss, lr, gn, tps = rec.step, rec.loss, rec.lr, rec.grad_norm, rec.tokens_per_s
     elif isinstance(rec, Eval):
         step, loss = rec.step, rec.val_loss
-    elif isinstance(rec, (Checkpoint, Incident, RunEnd)):
+    elif isinstance(rec, (Checkpoint, IncidentLine, RunEnd)):
         step = rec.step
     return RECORD.pack(end, kind, *(record_float(v) for v in (step, rec.t, loss, lr, gn, tps)))
 

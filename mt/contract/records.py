@@ -17,6 +17,7 @@ from typing import Any, Callable, ClassVar, Iterator, Union
 from mt.contract.events import JSON_ERRORS, SCHEMA, SCHEMA_VERSION, SEVERITIES, T_MAX, T_MIN, number, whole
 from mt.contract.events import BadValue as _Bad
 from mt.contract.events import show_value as _show
+from mt.contract.incident import IncidentLine
 from mt.contract.jsonl import MAX_LINE_BYTES, JsonlTail
 
 
@@ -111,23 +112,6 @@ class Checkpoint(Event):
 
 
 @dataclass(slots=True)
-class Incident(Event):
-    """An `incident` event, or a line of incidents.jsonl (which adds status and source)."""
-
-    code: str
-    severity: str
-    step: int | None
-    title: str
-    detail: str
-    advice: str
-    evidence: dict[str, Any]
-    status: str            # "open" | "update" (more evidence for the open one) | "closed"
-    source: str | None     # "engine" | "supervisor" (incidents.jsonl only)
-    event_t: float | None  # when the engine raised a copied incident
-    kind: ClassVar[str] = "incident"
-
-
-@dataclass(slots=True)
 class ControlEvent(Event):
     """A `control` event: rank 0's answer to a control request (accepted, rejected, done)."""
 
@@ -153,7 +137,7 @@ class Unknown(Event):
     name: str
 
 
-Record = Union[RunStart, Step, Eval, Metrics, Checkpoint, Incident, ControlEvent, RunEnd, Unknown]
+Record = Union[RunStart, Step, Eval, Metrics, Checkpoint, IncidentLine, ControlEvent, RunEnd, Unknown]
 
 
 def _int(raw: dict[str, Any], key: str, lo: int = 0, required: bool = False) -> int | None:
@@ -264,7 +248,7 @@ def _checkpoint(raw: dict[str, Any], t: float | None) -> Checkpoint:
         tuple(ids) if ids is not None else (first,) if first else (), _num(raw, "blocking_s", True))
 
 
-def _incident(raw: dict[str, Any], t: float | None) -> Incident:
+def _incident(raw: dict[str, Any], t: float | None) -> IncidentLine:
     severity = _str(raw, "severity") or "info"
     if severity not in SEVERITIES:
         raise _Bad(f"severity {_show(severity)} is not one of {', '.join(SEVERITIES)}")
@@ -275,10 +259,9 @@ def _incident(raw: dict[str, Any], t: float | None) -> Incident:
     if evidence is not None and not isinstance(evidence, dict):
         raise _Bad("evidence is not an object")
     code = _str(raw, "code", required=True)
-    return Incident(
-        t, raw, code, severity, _int(raw, "step"), _str(raw, "title") or code,  # type: ignore[arg-type]
-        _str(raw, "detail") or "", _str(raw, "advice") or "", evidence or {}, status,
-        _str(raw, "source"), _time(raw, "event_t"))
+    return IncidentLine(
+        code, severity, _int(raw, "step"), _str(raw, "title") or code, _str(raw, "detail") or "",  # type: ignore[arg-type]
+        _str(raw, "advice") or "", evidence or {}, t, status, _str(raw, "source"), _time(raw, "event_t"), raw)
 
 
 def _control(raw: dict[str, Any], t: float | None) -> ControlEvent:
@@ -327,8 +310,8 @@ def parse_event(line: bytes | str | dict[str, Any]) -> Record | Rejected:
         return Rejected(f"{kind if isinstance(kind, str) else 'event'}: {e}")
 
 
-def parse_incident(line: bytes | str | dict[str, Any]) -> Incident | Rejected:
-    """One incidents.jsonl line (the supervisor's records) as an Incident, or why not."""
+def parse_incident(line: bytes | str | dict[str, Any]) -> IncidentLine | Rejected:
+    """One incidents.jsonl line (the supervisor's records) as an IncidentLine, or why not."""
     raw = _load(line)
     if isinstance(raw, Rejected):
         return raw

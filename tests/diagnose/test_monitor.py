@@ -3,17 +3,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mt.anomaly import StepAnomalies, nan_incident
 from mt.contract.config import MonitorConfig
 from mt.contract.events import INCIDENT_CODES
+from mt.contract.incident import Incident
+from mt.rules import StepRules, nan_incident
 from tui.diagnose.monitor import IncidentMonitor
 
 from .fakerun import FakeRun
 from .streams import steps
 
 
-def emit_incident(run: FakeRun, inc: dict) -> None:
-    run.event("incident", **inc)
+def emit_incident(run: FakeRun, inc: Incident) -> None:
+    run.event("incident", **inc.event_fields())
 
 
 def spike_run(tmp_path: Path, m: MonitorConfig) -> FakeRun:
@@ -23,7 +24,7 @@ def spike_run(tmp_path: Path, m: MonitorConfig) -> FakeRun:
     stream = steps(200, 0)
     for k in range(100, 104):
         stream[k]["loss"] *= 3  # a 4-step spike at steps 101..104
-    sa = StepAnomalies(m, 1.0)
+    sa = StepRules(m, 1.0)
     for s in stream:
         incs = sa.observe(s)
         run.do_step(step_time=0.2, loss=s["loss"])

@@ -143,9 +143,9 @@ def test_the_engine_refuses_compile_without_a_compiler_before_step_1(tmp_path: P
 def test_a_recompile_reaches_the_incident_file_and_the_summary_says_compile(tmp_path: Path) -> None:
     """The reader side: the step field parses (a bad one rejects the line), the engine's incident is
     copied by the supervisor's monitor and closed by steps without recompiles, `--once` shows the run's parts."""
-    from mt.anomaly import recompile_incident
     from mt.contract.config import MonitorConfig
     from mt.contract.records import Rejected, Step, parse_event
+    from mt.rules import recompile_incident
     from tests.diagnose.fakerun import FakeRun
     from tui.read.follower import load_run_state
     from tui.report.summary import format_summary
@@ -161,7 +161,7 @@ def test_a_recompile_reaches_the_incident_file_and_the_summary_says_compile(tmp_
     run.do_step(recompiles=0)
     run.do_step(recompiles=1)
     reason = "0/0: tensor 'args[0]' size mismatch at index 1. expected 32, actual 16"
-    run.event("incident", **recompile_incident(2, [("forward", reason)]))
+    run.event("incident", **recompile_incident(2, [("forward", reason)]).event_fields())
     for _ in range(m.close_after_steps):
         run.do_step(recompiles=0)
     opened, closed = run.opened("recompile"), run.closed("recompile")

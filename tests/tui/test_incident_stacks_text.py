@@ -6,7 +6,8 @@ import time
 from pathlib import Path
 
 from mt.contract.events import SCHEMA, dumps, schema_errors
-from mt.contract.records import Incident, parse_incident
+from mt.contract.incident import IncidentLine
+from mt.contract.records import parse_incident
 from tests.tui.synth import complete, finished_run, running_run
 from tests.tui.test_headless_text import append, headless, incident
 from tui.read.follower import load_run_state
@@ -28,11 +29,11 @@ def update(t: float, evidence: dict) -> str:
 
 def test_an_update_line_is_a_valid_incident_record() -> None:
     rec = parse_incident(update(1.8e9, STACKS))
-    assert isinstance(rec, Incident) and rec.status == "update" and rec.evidence["verdict"] == VERDICT
+    assert isinstance(rec, IncidentLine) and rec.status == "update" and rec.evidence["verdict"] == VERDICT
     assert "update" in next(f.choices for f in SCHEMA["incident"] if f.name == "status")
     assert schema_errors({**rec.raw, "kind": "incident"}) == []
     bad = parse_incident(update(1.8e9, STACKS).replace('"update"', '"reopened"'))
-    assert not isinstance(bad, Incident) and "open, update, closed" in bad.reason
+    assert not isinstance(bad, IncidentLine) and "open, update, closed" in bad.reason
 
 
 def test_once_prints_the_verdict_under_the_one_incident(tmp_path: Path) -> None:

@@ -84,12 +84,13 @@ def test_notice_for_every_state(tmp_path):
 
 
 def test_incident_detail_lists_evidence_as_key_value_lines():
-    from tui.state.runstate import TrackedIncident
+    from mt.contract.incident import IncidentLine
     from tui.widgets.incidents import evidence_value, incident_detail
 
-    inc = TrackedIncident(code="nan_loss", severity="warn", step=15, title="Non-finite loss", detail="loss nan at 15",
-                   advice="lower lr", evidence={"loss": "nan", "lr": 0.002786, "rank": 1, "signal": None,
-                                                "sample_indices": [948, 1188], "ok": False, "mem": {"a": 1}})
+    inc = IncidentLine(code="nan_loss", severity="warn", step=15, title="Non-finite loss", detail="loss nan at 15",
+                       advice="lower lr", evidence={"loss": "nan", "lr": 0.002786, "rank": 1, "signal": None,
+                                                    "sample_indices": [948, 1188], "ok": False, "mem": {"a": 1}},
+                       source="engine")
     lines = incident_detail(inc).plain.splitlines()
     assert lines[:4] == ["nan_loss (open, from engine)", "loss nan at 15", "advice: lower lr", "evidence:"]
     assert lines[4:] == ["  loss: nan", "  lr: 0.002786", "  rank: 1", "  signal: N/A",

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping
 
+from mt.contract.incident import Incident
 from mt.contract.paths import RunPaths
 from mt.contract.preset import load_config_json
 from mt.contract.records import Checkpoint, Record, RecordTail, Step
 from mt.contract.status import FINAL_STATES, LIVE_STATES, Status, read_status, write_status
 from tui.cluster.slurm import QUERY_TIMEOUT_S, SUBMIT_TIMEOUT_S, SlurmError, Submitted, _slurm, hostnames, queue_state, submit
-from tui.diagnose.findings import Finding
 
 NODE_FAIL_WINDOW_S = 10.0   # after Slurm's SIGTERM, how long the job's supervisor asks whether a node failed
 NODE_FAIL_ASK_S = 0.3       # ... and how often (scontrol show job: a few ms for slurmctld)
@@ -215,7 +215,7 @@ def requeued_by_slurm(job_id: str, env: Mapping[str, str], what: str, info: JobI
                   f"{info.restarts}); {what}; the next attempt starts when Slurm runs the job again", slurm_state="NODE_FAIL")
 
 
-def cut_short(status: Status, progress: CheckpointLag, job_id: str) -> Finding | None:
+def cut_short(status: Status, progress: CheckpointLag, job_id: str) -> Incident | None:
     """At the start of a job's attempt: the previous one ended under Slurm without its supervisor
     recording the end (killed at the end of the grace period, or with its node); what it lost."""
     if status.state not in LIVE_STATES or not status.attempts:
@@ -227,12 +227,12 @@ def cut_short(status: Status, progress: CheckpointLag, job_id: str) -> Finding |
     detail = (f"attempt {status.attempt} of Slurm job {job_id} ended before its supervisor could record it "
               f"(it was {was}; {why}): "
               f"{progress.lost} steps lost since the newest checkpoint, at {at}")
-    return Finding("stop_cut_short", "error", progress.step, f"{progress.lost} steps lost: Slurm ended attempt "
-                   f"{status.attempt} before its checkpoint", detail,
-                   "raise [slurm] signal_grace_s (or the partition's GraceTime) above the time a checkpoint takes; "
-                   "checkpoint more often ([checkpoint] every_steps)",
-                   {"attempt": status.attempt, "state": status.state, "last_step": progress.step,
-                    "checkpoint_step": progress.checkpoint, "lost_steps": progress.lost, "slurm_job_id": job_id})
+    return Incident("stop_cut_short", "error", progress.step, f"{progress.lost} steps lost: Slurm ended attempt "
+                    f"{status.attempt} before its checkpoint", detail,
+                    "raise [slurm] signal_grace_s (or the partition's GraceTime) above the time a checkpoint takes; "
+                    "checkpoint more often ([checkpoint] every_steps)",
+                    {"attempt": status.attempt, "state": status.state, "last_step": progress.step,
+                     "checkpoint_step": progress.checkpoint, "lost_steps": progress.lost, "slurm_job_id": job_id})
 
 
 @dataclass
@@ -385,7 +385,7 @@ class JobEnd:
                 self.node_fail = requeued_by_slurm(self.job_id, os.environ, what, info) or requeued(self.job_id, os.environ, what, info)
         return self.node_fail
 
-    def lost_before(self, status: Status) -> Finding | None:
+    def lost_before(self, status: Status) -> Incident | None:
         """The previous attempt's stop that Slurm cut short before its checkpoint (the steps lost)."""
         return cut_short(status, self.progress, self.job_id) if self.job_id else None
 

@@ -9,8 +9,9 @@ from typing import Any
 
 from mt.contract.config import MonitorConfig
 from mt.contract.events import as_float
+from mt.contract.incident import Incident
 from mt.contract.status import CLEAN_STATES
-from tui.diagnose.findings import Finding, Observation, RankProc
+from tui.diagnose.findings import Observation, RankProc
 from tui.diagnose.hang import HANG_ENDED
 from tui.diagnose.lost import lost_nodes, node_lost
 from tui.diagnose.memory import RuleMemory
@@ -199,7 +200,7 @@ def _title(code: str, step: int | None, who: str, stuck: list[int] | None) -> st
     return f"Collective timeout {at_step(step)}: {who} gave up waiting"
 
 
-def worker_exit(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Finding | None:
+def worker_exit(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident | None:
     """A worker exited non-zero: classify the first one to die.
 
     Known for sure once torchrun has exited (status.json has its exit code); before that, a
@@ -252,11 +253,11 @@ def worker_exit(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Finding 
             return node_lost(quiet.lost, quiet.others_t, step, who, what, {**evidence, "survivor": survivor})
         if quiet.waiting:
             return None   # lost, or its supervisor is about to record the failure: a later tick says which
-    return Finding(code, "error", step, _title(code, step, who, stuck),
-                   _detail(who, what, source, first, failures, code, stuck), ADVICE[code], evidence)
+    return Incident(code, "error", step, _title(code, step, who, stuck),
+                    _detail(who, what, source, first, failures, code, stuck), ADVICE[code], evidence)
 
 
-def _node_failed(sig: RuleMemory, obs: Observation) -> Finding | None:
+def _node_failed(sig: RuleMemory, obs: Observation) -> Incident | None:
     """The node Slurm's NODE_FAIL took, found by its heartbeats (stopped first, nothing recorded); the
     job's node (this supervisor's) and its first rank are the survivor. None until the node is told apart."""
     said = {r: classify_log(t)[0] for r, t in obs.rank_logs.items()}

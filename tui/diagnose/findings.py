@@ -1,4 +1,5 @@
-"""The data the diagnosis rules share: findings, rank processes, one poll's observation."""
+"""The data the diagnosis rules share: rank processes, one poll's observation. What they build is an
+`Incident` (mt/contract/incident.py), the same type rank 0's rules (mt/rules.py) build."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -11,23 +12,6 @@ from tui.read.nodes import NodeExit
 # System calls that mean "waiting for someone else": a peer in a collective, a queue, a lock.
 WAITING_SYSCALLS = frozenset({"futex", "poll", "ppoll", "select", "pselect6", "epoll_wait", "epoll_pwait",
                               "epoll_pwait2", "recvfrom", "recvmsg", "read", "sched_yield"})
-
-
-@dataclass
-class Finding:
-    """One diagnosed incident: what the `incident` event carries."""
-
-    code: str
-    severity: str
-    step: int | None
-    title: str
-    detail: str
-    advice: str
-    evidence: dict[str, Any] = field(default_factory=dict)
-
-    def fields(self) -> dict[str, Any]:
-        return {"code": self.code, "severity": self.severity, "step": self.step, "title": self.title,
-                "detail": self.detail, "advice": self.advice, "evidence": self.evidence}
 
 
 @dataclass

@@ -6,7 +6,8 @@ from typing import Any
 
 from mt.contract.config import MonitorConfig
 from mt.contract.events import as_float
-from tui.diagnose.findings import WAITING_SYSCALLS, Finding, Observation, RankProc
+from mt.contract.incident import Incident
+from tui.diagnose.findings import WAITING_SYSCALLS, Observation, RankProc
 from tui.diagnose.memory import WARMUP_STEPS, RuleMemory
 from tui.format.fmt import fmt_s
 
@@ -114,7 +115,7 @@ def _confirmed(sig: RuleMemory, obs: Observation, hbs: dict[int, dict[str, Any]]
     return found if obs.now - sig.stuck[1] >= CONFIRM_S else None
 
 
-def hang(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Finding | None:
+def hang(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident | None:
     """No new step for max(floor, factor x median step time) while rank processes live; sooner
     (`early_limit`) when one rank stopped while the others wait in a collective."""
     if not running(sig, obs):
@@ -173,10 +174,10 @@ def hang(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Finding | None:
     title = f"Hang: no progress after step {step - 1}"
     if obs.nodes and suspects:   # a job: which rank on which node, at the step it stopped at
         title = f"Hang: {obs.who(suspects[0])} stopped at step {per_rank[str(suspects[0])]['heartbeat_step']:,}"
-    return Finding("hang", "error", step, title, detail, ADVICE_HANG, evidence)
+    return Incident("hang", "error", step, title, detail, ADVICE_HANG, evidence)
 
 
-def straggler(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Finding | None:
+def straggler(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident | None:
     """A rank's heartbeat steadily `straggler_steps` or more behind the most advanced rank."""
     if not running(sig, obs):
         return None
@@ -192,7 +193,7 @@ def straggler(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Finding | 
               f"{fmt_s(steady)}; " + ", ".join(f"{obs.who(r)}: {_doing(obs.procs.get(r))}" for r in sorted(obs.procs)))
     evidence = {"lag_steps": {str(r): lag for r, lag in lagging.items()}, "leading_step": top,
                 "threshold_steps": m.straggler_steps, "steady_s": steady}
-    return Finding("straggler", "warn", top, f"Straggler: {obs.who(worst)} behind", detail, ADVICE_STRAGGLER, evidence)
+    return Incident("straggler", "warn", top, f"Straggler: {obs.who(worst)} behind", detail, ADVICE_STRAGGLER, evidence)
 
 
 HANG_ENDED = "hang: mt ended the attempt"

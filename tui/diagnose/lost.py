@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from mt.contract.events import as_float
+from mt.contract.incident import Incident
 from mt.contract.status import CLEAN_STATES
-from tui.diagnose.findings import Finding, Observation
+from tui.diagnose.findings import Observation
 from tui.diagnose.hang import this_attempt
 from tui.diagnose.memory import RuleMemory
 from tui.format.fmt import at_step, fmt_ranks, fmt_s, safe_text
@@ -91,7 +92,7 @@ def lost_nodes(sig: RuleMemory, obs: Observation, blamed: str | None, said: dict
 
 
 def node_lost(lost: list[LostNode], others_t: float, step: int | None, survivor: str, what: str,
-              evidence: dict[str, Any]) -> Finding:
+              evidence: dict[str, Any]) -> Incident:
     """The one incident for a lost node: it names the node and its ranks; the survivor's collective
     error (`what`, of `survivor`) is its consequence, in the detail and the evidence."""
     first = lost[0]
@@ -108,4 +109,4 @@ def node_lost(lost: list[LostNode], others_t: float, step: int | None, survivor:
     evidence = {**evidence, "rank": ranks[0], "node": first.node, "exit_code": None, "pid": None, "signal": None,
                 "line": None, "source": "every node's heartbeats and system samples",
                 "lost_nodes": [q.fields(others_t) for q in lost]}
-    return Finding("crash", "error", step, title, detail.replace("  ", " "), ADVICE_NODE_LOST, evidence)
+    return Incident("crash", "error", step, title, detail.replace("  ", " "), ADVICE_NODE_LOST, evidence)

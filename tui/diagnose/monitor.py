@@ -16,19 +16,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from mt.anomaly import is_clear
 from mt.contract import door
 from mt.contract.config import Config, ConfigError, MonitorConfig
-from mt.contract.events import EXIT_CODES, SCHEMA_VERSION, as_float, dumps
+from mt.contract.events import EXIT_CODES, as_float, dumps
 from mt.contract.heartbeat import read_heartbeats
+from mt.contract.incident import Incident, IncidentLine
 from mt.contract.jsonl import JsonlTail
 from mt.contract.paths import RunPaths
 from mt.contract.preset import load_config_json
-from mt.contract.records import Incident, Record, RecordTail, RunStart, Step, parse_incident, read_records
+from mt.contract.records import Record, RecordTail, RunStart, Step, parse_incident, read_records
 from mt.contract.status import CLEAN_STATES, FINAL_STATES, Status, read_status
 from mt.contract.system import clean_sample
+from mt.rules import is_clear
 from tui.diagnose.exit import classify_log
-from tui.diagnose.findings import Finding, Observation, RankProc
+from tui.diagnose.findings import Observation, RankProc
 from tui.diagnose.memory import RuleMemory, RunFacts
 from tui.diagnose.probes import ProcReader, file_size, read_tail, sampled_children
 from tui.diagnose.rules import evaluate
@@ -147,7 +148,7 @@ class IncidentMonitor:
         new_steps = 0
         for ev in events:
             self.sig.feed_event(ev)
-            if isinstance(ev, Incident):
+            if isinstance(ev, IncidentLine):
                 out += self._copy_engine(ev, now)
             elif isinstance(ev, Step):
                 new_steps += 1
@@ -243,16 +244,14 @@ class IncidentMonitor:
         return pids
 
     # -- engine-side incidents -------------------------------------------------------------
-    def _copy_engine(self, ev: Incident, now: float) -> list[dict[str, Any]]:
+    def _copy_engine(self, ev: IncidentLine, now: float) -> list[dict[str, Any]]:
         key = _engine_key(ev)
         if key in self.copied or ev.code in self.open:
             self.copied.add(key)
             return []
         self.copied.add(key)
         # t: when it reached this file (like every record); event_t: when the engine raised it
-        rec = {"v": SCHEMA_VERSION, "t": now, "code": ev.code, "severity": ev.severity, "step": ev.step,
-               "title": ev.title, "detail": ev.detail, "advice": ev.advice, "evidence": ev.evidence,
-               "status": "open", "source": "engine", "event_t": ev.t}
+        rec = {**ev.filed(now, "engine"), "event_t": ev.t}
         self.open[ev.code] = rec
         self.clean_steps[ev.code] = 0
         return [rec]
@@ -273,12 +272,12 @@ class IncidentMonitor:
         return out
 
     # -- supervisor-side lifecycle ---------------------------------------------------------
-    def _lifecycle(self, found: dict[str, Finding], obs: Observation) -> list[dict[str, Any]]:
+    def _lifecycle(self, found: dict[str, Incident], obs: Observation) -> list[dict[str, Any]]:
         out = []
         for code, f in found.items():
             self.clear_since.pop(code, None)
             if code not in self.open:
-                rec = {"v": SCHEMA_VERSION, "t": obs.now, **f.fields(), "status": "open", "source": "supervisor"}
+                rec = f.filed(obs.now, "supervisor")
                 self.open[code] = rec
                 out.append(rec)
         state = obs.status.state
@@ -313,9 +312,9 @@ class IncidentMonitor:
         self._append([out])
         return out
 
-    def note(self, finding: Finding, now: float, closed_reason: str) -> list[dict[str, Any]]:
+    def note(self, finding: Incident, now: float, closed_reason: str) -> list[dict[str, Any]]:
         """An incident about what is already over (an attempt Slurm cut short): opened and closed at once."""
-        rec = {"v": SCHEMA_VERSION, "t": now, **finding.fields(), "status": "open", "source": "supervisor"}
+        rec = finding.filed(now, "supervisor")
         out = [rec, {**rec, "status": "closed", "closed_reason": closed_reason}]
         self._append(out)
         return out
@@ -350,7 +349,7 @@ def _remote_procs(views: list[NodeView], local: set[int]) -> dict[int, RankProc]
     return out
 
 
-def _engine_key(rec: Incident) -> tuple[Any, ...]:
+def _engine_key(rec: IncidentLine) -> tuple[Any, ...]:
     """An engine incident's identity, the same for its event and for its copy in incidents.jsonl."""
     t = rec.event_t if rec.source is not None else rec.t
     return (rec.code, rec.step, None if t is None else round(t, 3))

@@ -7,7 +7,8 @@ from typing import Any
 
 from mt.contract.config import MonitorConfig
 from mt.contract.events import as_float
-from tui.diagnose.findings import Finding, Observation
+from mt.contract.incident import Incident
+from tui.diagnose.findings import Observation
 from tui.diagnose.memory import RuleMemory, StepRec
 from tui.format.fmt import fmt_s
 
@@ -86,7 +87,7 @@ def _host_view(sig: RuleMemory, obs: Observation) -> tuple[dict[str, Any], str]:
     return view, ""
 
 
-def throughput_drop(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Finding | None:
+def throughput_drop(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident | None:
     """Tokens/s well below the run's own median for a sustained window (pauses excluded)."""
     if not is_live(sig, obs):
         return None
@@ -120,11 +121,11 @@ def throughput_drop(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Find
     evidence = {"tokens_per_s_now": round(now_rate, 1), "tokens_per_s_before": round(base, 1),
                 "ratio": round(now_rate / base, 3), "steps": [recent[0].step, recent[-1].step],
                 "threshold_share": m.throughput_drop_share, "data_wait_s_median": wait, "host": host}
-    return Finding("throughput_drop", "warn", first.step, f"Throughput drop from step {first.step}",
-                   detail, ADVICE_THROUGHPUT, evidence)
+    return Incident("throughput_drop", "warn", first.step, f"Throughput drop from step {first.step}",
+                    detail, ADVICE_THROUGHPUT, evidence)
 
 
-def memory_pressure(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Finding | None:
+def memory_pressure(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident | None:
     """A GPU's memory above the share of its total for the whole window."""
     if not is_live(sig, obs):
         return None
@@ -152,8 +153,8 @@ def memory_pressure(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Find
               f"{fmt_s(m.memory_window_s)}: {gpus} (of {totals[worst] / 2**30:.0f} GiB)")
     evidence = {"gpus": {i: {"min_share": round(min(v), 4), "max_share": round(max(v), 4)} for i, v in full.items()},
                 "window_s": m.memory_window_s, "threshold_share": m.memory_pressure_share}
-    return Finding("memory_pressure", "warn", last.step if last else None, "GPU memory pressure",
-                   detail, ADVICE_MEMORY, evidence)
+    return Incident("memory_pressure", "warn", last.step if last else None, "GPU memory pressure",
+                    detail, ADVICE_MEMORY, evidence)
 
 
 def _gpu_order(key: str) -> tuple[str, int]:

@@ -2,18 +2,20 @@
 
 `RuleMemory` (memory.py) accumulates events and system samples; each poll the caller
 gathers an `Observation` (findings.py: status, heartbeats, rank processes, log tails) and
-`evaluate` returns the incidents whose condition holds now. Opening, closing and writing them
-is monitor.py's job; the rules live in perf.py, hang.py, slowrank.py, stall.py and exit.py.
+`evaluate` returns the incidents whose condition holds now, each an `Incident`
+(mt/contract/incident.py). Opening, closing and writing them is monitor.py's job; the rules live
+in perf.py, hang.py, slowrank.py, stall.py and exit.py. Rank 0's rules, inside training, are mt/rules.py.
 """
 from __future__ import annotations
 
 from mt.contract.config import MonitorConfig
+from mt.contract.incident import Incident
 from tui.diagnose import exit as diagnose_exit
 from tui.diagnose import hang as diagnose_hang
 from tui.diagnose import perf as diagnose_perf
 from tui.diagnose import slowrank
 from tui.diagnose import stall as diagnose_stall
-from tui.diagnose.findings import Finding, Observation
+from tui.diagnose.findings import Observation
 from tui.diagnose.memory import RuleMemory
 
 RULES = (
@@ -23,9 +25,9 @@ RULES = (
 )
 
 
-def evaluate(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> dict[str, Finding]:
+def evaluate(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> dict[str, Incident]:
     """Every rule whose condition holds now, keyed by code (at most one finding per code)."""
-    found: dict[str, Finding] = {}
+    found: dict[str, Incident] = {}
     for rule in RULES:
         finding = rule(sig, obs, m)
         if finding is not None and finding.code not in found:

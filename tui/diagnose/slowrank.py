@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from mt.contract.config import MonitorConfig
-from tui.diagnose.findings import Finding, Observation
+from mt.contract.incident import Incident
+from tui.diagnose.findings import Observation
 from tui.diagnose.hang import running, this_attempt
 from tui.diagnose.memory import RuleMemory
 from tui.format.fmt import fmt_ms
@@ -92,7 +93,7 @@ def _named(sig: RuleMemory, now: float, slow: int, gap: float, step_s: float, is
     return sig.slow_since is not None and now - sig.slow_since[1] >= HOLD_S
 
 
-def slow_rank(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Finding | None:
+def slow_rank(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident | None:
     """A rank whose own time a step exceeds the others' by GAP_S and GAP_SHARE of a step (or
     HELD_SHARE, held for HOLD_S), and why."""
     if not running(sig, obs):
@@ -135,5 +136,5 @@ def slow_rank(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Finding | 
     }
     advice = ADVICE_INPUT if input_bound else ADVICE_COMPUTE + (" Other processes share this host's CPU now: "
                                                                 "check them (top)." if busy and busy >= 1 else "")
-    return Finding("straggler", "warn", sig.last_step.step if sig.last_step else None,
-                   f"Straggler: {obs.who(slow)} is {bound}-bound", detail, advice, evidence)
+    return Incident("straggler", "warn", sig.last_step.step if sig.last_step else None,
+                    f"Straggler: {obs.who(slow)} is {bound}-bound", detail, advice, evidence)

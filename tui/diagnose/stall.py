@@ -4,7 +4,8 @@ from __future__ import annotations
 import math
 
 from mt.contract.config import MonitorConfig
-from tui.diagnose.findings import WAITING_SYSCALLS, ChildProc, Finding, Observation, RankProc
+from mt.contract.incident import Incident
+from tui.diagnose.findings import WAITING_SYSCALLS, ChildProc, Observation, RankProc
 from tui.diagnose.hang import last_progress, running
 from tui.diagnose.memory import WARMUP_STEPS, RuleMemory, StepRec
 from tui.diagnose.perf import gpu_util, is_live
@@ -51,7 +52,7 @@ def _waiting(p: RankProc) -> bool:
     return p.syscall == "running" and p.cpu_pct is not None and p.cpu_pct < 10.0
 
 
-def stall_in_progress(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Finding | None:
+def stall_in_progress(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident | None:
     """No step for a while, every rank blocked on its input queue while its DataLoader workers work.
 
     Seen from /proc while the stalled step is still waiting, so a long stall is named for what
@@ -83,7 +84,7 @@ def stall_in_progress(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Fi
                 "ranks": {str(r): {"syscall": p.syscall, "workers": [{"pid": c.pid, "state": c.state, "syscall": c.syscall}
                                                                       for c in p.children]} for r, p in alive.items()},
                 "num_workers": sig.facts.num_workers}
-    return Finding("dataloader_stall", "warn", step, f"Dataloader stall at step {step}", detail, ADVICE_STALL, evidence)
+    return Incident("dataloader_stall", "warn", step, f"Dataloader stall at step {step}", detail, ADVICE_STALL, evidence)
 
 
 def _blocked_on_input(obs: Observation) -> tuple[dict[int, RankProc], dict[int, list[ChildProc]]] | None:
@@ -99,7 +100,7 @@ def _blocked_on_input(obs: Observation) -> tuple[dict[int, RankProc], dict[int, 
     return (alive, feeding) if feeding else None
 
 
-def silent_stall(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Finding | None:
+def silent_stall(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident | None:
     """A script that reports nothing through mt has no steps to judge: its ranks all blocked on
     their input queues while their DataLoader workers work, for stall_window_s (with NVML, the
     GPUs idle too: a rank waiting on its GPU looks alike), seen from /proc alone."""
@@ -122,11 +123,11 @@ def silent_stall(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Finding
     evidence = {"blocked_s": round(obs.now - since, 1), "in_progress": True, "gpu_util_pct": gpu,
                 "ranks": {str(r): {"syscall": p.syscall, "workers": [{"pid": c.pid, "state": c.state, "syscall": c.syscall}
                                                                       for c in p.children]} for r, p in alive.items()}}
-    return Finding("dataloader_stall", "warn", None, "Dataloader stall (seen from the processes)", detail,
-                   ADVICE_STALL, evidence)
+    return Incident("dataloader_stall", "warn", None, "Dataloader stall (seen from the processes)", detail,
+                    ADVICE_STALL, evidence)
 
 
-def dataloader_stall(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Finding | None:
+def dataloader_stall(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident | None:
     """Data wait a large share of recent step time (and, with NVML, GPUs idle meanwhile)."""
     silent = silent_stall(sig, obs, m)
     if silent is not None or sig.facts.script and sig.attempt is None:
@@ -155,7 +156,7 @@ def dataloader_stall(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Fin
 
 
 def _stall_finding(sig: RuleMemory, recent: list[StepRec], need: float, gpu: float | None,
-                   m: MonitorConfig) -> Finding | None:
+                   m: MonitorConfig) -> Incident | None:
     """The incident for one window of steps, if their data wait is `need` of their time."""
     if len(recent) < min(2, m.stall_steps):
         return None
@@ -179,7 +180,7 @@ def _stall_finding(sig: RuleMemory, recent: list[StepRec], need: float, gpu: flo
         "threshold_share": need, "gpu_util_pct": None if gpu is None else round(gpu, 1),
         "num_workers": sig.facts.num_workers,
     }
-    return Finding("dataloader_stall", "warn", first.step, f"Dataloader stall at step {first.step}",
-                   detail, ADVICE_STALL, evidence)
+    return Incident("dataloader_stall", "warn", first.step, f"Dataloader stall at step {first.step}",
+                    detail, ADVICE_STALL, evidence)
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mt.contract.records import Eval, Incident, Metrics, Step
+from mt.contract.incident import IncidentLine
+from mt.contract.records import Eval, Metrics, Step
 
 # a step's plotted fields and their tags (the dashboard's series)
 STEP_TAGS = {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm", "tokens_per_s": "train/tokens_per_s"}
@@ -44,7 +45,7 @@ def sample_values(sample: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def incident_text(inc: Incident) -> str:
+def incident_text(inc: IncidentLine) -> str:
     """One incidents.jsonl line as the markdown TensorBoard's text tab shows."""
     step = f" at step {inc.step}" if inc.step is not None else ""
     parts = [f"**[{inc.severity}] {inc.title}** ({inc.code}, {inc.status}{step})"]

@@ -12,15 +12,16 @@ import time
 from pathlib import Path
 from typing import Callable, TextIO
 
+from mt.contract.incident import IncidentLine
 from mt.contract.paths import RunPaths
-from mt.contract.records import Checkpoint, ControlEvent, Eval, Incident, Metrics, Record, RunEnd, RunStart, Step
+from mt.contract.records import Checkpoint, ControlEvent, Eval, Metrics, Record, RunEnd, RunStart, Step
 from mt.contract.status import CLEAN_STATES, FINAL_STATES, Status, read_status
 from tui.format.fmt import anatomy_lines, at_step, fmt_eta, fmt_num, fmt_rate, fmt_write_time, safe_text, stacks_lines
 from tui.read.follower import PollResult, RunFollower
 from tui.read.nodes import JobReader
 from tui.read.rundir import liveness
 from tui.report.nodes import node_lines
-from tui.state.runstate import RunState, TrackedIncident, apply_status
+from tui.state.runstate import RunState, apply_status
 
 
 def step_line(st: RunState) -> str:
@@ -44,7 +45,7 @@ def event_line(ev: Record) -> str | None:
     if isinstance(ev, Checkpoint):
         took = f" in {fmt_write_time(ev.seconds, ev.blocking_s)}" if ev.seconds is not None else ""
         return f"checkpoint saved at step {ev.step} ({ev.reason}{took}): {ev.path}"
-    if isinstance(ev, Incident):
+    if isinstance(ev, IncidentLine):
         return f"incident [{ev.severity}] {ev.code} {at_step(ev.step)}: {ev.title}"
     if isinstance(ev, ControlEvent) and ev.status in ("done", "rejected"):
         return f"control {ev.action} {ev.status}: {ev.detail}".rstrip(": ")
@@ -58,15 +59,15 @@ def exit_code_for(state: str) -> int:
     return 0 if state in CLEAN_STATES else 1
 
 
-def incident_open_line(inc: TrackedIncident) -> str:
+def incident_open_line(inc: IncidentLine) -> str:
     return f"incident [{inc.severity}] {inc.code} {at_step(inc.step)}: {inc.title}"
 
 
-def incident_close_line(inc: TrackedIncident) -> str:
+def incident_close_line(inc: IncidentLine) -> str:
     return f"incident closed: {inc.code} {at_step(inc.step)}: {inc.title}"
 
 
-def incident_keys(st: RunState) -> list[tuple[tuple[str, int | None, int], TrackedIncident]]:
+def incident_keys(st: RunState) -> list[tuple[tuple[str, int | None, int], IncidentLine]]:
     """Each incident with a key that survives a rebuilt state: (code, step, n-th of that pair)."""
     seen: dict[tuple[str, int | None], int] = {}
     out = []
@@ -163,7 +164,7 @@ class _Printer:
             if self.pending_end is not None and isinstance(ev, RunStart):
                 self.end(self.pending_end[0], st)
                 self.pending_end = None
-            if isinstance(ev, Incident):
+            if isinstance(ev, IncidentLine):
                 self.incidents(st)
             elif isinstance(ev, RunEnd):
                 self.step(st, now)

@@ -8,16 +8,16 @@ from __future__ import annotations
 import math
 import re
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mt.contract.config import MonitorConfig
 from mt.contract.events import EXIT_CODES, FAILURE_CODES, as_float
+from mt.contract.incident import IncidentLine
 from mt.contract.jsonl import read_json
 from mt.contract.paths import RunPaths
 from mt.contract.records import Checkpoint, ControlEvent, Eval, Metrics, Record, RunEnd, RunStart, Step
-from mt.contract.records import Incident as IncidentRecord
 from mt.contract.status import FINAL_STATES, Status
 from tui.state.answers import ControlAnswer, note_answer
 
@@ -41,22 +41,6 @@ class CheckpointInfo:
 
     def age_s(self, now: float) -> float:
         return max(0.0, now - self.t)
-
-
-@dataclass
-class TrackedIncident:
-    """An incident as the viewer tracks it: the engine's and the supervisor's copies (records) merged, open until closed."""
-
-    code: str
-    severity: str
-    step: int | None
-    title: str
-    detail: str = ""
-    advice: str = ""
-    evidence: dict[str, Any] = field(default_factory=dict)
-    t: float = 0.0
-    status: str = "open"
-    source: str = "engine"
 
 
 @dataclass
@@ -107,7 +91,8 @@ class RunState:
     run_end_reason: str | None = None
     last_event_t: float | None = None
     last_checkpoint: CheckpointInfo | None = None
-    incidents: list[TrackedIncident] = field(default_factory=list)
+    # each incident as the line that opened it (an engine event or the supervisor's), its own copy: updated in place, open until closed
+    incidents: list[IncidentLine] = field(default_factory=list)
     controls: dict[str, ControlAnswer] = field(default_factory=dict)
     bad_lines: int = 0                 # lines no reader may use (docs/events.md)
     bad_reason: str = ""               # why the newest of them was skipped
@@ -124,7 +109,7 @@ class RunState:
     hang_step_factor: float = MonitorConfig.hang_step_factor
 
     @property
-    def open_incidents(self) -> list[TrackedIncident]:
+    def open_incidents(self) -> list[IncidentLine]:
         return [i for i in self.incidents if i.status == "open"]
 
     @property
@@ -192,7 +177,7 @@ class RunState:
         m = re.search(r"rank\s*(\d+)", self.reason or self.run_end_reason or "")
         return int(m.group(1)) if m else None
 
-    def exit_incident(self) -> TrackedIncident | None:
+    def exit_incident(self) -> IncidentLine | None:
         """The newest crash/oom/nccl_timeout incident of the current attempt that names a rank."""
         for inc in reversed(self.incidents):
             if inc.code in EXIT_CODES and isinstance(inc.evidence.get("rank"), int) and (
@@ -305,7 +290,7 @@ def reduce_event(st: RunState, ev: Record) -> None:
         note_answer(st.controls, ev)
     elif isinstance(ev, ControlEvent):
         note_answer(st.controls, ev)
-    elif isinstance(ev, IncidentRecord):
+    elif isinstance(ev, IncidentLine):
         add_incident(st, ev, source="engine")
     elif isinstance(ev, RunEnd):
         st.run_end_status, st.run_end_reason = ev.status, ev.reason or None
@@ -313,7 +298,7 @@ def reduce_event(st: RunState, ev: Record) -> None:
             st.state = ev.status
 
 
-def add_incident(st: RunState, rec: IncidentRecord, source: str) -> None:
+def add_incident(st: RunState, rec: IncidentLine, source: str) -> None:
     """Open, update, merge or close an incident; the same code+step from engine and supervisor is one."""
     if rec.status == "update":  # more evidence (a capture's stacks) for the one still open
         for inc in st.incidents:
@@ -329,9 +314,7 @@ def add_incident(st: RunState, rec: IncidentRecord, source: str) -> None:
         # open or already closed: the other source's copy of it is not a second incident
         if inc.code == rec.code and inc.step == rec.step:
             return
-    st.incidents.append(TrackedIncident(
-        code=rec.code, severity=rec.severity, step=rec.step, title=rec.title, detail=rec.detail,
-        advice=rec.advice, evidence=rec.evidence, t=rec.t or 0.0, status="open", source=rec.source or source))
+    st.incidents.append(replace(rec, status="open", source=rec.source or source))  # a copy: lines stay as read
 
 
 def apply_status(st: RunState, status: Status) -> bool:

@@ -55,7 +55,7 @@ print(json.dumps(out))
 
 @dataclass
 class Check:
-    """One `mt doctor` check and its line: ok, or a problem with what it means (not a diagnosis Finding)."""
+    """One `mt doctor` check and its line: ok, or a problem with what it means (not a diagnosed Incident)."""
 
     ok: bool
     text: str

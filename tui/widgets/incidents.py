@@ -10,15 +10,15 @@ from textual.containers import Vertical, VerticalScroll
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
+from mt.contract.incident import IncidentLine
 from tui.format.fmt import anatomy_lines, fmt_duration, fmt_num, safe_text, stacks_lines
-from tui.state.runstate import TrackedIncident
 
 MAX_VALUE_CHARS = 300  # an evidence value longer than this (a whole traceback line) is cut
 
 SEVERITY_STYLE = {"info": "cyan", "warn": "yellow", "error": "bold red"}
 
 
-def incident_line(inc: TrackedIncident, now: float) -> Text:
+def incident_line(inc: IncidentLine, now: float) -> Text:
     style = SEVERITY_STYLE.get(inc.severity, "")
     t = Text()
     t.append(f"{inc.severity.upper():5} ", style=style)
@@ -62,7 +62,7 @@ def stacks_block(evidence: dict[str, Any]) -> Text:
     return t
 
 
-def incident_detail(inc: TrackedIncident) -> Text:
+def incident_detail(inc: IncidentLine) -> Text:
     """The captured stacks, the detail, the advice, then the evidence as `key: value` lines (Static wraps them)."""
     t = Text()
     t.append(f"{safe_text(inc.code)} ({inc.status}, from {safe_text(inc.source)})\n", style="bold")
@@ -86,7 +86,7 @@ def incident_detail(inc: TrackedIncident) -> Text:
     return t
 
 
-def ordered(incidents: list[TrackedIncident]) -> list[TrackedIncident]:
+def ordered(incidents: list[IncidentLine]) -> list[IncidentLine]:
     """Open ones first (newest first), then the closed ones."""
     return sorted(incidents, key=lambda i: (i.status != "open", -(i.t or 0)))
 
@@ -101,10 +101,10 @@ class IncidentsPanel(Vertical, can_focus=False):
             yield Static("", id="incident-detail")
 
     def on_mount(self) -> None:
-        self._shown: list[TrackedIncident] = []
+        self._shown: list[IncidentLine] = []
         self._sig: tuple = ()
 
-    def show(self, incidents: list[TrackedIncident], now: float) -> None:
+    def show(self, incidents: list[IncidentLine], now: float) -> None:
         items = ordered(incidents)[:50]
         sig = tuple((i.code, i.step, i.status, "verdict" in i.evidence) for i in items) + (int(now) // 10,)
         if sig == self._sig:

@@ -1,10 +1,11 @@
-"""Engine-side incident rules run on rank 0 after every optimizer step. Stdlib only, no torch.
+"""The incident rules inside training, on rank 0 (the supervisor's are in tui/diagnose/). Stdlib only.
 
-`StepAnomalies.observe` watches loss, grad norm and the fp16 loss scale and returns the
-`incident` event fields to emit now (`loss_spike`, `grad_explosion`, `fp16_overflow`);
-`nan_incident` builds the `nan_loss` one, `recompile_incident` the `recompile` one. `is_clear` is
-shared with the supervisor, which closes engine-side incidents when the step stream shows the
-condition has gone.
+`StepRules.observe` watches loss, grad norm and the fp16 loss scale after every optimizer step and
+returns the incidents that open on it (`loss_spike`, `grad_explosion`, `clipping_active`,
+`fp16_overflow`); `nan_incident`, `recompile_incident`, `disk_full_incident` and
+`checkpoint_failed_incident` build the others. Each is an `Incident` (mt/contract/incident.py) the
+engine emits as `emit("incident", **inc.event_fields())`. `is_clear` is shared with the supervisor,
+which closes these incidents when the step stream shows the condition has gone.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Any
 from mt.contract.config import MonitorConfig
 from mt.contract.events import as_float
 from mt.contract.fmt import short_num
+from mt.contract.incident import Incident
 from mt.contract.space import DiskFullError
 
 # MAD * 1.4826 estimates the standard deviation of normally distributed noise; successive
@@ -89,12 +91,6 @@ def _r(x: float | None, digits: int = 4) -> float | None:
     return None if x is None else float(f"{x:.{digits}g}")
 
 
-def _incident(step: int, code: str, severity: str, title: str, detail: str, advice: str,
-              evidence: dict[str, Any]) -> dict[str, Any]:
-    return {"step": step, "code": code, "severity": severity, "title": title,
-            "detail": detail, "advice": advice, "evidence": evidence}
-
-
 ADVICE = {
     "loss_spike": (
         "Look at raw loss, grad norm and lr around this step: a spike with a grad-norm jump is an "
@@ -157,7 +153,7 @@ def is_clear(code: str, evidence: dict[str, Any], step: dict[str, Any]) -> bool:
     return True
 
 
-class StepAnomalies:
+class StepRules:
     """Rank 0's per-step watch on loss, grad norm and loss scale; each code fires once while open."""
 
     def __init__(self, monitor: MonitorConfig, grad_clip: float) -> None:
@@ -174,7 +170,7 @@ class StepAnomalies:
         self.open: dict[str, dict[str, Any]] = {}  # code -> evidence of the open incident
         self._clean: dict[str, int] = {}  # code -> consecutive clean steps since it opened
 
-    def observe(self, step: dict[str, Any]) -> list[dict[str, Any]]:
+    def observe(self, step: dict[str, Any]) -> list[Incident]:
         """Feed one optimizer step; returns the incidents that open on it."""
         if self.open:
             self._maybe_close(step)
@@ -186,9 +182,9 @@ class StepAnomalies:
             self.calibrating = False
         for check in (self._overflow, self._spike, self._grad, self._clipping):  # each returns at once when it does not apply
             inc = check(s, step, skipped)
-            if inc is not None and inc["code"] not in self.open:
-                self.open[inc["code"]] = inc["evidence"]
-                self._clean[inc["code"]] = 0
+            if inc is not None and inc.code not in self.open:
+                self.open[inc.code] = inc.evidence
+                self._clean[inc.code] = 0
                 out.append(inc)
         if not skipped:
             loss = _finite(step.get("loss"))
@@ -212,7 +208,7 @@ class StepAnomalies:
             else:
                 self._clean[code] = 0
 
-    def _spike(self, s: int, step: dict[str, Any], skipped: bool) -> dict[str, Any] | None:
+    def _spike(self, s: int, step: dict[str, Any], skipped: bool) -> Incident | None:
         loss = _finite(step.get("loss"))
         if loss is None or skipped or len(self.loss_diffs) + 1 < self.m.spike_min_history:
             return None
@@ -235,10 +231,10 @@ class StepAnomalies:
         }
         detail = (f"loss {loss:.4g} at step {s} vs rolling median {med:.4g} of the last {len(self.losses)} steps "
                   f"(+{loss - med:.3g}, {evidence['mads']} MADs); lr {short_num(lr)}, grad norm {short_num(gn)}")
-        return _incident(s, "loss_spike", "warn", f"Loss spike at step {s}", detail,
-                         ADVICE["loss_spike"], evidence)
+        return Incident("loss_spike", "warn", s, f"Loss spike at step {s}", detail,
+                        ADVICE["loss_spike"], evidence)
 
-    def _grad(self, s: int, step: dict[str, Any], skipped: bool) -> dict[str, Any] | None:
+    def _grad(self, s: int, step: dict[str, Any], skipped: bool) -> Incident | None:
         gn = _finite(step.get("grad_norm"))
         if gn is None or skipped or len(self.grads) < self.m.spike_min_history:
             return None
@@ -252,11 +248,11 @@ class StepAnomalies:
                         "loss": _r(_finite(step.get("loss"))), "grad_clip": self.grad_clip}
             detail = (f"grad norm {gn:.4g} at step {s} is {gn / med:.1f}x its rolling median {med:.4g} "
                       f"(threshold {self.m.grad_explosion_factor:g}x, at least {self.m.grad_explosion_min_norm:g}); lr {short_num(lr)}")
-            return _incident(s, "grad_explosion", "warn", f"Gradient explosion at step {s}", detail,
-                             ADVICE["grad_explosion"], evidence)
+            return Incident("grad_explosion", "warn", s, f"Gradient explosion at step {s}", detail,
+                            ADVICE["grad_explosion"], evidence)
         return None
 
-    def _clipping(self, s: int, step: dict[str, Any], skipped: bool) -> dict[str, Any] | None:
+    def _clipping(self, s: int, step: dict[str, Any], skipped: bool) -> Incident | None:
         if self.grad_clip <= 0 or not step.get("clipped"):
             return None  # no clipping configured (a script's run), or this step was not clipped
         gn = _finite(step.get("grad_norm"))
@@ -275,11 +271,11 @@ class StepAnomalies:
                 detail = (f"gradients clipped on {share:.0%} of the last {len(self.clipped)} steps "
                           f"(clip {self.grad_clip:g}, median grad norm {med:.3g}): the effective lr "
                           f"is far below the configured one")
-                return _incident(s, "clipping_active", "info", "Clipping active on most steps", detail,
-                                 ADVICE["clipping_active"], evidence)
+                return Incident("clipping_active", "info", s, "Clipping active on most steps", detail,
+                                ADVICE["clipping_active"], evidence)
         return None
 
-    def _overflow(self, s: int, step: dict[str, Any], skipped: bool) -> dict[str, Any] | None:
+    def _overflow(self, s: int, step: dict[str, Any], skipped: bool) -> Incident | None:
         if step.get("loss_scale") is None:
             return None  # no GradScaler (fp32/bf16): a skipped step there is a NaN, not an overflow
         scale = _finite(step.get("loss_scale"))
@@ -298,12 +294,12 @@ class StepAnomalies:
         else:
             detail = (f"{n_skipped} of the last {len(self.skipped)} steps were skipped for inf/NaN "
                       f"gradients (loss scale now {short_num(scale)})")
-        return _incident(s, "fp16_overflow", "warn", f"fp16 overflow: skipped steps at {s}", detail,
-                         ADVICE["fp16_overflow"], evidence)
+        return Incident("fp16_overflow", "warn", s, f"fp16 overflow: skipped steps at {s}", detail,
+                        ADVICE["fp16_overflow"], evidence)
 
 
 def nan_incident(step: int, lr: float, grad_norm: float, loss: float, sample_indices: list[int],
-                 action: str) -> dict[str, Any]:
+                 action: str) -> Incident:
     """The `nan_loss` incident for a step whose loss was non-finite on some rank."""
     shown = ", ".join(str(i) for i in sample_indices[:16]) + (" ..." if len(sample_indices) > 16 else "")
     what = "the step was skipped (weights unchanged)" if action == "skip" else "the run stops"
@@ -311,33 +307,33 @@ def nan_incident(step: int, lr: float, grad_norm: float, loss: float, sample_ind
               f"Samples in the offending micro-batch: {shown or 'unknown'}")
     evidence = {"loss": loss, "lr": _r(_finite(lr)), "grad_norm": grad_norm,
                 "sample_indices": list(sample_indices), "action": action}
-    return _incident(step, "nan_loss", "error" if action == "stop" else "warn",
-                     f"Non-finite loss at step {step}", detail, ADVICE["nan_loss"], evidence)
+    return Incident("nan_loss", "error" if action == "stop" else "warn", step,
+                    f"Non-finite loss at step {step}", detail, ADVICE["nan_loss"], evidence)
 
 
-def recompile_incident(step: int, recompiles: list[tuple[str, str]]) -> dict[str, Any]:
+def recompile_incident(step: int, recompiles: list[tuple[str, str]]) -> Incident:
     """The `recompile` incident for a step in which torch.compile recompiled: (function, torch's reason) each."""
     reasons = [why.splitlines()[0][:300] for _, why in recompiles]
     n = len(recompiles)
     detail = f"torch.compile recompiled {recompiles[0][0]} at step {step}{f' ({n} recompiles)' if n > 1 else ''}: {reasons[0]}"
     evidence = {"recompiles": n, "functions": [fn for fn, _ in recompiles], "reasons": reasons}
-    return _incident(step, "recompile", "warn", f"Recompiled at step {step}", detail, ADVICE["recompile"], evidence)
+    return Incident("recompile", "warn", step, f"Recompiled at step {step}", detail, ADVICE["recompile"], evidence)
 
 
-def disk_full_incident(step: int, error: DiskFullError, reason: str, last: str, then: str, keep_last: int) -> dict[str, Any]:
+def disk_full_incident(step: int, error: DiskFullError, reason: str, last: str, then: str, keep_last: int) -> Incident:
     """The `disk_full` incident for a checkpoint (`reason`: interval, request, final, stop) that did not fit."""
     evidence = {"path": str(error.path), "free_bytes": error.free, "needed_bytes": error.needed,
                 "reason": reason, "keep_last": keep_last}
     advice = (f"Free space on that filesystem (old runs, other files), or move runs_dir to a bigger disk, "
               f"or lower [checkpoint] keep_last = {keep_last}; a stopped or failed run resumes with "
               f"`mt resume` once there is room.")
-    return _incident(step, "disk_full", "error", f"Checkpoint at step {step} {'failed' if reason in ('final', 'stop') else 'skipped'}: disk full",
-                     f"{error}. {last[0].upper()}{last[1:]}; {then}.", advice, evidence)
+    return Incident("disk_full", "error", step, f"Checkpoint at step {step} {'failed' if reason in ('final', 'stop') else 'skipped'}: disk full",
+                    f"{error}. {last[0].upper()}{last[1:]}; {then}.", advice, evidence)
 
 
-def checkpoint_failed_incident(step: int, why: str, last: str, reason: str, root: Path) -> dict[str, Any]:
+def checkpoint_failed_incident(step: int, why: str, last: str, reason: str, root: Path) -> Incident:
     """The `checkpoint_failed` incident: a background (checkpoint.async) write that failed and was removed."""
-    return _incident(step, "checkpoint_failed", "error", f"Checkpoint at step {step} failed in the background",
-                     f"{why}. The temporary folder was removed; {last}.",
-                     "Check the rank logs and the checkpoints' filesystem; the next checkpoint tries again.",
-                     {"reason": reason, "path": str(root)})
+    return Incident("checkpoint_failed", "error", step, f"Checkpoint at step {step} failed in the background",
+                    f"{why}. The temporary folder was removed; {last}.",
+                    "Check the rank logs and the checkpoints' filesystem; the next checkpoint tries again.",
+                    {"reason": reason, "path": str(root)})

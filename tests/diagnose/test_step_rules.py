@@ -1,4 +1,4 @@
-"""Engine-side rules (mt/anomaly.py): fire on the fault, at its step, once; silent otherwise."""
+"""Rank 0's rules inside training (mt/rules.py): fire on the fault, at its step, once; silent otherwise."""
 from __future__ import annotations
 
 import math
@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from mt.anomaly import RollingMedian, StepAnomalies, is_clear, nan_incident
 from mt.contract.config import MonitorConfig
 from mt.contract.events import INCIDENT_CODES, dumps, make_event, schema_errors
+from mt.rules import RollingMedian, StepRules, is_clear, nan_incident
 
 from .streams import steps
 
@@ -17,7 +17,7 @@ SEEDS = range(12)
 
 
 def run(stream: list[dict], monitor: MonitorConfig | None = None, grad_clip: float = 1.0) -> list[dict]:
-    sa = StepAnomalies(monitor or MonitorConfig(), grad_clip)
+    sa = StepRules(monitor or MonitorConfig(), grad_clip)
     out = []
     for s in stream:
         out += sa.observe(s)
@@ -62,17 +62,17 @@ def test_loss_spike_fires_once_at_its_step(seed: int) -> None:
     for k in range(at - 1, at + 4):  # a five-step spike to ~2.5x, then recovery
         stream[k]["loss"] = base * 2.5
     got = run(stream)
-    assert [i["code"] for i in got] == ["loss_spike"]
+    assert [i.code for i in got] == ["loss_spike"]
     inc = got[0]
-    assert inc["step"] == at and inc["severity"] == "warn"
-    ev = inc["evidence"]
+    assert inc.step == at and inc.severity == "warn"
+    ev = inc.evidence
     assert ev["loss"] == pytest.approx(base * 2.5, rel=1e-3)
     assert ev["lr"] == pytest.approx(stream[at - 1]["lr"], rel=1e-3)
     assert ev["grad_norm"] == pytest.approx(stream[at - 1]["grad_norm"], rel=1e-3)
     assert ev["jump"] == pytest.approx(ev["loss"] - ev["median"], rel=1e-2)
     assert len(ev["recent_losses"]) == 10
-    assert set(inc) == {"step", "code", "severity", "title", "detail", "advice", "evidence"}
-    assert "lr" in inc["advice"] and "warmup" in inc["advice"]
+    assert set(inc.event_fields()) == {"step", "code", "severity", "title", "detail", "advice", "evidence"}
+    assert "lr" in inc.advice and "warmup" in inc.advice
 
 
 def test_spike_during_initial_history_is_not_judged() -> None:
@@ -88,7 +88,7 @@ def test_spike_reopens_after_it_clears() -> None:
     for at in (100, 200):
         stream[at - 1]["loss"] *= 3
     got = run(stream, m)
-    assert [(i["code"], i["step"]) for i in got] == [("loss_spike", 100), ("loss_spike", 200)]
+    assert [(i.code, i.step) for i in got] == [("loss_spike", 100), ("loss_spike", 200)]
 
 
 def test_spike_not_repeated_while_open() -> None:
@@ -96,7 +96,7 @@ def test_spike_not_repeated_while_open() -> None:
     for k in range(100, 140):  # a sustained blow-up: every step is "a spike"
         stream[k]["loss"] = 12.0 + k * 0.01
     got = run(stream)
-    assert [i["step"] for i in got if i["code"] == "loss_spike"] == [101]
+    assert [i.step for i in got if i.code == "loss_spike"] == [101]
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -104,8 +104,8 @@ def test_grad_explosion_fires_on_norm_jump(seed: int) -> None:
     stream = steps(200, seed)
     stream[149]["grad_norm"] = 50 * stream[148]["grad_norm"] + 20
     got = run(stream)
-    assert [(i["code"], i["step"]) for i in got] == [("grad_explosion", 150)]
-    ev = got[0]["evidence"]
+    assert [(i.code, i.step) for i in got] == [("grad_explosion", 150)]
+    ev = got[0].evidence
     assert ev["reason"] == "norm" and ev["factor"] > MonitorConfig().grad_explosion_factor
 
 
@@ -115,10 +115,10 @@ def test_clipping_on_most_steps_is_reported_only_after_the_start() -> None:
     for s in stream:  # clip threshold far below every norm: clipping on every step
         s["clipped"] = True
     got = run(stream, m, grad_clip=0.01)
-    assert [i["code"] for i in got] == ["clipping_active"]  # its own code: not an explosion
-    assert got[0]["step"] == m.spike_window + 1 and got[0]["severity"] == "info"
-    assert got[0]["evidence"]["clipped_share"] == 1.0 and "grad_clip" in got[0]["advice"]
-    assert schema_errors(make_event("incident", **got[0])) == []
+    assert [i.code for i in got] == ["clipping_active"]  # its own code: not an explosion
+    assert got[0].step == m.spike_window + 1 and got[0].severity == "info"
+    assert got[0].evidence["clipped_share"] == 1.0 and "grad_clip" in got[0].advice
+    assert schema_errors(make_event("incident", **got[0].event_fields())) == []
 
 
 def fp16(stream: list[dict], scale: float = 65536.0) -> list[dict]:
@@ -143,8 +143,8 @@ def test_fp16_overflow_fires_on_repeated_skips() -> None:
         stream[s - 1]["skipped"] = True
         stream[s - 1]["grad_norm"] = float("inf")
     got = run(stream, m)
-    assert [(i["code"], i["step"]) for i in got] == [("fp16_overflow", skips[m.overflow_max_skipped - 1])]
-    assert got[0]["evidence"]["skipped_in_window"] == m.overflow_max_skipped
+    assert [(i.code, i.step) for i in got] == [("fp16_overflow", skips[m.overflow_max_skipped - 1])]
+    assert got[0].evidence["skipped_in_window"] == m.overflow_max_skipped
 
 
 def test_fp16_scale_collapse() -> None:
@@ -154,7 +154,7 @@ def test_fp16_scale_collapse() -> None:
         stream[k]["loss_scale"] = 2.0 ** (-(k - 59))
     got = run(stream, m)
     first_low = next(s["step"] for s in stream if s["loss_scale"] < m.overflow_min_scale)
-    assert [(i["code"], i["step"]) for i in got] == [("fp16_overflow", first_low)]
+    assert [(i.code, i.step) for i in got] == [("fp16_overflow", first_low)]
 
 
 def test_skipped_nan_steps_in_fp32_are_not_fp16_overflow() -> None:
@@ -173,12 +173,12 @@ def test_nan_loss_is_left_to_nan_incident() -> None:
 
 def test_nan_incident_fields_and_json() -> None:
     inc = nan_incident(37, 2.5e-3, float("nan"), float("nan"), [4, 91, 1022], "skip")
-    assert inc["code"] == "nan_loss" and inc["code"] in INCIDENT_CODES and inc["step"] == 37
-    assert inc["severity"] == "warn"
-    assert nan_incident(37, 1e-3, 1.0, float("inf"), [1], "stop")["severity"] == "error"
-    assert inc["evidence"]["sample_indices"] == [4, 91, 1022]
-    assert "91" in inc["detail"] and "37" in inc["detail"]
-    line = dumps(inc)  # must survive the event writer: no bare NaN in JSON
+    assert inc.code == "nan_loss" and inc.code in INCIDENT_CODES and inc.step == 37
+    assert inc.severity == "warn"
+    assert nan_incident(37, 1e-3, 1.0, float("inf"), [1], "stop").severity == "error"
+    assert inc.evidence["sample_indices"] == [4, 91, 1022]
+    assert "91" in inc.detail and "37" in inc.detail
+    line = dumps(inc.event_fields())  # must survive the event writer: no bare NaN in JSON
     assert "NaN" not in line and '"nan"' in line
 
 
@@ -193,7 +193,7 @@ def test_is_clear_reads_event_strings() -> None:
 def test_observe_is_cheap() -> None:
     import time
     stream = steps(5000, 0)
-    sa = StepAnomalies(MonitorConfig(), 1.0)
+    sa = StepRules(MonitorConfig(), 1.0)
     t0 = time.perf_counter()
     for s in stream:
         sa.observe(s)
@@ -201,7 +201,7 @@ def test_observe_is_cheap() -> None:
     assert per_step < 1e-3, per_step  # generous: a few us in practice, the step itself is ms
 
 
-@pytest.mark.parametrize("module", ["mt.anomaly", "tui.diagnose.monitor", "tui.diagnose.rules"])
+@pytest.mark.parametrize("module", ["mt.rules", "tui.diagnose.monitor", "tui.diagnose.rules"])
 def test_diagnosis_never_imports_torch(module: str) -> None:
     code = f"import sys, {module}; sys.exit(1 if 'torch' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
@@ -229,6 +229,6 @@ def test_near_zero_loss_jumps_are_no_incidents_but_real_ones_are(seed: int) -> N
     stream = converged(seed)
     assert run(stream) == []
     stream[300]["loss"], stream[350]["grad_norm"] = 0.8, 2.0  # above both floors: a spike and an explosion
-    assert [(i["code"], i["step"]) for i in run(stream)] == [("loss_spike", 301), ("grad_explosion", 351)]
+    assert [(i.code, i.step) for i in run(stream)] == [("loss_spike", 301), ("grad_explosion", 351)]
     floors = MonitorConfig(spike_min_abs=0.0, grad_explosion_min_norm=0.0)  # the rules without them: the noise fires
-    assert {i["code"] for i in run(converged(seed), floors)} == {"loss_spike", "grad_explosion"}
+    assert {i.code for i in run(converged(seed), floors)} == {"loss_spike", "grad_explosion"}
