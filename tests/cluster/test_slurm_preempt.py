@@ -283,10 +283,14 @@ def test_a_job_that_ends_with_its_supervisor_and_no_requeue_is_recorded_failed_w
     assert status(run_dir)["state"] == "running"
     once = _mt("watch", run_dir, "--once", env=slurm.env)
     assert once.returncode == 0, once.stderr
-    st = status(run_dir)
-    assert st["state"] == "failed" and st["reason"].startswith(f"Slurm job {job} ended ("), st
-    assert f"{last - ckpt} steps lost since the newest checkpoint, at step {ckpt}" in st["reason"]
     assert "lost" not in once.stdout.split("\n")[0] and "[lost]" not in once.stdout, once.stdout
+    assert f"Slurm job {job} ended (" in once.stdout and f"{last - ckpt} steps lost" in once.stdout, once.stdout
+    assert status(run_dir)["state"] == "running"   # views only read: a command that acts records it
+    stop = _mt("stop", run_dir, env=slurm.env)
+    st = status(run_dir)
+    assert st["state"] == "failed" and st["reason"].startswith(f"Slurm job {job} ended ("), (st, stop.stdout, stop.stderr)
+    assert f"{last - ckpt} steps lost since the newest checkpoint, at step {ckpt}" in st["reason"]
+    assert stop.returncode == 0 and "run failed (Slurm job" in stop.stdout, stop.stdout + stop.stderr
 
 
 def _incidents(run_dir: Path) -> list[dict[str, Any]]:
