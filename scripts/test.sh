@@ -8,7 +8,8 @@ bash scripts/setup.sh
 if (($#)); then  # tests named on the command line: as given
     exec .venv/bin/python -m pytest -q --durations=15 "$@"
 fi
-# the quick tests on both cores; the end-to-end ones (several processes each, timing-sensitive
-# terminals) one at a time after them
+# the quick tests on both cores, then the end-to-end ones (real processes, terminals, a Slurm
+# cluster) on both cores too: no verdict may depend on the machine's load, and two at a time is
+# that load. The Slurm tests share one test cluster, on one worker (tests/cluster/conftest.py).
 .venv/bin/python -m pytest -q -n 2 -m "not slow" --durations=15
-exec .venv/bin/python -m pytest -q -m slow --durations=25
+exec .venv/bin/python -m pytest -q -n 2 --dist loadgroup -m slow --durations=25
