@@ -10,7 +10,7 @@ import re
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from mt.contract.config import MonitorConfig
 from mt.contract.events import EXIT_CODES, FAILURE_CODES, as_float
@@ -223,8 +223,7 @@ class BulkResult:
     series: RunSeries | None
     end: int            # events.jsonl bytes covered
     ino: int
-    from_cache: int     # of which came from an index or cache
-    cached: bool        # a cache was written
+    from_index: int     # of which came from the engine's index (the rest was scanned)
 
 
 def new_state(run_dir: Path) -> RunState:
@@ -255,21 +254,36 @@ def _int(v: Any) -> int | None:
     return int(v) if isinstance(v, float) and math.isfinite(v) else None
 
 
+def reduce_rows(st: RunState, step: Sequence[float], loss: Sequence[float | None], lr: Sequence[float | None],
+                grad_norm: Sequence[float | None], tokens_per_s: Sequence[float | None]) -> None:
+    """Fold plain step rows, given as columns (None or NaN: unknown), into the state: the one
+    step fold, which `reduce_step` (one record) and the bulk read (columns of many) go through."""
+    if not len(step):
+        return
+    best = math.inf if st.best_loss is None else st.best_loss
+    for s, x in zip(step, loss):
+        if x is not None and -math.inf < x < best:   # NaN and infinities are never a best
+            best = x
+            st.note_best(_row_step(s), x)
+    st.n_steps += len(step)
+    st.step = _row_step(step[-1])
+    st.loss, st.lr, st.grad_norm, st.tokens_per_s = loss[-1], lr[-1], grad_norm[-1], tokens_per_s[-1]
+    if st.state == "starting":
+        st.state = "running"
+
+
+def _row_step(x: float) -> int | None:
+    return x if isinstance(x, int) else int(x) if math.isfinite(x) else None   # a column's step beyond float range: unknown
+
+
 def reduce_step(st: RunState, ev: Step) -> None:
-    """Fold one `step` record into the state."""
-    st.step = ev.step
-    st.n_steps += 1
-    st.loss = ev.loss
-    if ev.loss is not None and math.isfinite(ev.loss) and (st.best_loss is None or ev.loss < st.best_loss):
-        st.note_best(ev.step, ev.loss)
-    st.lr, st.grad_norm, st.tokens_per_s, st.step_time_s = ev.lr, ev.grad_norm, ev.tokens_per_s, ev.step_time_s
-    st.samples_per_s = ev.samples_per_s
+    """Fold one `step` record into the state: its row, and what only a record carries."""
+    reduce_rows(st, (ev.step,), (ev.loss,), (ev.lr,), (ev.grad_norm,), (ev.tokens_per_s,))
+    st.step_time_s, st.samples_per_s = ev.step_time_s, ev.samples_per_s
     if ev.mfu is not None:
         st.mfu = ev.mfu
     if ev.t is not None:
         st.recent.append((ev.t, ev.step))
-    if st.state == "starting":
-        st.state = "running"
 
 
 def reduce_event(st: RunState, ev: Record) -> None:
