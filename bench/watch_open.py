@@ -4,14 +4,13 @@
 
 Each measurement runs in a fresh process: `mt watch --once` (load_run_state + format_summary),
 and the dashboard (headless, 140x44): time to the first frame with the newest step in the
-header, time until the plots hold the whole history, and peak RSS. Three ways in: with the
-engine's binary index (`events.idx`, what every run the engine writes has), and without it
-(a run from elsewhere) cold, then warm from the viewer's `.mt-index` cache the cold open wrote.
+header, time until the plots hold the whole history, and peak RSS. Two ways in: with the
+engine's binary index (`events.idx`, what every run mt writes has, the one big-run index), and
+without it (a copy without it): the first frame from events.jsonl's tail, the history scanned.
 """
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -89,7 +88,6 @@ def main() -> None:
             ev = json.loads(line)
             if ev.get("kind") == "step":
                 last = ev["step"]
-    cache = run_dir / ".mt-index"
     idx, idx_away = run_dir / "events.idx", run_dir / "events.idx.away"
     if idx_away.exists() and not idx.exists():
         idx_away.rename(idx)            # an earlier run of this script was interrupted
@@ -97,21 +95,16 @@ def main() -> None:
         subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from mt.contract.eventindex import open_index; "
                         "open_index(Path(sys.argv[1]), catch_up_bytes=1 << 40).close()", str(run_dir / "events.jsonl")],
                        check=True, cwd=ROOT)
-    shutil.rmtree(cache, ignore_errors=True)
     subprocess.run(["cat", str(run_dir / "events.jsonl"), str(idx)], stdout=subprocess.DEVNULL)  # page cache warm
     results = {"events_mb": round(size_mb), "index_mb": round(idx.stat().st_size / 2**20), "last_step": last}
     results["once_index"] = median_of(3, ONCE, str(run_dir))
     results["app_index"] = median_of(3, APP, str(run_dir), str(last))
     idx.rename(idx_away)
     try:
-        results["once_cold"] = run(ONCE, str(run_dir))
-        results["app_cold"] = run(APP, str(run_dir), str(last))
-        results["once_warm"] = run(ONCE, str(run_dir))
-        results["app_warm"] = run(APP, str(run_dir), str(last))
+        results["once_no_index"] = run(ONCE, str(run_dir))
+        results["app_no_index"] = run(APP, str(run_dir), str(last))
     finally:
         idx_away.rename(idx)
-    results["cache_mb"] = round(sum(p.stat().st_size for p in cache.glob("*")) / 2**20, 1)
-    shutil.rmtree(cache, ignore_errors=True)
     with open("/proc/loadavg") as f:
         results["loadavg"] = f.read().split()[:3]
     print(json.dumps(results, indent=1))
