@@ -355,3 +355,25 @@ def test_lines_from_elsewhere_never_break_any_reader(tmp_path):
         assert st.step == 2 and st.bad_lines == 6 and st.val_loss == float("inf")
     same_series(ref, bulk.series)
     assert ref.series.loss.arrays()[0].tolist() == [1.0, 2.0]   # no point without a usable step
+
+
+def test_the_one_step_fold_is_the_same_for_records_and_columns(tmp_path):
+    """runstate.reduce_rows over numpy columns (the bulk read) equals reduce_step record by record."""
+    from mt.contract.records import parse_event
+    from tui.state.runstate import new_state, reduce_rows, reduce_step
+    rng = np.random.default_rng(0)
+    loss = rng.random(5000) * 3
+    loss[rng.integers(0, 5000, 200)] = np.nan
+    loss[[7, 900]], loss[[8, 901]] = -np.inf, np.inf
+    rows = np.column_stack([np.arange(1, 5001), loss, rng.random((5000, 3))])
+    one = new_state(tmp_path)
+    for r in rows.tolist():
+        ev = parse_event({"kind": "step", "t": 1.8e9, "step": int(r[0]), "loss": None if math.isnan(r[1]) else r[1],
+                          "lr": r[2], "grad_norm": r[3], "tokens_per_s": r[4]})
+        reduce_step(one, ev)
+    many = new_state(tmp_path)
+    reduce_rows(many, *rows[:2500].T)
+    reduce_rows(many, *rows[2500:].T)
+    assert many.best_history == one.best_history and len(one.best_history) > 3
+    assert (many.step, many.n_steps, many.loss, many.lr, many.tokens_per_s, many.state) == \
+        (one.step, one.n_steps, one.loss, one.lr, one.tokens_per_s, one.state)

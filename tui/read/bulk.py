@@ -26,7 +26,6 @@ from tui.state.runstate import BulkResult, CheckpointInfo, RunState, new_state, 
 
 QUICK_TAIL_BYTES = 2 << 20       # steps a quick read parses (~5000 step lines)
 QUICK_SCAN_BYTES = 16 << 20      # how far back a quick read looks for other events (~40k steps)
-ROWS_PER_FOLD = 1 << 16          # step rows handed to the state's fold at once
 _RUN_START = b'"kind":"run_start"'
 
 
@@ -63,9 +62,7 @@ def _apply_rows(st: RunState, series: RunSeries | None, rows: np.ndarray) -> Non
         plotted = rows if np.isfinite(x).all() else rows[np.isfinite(x)]  # as RunSeries.add_step
         for j, name in enumerate(COLS[1:], start=1):
             getattr(series, name).extend(plotted[:, 0], plotted[:, j])
-    for a in range(0, len(rows), ROWS_PER_FOLD):   # as lists, a block at a time: bounded memory
-        block = rows[a:a + ROWS_PER_FOLD].T.tolist()
-        reduce_rows(st, *block)
+    reduce_rows(st, *rows.T)
 
 
 def fix_recent(st: RunState, path: Path, end: int, tail_bytes: int = 64 * 1024) -> None:

@@ -257,23 +257,37 @@ def _int(v: Any) -> int | None:
 def reduce_rows(st: RunState, step: Sequence[float], loss: Sequence[float | None], lr: Sequence[float | None],
                 grad_norm: Sequence[float | None], tokens_per_s: Sequence[float | None]) -> None:
     """Fold plain step rows, given as columns (None or NaN: unknown), into the state: the one
-    step fold, which `reduce_step` (one record) and the bulk read (columns of many) go through."""
+    step fold, which `reduce_step` (one record) and the bulk read (numpy columns) go through."""
     if not len(step):
         return
-    best = math.inf if st.best_loss is None else st.best_loss
-    for s, x in zip(step, loss):
-        if x is not None and -math.inf < x < best:   # NaN and infinities are never a best
-            best = x
-            st.note_best(_row_step(s), x)
+    for i in _new_bests(loss, math.inf if st.best_loss is None else st.best_loss):
+        st.note_best(_row_step(step[i]), float(loss[i]))  # type: ignore[arg-type]
     st.n_steps += len(step)
     st.step = _row_step(step[-1])
-    st.loss, st.lr, st.grad_norm, st.tokens_per_s = loss[-1], lr[-1], grad_norm[-1], tokens_per_s[-1]
+    st.loss, st.lr, st.grad_norm, st.tokens_per_s = (None if v is None else float(v) for v in (
+        loss[-1], lr[-1], grad_norm[-1], tokens_per_s[-1]))
     if st.state == "starting":
         st.state = "running"
 
 
+def _new_bests(loss: Sequence[float | None], best: float) -> list[int]:
+    """Where the loss beats `best` and every loss before it (NaN and infinities never do)."""
+    if len(loss) < 64 or not hasattr(loss, "dtype"):   # a record, a few rows
+        out = []
+        for i, x in enumerate(loss):
+            if x is not None and -math.inf < x < best:
+                best = x
+                out.append(i)
+        return out
+    import numpy as np  # a bulk read's columns only: `mt ls` never loads numpy
+    finite = np.where(np.isfinite(loss), loss, np.inf)
+    running = np.minimum.accumulate(np.concatenate(([best], finite)))
+    return np.flatnonzero(running[1:] < running[:-1]).tolist()
+
+
 def _row_step(x: float) -> int | None:
-    return x if isinstance(x, int) else int(x) if math.isfinite(x) else None   # a column's step beyond float range: unknown
+    """A column's step as a whole number (beyond float range: unknown)."""
+    return x if isinstance(x, int) else int(x) if math.isfinite(x) else None
 
 
 def reduce_step(st: RunState, ev: Step) -> None:
