@@ -377,3 +377,21 @@ def test_the_one_step_fold_is_the_same_for_records_and_columns(tmp_path):
     assert many.best_history == one.best_history and len(one.best_history) > 3
     assert (many.step, many.n_steps, many.loss, many.lr, many.tokens_per_s, many.state) == \
         (one.step, one.n_steps, one.loss, one.lr, one.tokens_per_s, one.state)
+
+
+def test_a_long_tail_of_other_lines_is_looked_back_over_in_bounded_reads(tmp_path):
+    """Behind 20 MB of over-long lines after the last step, the bulk read ends, reads at most a
+    few MiB at a time, and leaves what it could not find unknown (the look-back is bounded)."""
+    import tracemalloc
+    r = messy_run(tmp_path)
+    r.lines += ['{"v":1,"kind":"note","pad":"' + "x" * (2 << 20) + '"}'] * 10
+    r.flush()
+    del r.lines
+    tracemalloc.start()
+    try:
+        bulk = bulk_read(tmp_path, keep_series=False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert bulk.state.step == 301 and bulk.state.bad_lines == 11 and not bulk.state.recent
+    assert peak < 24 << 20, peak

@@ -72,7 +72,7 @@ def fix_recent(st: RunState, path: Path, end: int, tail_bytes: int = 64 * 1024) 
     stop = end
     while stop > 0 and end - stop < QUICK_SCAN_BYTES:
         start = max(0, stop - tail_bytes)
-        tail_bytes *= 2
+        tail_bytes = min(2 * tail_bytes, CHUNK)    # each read bounded, however long the lines
         with door.open_file(path) as f:
             f.seek(start)
             data = f.read(stop - start)
@@ -81,7 +81,8 @@ def fix_recent(st: RunState, path: Path, end: int, tail_bytes: int = 64 * 1024) 
         steps, new_attempt = _newest_steps(data[first:])
         if steps or new_attempt:
             break
-        stop = start + first
+        # back past the cut line; inside a line longer than the window, past the window (never a step)
+        stop = start + first if first < len(data) else start
     st.recent.clear()
     best, best_step, n, state = st.best_loss, st.best_loss_step, st.n_steps, st.state
     for ev in steps[-st.recent.maxlen:]:
