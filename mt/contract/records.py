@@ -4,17 +4,18 @@ Every reader of events.jsonl and incidents.jsonl (viewer, rules, supervisor, con
 index) goes through `parse_event` / `parse_incident`, so they agree on what a line means. A
 missing field is unknown (None); a value that cannot be true (a step that is not a whole
 number, a loss that is a list, a time in 1970) rejects the whole line. Each field is judged by its
-rule in mt/contract/events.py SCHEMA (tests/tui/test_schema.py walks every kind and field). docs/events.md.
+rule in mt/contract/events.py SCHEMA, and each kind's record is built from that table by one parser
+(`_from_schema`): a field added there is judged with no code here. docs/events.md.
 """
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Union
 
-from mt.contract.events import JSON_ERRORS, SCHEMA, SCHEMA_VERSION, SEVERITIES, T_MAX, T_MIN, number, whole
+from mt.contract.events import JSON_ERRORS, SCHEMA, SCHEMA_VERSION, SEVERITIES, T_MAX, T_MIN, Field, number, whole
 from mt.contract.events import BadValue as _Bad
 from mt.contract.events import show_value as _show
 from mt.contract.incident import IncidentLine
@@ -37,42 +38,44 @@ class Event:
     kind: ClassVar[str] = ""
 
 
-@dataclass(slots=True)
+# The records of the kinds below are built from SCHEMA by `_from_schema`: each field is named as
+# in the table, and a field not written (or dropped) takes its default, None unless declared.
+@dataclass(slots=True, kw_only=True)
 class RunStart(Event):
-    attempt: int | None
-    world_size: int | None
-    nnodes: int | None
-    device: str | None
-    backend: str | None
-    precision: str | None
-    params_total: int | None
-    params_active: int | None          # a mixture of experts: what one token uses
-    tokens_per_step: int | None
-    effective_batch: int | None
-    start_step: int
-    max_steps: int | None
-    data_loss_floor: float | None      # the synthetic source's entropy: the best loss possible
-    strategy: str | None               # "ddp" or "fsdp" (older runs: None)
-    activation_checkpointing: bool
-    compile: bool                      # the model ran torch.compile'd
+    attempt: int | None = None
+    world_size: int | None = None
+    nnodes: int | None = None
+    device: str | None = None
+    backend: str | None = None
+    precision: str | None = None
+    params_total: int | None = None
+    params_active: int | None = None     # a mixture of experts: what one token uses
+    tokens_per_step: int | None = None
+    effective_batch: int | None = None
+    start_step: int = 0
+    max_steps: int | None = None
+    data_loss_floor: float | None = None  # the synthetic source's entropy: the best loss possible
+    strategy: str | None = None          # "ddp" or "fsdp" (older runs: None)
+    activation_checkpointing: bool = False
+    compile: bool = False                # the model ran torch.compile'd
     kind: ClassVar[str] = "run_start"
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Step(Event):
     step: int
-    loss: float | None
-    lr: float | None
-    grad_norm: float | None
-    tokens_per_s: float | None
-    step_time_s: float | None
-    data_wait_s: float | None
-    mfu: float | None
-    samples_per_s: float | None
-    extra: dict[str, float]        # a script's own metrics passed to run.step (name -> value)
-    recompiles: int | None         # torch.compile recompilations during this step (compiled runs only)
-    flops_per_token: float | None  # the model FLOPs per token mfu uses
-    flops_estimated: bool          # ... the 6 x params estimate, not torch's count or the GPT's formula
+    loss: float | None = None
+    lr: float | None = None
+    grad_norm: float | None = None
+    tokens_per_s: float | None = None
+    step_time_s: float | None = None
+    data_wait_s: float | None = None
+    mfu: float | None = None
+    samples_per_s: float | None = None
+    extra: dict[str, float] = field(default_factory=dict)  # a script's own metrics passed to run.step
+    recompiles: int | None = None        # torch.compile recompilations during this step (compiled runs only)
+    flops_per_token: float | None = None  # the model FLOPs per token mfu uses
+    flops_estimated: bool = False         # ... the 6 x params estimate, not torch's count or the GPT's formula
     kind: ClassVar[str] = "step"
 
     @property
@@ -82,51 +85,56 @@ class Step(Event):
         return not self.extra
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Eval(Event):
     step: int
-    val_loss: float | None
+    val_loss: float | None = None
     kind: ClassVar[str] = "eval"
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Metrics(Event):
     """A script's `run.log(values, step)`: any named numbers at a step."""
 
     step: int
-    values: dict[str, float]
+    values: dict[str, float] = field(default_factory=dict)
     kind: ClassVar[str] = "metrics"
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Checkpoint(Event):
     step: int
-    path: str
-    bytes: int | None
-    seconds: float | None
-    reason: str
-    request_id: str | None
-    request_ids: tuple[str, ...]    # every request this checkpoint answers (two in one step: both)
-    blocking_s: float | None = None  # how long the loop waited (checkpoint.async: staging only)
+    path: str = ""
+    bytes: int | None = None
+    seconds: float | None = None
+    reason: str = ""
+    request_id: str | None = None
+    # every request this checkpoint answers (two in one step: both); not written: request_id's
+    request_ids: tuple[str, ...] = None  # type: ignore[assignment]
+    blocking_s: float | None = None      # how long the loop waited (checkpoint.async: staging only)
     kind: ClassVar[str] = "checkpoint"
 
+    def __post_init__(self) -> None:
+        if self.request_ids is None:
+            self.request_ids = (self.request_id,) if self.request_id else ()
 
-@dataclass(slots=True)
+
+@dataclass(slots=True, kw_only=True)
 class ControlEvent(Event):
     """A `control` event: rank 0's answer to a control request (accepted, rejected, done)."""
 
     request_id: str
-    action: str
+    action: str = ""
     status: str
-    detail: str
+    detail: str = ""
     kind: ClassVar[str] = "control"
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class RunEnd(Event):
-    step: int | None
+    step: int | None = None
     status: str
-    reason: str
+    reason: str = ""
     kind: ClassVar[str] = "run_end"
 
 
@@ -174,78 +182,7 @@ def _time(raw: dict[str, Any], key: str = "t") -> float | None:
     return t
 
 
-def _choices(kind: str, name: str) -> tuple[str, ...]:
-    return next(f.choices for f in SCHEMA[kind] if f.name == name)
-
-
-_STRATEGIES, _INCIDENT_STATES = _choices("run_start", "strategy"), _choices("incident", "status")
-
-
-def _run_start(raw: dict[str, Any], t: float | None) -> RunStart:
-    return RunStart(
-        t, raw, _int(raw, "attempt", 1), _int(raw, "world_size", 1), _int(raw, "nnodes", 1),
-        _str(raw, "device"), _str(raw, "backend"), _str(raw, "precision"), _int(raw, "params_total"),
-        _int(raw, "params_active"), _int(raw, "tokens_per_step"), _int(raw, "effective_batch"), _int(raw, "start_step") or 0,
-        _int(raw, "max_steps"), _floor(raw), raw.get("strategy") if raw.get("strategy") in _STRATEGIES else None,
-        raw.get("activation_checkpointing") is True,  # optional extras: an odd value is dropped, not the line
-        raw.get("compile") is True)
-
-
-def _floor(raw: dict[str, Any]) -> float | None:
-    """data_loss_floor, an optional extra: one that cannot be true is dropped, not the run_start."""
-    try:
-        x = _num(raw, "data_loss_floor", nonneg=True)
-    except _Bad:
-        return None
-    return x if x is not None and math.isfinite(x) else None
-
-
-# a step's counts that no record field holds, checked all the same (the table's other whole fields)
-_STEP_COUNTS = tuple(f.name for f in SCHEMA["step"] if f.rule == "whole" and f.name not in Step.__dataclass_fields__)
-
-
-def _step(raw: dict[str, Any], t: float | None) -> Step:
-    for key in _STEP_COUNTS:
-        _int(raw, key)
-    return Step(
-        t, raw, _int(raw, "step", required=True), _num(raw, "loss"), _num(raw, "lr", True),  # type: ignore[arg-type]
-        _num(raw, "grad_norm", True), _num(raw, "tokens_per_s", True), _num(raw, "step_time_s", True),
-        _num(raw, "data_wait_s", True), _num(raw, "mfu", True), _num(raw, "samples_per_s", True), _values(raw, "extra"),
-        _int(raw, "recompiles"), _num(raw, "flops_per_token", True), raw.get("flops_estimated") is True)
-
-
-def _values(raw: dict[str, Any], key: str) -> dict[str, float]:
-    """A table of named numbers ({} when absent); anything else rejects the line."""
-    table = raw.get(key)
-    if table is None:
-        return {}
-    if not isinstance(table, dict):
-        raise _Bad(f"{key} {_show(table)} is not an object")
-    out = {}
-    for name in table:
-        v = _num(table, name)
-        if v is not None:
-            out[str(name)] = v
-    return out
-
-
-def _metrics(raw: dict[str, Any], t: float | None) -> Metrics:
-    return Metrics(t, raw, _int(raw, "step", required=True), _values(raw, "values"))  # type: ignore[arg-type]
-
-
-def _eval(raw: dict[str, Any], t: float | None) -> Eval:
-    return Eval(t, raw, _int(raw, "step", required=True), _num(raw, "val_loss"))  # type: ignore[arg-type]
-
-
-def _checkpoint(raw: dict[str, Any], t: float | None) -> Checkpoint:
-    first = _str(raw, "request_id")
-    ids = raw.get("request_ids")
-    if ids is not None and not (isinstance(ids, list) and all(isinstance(i, str) for i in ids)):
-        raise _Bad(f"request_ids {_show(ids)} is not a list of strings")
-    return Checkpoint(
-        t, raw, _int(raw, "step", required=True), _str(raw, "path") or "", _int(raw, "bytes"),  # type: ignore[arg-type]
-        _num(raw, "seconds", True), _str(raw, "reason") or "", first,
-        tuple(ids) if ids is not None else (first,) if first else (), _num(raw, "blocking_s", True))
+_INCIDENT_STATES = next(f.choices for f in SCHEMA["incident"] if f.name == "status")
 
 
 def _incident(raw: dict[str, Any], t: float | None) -> IncidentLine:
@@ -264,18 +201,77 @@ def _incident(raw: dict[str, Any], t: float | None) -> IncidentLine:
         _str(raw, "advice") or "", evidence or {}, t, status, _str(raw, "source"), _time(raw, "event_t"), raw)
 
 
-def _control(raw: dict[str, Any], t: float | None) -> ControlEvent:
-    return ControlEvent(t, raw, _str(raw, "request_id", True), _str(raw, "action") or "",  # type: ignore[arg-type]
-                   _str(raw, "status", True), _str(raw, "detail") or "")  # type: ignore[arg-type]
+def _judge(f: Field, v: Any) -> Any:
+    """A present value by its field's rule (mt/contract/events.py RULES): what the record holds,
+    or _Bad saying why no line may hold it."""
+    rule = f.rule
+    if rule == "whole":
+        return whole(v, f.name, f.lo)
+    if rule == "number":
+        x = number(v, f.name, f.nonneg)
+        if f.soft and not math.isfinite(x):
+            raise _Bad(f"{f.name} {x:g} is not finite")   # a soft number's use needs a finite one
+        return x
+    if rule == "time":
+        return _time({f.name: v}, f.name)
+    if rule == "text" or rule == "choice":
+        if not isinstance(v, str):
+            raise _Bad(f"{f.name} {_show(v)} is not a string")
+        if rule == "choice" and v not in f.choices:
+            raise _Bad(f"{f.name} {_show(v)} is not one of {', '.join(f.choices)}")
+        return v
+    if rule == "values":
+        return _values(v, f.name)
+    if rule == "strings":
+        if not (isinstance(v, list) and all(isinstance(i, str) for i in v)):
+            raise _Bad(f"{f.name} {_show(v)} is not a list of strings")
+        return tuple(v)
+    if rule == "object":
+        if not isinstance(v, dict):
+            raise _Bad(f"{f.name} is not an object")
+        return v
+    if rule == "flag":
+        return v is True
+    return v   # free: not checked
 
 
-def _run_end(raw: dict[str, Any], t: float | None) -> RunEnd:
-    return RunEnd(t, raw, _int(raw, "step"), _str(raw, "status", True), _str(raw, "reason") or "")  # type: ignore[arg-type]
+def _values(table: Any, key: str) -> dict[str, float]:
+    """A table of named numbers (null entries left out); anything else rejects the line."""
+    if not isinstance(table, dict):
+        raise _Bad(f"{key} {_show(table)} is not an object")
+    return {str(name): number(v, name) for name, v in table.items() if v is not None}
 
 
+def _from_schema(cls: type[Event], raw: dict[str, Any], t: float | None) -> Any:
+    """A record of `cls.kind` built from SCHEMA: every field judged by its rule (a soft one's
+    odd value dropped), the ones the record declares kept."""
+    keep = _HELD[cls]
+    kw = {}
+    for f in SCHEMA[cls.kind]:
+        v = raw.get(f.name)
+        if v is None:
+            if f.key:
+                raise _Bad(f"{f.name} is missing")
+            continue
+        if f.rule == "free":   # not checked (most of them not held either): skip the judge's call
+            if f.name in keep:
+                kw[f.name] = v
+            continue
+        try:
+            x = _judge(f, v)
+        except _Bad:
+            if f.soft:
+                continue
+            raise
+        if f.name in keep:
+            kw[f.name] = x
+    return cls(t=t, raw=raw, **kw)
+
+
+_BUILT = (RunStart, Step, Eval, Metrics, Checkpoint, ControlEvent, RunEnd)   # all but the incident
+_HELD = {cls: frozenset(f.name for f in fields(cls)) - {"t", "raw"} for cls in _BUILT}
 _PARSERS: dict[str, Callable[[dict[str, Any], float | None], Any]] = {
-    "run_start": _run_start, "step": _step, "eval": _eval, "metrics": _metrics, "checkpoint": _checkpoint,
-    "incident": _incident, "control": _control, "run_end": _run_end,
+    **{cls.kind: (lambda raw, t, cls=cls: _from_schema(cls, raw, t)) for cls in _BUILT}, "incident": _incident,
 }
 
 

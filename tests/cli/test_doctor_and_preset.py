@@ -80,7 +80,7 @@ def test_real_tiny_preset_trains_and_every_event_matches_schema(tmp_path: Path) 
     assert len(step_lines) == 2 and step_lines[-1].startswith("step 24/24"), step_lines
     # layout: private folder, preset copy, worker logs, supervisor log, system samples
     assert (run_dir.stat().st_mode & 0o777) == 0o700
-    private = [p for p in run_dir.rglob("*") if p.is_file() and ".mt-index" not in p.parts]
+    private = [p for p in run_dir.rglob("*") if p.is_file()]
     assert private and {p.relative_to(run_dir).as_posix(): oct(p.stat().st_mode & 0o777) for p in private
                         if p.stat().st_mode & 0o077} == {}     # every file 0600 (supervisor.log was 0644)
     assert (run_dir / "preset.toml").read_text() == preset.read_text()

@@ -10,7 +10,6 @@ from mt.contract.jsonl import read_events
 from tests.tui.conftest import fixed_now
 from tests.tui.synth import SynthRun, write_status
 from tui.format.fmt import fmt_duration, fmt_num
-from tui.read.cache import CACHE_DIR
 from tui.read.follower import load_run_state
 from tui.view.app import MtApp
 from tui.widgets.dialogs import ConfirmScreen, HelpScreen
@@ -358,13 +357,14 @@ async def test_big_run_shows_the_newest_state_first_then_the_whole_history(tmp_p
         return res
 
     monkeypatch.setattr(scan, "quick_read", spy)
+    before = sorted(p.name for p in tmp_path.iterdir())
     app = make_app(tmp_path, ref.ended)
     async with app.run_test(size=(140, 44)) as pilot:
         await wait_for(pilot, app.settled, 20)
         assert 0 < quick_points[0] < 400                        # the tail came first
         assert len(app.watcher.follower.series.loss) == 400     # then everything
         assert f"best {fmt_num(ref.best_loss)}" in text_of(app, "#header")
-        assert (tmp_path / CACHE_DIR / "index.json").exists()
+        assert sorted(p.name for p in tmp_path.iterdir()) == before   # the viewer wrote nothing
 
 
 async def test_big_run_with_the_engine_index_opens_with_its_whole_history(tmp_path, monkeypatch):
@@ -394,7 +394,6 @@ async def test_big_run_with_the_engine_index_opens_with_its_whole_history(tmp_pa
         assert quick_steps == [400]                             # the newest state came first, from the index
         assert len(app.watcher.follower.series.loss) == 400     # then the whole history
         assert f"best {fmt_num(ref.best_loss)}" in text_of(app, "#header")
-        assert not (tmp_path / CACHE_DIR).exists()         # nothing to cache: the index covers it
 
 
 async def test_a_failure_shows_the_first_failing_ranks_log_and_offers_resume_only_with_a_checkpoint(tmp_path):

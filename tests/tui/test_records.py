@@ -65,10 +65,10 @@ def test_every_reader_rejects_the_same_lines_and_reads_on(tmp_path):
     line_by_line = RunFollower(tmp_path)
     line_by_line.opened = True   # never the bulk path
     line_by_line.poll()
-    states = {"viewer": line_by_line.state, "bulk": bulk_read(tmp_path, write_cache=False).state,
+    states = {"viewer": line_by_line.state, "bulk": bulk_read(tmp_path).state,
               "quick": quick_read(tmp_path).state, "once": load_run_state(tmp_path)}
     EventWriter(r.paths.events).close()            # an engine writer indexes what it finds
-    states["indexed"] = bulk_read(tmp_path, write_cache=False).state
+    states["indexed"] = bulk_read(tmp_path).state
     states["index tail"] = quick_read_index(tmp_path).state
     for name, st in states.items():
         assert (st.step, st.attempt, st.bad_lines) == (10, 1, n_bad), name
@@ -116,7 +116,7 @@ def test_an_over_long_line_is_skipped_cheaply_by_every_reader(tmp_path):
         tracemalloc.stop()
     assert once.step == 200 and once.attempt == 1 and once.loss == follower.state.loss   # tail-first: the newest steps
     assert follower.state.step == 200 and follower.state.n_steps == 200 and follower.state.bad_lines == 1
-    bulk = bulk_read(tmp_path, write_cache=False).state      # the first frame of a big run
+    bulk = bulk_read(tmp_path).state      # the first frame of a big run
     assert bulk.step == 200 and bulk.n_steps == 200 and bulk.bad_lines == 1
     assert f"over {MAX_LINE_BYTES} bytes" in follower.state.bad_reason
     # neither holds the 50 MB line: a few read buffers at most

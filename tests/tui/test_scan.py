@@ -1,5 +1,5 @@
-"""The bulk column scanner, its sidecar cache and the tail-first quick read agree with the
-line-by-line follower (the reference) on the same bytes."""
+"""The bulk read (the engine's index, the column scanner) and the tail-first quick read agree with
+the line-by-line follower (the reference) on the same bytes."""
 from __future__ import annotations
 
 import json
@@ -10,13 +10,11 @@ import numpy as np
 import pytest
 
 from mt.contract.events import dumps
-from mt.contract.paths import RunPaths
 from mt.contract.records import RecordTail
 from tests.tui.synth import SynthRun, finished_run
 from tui.read import bulk as scan
 from tui.read import follower
 from tui.read.bulk import bulk_read, quick_state
-from tui.read.cache import CACHE_DIR, has_cache
 from tui.read.follower import RunFollower, load_run_state
 
 FIELDS = ("step", "loss", "best_loss", "best_loss_step", "val_loss", "lr", "grad_norm", "tokens_per_s",
@@ -75,39 +73,52 @@ def messy_run(tmp_path, steps: int = 300):
 def test_bulk_equals_line_by_line(tmp_path):
     messy_run(tmp_path)
     ref = reference(tmp_path)
-    bulk = bulk_read(tmp_path, write_cache=False)
+    bulk = bulk_read(tmp_path)
     same(ref.state, bulk.state)
     same_series(ref, bulk.series)
     assert bulk.state.bad_lines == 1 and bulk.end == os.path.getsize(tmp_path / "events.jsonl")
 
 
-def test_cache_is_written_reused_and_extended(tmp_path):
+def test_a_big_run_without_the_index_is_scanned_and_nothing_written_into_it(tmp_path, monkeypatch):
+    """The engine's index is the one big-run index: a run without it is scanned whole, every open,
+    and no reader writes into its directory (there was a second index, the viewer's .mt-index/)."""
     r = messy_run(tmp_path)
-    first = bulk_read(tmp_path, min_cache_bytes=0)
-    assert first.cached and has_cache(RunPaths(tmp_path))
-    again = bulk_read(tmp_path, min_cache_bytes=0)
-    assert again.from_cache == first.end
-    same(first.state, again.state)
-    with open(r.paths.events, "a") as f:       # the run goes on: the cache covers a prefix
-        for s in range(302, 340):
-            r.step(s)
-            f.write(r.lines[-1] + "\n")
-    grown = bulk_read(tmp_path, min_cache_bytes=0)
-    assert grown.from_cache == first.end and grown.state.step == 339
+    monkeypatch.setattr(follower, "BULK_MIN_BYTES", 1000)
+    before = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
     ref = reference(tmp_path)
-    same(ref.state, grown.state)
-    same_series(ref, grown.series)
+    for _ in range(2):
+        f = RunFollower(tmp_path)
+        f.poll()
+        assert f.events.offset == os.path.getsize(r.paths.events)
+        same(ref.state, f.state)
+        same_series(ref, f.series)
+    monkeypatch.setattr(scan, "QUICK_TAIL_BYTES", 4096)
+    assert load_run_state(tmp_path).best_loss_partial     # `--once`: tail-first without an index
+    assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == before
 
 
-def test_cache_ignored_when_the_file_is_replaced(tmp_path):
-    messy_run(tmp_path)
-    bulk_read(tmp_path, min_cache_bytes=0)
-    other = tmp_path / "other"
-    finished_run(other, steps=30)
-    os.replace(other / "events.jsonl", tmp_path / "events.jsonl")
-    assert not has_cache(RunPaths(tmp_path))
-    b = bulk_read(tmp_path, write_cache=False)
-    assert b.from_cache == 0 and b.state.step == 30
+def test_the_newest_steps_behind_many_other_events_are_read_alike(tmp_path):
+    """The bulk read folds its columns with the state's one step fold and takes what columns lack
+    (step time, the ETA window) from the newest attempt's step lines, however far back they lie."""
+    r = messy_run(tmp_path)
+    for k in range(1500):        # over 64 KiB of evals after the last step
+        r.event("eval", step=301, val_loss=2.0 + k / 1e4)
+    r.flush()
+    ref = reference(tmp_path)
+    scanned = bulk_read(tmp_path)
+    indexed(tmp_path)
+    from_index = bulk_read(tmp_path)
+    assert from_index.from_index == from_index.end
+    for bulk in (scanned, from_index):
+        same(ref.state, bulk.state)
+        assert (bulk.state.step_time_s, bulk.state.tokens_per_s) == (ref.state.step_time_s, ref.state.tokens_per_s)
+        assert list(bulk.state.recent) == list(ref.state.recent)
+    r.run_start(attempt=3, start_step=300)   # a new attempt, no step yet: the older steps are not its
+    r.flush()
+    ref = reference(tmp_path)
+    bulk = bulk_read(tmp_path)
+    same(ref.state, bulk.state)
+    assert not bulk.state.recent and not ref.state.recent and bulk.state.step == ref.state.step == 300
 
 
 def test_half_written_last_line_is_left_for_the_follower(tmp_path):
@@ -115,7 +126,7 @@ def test_half_written_last_line_is_left_for_the_follower(tmp_path):
     r.step(999)
     with open(r.paths.events, "a") as f:
         f.write(r.lines[-1][:30])
-    b = bulk_read(tmp_path, write_cache=False)
+    b = bulk_read(tmp_path)
     assert b.state.step == 301 and b.end == os.path.getsize(r.paths.events) - 30
 
 
@@ -136,16 +147,16 @@ def test_follower_and_load_run_state_use_the_bulk_path_on_big_files(tmp_path, mo
     ref = reference(tmp_path)
     st = load_run_state(tmp_path)           # no cache yet: tail-first, partial best
     assert st.step == ref.state.step and st.best_loss_partial
-    f = RunFollower(tmp_path)               # the viewer's follower writes the cache
+    f = RunFollower(tmp_path)               # the viewer's follower scans it whole
     f.poll()
     same(ref.state, f.state)
     same_series(ref, f.series)
-    assert (tmp_path / CACHE_DIR / "index.json").exists()
     with open(r.paths.events, "a") as fh:   # and keeps following from where the scan ended
         r.step(302)
         fh.write(r.lines[-1] + "\n")
     assert f.poll().new_steps == 1 and f.state.step == 302
-    exact = load_run_state(tmp_path)        # with the cache: exact again
+    indexed(tmp_path)
+    exact = load_run_state(tmp_path)        # with the engine's index: exact
     assert not exact.best_loss_partial and exact.best_loss == ref.state.best_loss
 
 
@@ -188,8 +199,8 @@ def test_bulk_read_from_the_engine_index_equals_line_by_line(tmp_path):
     messy_run(tmp_path)
     indexed(tmp_path)
     ref = reference(tmp_path)
-    bulk = bulk_read(tmp_path, write_cache=False)
-    assert bulk.from_cache == bulk.end == os.path.getsize(tmp_path / "events.jsonl")  # nothing scanned
+    bulk = bulk_read(tmp_path)
+    assert bulk.from_index == bulk.end == os.path.getsize(tmp_path / "events.jsonl")  # nothing scanned
     same(ref.state, bulk.state)
     same_series(ref, bulk.series)
 
@@ -203,8 +214,8 @@ def test_a_lagging_index_is_used_and_the_rest_scanned(tmp_path):
             r.step(s)
             f.write(r.lines[-1] + "\n")
     ref = reference(tmp_path)
-    bulk = bulk_read(tmp_path, write_cache=False)
-    assert bulk.from_cache == covered and bulk.state.step == 329
+    bulk = bulk_read(tmp_path)
+    assert bulk.from_index == covered and bulk.state.step == 329
     same(ref.state, bulk.state)
     same_series(ref, bulk.series)
 
@@ -229,8 +240,8 @@ def test_an_index_that_disagrees_with_events_jsonl_is_ignored(tmp_path, damage):
     else:
         idx.write_bytes(b"not an index at all" * 10)
     ref = reference(tmp_path)
-    bulk = bulk_read(tmp_path, write_cache=False)
-    assert bulk.from_cache == 0
+    bulk = bulk_read(tmp_path)
+    assert bulk.from_index == 0
     same(ref.state, bulk.state)
     same_series(ref, bulk.series)
 
@@ -243,7 +254,6 @@ def test_watch_once_is_exact_from_the_index(tmp_path, monkeypatch):
     ref = reference(tmp_path).state
     same(ref, st)
     assert not st.best_loss_partial
-    assert not (tmp_path / CACHE_DIR).exists()     # the index made the viewer's cache unnecessary
 
 
 def test_quick_state_from_the_index_tail_is_the_newest_state(tmp_path, monkeypatch):
@@ -268,7 +278,7 @@ def test_quick_state_from_the_index_tail_is_the_newest_state(tmp_path, monkeypat
 
 def test_every_reader_opens_a_big_run_by_one_policy(tmp_path, monkeypatch):
     """The dashboard's watcher, `mt ls` and `mt watch --once` ask RunFollower.newest_first: the
-    index tail first (when asked), else events.jsonl's tail unless an index or cache covers it."""
+    index tail first (when asked), else events.jsonl's tail unless the index covers it."""
     from tui.read import index_tail
     from tui.read.watcher import Watcher
     messy_run(tmp_path)
@@ -278,7 +288,7 @@ def test_every_reader_opens_a_big_run_by_one_policy(tmp_path, monkeypatch):
     ref = reference(tmp_path).state
     assert RunFollower(tmp_path).newest_first(tail=False) is None and not Watcher(tmp_path).open_quick()
     tail = RunFollower(tmp_path).newest_first()
-    assert tail.state.step == ref.step and tail.state.best_loss_partial and tail.from_cache == 0
+    assert tail.state.step == ref.step and tail.state.best_loss_partial and tail.from_index == 0
     indexed(tmp_path)
     assert RunFollower(tmp_path).newest_first(index=False) is None   # the index makes the full read fast
     w = Watcher(tmp_path)
@@ -336,12 +346,52 @@ def test_lines_from_elsewhere_never_break_any_reader(tmp_path):
     r.flush()
     EventWriter(r.paths.events).close()        # an engine writer indexes what it finds
     ref = reference(tmp_path)
-    bulk = bulk_read(tmp_path, write_cache=False)
+    bulk = bulk_read(tmp_path)
     quick = quick_read_index(tmp_path).state
-    assert bulk.from_cache == bulk.end           # the index covered the odd lines too
+    assert bulk.from_index == bulk.end           # the index covered the odd lines too
     for st in (ref.state, bulk.state, quick):
         # six lines no reader may use (a kind that is a list, a list, a step beyond 2**63, lr true,
         # steps "x" and "y"); the eval whose val_loss overflows to inf is a valid (diverged) one
         assert st.step == 2 and st.bad_lines == 6 and st.val_loss == float("inf")
     same_series(ref, bulk.series)
     assert ref.series.loss.arrays()[0].tolist() == [1.0, 2.0]   # no point without a usable step
+
+
+def test_the_one_step_fold_is_the_same_for_records_and_columns(tmp_path):
+    """runstate.reduce_rows over numpy columns (the bulk read) equals reduce_step record by record."""
+    from mt.contract.records import parse_event
+    from tui.state.runstate import new_state, reduce_rows, reduce_step
+    rng = np.random.default_rng(0)
+    loss = rng.random(5000) * 3
+    loss[rng.integers(0, 5000, 200)] = np.nan
+    loss[[7, 900]], loss[[8, 901]] = -np.inf, np.inf
+    rows = np.column_stack([np.arange(1, 5001), loss, rng.random((5000, 3))])
+    one = new_state(tmp_path)
+    for r in rows.tolist():
+        ev = parse_event({"kind": "step", "t": 1.8e9, "step": int(r[0]), "loss": None if math.isnan(r[1]) else r[1],
+                          "lr": r[2], "grad_norm": r[3], "tokens_per_s": r[4]})
+        reduce_step(one, ev)
+    many = new_state(tmp_path)
+    reduce_rows(many, *rows[:2500].T)
+    reduce_rows(many, *rows[2500:].T)
+    assert many.best_history == one.best_history and len(one.best_history) > 3
+    assert (many.step, many.n_steps, many.loss, many.lr, many.tokens_per_s, many.state) == \
+        (one.step, one.n_steps, one.loss, one.lr, one.tokens_per_s, one.state)
+
+
+def test_a_long_tail_of_other_lines_is_looked_back_over_in_bounded_reads(tmp_path):
+    """Behind 20 MB of over-long lines after the last step, the bulk read ends, reads at most a
+    few MiB at a time, and leaves what it could not find unknown (the look-back is bounded)."""
+    import tracemalloc
+    r = messy_run(tmp_path)
+    r.lines += ['{"v":1,"kind":"note","pad":"' + "x" * (2 << 20) + '"}'] * 10
+    r.flush()
+    del r.lines
+    tracemalloc.start()
+    try:
+        bulk = bulk_read(tmp_path, keep_series=False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert bulk.state.step == 301 and bulk.state.bad_lines == 11 and not bulk.state.recent
+    assert peak < 24 << 20, peak

@@ -259,3 +259,28 @@ def test_the_docs_table_of_fields_is_the_schema() -> None:
     docs = (Path(__file__).resolve().parents[2] / "docs" / "events.md").read_text()
     rows = [line for line in docs.splitlines() if re.match(r"\| `[a-z_]+` \| `[a-z_]+` \|", line)]
     assert rows == table_rows()
+
+
+# ---- the table is the parser ---------------------------------------------------------------------
+def test_a_field_added_to_the_table_is_judged_with_no_parser_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each kind's record is built from SCHEMA alone: a new field of any kind (the incident's own
+    parser aside) is judged by its rule at once, a soft one's odd value dropped."""
+    for kind in (k for k in SCHEMA if k != "incident"):
+        count = Field("new_count", "int", "whole", False, lo=2)
+        tag = Field("new_tag", "str", "choice", False, choices=("a", "b"), soft=True)
+        monkeypatch.setitem(SCHEMA, kind, (*SCHEMA[kind], count, tag))
+        assert not isinstance(parse_event(base(kind)), Rejected), kind
+        rec = parse_event({**base(kind), "new_count": 1})
+        assert isinstance(rec, Rejected) and rec.reason == f"{kind}: new_count 1 is out of range", (kind, rec)
+        assert not isinstance(parse_event({**base(kind), "new_tag": "c"}), Rejected), kind
+        assert isinstance(parse_event({**base(kind), "new_tag": 5, "new_count": "x"}), Rejected), kind
+
+
+def test_each_record_holds_fields_of_its_kind_only() -> None:
+    """A record restates no field: each of its fields is one of its kind's in the table."""
+    from dataclasses import fields
+
+    from mt.contract import records
+    for cls in (records.RunStart, Step, records.Eval, records.Metrics, records.Checkpoint, records.ControlEvent, records.RunEnd):
+        names = {f.name for f in fields(cls)} - {"t", "raw"}
+        assert names <= {f.name for f in SCHEMA[cls.kind]}, (cls.kind, names - {f.name for f in SCHEMA[cls.kind]})

@@ -49,7 +49,7 @@ def test_the_best_loss_after_a_rollback_is_one_of_the_steps_kept(tmp_path: Path)
     once = mt("watch", "--once", tmp_path / "runs" / "rb")
     assert "best 1 @3" in once.stdout, once.stdout
     # the bulk read of a big run (its columns in one go) agrees
-    st = bulk_read(tmp_path / "runs" / "rb", keep_series=False, write_cache=False, bulk_min_bytes=0).state
+    st = bulk_read(tmp_path / "runs" / "rb", keep_series=False).state
     assert (st.best_loss, st.best_loss_step) == (1.0, 3)
 
 

@@ -1,8 +1,9 @@
 """Opening a big events.jsonl fast: bulk read into state + history, and a tail-first quick read.
 
 events.jsonl stays the source of truth. A bulk read starts from the engine's binary index
-(`tui.read.index`) or, for a run without one, from the viewer's own cache (`tui.read.cache`),
-and scans only the bytes neither covers.
+(`tui.read.index`, the one big-run index: every run mt writes has it) and scans only the bytes
+it does not cover. A run without one (a copy without it, an index the writer gave up on) is
+scanned whole, and its first frame comes from events.jsonl's tail; the viewer writes nothing.
 """
 from __future__ import annotations
 
@@ -18,15 +19,14 @@ from mt.contract.jsonl import MAX_LINE_BYTES, next_newline
 from mt.contract.paths import RunPaths
 from mt.contract.records import Record, Rejected, RunStart, Step, parse_event
 from mt.contract.status import read_status
-from tui.read import BULK_MIN_BYTES
-from tui.read.cache import has_cache, load_cache, save_cache
 from tui.read.columns import _NONSTEP, _STEP, CHUNK, COLS, Columns, ColumnScanner
 from tui.read.index import index_end, load_index
 from tui.state.runseries import RunSeries
-from tui.state.runstate import BulkResult, CheckpointInfo, RunState, new_state, reduce_event, reduce_step
+from tui.state.runstate import BulkResult, CheckpointInfo, RunState, new_state, reduce_event, reduce_rows, reduce_step
 
 QUICK_TAIL_BYTES = 2 << 20       # steps a quick read parses (~5000 step lines)
 QUICK_SCAN_BYTES = 16 << 20      # how far back a quick read looks for other events (~40k steps)
+_RUN_START = b'"kind":"run_start"'
 
 
 # ---------------------------------------------------------------- replay into state and series
@@ -62,36 +62,27 @@ def _apply_rows(st: RunState, series: RunSeries | None, rows: np.ndarray) -> Non
         plotted = rows if np.isfinite(x).all() else rows[np.isfinite(x)]  # as RunSeries.add_step
         for j, name in enumerate(COLS[1:], start=1):
             getattr(series, name).extend(plotted[:, 0], plotted[:, j])
-    loss = np.where(np.isfinite(rows[:, 1]), rows[:, 1], np.inf)
-    best = np.minimum.accumulate(np.concatenate(([np.inf if st.best_loss is None else st.best_loss], loss)))
-    before, best = best[:-1], best[1:]
-    for i in np.flatnonzero(best < before):   # each new best, as reduce_step notes it
-        st.note_best(_step(x[i]), float(loss[i]))
-    last = rows[-1]
-    st.n_steps += len(rows)
-    st.step = _step(last[0])
-    st.loss, st.lr, st.grad_norm = (float(v) for v in last[1:4])
-    if st.state == "starting":
-        st.state = "running"
-
-
-def _step(x: float) -> int | None:
-    return int(x) if np.isfinite(x) else None   # a step beyond float range came from elsewhere
+    reduce_rows(st, *rows.T)
 
 
 def fix_recent(st: RunState, path: Path, end: int, tail_bytes: int = 64 * 1024) -> None:
-    """Fill the ETA window and per-step extras from the last step lines (the columns lack t)."""
-    start = max(0, end - tail_bytes)
-    with door.open_file(path) as f:
-        f.seek(start)
-        data = f.read(end - start)
-    lines = data.split(b"\n")[1 if start else 0:]
-    steps = []
-    for line in lines:
-        if _STEP in line:
-            ev = parse_event(line)
-            if isinstance(ev, Step):
-                steps.append(ev)
+    """Fill the ETA window and per-step extras from the newest attempt's last step lines (the
+    columns lack t), looking back (up to QUICK_SCAN_BYTES) past non-step lines after them."""
+    steps: list[Step] = []
+    stop = end
+    while stop > 0 and end - stop < QUICK_SCAN_BYTES:
+        start = max(0, stop - tail_bytes)
+        tail_bytes = min(2 * tail_bytes, CHUNK)    # each read bounded, however long the lines
+        with door.open_file(path) as f:
+            f.seek(start)
+            data = f.read(stop - start)
+        nl = data.find(b"\n")
+        first = 0 if not start else nl + 1 if nl >= 0 else len(data)   # a cut line: the next window's
+        steps, new_attempt = _newest_steps(data[first:])
+        if steps or new_attempt:
+            break
+        # back past the cut line; inside a line longer than the window, past the window (never a step)
+        stop = start + first if first < len(data) else start
     st.recent.clear()
     best, best_step, n, state = st.best_loss, st.best_loss_step, st.n_steps, st.state
     for ev in steps[-st.recent.maxlen:]:
@@ -99,52 +90,46 @@ def fix_recent(st: RunState, path: Path, end: int, tail_bytes: int = 64 * 1024) 
     st.best_loss, st.best_loss_step, st.n_steps, st.state = best, best_step, n, state
 
 
+def _newest_steps(data: bytes) -> tuple[list[Step], bool]:
+    """The step records of whole lines after the last run_start among them, and whether one was there."""
+    steps: list[Step] = []
+    new_attempt = False
+    for line in data.split(b"\n"):
+        if _STEP in line:
+            ev = parse_event(line)
+            if isinstance(ev, Step):
+                steps.append(ev)
+        elif _RUN_START in line and isinstance(parse_event(line), RunStart):
+            steps, new_attempt = [], True    # the steps before it are an older attempt's
+    return steps, new_attempt
+
+
 # ---------------------------------------------------------------- entry points
 
 
-def bulk_read(run_dir: Path, keep_series: bool = True, write_cache: bool = True,
-              min_cache_bytes: int | None = None, bulk_min_bytes: int = BULK_MIN_BYTES) -> BulkResult:
-    """Exact state (and full plot history) of events.jsonl up to its current size.
-
-    `bulk_min_bytes` is the bulk threshold (the follower passes its own): an engine index
-    leaving less than that unscanned is used as it is. The cache is (re)written when at least
-    `min_cache_bytes` (default: the bulk threshold) had to be scanned.
-    """
-    if min_cache_bytes is None:
-        min_cache_bytes = bulk_min_bytes
+def bulk_read(run_dir: Path, keep_series: bool = True) -> BulkResult:
+    """Exact state (and full plot history) of events.jsonl up to its current size: from the
+    engine's index as far as it reaches, the rest scanned."""
     paths = RunPaths(Path(run_dir))
     st = os.stat(paths.events)
-    hit = _best_start(paths, st.st_size, bulk_min_bytes)
+    hit = load_index(paths)
     cols, start = hit if hit else (Columns(), 0)
     # One thread, in chunks: worker processes were tried and bought little on 2 cores, at the
     # price of spawn's re-import of __main__ in every embedding.
     end = ColumnScanner().scan(paths.events, start, st.st_size, cols)
     state, series = replay(paths.root, cols, keep_series)
     fix_recent(state, paths.events, end)
-    cached = False
-    if write_cache and end - start >= min_cache_bytes:
-        cached = save_cache(paths, cols, end)
-    return BulkResult(state, series, end, st.st_ino, start, cached)
+    return BulkResult(state, series, end, st.st_ino, start)
 
 
 def has_fast_start(paths: RunPaths, bulk_min_bytes: int) -> bool:
-    """A bulk read would start from an index or cache covering (nearly) all of events.jsonl:
-    an index leaving less than `bulk_min_bytes` unscanned, or the viewer's cache."""
+    """A bulk read would start from the engine's index leaving less than `bulk_min_bytes` of
+    events.jsonl unscanned."""
     try:
         size = os.stat(paths.events).st_size
     except OSError:
         return False
-    return size - index_end(paths) < bulk_min_bytes or has_cache(paths)
-
-
-def _best_start(paths: RunPaths, size: int, bulk_min_bytes: int) -> tuple[Columns, int] | None:
-    """The engine's index when it leaves less than `bulk_min_bytes` unscanned, else whichever
-    of it and the viewer's cache covers more."""
-    hit = load_index(paths)
-    if hit and size - hit[1] < bulk_min_bytes:
-        return hit
-    cached = load_cache(paths)
-    return max((h for h in (hit, cached) if h), key=lambda h: h[1], default=None)
+    return size - index_end(paths) < bulk_min_bytes
 
 
 def quick_read(run_dir: Path, tail_bytes: int | None = None, keep_series: bool = False) -> BulkResult:
@@ -152,7 +137,7 @@ def quick_read(run_dir: Path, tail_bytes: int | None = None, keep_series: bool =
     paths = RunPaths(Path(run_dir))
     st = os.stat(paths.events)
     state, end, series = _quick(run_dir, tail_bytes, keep_series)
-    return BulkResult(state, series, end, st.st_ino, 0, False)
+    return BulkResult(state, series, end, st.st_ino, 0)
 
 
 def quick_state(run_dir: Path, tail_bytes: int | None = None) -> tuple[RunState, int]:

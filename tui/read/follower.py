@@ -25,11 +25,10 @@ class PollResult:
 class RunFollower:
     """Follows one run directory incrementally: each poll reads only newly appended bytes."""
 
-    def __init__(self, run_dir: Path, keep_series: bool = True, write_cache: bool = True) -> None:
+    def __init__(self, run_dir: Path, keep_series: bool = True) -> None:
         self.paths = RunPaths(Path(run_dir))
         self.state = new_state(self.paths.root)
         self.series = RunSeries() if keep_series else None
-        self.write_cache = write_cache
         self.opened = False    # the first read of events.jsonl happened
         self.events = RecordTail(self.paths.events)
         self.incidents = incident_tail(self.paths.incidents)
@@ -68,20 +67,19 @@ class RunFollower:
         return res
 
     def is_big(self) -> bool:
-        """Large enough for the bulk column scan (and its cache) to beat line-by-line JSON."""
+        """Large enough for the bulk read (the engine's index, else the column scan) to beat line-by-line JSON."""
         try:
             return self.paths.events.stat().st_size >= BULK_MIN_BYTES
         except OSError:
             return False
 
     def bulk(self) -> Any:
-        """Read events.jsonl as it is now with the column scanner (no shared state touched)."""
+        """Read events.jsonl as it is now from the engine's index and the column scanner (no shared state touched)."""
         from tui.read.bulk import bulk_read  # numpy + regex machinery, only for big files
-        return bulk_read(self.paths.root, keep_series=self.series is not None, write_cache=self.write_cache,
-                         bulk_min_bytes=BULK_MIN_BYTES)
+        return bulk_read(self.paths.root, keep_series=self.series is not None)
 
     def has_fast_start(self) -> bool:
-        """A bulk read would start from an index or cache covering (nearly) all of events.jsonl."""
+        """A bulk read would start from the engine's index covering (nearly) all of events.jsonl."""
         from tui.read.bulk import has_fast_start
         return has_fast_start(self.paths, BULK_MIN_BYTES)
 
@@ -89,7 +87,7 @@ class RunFollower:
         """How every reader opens a big run: its newest state before its history, or None (small run).
 
         From the engine's index tail (a few ms, no numpy) when `index`, else from events.jsonl's
-        tail when `tail` unless an index or the viewer's cache makes the full read fast anyway.
+        tail when `tail` unless the index makes the full read fast anyway.
         Best loss is then partial; `adopt` it, and a bulk read (or nothing) brings the history.
         """
         if not self.is_big():
@@ -152,12 +150,11 @@ class RunFollower:
 def load_run_state(run_dir: Path, exact_best: bool = True) -> RunState:
     """The current state of a run, read once (no plot history kept); fast on huge files.
 
-    A big events.jsonl is read from the engine's index or the viewer's cache when one covers
-    it, else tail-first: every non-step event plus the newest steps (best loss then says it
-    is partial). Without `exact_best` (`mt ls`), a big run with an index is read from the
+    A big events.jsonl is read from the engine's index when it covers it, else tail-first:
+    every non-step event plus the newest steps (best loss then says it is partial). Without `exact_best` (`mt ls`), a big run with an index is read from the
     index's tail only: a few ms and no numpy, best loss partial.
     """
-    follower = RunFollower(Path(run_dir), keep_series=False, write_cache=False)
+    follower = RunFollower(Path(run_dir), keep_series=False)
     quick = follower.newest_first(index=not exact_best)
     if quick is not None:
         follower.adopt(quick)

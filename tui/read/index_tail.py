@@ -44,7 +44,7 @@ def quick_read_index(run_dir: Path) -> BulkResult | None:
     if state is None:
         return None
     state.best_loss_partial = items[0][0] > 0
-    return BulkResult(state, None, int(rec[0]), st.st_ino, int(rec[0]), False)
+    return BulkResult(state, None, int(rec[0]), st.st_ino, int(rec[0]))
 
 
 def _pick_records(f: BinaryIO) -> dict[int, tuple[int, Record]] | None:

@@ -10,7 +10,7 @@ import re
 from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from mt.contract.config import MonitorConfig
 from mt.contract.events import EXIT_CODES, FAILURE_CODES, as_float
@@ -209,8 +209,7 @@ class BulkResult:
     series: RunSeries | None
     end: int            # events.jsonl bytes covered
     ino: int
-    from_cache: int     # of which came from an index or cache
-    cached: bool        # a cache was written
+    from_index: int     # of which came from the engine's index (the rest was scanned)
 
 
 def new_state(run_dir: Path) -> RunState:
@@ -241,21 +240,50 @@ def _int(v: Any) -> int | None:
     return int(v) if isinstance(v, float) and math.isfinite(v) else None
 
 
+def reduce_rows(st: RunState, step: Sequence[float], loss: Sequence[float | None], lr: Sequence[float | None],
+                grad_norm: Sequence[float | None], tokens_per_s: Sequence[float | None]) -> None:
+    """Fold plain step rows, given as columns (None or NaN: unknown), into the state: the one
+    step fold, which `reduce_step` (one record) and the bulk read (numpy columns) go through."""
+    if not len(step):
+        return
+    for i in _new_bests(loss, math.inf if st.best_loss is None else st.best_loss):
+        st.note_best(_row_step(step[i]), float(loss[i]))  # type: ignore[arg-type]
+    st.n_steps += len(step)
+    st.step = _row_step(step[-1])
+    st.loss, st.lr, st.grad_norm, st.tokens_per_s = (None if v is None else float(v) for v in (
+        loss[-1], lr[-1], grad_norm[-1], tokens_per_s[-1]))
+    if st.state == "starting":
+        st.state = "running"
+
+
+def _new_bests(loss: Sequence[float | None], best: float) -> list[int]:
+    """Where the loss beats `best` and every loss before it (NaN and infinities never do)."""
+    if len(loss) < 64 or not hasattr(loss, "dtype"):   # a record, a few rows
+        out = []
+        for i, x in enumerate(loss):
+            if x is not None and -math.inf < x < best:
+                best = x
+                out.append(i)
+        return out
+    import numpy as np  # a bulk read's columns only: `mt ls` never loads numpy
+    finite = np.where(np.isfinite(loss), loss, np.inf)
+    running = np.minimum.accumulate(np.concatenate(([best], finite)))
+    return np.flatnonzero(running[1:] < running[:-1]).tolist()
+
+
+def _row_step(x: float) -> int | None:
+    """A column's step as a whole number (beyond float range: unknown)."""
+    return x if isinstance(x, int) else int(x) if math.isfinite(x) else None
+
+
 def reduce_step(st: RunState, ev: Step) -> None:
-    """Fold one `step` record into the state."""
-    st.step = ev.step
-    st.n_steps += 1
-    st.loss = ev.loss
-    if ev.loss is not None and math.isfinite(ev.loss) and (st.best_loss is None or ev.loss < st.best_loss):
-        st.note_best(ev.step, ev.loss)
-    st.lr, st.grad_norm, st.tokens_per_s, st.step_time_s = ev.lr, ev.grad_norm, ev.tokens_per_s, ev.step_time_s
-    st.samples_per_s = ev.samples_per_s
+    """Fold one `step` record into the state: its row, and what only a record carries."""
+    reduce_rows(st, (ev.step,), (ev.loss,), (ev.lr,), (ev.grad_norm,), (ev.tokens_per_s,))
+    st.step_time_s, st.samples_per_s = ev.step_time_s, ev.samples_per_s
     if ev.mfu is not None:
         st.mfu, st.mfu_estimated = ev.mfu, ev.flops_estimated
     if ev.t is not None:
         st.recent.append((ev.t, ev.step))
-    if st.state == "starting":
-        st.state = "running"
 
 
 def reduce_event(st: RunState, ev: Record) -> None:

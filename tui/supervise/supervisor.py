@@ -212,7 +212,7 @@ class Supervisor:
         st.nproc, st.nnodes, st.node_rank, st.direct = launch.nproc_per_node, launch.nnodes, launch.node_rank, is_direct(self.cfg)
         self.write_status("starting", f"attempt {attempt}")
         if self.kill_requested or self.stop_requested:  # a signal arrived before torchrun started
-            return (-signal.SIGTERM, None, RunEnd(time.time(), {}, None, "stopped", "stopped before start"))
+            return (-signal.SIGTERM, None, RunEnd(t=time.time(), raw={}, status="stopped", reason="stopped before start"))
         self.current_attempt, self.hung = None, None
         log_path = self.paths.logs / "torchrun.log"
         log_offset = log_path.stat().st_size if log_path.exists() else 0
@@ -229,7 +229,7 @@ class Supervisor:
         cmd = attempt_command(self.cfg, self.run_dir, attempt, log_dir=scratch, node=self.role)
         if not self.is_job and not self.peers.wait_for_job_attempt(attempt, JOB_START_WAIT_S):
             why = f"node {self.node}: the job's supervisor did not start attempt {attempt} in {JOB_START_WAIT_S:.0f} s"
-            return (1, None, RunEnd(time.time(), {}, None, "failed", why))
+            return (1, None, RunEnd(t=time.time(), raw={}, status="failed", reason=why))
         self.log.info("attempt %d: %s", attempt, " ".join(cmd))
         # one process: no torchrun agent hosts the group's store, so its worker serves one on a
         # loopback socket bound here (a free port, no race; engine/direct.py)
