@@ -67,12 +67,13 @@ class FakeRun:
         self.paths.heartbeat(rank).write_text(json.dumps({"step": step, "t": self.now if t is None else t,
                                                           "pid": self.pids[rank], "rank": rank, "attempt": self.attempt}))
 
-    def start(self, start_step: int = 0, params_total: int = 800_000, max_steps: int = 10**6) -> None:
+    def start(self, start_step: int = 0, params_total: int = 800_000, max_steps: int = 10**6, **fields: Any) -> None:
+        """A new attempt's run_start; `fields`: more of its fields (backend="nccl": a CUDA run)."""
         self.attempt += 1
         self.step = start_step
         self.status({"state": "running", "attempt": self.attempt, "exit_code": None})
         self.event("run_start", attempt=self.attempt, world_size=self.world, start_step=start_step,
-                   max_steps=max_steps, params_total=params_total)
+                   max_steps=max_steps, params_total=params_total, **fields)
 
     def do_step(self, step_time: float = 0.2, data_wait: float = 0.01, tokens: float = 4096,
                 loss: float = 3.0, beats: tuple[int, ...] | None = None, poll: bool = True,
