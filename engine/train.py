@@ -24,7 +24,7 @@ from engine.dist import DistEnv, log, seed_everything
 from engine.evaluate import Evaluator
 from engine.faults import Faults
 from engine.kinds import kind_of
-from engine.metrics import device_name, git_commit, peak_flops
+from engine.metrics import device_name, git_commit, gpu_identity, peak_flops
 from engine.model import count_params
 from engine.optim import build_optimizer, lr_at, set_lr
 from engine.precision import Precision
@@ -38,7 +38,7 @@ from mt.contract.attempt import ResumeRefused, plan
 from mt.contract.checkpoints import CheckpointError
 from mt.contract.config import Config
 from mt.contract.eventlog import EventWriter, NullEventWriter
-from mt.contract.heartbeat import Heartbeat
+from mt.contract.heartbeat import Heartbeat, gpu_fragment
 from mt.contract.inbox import ControlInbox, Request, StopSignals
 from mt.contract.paths import RunPaths
 
@@ -100,6 +100,7 @@ class Trainer:
         self.tokens_per_step = self.global_batch * self.sample_tokens if self.sample_tokens else None
         self.flops_per_token = self.kind.flops_per_token(cfg, self.n_params)
         self.peak = peak_flops(env.device)
+        self.gpu = gpu_identity(env.device) if env.device.type == "cuda" else None
 
         stall_at = self.faults.stall_at(self.step, self.samples, self.global_batch)
         self.sampler = GlobalOrderSampler(len(splits.train), cfg.run.seed, env.rank, env.world_size, self.samples, stall_at)
@@ -133,6 +134,9 @@ class Trainer:
             self.clock.lap("agree_in")
             agreed = agree(self.env, loss_local, stop, bool(requests.checkpoint))
             self.clock.lap("agree_out")
+            if self.gpu is not None and agreed.own is not None:   # this rank's GPU and allocator, in its heartbeat
+                own = agreed.own
+                self.heartbeat.gpu = gpu_fragment(self.gpu[0], own.allocated, own.reserved, own.peak, self.gpu[1])
             grad_norm = float(grad_norm_t)
             nonfinite = agreed.nonfinite or self.precision.nonfinite(grad_norm)
             if nonfinite:
