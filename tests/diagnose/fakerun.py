@@ -29,6 +29,14 @@ def dead_pid() -> int:
     return p.pid
 
 
+def _on_gpu(rank: int, peak_share: float) -> dict[str, Any]:
+    """A rank entry's GPU fields, as the supervisor copies them from the rank's heartbeat."""
+    total = 80 * 2**30
+    return {"gpu": f"{rank:08x}-0000-0000-0000-000000000000", "mem_alloc_bytes": int(total * peak_share * 0.8),
+            "mem_reserved_bytes": int(total * max(peak_share, 0.9)), "mem_peak_bytes": int(total * peak_share),
+            "mem_total_bytes": total}
+
+
 class FakeRun:
     """Writes events/system/heartbeats/status like the engine and supervisor would."""
 
@@ -95,7 +103,10 @@ class FakeRun:
             self.poll()
 
     def sample(self, gpu_util: float | None = None, mem_share: float | None = None,
-               host_mem_share: float = 0.3, load1: float = 1.0, rank_cpu: float = 100.0) -> None:
+               host_mem_share: float = 0.3, load1: float = 1.0, rank_cpu: float = 100.0,
+               peak_share: float | None = None) -> None:
+        """`mem_share`: NVML's used share of each GPU; `peak_share`: each rank's per-step allocator peak, of
+        its GPU's 80 GiB, as its heartbeat reports it (None: the ranks report no GPU)."""
         gpus = []
         if gpu_util is not None:
             total = 80 * 2**30
@@ -104,7 +115,8 @@ class FakeRun:
         host_total = 64 * 2**30
         with open(self.paths.system, "a") as f:
             f.write(dumps({"v": 1, "t": self.now, "nvml": gpu_util is not None, "nvml_error": None, "gpus": gpus,
-                           "ranks": [{"rank": r, "pid": p, "cpu_pct": rank_cpu, "rss_bytes": 2**30, "alive": True}
+                           "ranks": [{"rank": r, "pid": p, "cpu_pct": rank_cpu, "rss_bytes": 2**30, "alive": True,
+                                      **(_on_gpu(r, peak_share) if peak_share is not None else {})}
                                      for r, p in self.pids.items()],
                            "host": {"cpu_pct": 50.0, "mem_used_bytes": int(host_total * host_mem_share),
                                     "mem_total_bytes": host_total, "load1": load1}}) + "\n")
