@@ -65,7 +65,7 @@ def test_the_ranks_reported_gpus_are_sampled_alone_with_their_ranks(tmp_path: Pa
     r0, r1, r2 = sample["ranks"]
     assert (r0["gpu"], r0["mem_alloc_bytes"], r0["mem_reserved_bytes"], r0["mem_peak_bytes"], r0["mem_total_bytes"]) == \
         (uuid_of(5)[4:], 30 * GIB, 70 * GIB, 40 * GIB, 80 * GIB)
-    assert r1["mem_peak_bytes"] == 41 * GIB and r2["gpu"] is None and r2["mem_peak_bytes"] is None
+    assert r1["mem_peak_bytes"] == 41 * GIB and "gpu" not in r2 and "mem_peak_bytes" not in r2   # its file was not its own
 
 
 def test_a_mig_slice_is_found_by_its_uuid() -> None:
@@ -78,3 +78,30 @@ def test_a_mig_slice_is_found_by_its_uuid() -> None:
     assert (g["index"], g["mig"], g["ranks"], g["mem_total_bytes"], g["util_pct"]) == (0, 0, [0], 10 * GIB, None)
     assert reader.visible() == 1
     assert [(g["index"], g["mig"]) for g in reader.read()] == [(0, 0)]   # before the rank reports: CUDA's one device
+
+
+def test_the_longest_heartbeat_with_its_gpu_still_fits_its_record(tmp_path: Path) -> None:
+    from mt.contract.anatomy import StepAnatomy
+    from mt.contract.heartbeat import STEP_LIMIT, read_heartbeats
+    paths = RunPaths(tmp_path)
+    hb = Heartbeat(paths.heartbeat(1023), 1023, 10**6)
+    hb.anatomy = StepAnatomy(refresh=1)
+    for _ in range(20):
+        hb.anatomy.add(123456.789, 123456.789, 123456.789, 123456.789, 123456.789, 123456.789)
+    most = 2**63 - 1
+    hb.gpu = gpu_fragment("MIG-" + "f" * 8 + "-ffff-ffff-ffff-" + "f" * 12, most, most, most, most)
+    hb.beat(STEP_LIMIT - 1, "checkpoint")
+    got = read_heartbeats(paths)[1023]
+    assert got["gpu"] == {"uuid": "MIG-ffffffff-ffff-ffff-ffff-ffffffffffff", "alloc": most, "reserved": most,
+                          "peak": most, "total": most} and len(got["anatomy"]) == 7
+
+
+def test_hostile_gpu_fields_in_a_sample_are_dropped_one_by_one() -> None:
+    raw = {"t": 1_800_000_000.0, "gpus": [{"index": 0, "ranks": [1, "x", True, 2**70, 3], "uuid": 7, "mig": "a"}],
+           "ranks": [{"rank": 0, "gpu": ["x"], "mem_peak_bytes": -1.5, "mem_total_bytes": 80}, {"rank": 1}]}
+    sample = clean_sample(raw)
+    assert sample is not None
+    (g,) = sample["gpus"]
+    assert (g["ranks"], g["uuid"], g["mig"]) == ([1, 3], None, None)
+    r0, r1 = sample["ranks"]
+    assert (r0["gpu"], r0["mem_peak_bytes"], r0["mem_total_bytes"]) == (None, None, 80) and "gpu" not in r1
