@@ -41,8 +41,10 @@ def memory(device: torch.device) -> StepMemory:
     """This step's memory; on CUDA the peak is reset, so the next reading is the next step's own peak
     (host-side counters: no device sync)."""
     if device.type == "cuda":
-        got = StepMemory(torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device),
-                         torch.cuda.max_memory_allocated(device))
+        # one read of the allocator's counters (memory_allocated and the others each build this whole dict)
+        stats = torch.cuda.memory_stats(device)
+        got = StepMemory(int(stats.get("allocated_bytes.all.current", 0)), int(stats.get("reserved_bytes.all.current", 0)),
+                         int(stats.get("allocated_bytes.all.peak", 0)))
         torch.cuda.reset_peak_memory_stats(device)
         return got
     with open("/proc/self/statm") as f:
