@@ -1,6 +1,7 @@
 """What every rank learns at the end of a step, in the step's one small collective (a sync point)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -8,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from engine.dist import DistEnv
-from engine.metrics import memory
+from engine.metrics import StepMemory, memory
 
 # the columns of the row each rank contributes
 _LOSS, _STOP, _CKPT, _MEM, _PEAK = range(5)
@@ -22,17 +23,19 @@ class Agreed:
     stop: bool  # some rank was asked to stop (a signal, or a stop request on rank 0)
     checkpoint: bool  # a checkpoint was requested
     mem: int  # allocated bytes, the most of any rank
-    peak: int  # peak allocated bytes, the most of any rank
+    peak: int  # peak allocated bytes this step, the most of any rank
+    own: StepMemory | None = None  # this rank's own reading (its heartbeat reports it)
 
 
 def agree(env: DistEnv, loss_local: torch.Tensor, stop: bool, checkpoint: bool) -> Agreed:
     """Collective: this rank's mean loss and wishes in, the agreed answers out."""
-    mem, peak = memory(env.device)
+    own = memory(env.device)
+    mem, peak = own.allocated, own.peak
     if env.world_size == 1:  # no one to agree with: the same answers without a dozen tiny tensor ops
         loss = float(loss_local)
         finite = math.isfinite(loss)
-        return Agreed(loss if finite else float("nan"), not finite, stop, checkpoint, int(mem), int(peak))
-    return _gathered(env, loss_local, stop, checkpoint, mem, peak)
+        return Agreed(loss if finite else float("nan"), not finite, stop, checkpoint, int(mem), int(peak), own)
+    return dataclasses.replace(_gathered(env, loss_local, stop, checkpoint, mem, peak), own=own)
 
 
 def _gathered(env: DistEnv, loss_local: torch.Tensor, stop: bool, checkpoint: bool, mem: int, peak: int) -> Agreed:

@@ -162,13 +162,35 @@ class FlopCount:
         return 3 * self.forward_flops if self.recompute else self.forward_flops + self.backward_flops
 
 
-def memory(device: torch.device) -> tuple[int, int]:
-    """(allocated, peak) bytes: the CUDA caching allocator's view, or the process RSS on CPU."""
+@dataclass(frozen=True)
+class StepMemory:
+    """One rank's memory at the end of a step: the CUDA caching allocator's view, or the process RSS on CPU."""
+    allocated: int  # bytes in live tensors
+    reserved: int  # bytes the allocator holds from the driver (allocated + its cache); RSS on CPU
+    peak: int  # most bytes allocated since the previous step's reading (CPU: the process's high-water RSS)
+
+
+def memory(device: torch.device) -> StepMemory:
+    """This step's memory; on CUDA the peak is reset, so the next reading is the next step's own peak
+    (host-side counters: no device sync)."""
     if device.type == "cuda":
-        return torch.cuda.memory_allocated(device), torch.cuda.max_memory_allocated(device)
+        # one read of the allocator's counters (memory_allocated and the others each build this whole dict)
+        stats = torch.cuda.memory_stats(device)
+        got = StepMemory(int(stats.get("allocated_bytes.all.current", 0)), int(stats.get("reserved_bytes.all.current", 0)),
+                         int(stats.get("allocated_bytes.all.peak", 0)))
+        torch.cuda.reset_peak_memory_stats(device)
+        return got
     with open("/proc/self/statm") as f:
         rss = int(f.read().split()[1]) * _PAGE
-    return rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return StepMemory(rss, rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+
+
+def gpu_identity(device: torch.device) -> tuple[str | None, int]:
+    """(the GPU's UUID as CUDA gives it, its memory in bytes) for the heartbeat: NVML samples the GPU with
+    that UUID (CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER are already applied to `device`'s index)."""
+    props = torch.cuda.get_device_properties(device)
+    uuid = getattr(props, "uuid", None)   # torch >= 2.0; older ones: no UUID, the sampler goes by order
+    return (str(uuid) if uuid is not None else None), int(props.total_memory)
 
 
 def device_name(device: torch.device) -> str:

@@ -24,7 +24,7 @@ from engine.dist import DistEnv, log, seed_everything
 from engine.evaluate import Evaluator
 from engine.faults import Faults
 from engine.kinds import kind_of
-from engine.metrics import FlopCount, device_name, git_commit, peak_flops
+from engine.metrics import FlopCount, device_name, git_commit, gpu_identity, peak_flops
 from engine.model import count_params
 from engine.optim import build_optimizer, lr_at, set_lr
 from engine.precision import Precision
@@ -37,7 +37,7 @@ from mt.contract.attempt import ResumeRefused, plan
 from mt.contract.checkpoints import CheckpointError
 from mt.contract.config import Config
 from mt.contract.eventlog import EventWriter, NullEventWriter
-from mt.contract.heartbeat import Heartbeat
+from mt.contract.heartbeat import Heartbeat, gpu_fragment
 from mt.contract.inbox import ControlInbox, Request, StopSignals
 from mt.contract.paths import RunPaths
 from mt.rules import StepRules, nan_incident, recompile_incident
@@ -103,6 +103,7 @@ class Trainer:
         self.flops_estimated = not self.kind.exact_flops
         self.flop_count = FlopCount(t.activation_checkpointing) if self.flops_estimated and self.sample_tokens else None
         self.peak = peak_flops(env.device, t.precision)
+        self.gpu = gpu_identity(env.device) if env.device.type == "cuda" else None
 
         stall_at = self.faults.stall_at(self.step, self.samples, self.global_batch)
         self.sampler = GlobalOrderSampler(len(splits.train), cfg.run.seed, env.rank, env.world_size, self.samples, stall_at)
@@ -137,6 +138,9 @@ class Trainer:
             self.clock.lap("agree_in")
             agreed = agree(self.env, loss_local, stop, bool(requests.checkpoint))
             self.clock.lap("agree_out")
+            if self.gpu is not None and agreed.own is not None:   # this rank's GPU and allocator, in its heartbeat
+                own = agreed.own
+                self.heartbeat.gpu = gpu_fragment(self.gpu[0], own.allocated, own.reserved, own.peak, self.gpu[1])
             grad_norm = float(grad_norm_t)
             nonfinite = agreed.nonfinite or self.precision.nonfinite(grad_norm)
             if nonfinite:

@@ -24,21 +24,23 @@ class Heartbeat:
     A fixed-width record in a memory-mapped file: a beat is a memory copy, no system call, so
     it costs about a microsecond in a training step (readers see it at once through the page
     cache, and the kernel keeps it if the process dies). Readers parse JSON and ignore the padding.
-    `anatomy`, when set, adds the rank's step anatomy (mt/contract/anatomy.py) to each record.
+    `anatomy`, when set, adds the rank's step anatomy (mt/contract/anatomy.py) to each record;
+    `gpu` (`gpu_fragment`), the rank's GPU and its allocator's memory at the last step.
     """
 
-    WIDTH = 320
+    WIDTH = 512   # the longest record: anatomy (~230 bytes with its six parts) and gpu (~190) fit
 
     def __init__(self, path: Path, rank: int, attempt: int) -> None:
         self.path, self.rank, self.attempt = path, rank, attempt
         self._tail = f',"pid":{os.getpid()},"rank":{int(rank)},"attempt":{int(attempt)},"phase":"'
         self._map = _mapped(path, self.WIDTH + 1)
         self.anatomy: StepAnatomy | None = None
+        self.gpu = ""
 
     def beat(self, step: int, phase: str = "train") -> None:
         """`phase` says what the rank does next (train, eval, checkpoint), so a long pause is explained."""
         parts = self.anatomy.fragment() if self.anatomy is not None else ""
-        record = f'{{"step":{int(step)},"t":{time.time()!r}{self._tail}{phase}"{parts}}}'.ljust(self.WIDTH) + "\n"
+        record = f'{{"step":{int(step)},"t":{time.time()!r}{self._tail}{phase}"{parts}{self.gpu}}}'.ljust(self.WIDTH) + "\n"
         self._map[:] = record.encode()[: self.WIDTH + 1]
 
 
@@ -80,7 +82,7 @@ class BackgroundHeartbeat(Heartbeat):
         """`path` None, or a file that cannot be made (`error` says why): no heartbeat, the ticks still run."""
         self.error: OSError | None = None
         self.path, self.rank, self.attempt, self._map = path, rank, attempt, None  # type: ignore[assignment]
-        self.anatomy = None
+        self.anatomy, self.gpu = None, ""
         if path is not None:
             try:
                 super().__init__(path, rank, attempt)
@@ -157,7 +159,28 @@ def _read_record(path: str) -> Any:
         return None
 
 
-_READ_MAX = 4096   # a record is 161 bytes; a longer file is not a heartbeat (and fails to parse)
+_READ_MAX = 4096   # a record is 513 bytes; a longer file is not a heartbeat (and fails to parse)
+_GPU_KEYS = ("alloc", "reserved", "peak", "total")
+_UUID_CHARS = frozenset("0123456789abcdefABCDEF-GPUMI/")   # GPU-<hex>, MIG-<hex> or CUDA's bare <hex> form
+
+
+def gpu_fragment(uuid: str | None, alloc: int, reserved: int, peak: int, total: int) -> str:
+    """A heartbeat's `gpu` field: the rank's GPU (CUDA's UUID) and its caching allocator's bytes, `peak`
+    since the previous step (torch.cuda.reset_peak_memory_stats each step), `total` the GPU's memory."""
+    who = f'"uuid":"{uuid}",' if uuid and len(uuid) <= 64 and set(uuid) <= _UUID_CHARS else ""
+    return f',"gpu":{{{who}"alloc":{int(alloc)},"reserved":{int(reserved)},"peak":{int(peak)},"total":{int(total)}}}'
+
+
+def clean_gpu(raw: Any) -> dict[str, Any] | None:
+    """A heartbeat's `gpu` field with its types checked (uuid a short string, byte counts whole and >= 0), or None."""
+    if not isinstance(raw, dict):
+        return None
+    out: dict[str, Any] = {k: raw[k] for k in _GPU_KEYS if type(raw.get(k)) is int and 0 <= raw[k] < 2**63}
+    if len(out) < len(_GPU_KEYS):
+        return None
+    uuid = raw.get("uuid")
+    out["uuid"] = uuid if isinstance(uuid, str) and 0 < len(uuid) <= 64 and set(uuid) <= _UUID_CHARS else None
+    return out
 
 
 def clean_heartbeat(raw: Any) -> dict[str, Any] | None:
@@ -171,9 +194,9 @@ def clean_heartbeat(raw: Any) -> dict[str, Any] | None:
     if any(isinstance(v, bool) or not isinstance(v, int) for v in ints.values()):
         return None
     phase = raw.get("phase")
-    anatomy = clean_anatomy(raw.get("anatomy"))
+    anatomy, gpu = clean_anatomy(raw.get("anatomy")), clean_gpu(raw.get("gpu"))
     return {"step": int(step), "t": t, **ints, **({"phase": phase} if isinstance(phase, str) else {}),
-            **({"anatomy": anatomy} if anatomy else {})}
+            **({"anatomy": anatomy} if anatomy else {}), **({"gpu": gpu} if gpu else {})}
 
 
 def clean_anatomy(raw: Any) -> dict[str, float]:

@@ -10,16 +10,20 @@ from typing import Any
 
 from mt.contract.events import T_MAX, T_MIN
 
-_GPU = {"index": int, "name": str, "util_pct": float, "mem_used_bytes": int, "mem_total_bytes": int,
-        "temp_c": float, "power_w": float}
+_GPU = {"index": int, "mig": int, "uuid": str, "name": str, "ranks": list, "util_pct": float, "mem_used_bytes": int,
+        "mem_total_bytes": int, "temp_c": float, "power_w": float}
 _RANK = {"rank": int, "pid": int, "cpu_pct": float, "rss_bytes": int, "alive": bool}
+# a rank on a GPU (its heartbeat said): the GPU's UUID (CUDA's form) and its caching allocator's bytes at its last step
+_RANK_GPU = {"gpu": str, "mem_alloc_bytes": int, "mem_reserved_bytes": int, "mem_peak_bytes": int, "mem_total_bytes": int}
 _WORKER = {"pid": int, "state": str, "syscall": str, "cmdline": str}
 _HOST = {"cpu_pct": float, "mem_used_bytes": int, "mem_total_bytes": int, "load1": float}
 _MAX_ENTRIES = 1024  # GPUs or ranks on one node: far more is not a sample
 
 
 def _value(v: Any, kind: type) -> Any:
-    """v if it is a value of `kind` (an int counts as a float), else None."""
+    """v if it is a value of `kind` (an int counts as a float; `list`: a list of ranks, whole numbers), else None."""
+    if kind is list:
+        return [r for r in v[:_MAX_ENTRIES] if _value(r, int) is not None] if isinstance(v, list) else None
     if kind is bool:
         return v if isinstance(v, bool) else None
     if isinstance(v, bool):
@@ -48,9 +52,10 @@ def _entries(raw: Any, schema: dict[str, type], key: str) -> list[dict[str, Any]
 
 
 def _ranks(raw: Any) -> list[dict[str, Any]]:
-    """The rank entries; `syscall` and `workers` only where the entry has them (a job's other node)."""
+    """The rank entries; `syscall` and `workers` only where the entry has them (a job's other node), the
+    GPU fields only where the rank reported its GPU."""
     out = _entries(raw, _RANK, "rank")
-    if not isinstance(raw, list) or not any(isinstance(r, dict) and "workers" in r for r in raw[:_MAX_ENTRIES]):
+    if not isinstance(raw, list):
         return out
     by_rank = {r.get("rank"): r for r in raw[:_MAX_ENTRIES] if isinstance(r, dict)}
     for e in out:
@@ -58,6 +63,8 @@ def _ranks(raw: Any) -> list[dict[str, Any]]:
         if "workers" in src:
             e["syscall"] = _value(src.get("syscall"), str)
             e["workers"] = _entries(src.get("workers"), _WORKER, "pid")
+        if any(k in src for k in _RANK_GPU):
+            e.update({k: _value(src.get(k), kind) for k, kind in _RANK_GPU.items()})
     return out
 
 

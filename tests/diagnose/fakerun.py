@@ -29,6 +29,14 @@ def dead_pid() -> int:
     return p.pid
 
 
+def _on_gpu(rank: int, peak_share: float) -> dict[str, Any]:
+    """A rank entry's GPU fields, as the supervisor copies them from the rank's heartbeat."""
+    total = 80 * 2**30
+    return {"gpu": f"{rank:08x}-0000-0000-0000-000000000000", "mem_alloc_bytes": int(total * peak_share * 0.8),
+            "mem_reserved_bytes": int(total * max(peak_share, 0.9)), "mem_peak_bytes": int(total * peak_share),
+            "mem_total_bytes": total}
+
+
 class FakeRun:
     """Writes events/system/heartbeats/status like the engine and supervisor would."""
 
@@ -67,12 +75,13 @@ class FakeRun:
         self.paths.heartbeat(rank).write_text(json.dumps({"step": step, "t": self.now if t is None else t,
                                                           "pid": self.pids[rank], "rank": rank, "attempt": self.attempt}))
 
-    def start(self, start_step: int = 0, params_total: int = 800_000, max_steps: int = 10**6) -> None:
+    def start(self, start_step: int = 0, params_total: int = 800_000, max_steps: int = 10**6, **fields: Any) -> None:
+        """A new attempt's run_start; `fields`: more of its fields (backend="nccl": a CUDA run)."""
         self.attempt += 1
         self.step = start_step
         self.status({"state": "running", "attempt": self.attempt, "exit_code": None})
         self.event("run_start", attempt=self.attempt, world_size=self.world, start_step=start_step,
-                   max_steps=max_steps, params_total=params_total)
+                   max_steps=max_steps, params_total=params_total, **fields)
 
     def do_step(self, step_time: float = 0.2, data_wait: float = 0.01, tokens: float = 4096,
                 loss: float = 3.0, beats: tuple[int, ...] | None = None, poll: bool = True,
@@ -94,7 +103,10 @@ class FakeRun:
             self.poll()
 
     def sample(self, gpu_util: float | None = None, mem_share: float | None = None,
-               host_mem_share: float = 0.3, load1: float = 1.0, rank_cpu: float = 100.0) -> None:
+               host_mem_share: float = 0.3, load1: float = 1.0, rank_cpu: float = 100.0,
+               peak_share: float | None = None) -> None:
+        """`mem_share`: NVML's used share of each GPU; `peak_share`: each rank's per-step allocator peak, of
+        its GPU's 80 GiB, as its heartbeat reports it (None: the ranks report no GPU)."""
         gpus = []
         if gpu_util is not None:
             total = 80 * 2**30
@@ -103,7 +115,8 @@ class FakeRun:
         host_total = 64 * 2**30
         with open(self.paths.system, "a") as f:
             f.write(dumps({"v": 1, "t": self.now, "nvml": gpu_util is not None, "nvml_error": None, "gpus": gpus,
-                           "ranks": [{"rank": r, "pid": p, "cpu_pct": rank_cpu, "rss_bytes": 2**30, "alive": True}
+                           "ranks": [{"rank": r, "pid": p, "cpu_pct": rank_cpu, "rss_bytes": 2**30, "alive": True,
+                                      **(_on_gpu(r, peak_share) if peak_share is not None else {})}
                                      for r, p in self.pids.items()],
                            "host": {"cpu_pct": 50.0, "mem_used_bytes": int(host_total * host_mem_share),
                                     "mem_total_bytes": host_total, "load1": load1}}) + "\n")

@@ -268,3 +268,45 @@ def test_a_script_that_saved_slowly_before_gets_that_time_at_any_step(tmp_path: 
         assert len(run.opened("hang")) == 2 and run.opened("hang")[1]["t"] - t_last > 3 * 6.0
     finally:
         _end(waiter, sleeper)
+
+
+def _spinner() -> subprocess.Popen[str]:
+    """A real process busy on its CPU, as a rank waiting in an NCCL collective is (it spins in cudaStreamSynchronize)."""
+    p = subprocess.Popen([sys.executable, "-c", "print('ready', flush=True)\nwhile True: pass"], stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    return p
+
+
+def test_on_a_cuda_run_the_spinning_rank_is_not_blamed_the_stacks_decide(tmp_path: Path) -> None:
+    # rank 0 waits in NCCL (spins: "running" in /proc), rank 1 is the stuck one (blocked in read): on a CUDA
+    # run the system calls name no one; the stacks' verdict, once captured, names rank 1, and so does the timeout
+    from .test_rules_exit import NCCL_WATCHDOG, TORCHRUN_REPORT, TRACEBACK
+    m = MonitorConfig()
+    stuck, sleeper = _ranks(tmp_path)
+    spinner = _spinner()
+    try:
+        run = FakeRun(tmp_path / "r", monitor=m)
+        run.pids = {0: spinner.pid, 1: stuck.pid}
+        run.start(backend="nccl", device="NVIDIA H100 80GB HBM3")
+        for _ in range(30):
+            run.do_step(step_time=0.3)
+        t_last = run.now
+        run.idle(m.hang_floor_s + 3)
+        (inc,) = run.opened("hang")
+        assert inc["evidence"]["suspect_ranks"] == [] and inc["evidence"]["early"] is False, inc
+        assert inc["t"] - t_last >= m.hang_floor_s, "named early from the system calls"
+        assert inc["evidence"]["ranks"]["0"]["syscall"] == "running" and inc["evidence"]["nccl"] is True
+        assert "NCCL collective spins" in inc["detail"], inc["detail"]
+        # the capture's verdict (tui/stacks/auto.py writes it as an update of the open hang)
+        run.monitor.update("hang", {"verdict": "rank 1 is in `read_batch` (train.py:40); rank 0 waits in `all_reduce` (train.py:52)",
+                                    "groups": [{"ranks": [1], "func": "read_batch", "where": "train.py:40", "waits_in": None},
+                                               {"ranks": [0], "func": "step", "where": "train.py:52", "waits_in": "all_reduce"}]},
+                           "stacks captured", now=run.now)
+        (run.paths.logs / "torchrun.log").write_text(TORCHRUN_REPORT.format(root=0, other=1, code=1))
+        run.paths.rank_log(0).write_text("step 1\n" + TRACEBACK.format(r=0, last=NCCL_WATCHDOG))
+        run.status({"state": "running", "attempt": 1, "exit_code": 1, "reason": "a worker exited"})
+        run.poll()
+        (timeout,) = run.opened("nccl_timeout")
+        assert "rank 1 had stopped" in timeout["title"], timeout["title"]
+    finally:
+        _end(stuck, sleeper, spinner)

@@ -86,6 +86,22 @@ def test_gpu_idle_lowers_the_bar_busy_gpu_does_not(tmp_path: Path) -> None:
             assert "GPU utilisation" in got[0]["detail"]
 
 
+def test_a_stall_on_a_cuda_run_says_a_waiting_gpu_reads_busy(tmp_path: Path) -> None:
+    # ranks waiting in NCCL for the starved one keep their GPUs "busy": the stall's detail says so on a CUDA run only
+    m = MonitorConfig()
+    for backend, said in (("nccl", True), ("gloo", False)):
+        run = FakeRun(tmp_path / backend, monitor=m)
+        run.start(backend=backend)
+        for _ in range(int(m.stall_window_s) + 5):   # NVML's readings cover the window before the stall
+            run.do_step(step_time=1.0, data_wait=0.01)
+            run.sample(gpu_util=95.0)
+        for _ in range(int(m.stall_window_s) + 5):
+            run.do_step(step_time=1.0, data_wait=0.8)
+            run.sample(gpu_util=95.0)
+        (got,) = run.opened("dataloader_stall")
+        assert ("NCCL's kernels spin while they wait" in got["detail"]) is said, got["detail"]
+
+
 def test_throughput_drop_sustained_fires_once(tmp_path: Path) -> None:
     m = MonitorConfig()
     run = FakeRun(tmp_path / "r", monitor=m)
@@ -156,14 +172,31 @@ def test_memory_pressure_needs_the_whole_window(tmp_path: Path) -> None:
     warm(run, 5, step_time=1.0)
     for _ in range(int(m.memory_window_s / 2)):  # a burst at 97%: too short
         run.do_step(step_time=1.0)
-        run.sample(gpu_util=90, mem_share=0.97)
+        run.sample(gpu_util=90, mem_share=0.99, peak_share=0.97)
     for _ in range(10):
         run.do_step(step_time=1.0)
-        run.sample(gpu_util=90, mem_share=0.7)
+        run.sample(gpu_util=90, mem_share=0.99, peak_share=0.7)
     assert run.opened("memory_pressure") == []
     for _ in range(int(m.memory_window_s) + 3):
         run.do_step(step_time=1.0)
-        run.sample(gpu_util=90, mem_share=0.97)
+        run.sample(gpu_util=90, mem_share=0.99, peak_share=0.97)
     got = run.opened("memory_pressure")
     assert len(got) == 1
-    assert got[0]["evidence"]["gpus"]["0"]["min_share"] >= m.memory_pressure_share
+    ev = got[0]["evidence"]["ranks"]["1"]
+    assert ev["min_share"] >= m.memory_pressure_share and ev["mem_peak_bytes"] == int(80 * 2**30 * 0.97), ev
+    assert "allocated" in got[0]["detail"] and "NVML's used memory is not judged" in got[0]["detail"]
+
+
+def test_a_well_packed_run_at_99_percent_of_nvml_is_no_memory_pressure(tmp_path: Path) -> None:
+    # NVML's used counts the allocator's cache, the CUDA context and NCCL's buffers: a healthy run sits at 99%
+    # while its allocator's per-step peak is at 70%; and a run whose ranks report no allocator is not judged
+    m = MonitorConfig()
+    run = FakeRun(tmp_path / "r", monitor=m)
+    warm(run, 5, step_time=1.0)
+    for _ in range(int(m.memory_window_s) * 2):
+        run.do_step(step_time=1.0)
+        run.sample(gpu_util=90, mem_share=0.99, peak_share=0.7)
+    for _ in range(int(m.memory_window_s) * 2):
+        run.do_step(step_time=1.0)
+        run.sample(gpu_util=90, mem_share=0.99)
+    assert run.opened("memory_pressure") == []

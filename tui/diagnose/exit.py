@@ -12,7 +12,7 @@ from mt.contract.events import as_float
 from mt.contract.incident import Incident
 from mt.contract.status import CLEAN_STATES
 from tui.diagnose.findings import Observation, RankProc
-from tui.diagnose.hang import HANG_ENDED
+from tui.diagnose.hang import HANG_ENDED, blamed
 from tui.diagnose.lost import lost_nodes, node_lost
 from tui.diagnose.memory import RuleMemory
 from tui.format.fmt import at_step, fmt_rank
@@ -235,7 +235,7 @@ def worker_exit(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident
     step = last.step + 1 if last else None
     node = first.node or obs.nodes.get(first.rank)   # its supervisor reported it, or its heartbeat is in that node's folder
     who = fmt_rank(first.rank, node) if first.rank >= 0 else "a worker"
-    stuck = (obs.open_evidence.get("hang") or {}).get("suspect_ranks")
+    stuck = blamed(obs.open_evidence.get("hang") or {})   # on NCCL its stacks, never a spinning rank
     evidence: dict[str, Any] = {
         "rank": first.rank if first.rank >= 0 else None, "node": node, "exit_code": first.exit_code, "pid": first.pid,
         "signal": signame, "line": line or None, "source": source, "torchrun_exit_code": rc,

@@ -72,12 +72,39 @@ def _doing(p: RankProc | None) -> str:
     return ", ".join(parts) or "alive"
 
 
-def _suspects(hbs: dict[int, dict[str, Any]], procs: dict[int, RankProc]) -> tuple[list[int], str]:
-    """The rank(s) the others wait for, and why we think so."""
+NCCL_SPIN = ("on a CUDA run a rank waiting in an NCCL collective spins (on CPU, its GPU busy), so on CPU is "
+             "no sign of being stuck; the ranks' stacks decide")
+
+
+def stacks_odd(evidence: dict[str, Any]) -> list[int]:
+    """The ranks the captured stacks single out (the verdict's first, smallest group, when the ranks
+    are at more than one place), from a hang's evidence; [] without a capture."""
+    groups = evidence.get("groups")
+    if not isinstance(groups, list) or len(groups) < 2 or not isinstance(groups[0], dict):
+        return []
+    ranks = groups[0].get("ranks")
+    return sorted(r for r in ranks if isinstance(r, int) and not isinstance(r, bool)) if isinstance(ranks, list) else []
+
+
+def blamed(evidence: dict[str, Any]) -> list[int]:
+    """Who a hang's evidence names as stuck: its suspects, else the ranks its stacks single out."""
+    named = evidence.get("suspect_ranks")
+    return [r for r in named if isinstance(r, int)] if isinstance(named, list) and named else stacks_odd(evidence)
+
+
+def _suspects(hbs: dict[int, dict[str, Any]], procs: dict[int, RankProc], nccl: bool = False,
+              stacks: dict[str, Any] | None = None) -> tuple[list[int], str]:
+    """The rank(s) the others wait for, and why we think so. `nccl`: the ranks' system calls say
+    nothing (a waiting rank spins), only heartbeats and the captured `stacks` (a hang's evidence) do."""
     steps = {r: int(as_float(hb.get("step"))) for r, hb in hbs.items() if as_float(hb.get("step")) == as_float(hb.get("step"))}
     if steps and len(set(steps.values())) > 1:
         low = min(steps.values())
         return sorted(r for r, s in steps.items() if s == low), f"its heartbeat is behind (step {low})"
+    odd = stacks_odd(stacks or {})
+    if odd:
+        return odd, f"its stack is not where the others are: {stacks.get('verdict') if stacks else ''}"
+    if nccl:
+        return [], ""
     waiting = sorted(r for r, p in procs.items() if p.alive and p.syscall in WAITING_SYSCALLS)
     other = sorted(r for r, p in procs.items() if p.alive and p.syscall and p.syscall not in WAITING_SYSCALLS)
     if waiting and other:
@@ -105,7 +132,7 @@ def early_limit(sig: RuleMemory, hbs: dict[int, dict[str, Any]], med: float | No
 def _confirmed(sig: RuleMemory, obs: Observation, hbs: dict[int, dict[str, Any]], idle: float,
                early: float | None) -> tuple[list[int], str] | None:
     """The stopped rank(s) and why, once the same ones were seen over CONFIRM_S past the early limit."""
-    found = _suspects(hbs, obs.procs) if early is not None and idle >= early else ([], "")
+    found = _suspects(hbs, obs.procs, sig.nccl) if early is not None and idle >= early else ([], "")
     if not found[0]:
         sig.stuck = None
         return None
@@ -143,7 +170,7 @@ def hang(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident | None
     stall = obs.open_evidence.get("dataloader_stall") or {}
     if stall.get("in_progress") and stall.get("step") == step:
         return None  # this quiet spell was already seen to be the input pipeline's
-    suspects, why = confirmed or _suspects(hbs, obs.procs)
+    suspects, why = confirmed or _suspects(hbs, obs.procs, sig.nccl, obs.open_evidence.get("hang"))
     early_named = confirmed is not None and early is not None and idle < limit
     if early_named:
         limit = early   # the ranks show who stopped: the stale mark is the early limit
@@ -167,10 +194,11 @@ def hang(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident | None
            if early_named else f"limit {fmt_s(limit)}: max of {fmt_s(m.hang_floor_s)} and {m.hang_step_factor:g} x "
            f"the median {fmt_s(med)} between steps")
     detail = (f"no step for {fmt_s(idle)} after step {step - 1} ({how}); "
-              f"{who}stale heartbeats: {obs.whom(stale) or 'none'}. " + "; ".join(lines))
+              f"{who}stale heartbeats: {obs.whom(stale) or 'none'}. " + "; ".join(lines)
+              + (f" ({NCCL_SPIN})" if sig.nccl and not suspects else ""))
     evidence = {"idle_s": round(idle, 1), "limit_s": round(limit, 1), "last_step": step - 1,
                 "median_step_interval_s": med, "stale_ranks": stale, "suspect_ranks": suspects, "ranks": per_rank,
-                "early": early_named}
+                "early": early_named, "nccl": sig.nccl}
     title = f"Hang: no progress after step {step - 1}"
     if obs.nodes and suspects:   # a job: which rank on which node, at the step it stopped at
         title = f"Hang: {obs.who(suspects[0])} stopped at step {per_rank[str(suspects[0])]['heartbeat_step']:,}"

@@ -66,6 +66,7 @@ class RuleMemory:
         self.pause_s: dict[str, float] = {}  # kind -> longest pause seen (this run)
         self.last_event_t: float | None = None
         self.run_end: RunEnd | None = None
+        self.backend: str | None = None   # the attempt's process-group backend, from its run_start
         self.system: deque[dict[str, Any]] = deque()
         self.sampled_nodes: set[str] = set()   # a job's nodes whose samples came
         self.step_times: dict[int, float] = {}  # step -> event time, for pause lengths
@@ -97,6 +98,7 @@ class RuleMemory:
         self.world_size = ev.world_size or self.world_size
         self.max_steps = ev.max_steps or None
         self.params_total = ev.params_total or self.params_total
+        self.backend = ev.backend or self.backend
         self.pending_request = False
         self.steps.clear()
         self.step_times.clear()
@@ -119,6 +121,12 @@ class RuleMemory:
         began = self.step_times.get(ev.step)
         if began is not None and ev.t is not None:
             self.pause_s[ev.kind] = max(self.pause_s.get(ev.kind, 0.0), ev.t - began)
+
+    @property
+    def nccl(self) -> bool:
+        """The ranks wait for each other in NCCL (run_start's backend, else a CUDA launch): a waiting
+        rank spins on its CPU and GPU, so "running" in /proc is no sign of being stuck."""
+        return self.backend == "nccl" if self.backend else self.facts.device == "cuda"
 
     def feed_system(self, sample: dict[str, Any]) -> None:
         """One sample as `mt.contract.system.clean_sample` returns it (its t is a float; in a job, its `node`)."""

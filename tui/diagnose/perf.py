@@ -126,38 +126,43 @@ def throughput_drop(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Inci
 
 
 def memory_pressure(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident | None:
-    """A GPU's memory above the share of its total for the whole window."""
+    """A rank's per-step peak of allocated memory (PyTorch's allocator, its heartbeat) above the share of its
+    GPU's total for the whole window. NVML's "used" is not judged: it counts the allocator's cache, the CUDA
+    context and NCCL's buffers, where a healthy, well-packed run sits at 95%."""
     if not is_live(sig, obs):
         return None
-    samples = [s for s in sig.recent_system(obs.now, m.memory_window_s) if s.get("nvml") and s.get("gpus")]
+    samples = [s for s in sig.recent_system(obs.now, m.memory_window_s) if s.get("ranks")]
     if len(samples) < 2 or as_float(samples[-1].get("t")) - as_float(samples[0].get("t")) < 0.8 * m.memory_window_s:
         return None
-    # a GPU is its node's (a job's nodes all sample): "GPU 0" on one machine, "GPU 0 on node n2" in a job
-    shares: dict[str, list[float]] = {}
-    totals: dict[str, float] = {}
+    shares: dict[int, list[float]] = {}
+    last: dict[int, dict[str, Any]] = {}
+    per_node: dict[Any, int] = {}   # a job's nodes each sample their own ranks
+    node_of: dict[int, Any] = {}
     for s in samples:
-        for g in s["gpus"]:
-            used, total = as_float(g.get("mem_used_bytes")), as_float(g.get("mem_total_bytes"))
-            if math.isnan(used) or math.isnan(total) or total <= 0:
+        per_node[s.get("node")] = per_node.get(s.get("node"), 0) + 1
+        for r in s["ranks"]:
+            node_of[r["rank"]] = s.get("node")
+            peak, total = as_float(r.get("mem_peak_bytes")), as_float(r.get("mem_total_bytes"))
+            if math.isnan(peak) or math.isnan(total) or total <= 0:
                 continue
-            idx = str(int(g.get("index", 0))) + (f" on node {s['node']}" if s.get("node") else "")
-            shares.setdefault(idx, []).append(used / total)
-            totals[idx] = total
-    full = {i: v for i, v in shares.items() if len(v) >= 2 and min(v) >= m.memory_pressure_share}
+            shares.setdefault(r["rank"], []).append(peak / total)
+            last[r["rank"]] = r
+    # every sample of the window: a rank that reported in only some of them is not judged on the rest
+    full = {r: v for r, v in shares.items() if len(v) == per_node[node_of[r]] and min(v) >= m.memory_pressure_share}
     if not full:
         return None
-    worst = max(full, key=lambda i: max(full[i]))
-    last = sig.last_step
-    gpus = ", ".join(f"GPU {i} {max(v):.1%}" for i, v in sorted(full.items(), key=lambda kv: _gpu_order(kv[0])))
-    detail = (f"GPU memory above {m.memory_pressure_share:.0%} of total for the last "
-              f"{fmt_s(m.memory_window_s)}: {gpus} (of {totals[worst] / 2**30:.0f} GiB)")
-    evidence = {"gpus": {i: {"min_share": round(min(v), 4), "max_share": round(max(v), 4)} for i, v in full.items()},
+    step = sig.last_step
+    gib = 2**30
+    ranks = ", ".join(f"{obs.who(r)} {max(v):.1%} (allocated {as_float(last[r].get('mem_alloc_bytes')) / gib:.1f}, "
+                      f"reserved {as_float(last[r].get('mem_reserved_bytes')) / gib:.1f} of "
+                      f"{as_float(last[r].get('mem_total_bytes')) / gib:.0f} GiB)" for r, v in sorted(full.items()))
+    detail = (f"the per-step peak of allocated memory (PyTorch's allocator) above {m.memory_pressure_share:.0%} "
+              f"of the GPU's memory for the last {fmt_s(m.memory_window_s)}: {ranks}. NVML's used memory is not "
+              "judged: it counts the allocator's cache, the CUDA context and NCCL's buffers")
+    evidence = {"ranks": {str(r): {"min_share": round(min(v), 4), "max_share": round(max(v), 4),
+                                   **{k: last[r].get(k) for k in ("gpu", "mem_alloc_bytes", "mem_reserved_bytes",
+                                                                  "mem_peak_bytes", "mem_total_bytes")},
+                                   **({"node": obs.nodes[r]} if r in obs.nodes else {})} for r, v in full.items()},
                 "window_s": m.memory_window_s, "threshold_share": m.memory_pressure_share}
-    return Incident("memory_pressure", "warn", last.step if last else None, "GPU memory pressure",
+    return Incident("memory_pressure", "warn", step.step if step else None, "GPU memory pressure",
                     detail, ADVICE_MEMORY, evidence)
-
-
-def _gpu_order(key: str) -> tuple[str, int]:
-    """"3" or "3 on node n2": by node, then by index as a number (GPU 10 after GPU 9)."""
-    idx, _, node = key.partition(" on node ")
-    return node, int(idx)

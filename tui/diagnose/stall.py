@@ -100,6 +100,10 @@ def _blocked_on_input(obs: Observation) -> tuple[dict[int, RankProc], dict[int, 
     return (alive, feeding) if feeding else None
 
 
+NCCL_BUSY = ("NCCL's kernels spin while they wait, so a GPU whose rank waits in a collective for a starved rank "
+             "reads busy: the utilisation understates the stall")
+
+
 def silent_stall(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident | None:
     """A script that reports nothing through mt has no steps to judge: its ranks all blocked on
     their input queues while their DataLoader workers work, for stall_window_s (with NVML, the
@@ -174,6 +178,8 @@ def _stall_finding(sig: RuleMemory, recent: list[StepRec], need: float, gpu: flo
               f"{fmt_s(worst.data_wait_s)} of its {fmt_s(max(worst.step_time_s, worst.data_wait_s))})")
     if sig.facts.num_workers is not None:
         detail += f" ([data] num_workers = {sig.facts.num_workers})"
+    if gpu is not None and sig.nccl:
+        detail += f"; {NCCL_BUSY}"
     evidence = {
         "steps": [r.step for r in recent], "data_wait_s": [round(r.data_wait_s, 4) for r in recent],
         "step_time_s": [round(r.step_time_s, 4) for r in recent], "data_share": round(share, 3),

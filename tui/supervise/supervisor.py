@@ -147,7 +147,8 @@ class Supervisor:
     def run(self) -> int:
         """Attempt after attempt; returns the supervisor's exit code (0 ok, 1 failed/killed)."""
         self.install_signals()
-        self.sampler = SystemSampler()
+        # the GPUs its ranks say they use (their heartbeats), sampled alone: another job's GPUs are not this run's
+        self.sampler = SystemSampler(heartbeats=self.paths, expect=self.cfg.launch.nproc_per_node)
         if not space.ensure_reserve(self.paths.reserve):
             self.log.warning("no room for the %s reserve: %s", fmt.human_bytes(space.RESERVE_BYTES), space.describe(self.run_dir))
         if not self.sampler.gpus.ok:

@@ -46,6 +46,42 @@ def not_live_note(view: SystemView, ended: str | None, now: float) -> str:
     return f"not live (run {ended}): last sample{age}"
 
 
+NCCL_NOTE = "util: NCCL spins while it waits, so a GPU waiting for a peer reads busy"   # 76 columns at most
+
+
+def gpu_label(g: dict[str, Any]) -> str:
+    """`GPU3` (NVML's index, nvidia-smi's), `GPU3/1` for a MIG slice of it."""
+    return f"GPU{g.get('index')}" + (f"/{g['mig']}" if g.get("mig") is not None else "")
+
+
+def _ranks_on(g: dict[str, Any]) -> str:
+    """`r0`, `r0,4`: the ranks that reported this GPU; "" before any has."""
+    ranks = g.get("ranks") or []
+    return "r" + ",".join(map(str, ranks)) if ranks else ""
+
+
+def _peak_of(g: dict[str, Any], ranks: list[dict[str, Any]]) -> Any:
+    """The most any rank on this GPU allocated during its last step (its heartbeat's), or None."""
+    peaks = [r.get("mem_peak_bytes") for r in ranks if r.get("rank") in (g.get("ranks") or [])]
+    peaks = [p for p in peaks if isinstance(p, int)]
+    return max(peaks) if peaks else None
+
+
+def _gpu_of(r: dict[str, Any], gpus: list[dict[str, Any]]) -> str:
+    """The rank's GPU as the panel names it (`GPU3`), or "" when it reported none."""
+    g = next((g for g in gpus if r.get("rank") in (g.get("ranks") or [])), None)
+    return gpu_label(g) if g is not None else ("GPU ?" if r.get("gpu") else "")
+
+
+def _allocator(r: dict[str, Any]) -> str:
+    """`alloc 30.0 res 70.0 pk 40.0/80 GiB`: the rank's allocator at its last step, "" without it."""
+    if r.get("mem_peak_bytes") is None:
+        return ""
+    total = r.get("mem_total_bytes")
+    return (f"alloc {fmt_gib(r.get('mem_alloc_bytes'))} res {fmt_gib(r.get('mem_reserved_bytes'))} "
+            f"pk {fmt_gib(r.get('mem_peak_bytes'))}/{fmt_gib(total)} GiB")
+
+
 def render_system(view: SystemView, ended: str | None = None, sampled: bool = True) -> Text:
     """The panel text for the newest sample (or a note that none arrived yet). `ended` (the
     run's final state, or `lost`): rank readings are marked as the last ones seen. `sampled`
@@ -58,20 +94,30 @@ def render_system(view: SystemView, ended: str | None = None, sampled: bool = Tr
         return Text("no system samples yet (system.jsonl is written by the supervisor)", style="dim")
     t = Text()
     gpus = s.get("gpus") or []
+    ranks = s.get("ranks") or []
+    width = max((len(gpu_label(g)) for g in gpus), default=0)
+    rwidth = max((len(_ranks_on(g)) for g in gpus), default=0)
     if len(gpus) > 2:
-        for g in gpus:  # a node of many GPUs: one line each
+        for g in gpus:  # a node of many GPUs: one line each, eight of them on an 80x24 screen
             idx = g.get("index")
-            t.append(f"GPU{idx} ", style="bold")
+            t.append(f"{gpu_label(g):<{width}} ", style="bold")
+            if rwidth:
+                t.append(f"{_ranks_on(g):<{rwidth}} ", style="cyan")
             t.append(f"{fmt_field(g.get('util_pct'), '>3.0f', '%')} ")
-            t.append(sparkline(view.gpu_util.get(idx, ()), 8), style="cyan")
+            t.append(sparkline(view.gpu_util.get(idx, ()), 6), style="cyan")
             t.append(" ")
             t.append_text(bar(g.get("mem_used_bytes"), g.get("mem_total_bytes"), 6))
-            t.append(f" {fmt_gib(g.get('mem_used_bytes'))}/{fmt_gib(g.get('mem_total_bytes'))}G"
-                     f" {fmt_field(g.get('temp_c'), '.0f', '°C')} {fmt_field(g.get('power_w'), '.0f', 'W')}\n")
+            t.append(f" {fmt_gib(g.get('mem_used_bytes'))}/{fmt_gib(g.get('mem_total_bytes'))}G")
+            peak = _peak_of(g, ranks)
+            if peak is not None:
+                t.append(f" pk {fmt_gib(peak)}G", style="magenta")
+            t.append(f" {fmt_field(g.get('temp_c'), '.0f', '°C')} {fmt_field(g.get('power_w'), '.0f', 'W')}\n")
     elif gpus:
         for g in gpus:
             idx = g.get("index")
-            t.append(f"GPU{idx} ", style="bold")
+            t.append(f"{gpu_label(g)} ", style="bold")
+            if _ranks_on(g):
+                t.append(f"{_ranks_on(g)} ", style="cyan")
             t.append(f"{safe_text(g.get('name') or 'N/A')[:22]}\n", style="dim")
             t.append(f" util {fmt_field(g.get('util_pct'), '>3.0f', '%')} ")
             t.append(sparkline(view.gpu_util.get(idx, ())), style="cyan")
@@ -82,16 +128,23 @@ def render_system(view: SystemView, ended: str | None = None, sampled: bool = Tr
     else:
         why = s.get("nvml_error") or ("no GPUs" if s.get("nvml") else "NVML not available")
         t.append(f"GPUs: none ({safe_text(why)})\n", style="dim")
-    ranks = s.get("ranks") or []
+    if len(gpus) > 1 or sum(1 for r in ranks if r.get("gpu")) > 1:
+        t.append(NCCL_NOTE + "\n", style="dim")
     for r in ranks:
         alive = r.get("alive")
         t.append(f"rank{r.get('rank')} ", style="bold" if alive is not False else "bold red")
+        on = _gpu_of(r, gpus)
+        if on:
+            t.append(f"{on} ", style="cyan")
         t.append(f"cpu {fmt_field(r.get('cpu_pct'), '>5.0f', '%')}  rss {fmt_gib(r.get('rss_bytes'))} GiB",
                  style="dim" if ended else "")
         if alive is False:
             t.append("  exited", style="red")
         elif ended:
             t.append("  last seen", style="dim")
+        mem = _allocator(r)
+        if mem and alive is not False:   # PyTorch's own view: what the tensors hold, not NVML's used
+            t.append(f"  {mem}", style="dim" if ended else "magenta")
         t.append("\n")
         parts = view.anatomy.get(r.get("rank"))  # type: ignore[arg-type]
         if parts and alive is not False:  # its step: where the time goes, who waits for whom
