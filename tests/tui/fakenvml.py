@@ -1,5 +1,5 @@
 """A stand-in for pynvml over GPUs described in a list: the hardware this machine lacks, behind the
-same calls `tui/supervise/sampler.py` makes (nvidia-ml-py's names and return shapes). The mapping of CUDA's
+same calls `tui/read/gpus.py` makes (nvidia-ml-py's names and return shapes). The mapping of CUDA's
 view to NVML's, and everything built on it, is the real code under test."""
 from __future__ import annotations
 

@@ -9,7 +9,8 @@ from mt.contract.heartbeat import Heartbeat, gpu_fragment
 from mt.contract.paths import RunPaths
 from mt.contract.system import clean_sample
 from tests.tui.fakenvml import FakeGpu, FakeNvml, eight_gpus, uuid_of
-from tui.supervise.sampler import GpuReader, SystemSampler, parse_visible
+from tui.read.gpus import GpuReader, parse_visible
+from tui.supervise.sampler import SystemSampler
 
 GIB = 2**30
 

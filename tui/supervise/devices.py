@@ -10,7 +10,7 @@ from mt.contract.toolchain import cxx_problem
 def check_devices(cfg: Config, source: str) -> None:
     """Refuse a device this machine does not have (asked of NVML: no torch here), or compile on CPU without
     a C++ compiler, before anything starts."""
-    from tui.supervise.sampler import GpuReader
+    from tui.read.gpus import GpuReader
 
     launch = cfg.launch
     n = 0
@@ -37,8 +37,8 @@ def check_devices(cfg: Config, source: str) -> None:
 
 def device_warnings(cfg: Config) -> list[str]:
     """What is allowed but probably not meant: far more CPU ranks than cores."""
+    from tui.read.gpus import GpuReader
     from tui.read.procs import usable_cores
-    from tui.supervise.sampler import GpuReader
 
     cores = usable_cores()
     on_cpu = cfg.launch.device == "cpu"

@@ -97,7 +97,7 @@ def torch_checks(timeout: float = 120.0) -> list[Check]:
 
 def nvml_checks() -> list[Check]:
     """GPUs as NVML sees them (what the dashboard's GPU panel will show)."""
-    from tui.supervise.sampler import GpuReader  # noqa: TID251 -- until GpuReader moves to tui/read/ (after the GPU panel work lands)
+    from tui.read.gpus import GpuReader
 
     gpus = GpuReader()
     try:
