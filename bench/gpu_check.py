@@ -16,7 +16,9 @@ for lack of time is skipped, one running at the deadline is killed and fails):
 One line per part at the end (pass, fail or skipped, with the reason and its seconds), also in
 OUT/summary.txt; OUT/gpu_check.json is rewritten after every part; OUT/<part>/ holds a copy of each
 part's logs, events.jsonl, system.jsonl, incidents.jsonl, status and heartbeats (not its checkpoints),
-so a failure can be read after the machine is gone. Exit 1 when a part failed; skipped is no failure.
+so a failure can be read after the machine is gone. Exit 1 when a part failed; skipped is no failure (`flight_nccl` on one GPU; the compiled fsdp run
+when the deadline leaves less than COMPILE_COST eager runs). Needs mt installed with its dependencies
+(the parts run `python -m tui.cli`) and nothing from the network.
 `--dry`: the same code on CPU (gloo) with tiny models and a few steps; a part that needs CUDA runs its
 setup and says "skipped on --dry: needs CUDA". Numbers mean nothing there. Two parts at a time
 (`--jobs`): each part's time is mostly its processes' start-up.

@@ -26,6 +26,7 @@ OVERFLOW_AT = 20
 KILL_AT = 25  # the killed run hangs here ([faults] hang_at_step), so the SIGKILL lands before its end
 # async needs sharded checkpoints (docs/checkpoints.md); "sharded" says so under any strategy
 ASYNC_CKPT = {"format": "sharded", "async": True}
+COMPILE_COST = 2.5  # a compiled run's wall time in eager runs' (its compile, then the same steps): a guess to refine on a GPU
 SYNC_WARM = 5  # steps before the sync count starts: the first steps compile kernels, build the DDP buckets
 Result = tuple[dict, list[str]]
 
@@ -74,9 +75,9 @@ def make(root: Path, name: str, raw: dict, **over: dict) -> Path:
     return run
 
 
-def start(run: Path, attempt: int = 1, entry: list[str] | None = None, env: dict | None = None) -> subprocess.Popen:
-    """torchrun with one rank of `entry` (default: mt's engine) on `run`, its output in the run's torchrun.log."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
+def start(run: Path, attempt: int = 1, entry: list[str] | None = None, env: dict | None = None, nproc: int = 1) -> subprocess.Popen:
+    """torchrun with `nproc` ranks of `entry` (default: mt's engine) on `run`, its output in the run's torchrun.log."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            *(entry or ["-m", "engine"]), "--run-dir", str(run), "--attempt", str(attempt)]
     return subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
                             start_new_session=True, stdout=open(run / "torchrun.log", "ab"), stderr=subprocess.STDOUT)
@@ -188,23 +189,30 @@ def resume_verdict(refs: dict[int, float], after: list[dict], max_steps: int, ev
 def syncs_part(ctx: Ctx) -> Result:
     """Host-device syncs per optimizer step: one rank under torch's sync debug mode (bench/sync_rank.py
     logs the time of each warning), counted between the run's own step events after SYNC_WARM."""
-    run = make(ctx.root, "syncs", ctx.tiny, train={"precision": "bf16", "eval_every": 0}, checkpoint={"every_steps": 0})
-    times_file = ctx.root / "sync_warnings.txt"
+    # two ranks where there are two GPUs: DDP's agreement (an all_gather read on the host) counts only there
+    nproc = 2 if not ctx.dry and cuda_devices() >= 2 else 1
+    run = make(ctx.root, "syncs", ctx.tiny, launch={"nproc_per_node": nproc}, train={"precision": "bf16", "eval_every": 0},
+               checkpoint={"every_steps": 0})
+    times_file = ctx.root / "sync_warnings"  # bench/sync_rank.py adds .rank<N>; rank 0's are counted
     # --dry: the stand-in warning proves the hook counts what a GPU would warn of
     env = {"GPU_CHECK_SYNC_PROBE": "1"} if ctx.dry else {}
-    rc = finish(start(run, entry=[str(REPO / "bench" / "sync_rank.py"), str(times_file)], env=env), ctx)
-    text = times_file.read_text() if times_file.exists() else ""
+    rc = finish(start(run, entry=[str(REPO / "bench" / "sync_rank.py"), str(times_file)], env=env, nproc=nproc), ctx)
+    rank0 = ctx.root / "sync_warnings.rank0"
+    text = rank0.read_text() if rank0.exists() else ""
     times = [float(line) for line in text.split()]
     res, problems = sync_verdict(times, steps(run))
     problems = ran_all(rc, res["steps"], ctx.tiny["train"]["max_steps"]) + problems
-    res = {"rc": rc, "grad_accum_steps": ctx.tiny["train"]["grad_accum_steps"], **res}
+    res = {"rc": rc, "world_size": nproc, "grad_accum_steps": ctx.tiny["train"]["grad_accum_steps"], **res}
+    if nproc == 1:
+        res["ddp_agreement"] = "not counted: needs 2 GPUs (one rank agrees with no one)"
     if ctx.dry:
         if not res["syncs_before_first_step"]:
             problems.append("the stand-in sync warning was not counted: the count would read 0 on any GPU")
         if problems:
             return res, problems
         raise Skipped(f"{NEEDS_CUDA} (the counting ran: {res['syncs_before_first_step']} stand-in warning seen)", res)
-    res["summary"] = f"{res['syncs_per_step']} syncs per optimizer step over {res['steps_counted']} steps (most in one: {res['most_in_a_step']})"
+    res["summary"] = (f"{res['syncs_per_step']} syncs per optimizer step on {nproc} rank(s) over {res['steps_counted']} "
+                      f"steps (most in one: {res['most_in_a_step']})")
     return res, problems
 
 
@@ -231,9 +239,15 @@ def fsdp_part(ctx: Ctx) -> Result:
     ckpt = {"every_steps": max(1, min(20, n // 2)), **ASYNC_CKPT}
     out: dict = {}
     problems: list[str] = []
+    eager_s = 0.0
     for name, compiled in (("fsdp_eager", False), ("fsdp_compile", True)):
+        if compiled and not problems and ctx.left() < COMPILE_COST * eager_s:
+            # killed at the deadline it would fail the check for want of time, not for what it measures
+            raise Skipped(f"fsdp_compile skipped: deadline: {ctx.left():.0f} s left, about {COMPILE_COST * eager_s:.0f} needed", out)
+        t0 = time.monotonic()
         run = make(ctx.root, name, ctx.gpt2, train={"max_steps": n, "strategy": "fsdp", "compile": compiled}, checkpoint=ckpt)
         rc = finish(start(run), ctx)
+        eager_s = time.monotonic() - t0
         s = steps(run)
         later = s[min(10, n // 2):]
         cks = [e for e in read_events(run / "events.jsonl") if e["kind"] == "checkpoint"]

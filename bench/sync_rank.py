@@ -3,7 +3,7 @@
     torchrun ... bench/sync_rank.py TIMES_FILE --run-dir RUN --attempt 1
 
 Every "synchronizing CUDA operation" warning the rank's Python code triggers appends its time
-(epoch seconds) to TIMES_FILE; the check counts them between the run's step events. On a machine
+(epoch seconds) to TIMES_FILE.rank<RANK>; the check counts them between the run's step events. On a machine
 without CUDA the mode cannot be set and nothing is warned of; GPU_CHECK_SYNC_PROBE=1 (--dry) warns
 once, before the engine starts, so the counting itself is checked there too.
 """
@@ -25,7 +25,7 @@ def main() -> None:
     sys.path.insert(0, str(REPO))
     import torch
 
-    out = open(times_file, "a", buffering=1)  # for the whole run; line-buffered: each warning lands at once
+    out = open(f"{times_file}.rank{os.environ.get('RANK', '0')}", "a", buffering=1)  # for the whole run; line-buffered: each warning lands at once
     shown = warnings.showwarning
 
     def show(message, category, filename, lineno, file=None, line=None) -> None:  # type: ignore[no-untyped-def]
