@@ -42,6 +42,10 @@ def read_env() -> tuple[int, int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
+class DeviceError(RuntimeError):
+    """The ranks cannot use launch.device (a rank without its GPU, or "auto" finding CUDA on some nodes only)."""
+
+
 HOST_WAIT_S = 24 * 3600.0
 """The host group's timeout: rank 0 writing or hashing a checkpoint of any size on any storage fits in it."""
 
@@ -64,18 +68,18 @@ def probe_device(want: str, local_rank: int) -> tuple[str, str]:
 
 def device_verdict(want: str, reports: list[dict[str, str]]) -> str:
     """The one device type every rank uses, from each rank's probe ({host, device, why}); RuntimeError naming
-    the ranks and nodes that cannot, so a broken node fails every rank at start instead of at a timeout."""
+    the ranks and nodes that cannot (DeviceError), so a broken node fails every rank at start, not at a timeout."""
     def where(ranks: list[int]) -> str:
         hosts = sorted({reports[r]["host"] for r in ranks})
         return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks[:8]))}{' ...' if len(ranks) > 8 else ''} " \
                f"on node{'s' if len(hosts) > 1 else ''} {', '.join(hosts[:4])}"
     broken = [r for r, rep in enumerate(reports) if rep["why"]]
     if broken:
-        raise RuntimeError(f"{where(broken)}: {reports[broken[0]]['why']}")
+        raise DeviceError(f"{where(broken)}: {reports[broken[0]]['why']}")
     kinds = {rep["device"] for rep in reports}
     if len(kinds) > 1:  # "auto" found CUDA on some nodes only: NCCL there and gloo here could never meet
         cpu = [r for r, rep in enumerate(reports) if rep["device"] == "cpu"]
-        raise RuntimeError(f"launch.device = \"{want}\": {where(cpu)} see no CUDA device while the others do; "
+        raise DeviceError(f"launch.device = \"{want}\": {where(cpu)} see no CUDA device while the others do; "
                            "fix those nodes' driver, or set launch.device to \"cpu\" or \"cuda\"")
     return kinds.pop()
 
