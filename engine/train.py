@@ -29,7 +29,7 @@ from engine.model import count_params
 from engine.optim import build_optimizer, lr_at, set_lr
 from engine.precision import Precision
 from engine.syncs import SyncCounter
-from engine.user import call_model, loss_of, to_device, tokens_per_sample
+from engine.user import call_model, loss_of, pin_batches, to_device, tokens_per_sample
 from engine.weights import fit_problems, load_into, read_state
 from mt.anomaly import StepAnomalies, nan_incident, recompile_incident
 from mt.contract import builders as event_fields
@@ -104,11 +104,19 @@ class Trainer:
 
         stall_at = self.faults.stall_at(self.step, self.samples, self.global_batch)
         self.sampler = GlobalOrderSampler(len(splits.train), cfg.run.seed, env.rank, env.world_size, self.samples, stall_at)
-        loader = build_loader(splits, self.sampler, t.micro_batch_size, cfg, env.rank, env.device.type == "cuda")
+        pin = env.device.type == "cuda" and pin_batches(self._first_sample(), env.device)  # only CPU tensors pin
+        loader = build_loader(splits, self.sampler, t.micro_batch_size, cfg, env.rank, pin)
         self.batches = iter(loader)
         self.trace: list[list[int]] | None = [] if cfg.debug.trace_samples else None
         self.trace_path = paths.root / "trace" / f"rank{env.rank}.jsonl"
         self.syncs = SyncCounter() if cfg.debug.count_syncs else None  # host-device syncs per step (debug)
+
+    def _first_sample(self) -> Any:
+        """The first training sample, read without moving any RNG stream (a dataset may draw from them)."""
+        rng = full.capture_rng(self.env.device)
+        sample = self.splits.train[0][0]
+        full.restore_rng(rng, self.env.device)
+        return sample
 
     # ------------------------------------------------------------------------------------
     def train(self) -> int:
