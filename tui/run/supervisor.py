@@ -163,9 +163,7 @@ class Supervisor:
             self.incidents.note(lost, "the attempt it concerns had ended")
         self.mirrors = MirrorHook(self.paths, self.cfg, self.log, self.events.line_offset)  # [monitor] tensorboard, wandb
         try:
-            refused = self.node_devices()
-            if refused:
-                self.log.error("%s", refused)
+            if refused := self.node_devices():
                 return self.finish("failed", 1, exit_code=None, reason=refused)
             while True:
                 rc, worker_rc, run_end = self.run_attempt(attempt)
@@ -204,14 +202,12 @@ class Supervisor:
             self.mirrors.close()
 
     def node_devices(self) -> str | None:
-        """Under Slurm, this node's devices for launch.device, checked here where its ranks run (`mt launch
-        --slurm` on the login node does not): why they cannot run, naming the node, or None."""
-        if not self.under_slurm or self.cfg.launch.script:
-            return None
+        """Under Slurm, why this node's devices cannot run launch.device (checked here, where its ranks run, never
+        on the login node), naming the node; None: they can."""
         from tui.run.devices import check_devices
-        name = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
         try:
-            check_devices(self.cfg, f"node {name}")
+            if self.under_slurm and not self.cfg.launch.script:
+                check_devices(self.cfg, f"node {os.environ.get('SLURMD_NODENAME') or socket.gethostname()}")
         except ConfigError as e:
             return str(e)
         return None
