@@ -36,6 +36,8 @@ def agree(env: DistEnv, loss_local: torch.Tensor, stop: bool, checkpoint: bool,
     """Collective: this rank's mean loss, gradient norm, fp16 scaler state (found inf, scale, growth
     tracker) and wishes in, the agreed answers out; one read from the device."""
     mem, peak = memory(env.device)
+    if hasattr(grad_norm, "full_tensor"):  # fsdp's norm is a replicated DTensor: its local value is the whole
+        grad_norm = grad_norm.full_tensor()
     device_part = torch.stack([loss_local.detach().to(torch.float64),
                                (grad_norm if grad_norm is not None else torch.full((), math.nan, device=env.device))
                                .detach().to(torch.float64)])
