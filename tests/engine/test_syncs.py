@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from .runner import REPO, _env, engine_cmd, events, finish, logs, make_run
+from .runner import REPO, _env, engine_cmd, events, finish, logs, make_run, run_engine
 
 pytestmark = pytest.mark.slow
 
@@ -44,3 +44,10 @@ def test_the_loop_reads_the_device_once_per_optimizer_step(tmp_path, nproc, prec
         per_step = {where: (n - short[rank].get(where, 0)) / 6 for where, n in long[rank].items()}
         per_step = {where: n for where, n in per_step.items() if n}
         assert sum(per_step.values()) <= 1, f"rank {rank} reads tensors each step: {per_step}"
+
+
+def test_count_syncs_puts_each_steps_count_in_its_event(tmp_path):
+    # a CPU run has no device to synchronize with: every step says 0 (on a GPU the loop's 1, bench/gpu_check.py)
+    run = make_run(tmp_path, "counted", train={"max_steps": 3, "log_every": 1}, debug={"count_syncs": True})
+    assert run_engine(run) == 0, logs(run)
+    assert [s["host_syncs"] for s in events(run, "step")] == [0, 0, 0]
