@@ -56,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         env = dist.init(cfg)
+    except dist.DeviceError as e:  # every rank has the same verdict: rank 0 says it, no restart can change it
+        dist.log(f"device check failed: {e}")
+        if rank == 0:
+            EventWriter(paths.events).emit("run_end", step=0, status="failed", reason=f"device check failed: {e}")
+        return 2
     except Exception as e:  # noqa: BLE001 - any failure to join the group is reported, then exit 1
         dist.log(f"cannot start the process group: {report_failure(e)}")
         return 1

@@ -55,18 +55,40 @@ class Precision:
             self.scaler.unscale_(optimizer)  # clip and measure true (unscaled) gradients
         return torch.nn.utils.clip_grad_norm_(params, self.grad_clip or math.inf)
 
+    def scaler_state(self, optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
+        """fp16, after unscale_: (found inf, scale, growth tracker) as a device tensor, so the step's one
+        read (engine/consensus.py) brings them up and `step` needs no get_scale() (a sync each). None otherwise."""
+        if not self.fp16:
+            return None
+        s = self.scaler
+        found = s._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values()  # what unscale_ found
+        scale = s._scale.reshape(())
+        return torch.stack([sum(f.to(scale.device).reshape(()) for f in found).float(), scale.float(),
+                            s._growth_tracker.reshape(()).float()])
+
     def nonfinite(self, grad_norm: float) -> bool:
         """Whether this gradient norm means the step must be skipped; fp16's scaler judges its own overflows."""
         return not self.fp16 and not math.isfinite(grad_norm)
 
-    def step(self, optimizer: torch.optim.Optimizer, nonfinite: bool) -> tuple[bool, float | None]:
-        """The optimizer step unless it must be skipped; returns (skipped, fp16's loss scale after it)."""
+    def step(self, optimizer: torch.optim.Optimizer, nonfinite: bool, found_inf: bool = False, scale: float | None = None,
+             growth: int = 0) -> tuple[bool, float | None]:
+        """The optimizer step unless it must be skipped; returns (skipped, fp16's loss scale after it).
+
+        fp16: `found_inf`, `scale` and `growth` are scaler_state() as read by the step's agreement; the scale
+        after the update follows GradScaler.update's rule from them, so nothing is read from the device here."""
         if not self.fp16:
             if not nonfinite:
                 optimizer.step()
             return nonfinite, None
-        before = self.scaler.get_scale()
         self.scaler.step(optimizer)  # skips the update itself if gradients overflowed
         self.scaler.update()
-        scale = self.scaler.get_scale()
-        return nonfinite or scale < before, scale
+        s = self.scaler
+        if scale is None:
+            return nonfinite or found_inf, None
+        if found_inf:
+            after = scale * s.get_backoff_factor()
+        elif growth + 1 >= s.get_growth_interval():
+            after = scale * s.get_growth_factor()
+        else:
+            after = scale
+        return nonfinite or found_inf, after

@@ -28,7 +28,8 @@ from engine.metrics import FlopCount, device_name, git_commit, gpu_identity, pea
 from engine.model import count_params
 from engine.optim import build_optimizer, lr_at, set_lr
 from engine.precision import Precision
-from engine.user import call_model, loss_of, to_device, tokens_per_sample
+from engine.syncs import SyncCounter
+from engine.user import call_model, loss_of, pin_batches, to_device, tokens_per_sample
 from engine.weights import fit_problems, load_into, read_state
 from mt.contract import builders as event_fields
 from mt.contract import door
@@ -107,10 +108,19 @@ class Trainer:
 
         stall_at = self.faults.stall_at(self.step, self.samples, self.global_batch)
         self.sampler = GlobalOrderSampler(len(splits.train), cfg.run.seed, env.rank, env.world_size, self.samples, stall_at)
-        loader = build_loader(splits, self.sampler, t.micro_batch_size, cfg, env.rank, env.device.type == "cuda")
+        pin = env.device.type == "cuda" and pin_batches(self._first_sample(), env.device)  # only CPU tensors pin
+        loader = build_loader(splits, self.sampler, t.micro_batch_size, cfg, env.rank, pin)
         self.batches = iter(loader)
         self.trace: list[list[int]] | None = [] if cfg.debug.trace_samples else None
         self.trace_path = paths.root / "trace" / f"rank{env.rank}.jsonl"
+        self.syncs = SyncCounter() if cfg.debug.count_syncs else None  # host-device syncs per step (debug)
+
+    def _first_sample(self) -> Any:
+        """The first training sample, read without moving any RNG stream (a dataset may draw from them)."""
+        rng = full.capture_rng(self.env.device)
+        sample = self.splits.train[0][0]
+        full.restore_rng(rng, self.env.device)
+        return sample
 
     # ------------------------------------------------------------------------------------
     def train(self) -> int:
@@ -129,6 +139,8 @@ class Trainer:
 
             # ---- forward/backward, then the step's one collective: what every rank agrees on
             t0 = time.perf_counter()
+            if self.syncs is not None:
+                self.syncs.start()
             self.clock.lap("start")
             loss_local, micro_losses, data_wait = self._forward_backward(step)
             self.clock.lap("backward")
@@ -136,12 +148,13 @@ class Trainer:
             grad_norm_t = self.precision.unscale_and_clip(self.optimizer, self.model.parameters())
             stop = self.signals.received is not None or bool(requests.stop)
             self.clock.lap("agree_in")
-            agreed = agree(self.env, loss_local, stop, bool(requests.checkpoint))
+            agreed = agree(self.env, loss_local, stop, bool(requests.checkpoint), grad_norm_t,
+                           self.precision.scaler_state(self.optimizer))  # the step's one read from the device
             self.clock.lap("agree_out")
             if self.gpu is not None and agreed.own is not None:   # this rank's GPU and allocator, in its heartbeat
                 own = agreed.own
                 self.heartbeat.gpu = gpu_fragment(self.gpu[0], own.allocated, own.reserved, own.peak, self.gpu[1])
-            grad_norm = float(grad_norm_t)
+            grad_norm = agreed.grad_norm
             nonfinite = agreed.nonfinite or self.precision.nonfinite(grad_norm)
             if nonfinite:
                 self._report_nan(step, lr, grad_norm, agreed.loss, micro_losses)
@@ -151,7 +164,7 @@ class Trainer:
                     return self._end("stopped", "non-finite loss with train.on_nan = \"stop\"")
 
             # ---- the optimizer step (fp16's scaler may skip it), then what the step reports
-            skipped, scale = self.precision.step(self.optimizer, nonfinite)
+            skipped, scale = self.precision.step(self.optimizer, nonfinite, agreed.found_inf, agreed.scale, agreed.growth)
             self.optimizer.zero_grad(set_to_none=True)
             self.clock.lap("optim")
             self.clock.end(data_wait)
@@ -159,7 +172,10 @@ class Trainer:
             self.step, self.samples = step, self.samples + self.global_batch
             self.heartbeat.beat(step)
             self._write_trace(step)
-            self._log_step(self._step_fields(step, lr, grad_norm, step_time, data_wait, skipped, scale, agreed))
+            fields = self._step_fields(step, lr, grad_norm, step_time, data_wait, skipped, scale, agreed)
+            if self.syncs is not None:
+                fields["host_syncs"] = self.syncs.stop()
+            self._log_step(fields)
 
             # ---- the components decide whether they act at this step
             if self.evaluator.due(step):

@@ -110,6 +110,14 @@ def to_device(batch: Any, device: torch.device) -> Any:
     return map_tensors(batch, lambda t: t.to(device, non_blocking=True))
 
 
+def pin_batches(sample: Any, device: torch.device) -> bool:
+    """Whether the loader pins its batches: only for a CUDA run whose samples are CPU tensors (pinning a
+    dataset's CUDA tensors fails: they are on the device already)."""
+    found: list[torch.Tensor] = []
+    map_tensors(sample, found.append)
+    return device.type == "cuda" and bool(found) and all(t.device.type == "cpu" for t in found)
+
+
 def tokens_per_sample(sample: Any) -> int | None:
     """A sample's token count: its `input_ids`, else its first integer tensor (None: no tokens)."""
     if isinstance(sample, dict) and isinstance(sample.get("input_ids"), torch.Tensor):

@@ -19,10 +19,13 @@ def process_group() -> Any:
 
 
 class Agreement:
-    """Folds each rank's wishes (checkpoint, stop) and token count into one all_reduce per step."""
+    """Folds each rank's wishes (checkpoint, stop) and token count into one all_reduce per step.
+
+    The flags are host values, reduced on the host over a gloo group of the same ranks, whatever the
+    script's backend: never on a GPU (NCCL's), so no device is chosen for them and no device sync is paid."""
 
     def __init__(self, world_size: int) -> None:
-        self._device: Any = None
+        self._host_group: Any = None  # made by every rank together at their first decide()
         self.alone = world_size < 2  # WORLD_SIZE says so: no group to ask, every step
 
     @staticmethod
@@ -39,13 +42,11 @@ class Agreement:
         if dist is None:
             return checkpoint, stop, tokens
         torch = sys.modules["torch"]
-        if self._device is None:
-            # NCCL reduces only CUDA tensors; gloo (and the others) take CPU ones
-            nccl = dist.get_backend() == "nccl"
-            self._device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+        if self._host_group is None:  # a collective: every rank reaches its first decide() at the same step
+            self._host_group = dist.new_group(backend="gloo")
         flags = torch.tensor([float(checkpoint), float(stop), float(tokens or 0.0), float(tokens is not None)],
-                             dtype=torch.float64, device=self._device)
-        dist.all_reduce(flags)
+                             dtype=torch.float64)
+        dist.all_reduce(flags, group=self._host_group)
         ckpt, stp, total, known = flags.tolist()
         return ckpt > 0, stp > 0, total if known > 0 else None
 

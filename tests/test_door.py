@@ -25,6 +25,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     # (module, enclosing function): why this open is not a read of a run-directory file
     ("mt/contract/jsonl.py", "write_json_atomic"): "writes a new temp file from mkstemp, renamed into place",
     ("mt/contract/preset.py", "load_preset"): "the user's preset named on the command line",
+    ("engine/checkpoint/pick.py", "_broadcast"): "weights_only torch.load of bytes rank 0 sent over gloo, no file",
     ("mt/contract/preset.py", "write_script_preset"): "writes a new file (O_CREAT | O_EXCL)",
     ("mt/contract/heartbeat.py", "_mapped"): "maps the fd _own_file opened, to write this rank's own heartbeat",
     ("tui/supervise/lock.py", "acquire"): "the run's lock file: O_NOFOLLOW, flock only, nothing read",

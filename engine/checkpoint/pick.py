@@ -2,6 +2,7 @@
 layout), every rank gets the same copy."""
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ def find_checkpoint(paths: RunPaths, env: DistEnv, events: Any, where: torch.dev
             events.emit("incident", **Incident("checkpoint_skipped", "warn", 0, "Checkpoint skipped on resume", why,
                                                 "The newest intact checkpoint is used instead; inspect or delete the damaged folder.",
                                                 {"path": str(p)}).event_fields())
-    dist.broadcast_object_list(found, src=0)
+    dist.broadcast_object_list(found, src=0, group=env.host_group)  # the host group: rank 0 hashes for as long as it takes
     if found[0] is None:
         return None
     return found[0], _share(paths.checkpoints / found[2], found[3], parts, env, where), found[1]
@@ -78,19 +79,49 @@ def _share(path: Path, files: dict[str, Any], parts: dict[str, Any] | None, env:
         same = checkpoints.verify(path, hashes=False)["files"] == files
     except checkpoints.CheckpointError:  # not here, or not the same: rank 0 sends it
         same = False
-    visible = torch.tensor([float(same)], device=env.device)
-    dist.all_reduce(visible, op=dist.ReduceOp.MIN)
+    visible = torch.tensor([float(same)])
+    dist.all_reduce(visible, op=dist.ReduceOp.MIN, group=env.host_group)
     if bool(visible.item()):
         return parts if parts is not None else load(path, map_location=where)
-    box = [{k: _to_cpu(v) for k, v in parts.items()} if parts is not None else None]
-    dist.broadcast_object_list(box, src=0)
+    received = _broadcast(parts, env)
     if not same:
         log(f"{path} is not in this run directory: received the checkpoint from rank 0")
-    return box[0]
+    return received
+
+
+CHUNK_BYTES = 64 << 20
+"""A checkpoint travels from rank 0 in pieces of at most this size, over the host group (gloo, CPU memory)."""
+
+
+def _broadcast(parts: dict[str, Any] | None, env: DistEnv) -> dict[str, Any]:
+    """Rank 0's parts on every rank: serialized once on rank 0, sent in CHUNK_BYTES pieces over the host
+    group (never staged whole on a GPU, as broadcast_object_list does under NCCL), read back with weights_only."""
+    group = env.host_group
+    box = [parts.get("sharded") if parts is not None else None]  # a sharded layout's DCP metadata: small
+    dist.broadcast_object_list(box, src=0, group=group)
+    data = memoryview(b"")
+    if parts is not None:
+        buf = io.BytesIO()
+        torch.save({k: _to_cpu(v) for k, v in parts.items() if k != "sharded"}, buf)
+        data = buf.getbuffer()
+    size = torch.tensor([len(data)], dtype=torch.int64)
+    dist.broadcast(size, src=0, group=group)
+    received = bytearray(int(size.item())) if parts is None else None
+    for at in range(0, int(size.item()), CHUNK_BYTES):
+        n = min(CHUNK_BYTES, int(size.item()) - at)
+        chunk = torch.frombuffer(data, dtype=torch.uint8, offset=at, count=n) if parts is not None else torch.empty(n, dtype=torch.uint8)
+        dist.broadcast(chunk, src=0, group=group)
+        if received is not None:
+            received[at:at + n] = chunk.numpy().tobytes()
+    if parts is not None:
+        return parts
+    assert received is not None
+    got = torch.load(io.BytesIO(received), map_location="cpu", weights_only=True)
+    return {**got, "sharded": box[0]} if box[0] is not None else got
 
 
 def _to_cpu(obj: Any) -> Any:
-    """A state tree with every tensor on the CPU, so it can travel through broadcast_object_list."""
+    """A state tree with every tensor on the CPU, so it can be serialized for the host group."""
     if isinstance(obj, torch.Tensor):
         return obj.cpu()
     if isinstance(obj, dict):

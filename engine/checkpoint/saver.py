@@ -57,7 +57,7 @@ class Checkpointer:
         step = position["step"]
         rng = rng_override or full.capture_rng(self.env.device)
         rngs: list[Any] = [None] * self.env.world_size
-        dist.all_gather_object(rngs, rng)
+        dist.all_gather_object(rngs, rng, group=self.env.host_group)  # on the host: no GPU staging
         train_state = {**position, "rng": rngs}
         meta = {"world_size": self.env.world_size, "global_batch": position["global_batch"],
                 "samples_seen": position["samples_seen"], "reason": reason}
@@ -81,7 +81,9 @@ class Checkpointer:
                     saved = None
                 if saved is not None:
                     self._report_saved(saved, step, reason, reqs, time.perf_counter() - t0)
-        dist.barrier()
+        # the others wait for rank 0's write on the host group, whose timeout no checkpoint size reaches
+        # (the default group's pg_timeout_s would end them while a large checkpoint is still being written)
+        dist.barrier(group=self.env.host_group)
 
     def collect(self, wait: bool) -> None:
         """Report a background write that has completed (wait: block until the one in flight has)."""

@@ -269,6 +269,8 @@ class FaultsConfig:
 class DebugConfig:
     trace_samples: bool = False
     """Each rank appends the dataset indices it trained on to trace/rank<N>.jsonl."""
+    count_syncs: bool = False
+    """Each step event carries host_syncs: the host-device synchronizations CUDA reported in that step."""
 
 
 @dataclass

@@ -90,7 +90,7 @@ SCHEMA: dict[str, tuple[Field, ...]] = {
         _free("clipped", "bool"), _num("tokens_per_s", nonneg=True), _num("step_time_s", nonneg=True),
         _num("data_wait_s", nonneg=True), _whole("samples_seen"), _whole("tokens_seen"), _free("skipped", "bool"),
         _whole("mem_alloc_bytes"), _whole("mem_peak_bytes"),
-        _num("samples_per_s", False, nonneg=True), _free("loss_scale", "float", False), _whole("recompiles", False),
+        _num("samples_per_s", False, nonneg=True), _free("loss_scale", "float", False), _whole("recompiles", False), _whole("host_syncs", False),
         _num("mfu", False, nonneg=True), _num("flops_per_token", False, nonneg=True),
         _free("flops_estimated", "bool", False),  # free: the index's fast path reads a step; only true is true
         Field("extra", "object", "values", False),  # a script's run.step(**metrics)

@@ -76,8 +76,12 @@ def _one_step(precision: str, loss_factor: float) -> tuple[bool, float | None, b
     with prec.autocast():
         loss = model(torch.ones(2, 4)).float().pow(2).mean()
     prec.backward(loss * loss_factor)
-    nonfinite = prec.nonfinite(float(prec.unscale_and_clip(opt, model.parameters())))
-    skipped, scale = prec.step(opt, nonfinite)
+    norm = prec.unscale_and_clip(opt, model.parameters())
+    agreed = agree(CPU, loss.detach(), False, False, norm, prec.scaler_state(opt))  # as the loop reads them
+    nonfinite = prec.nonfinite(agreed.grad_norm)
+    skipped, scale = prec.step(opt, nonfinite, agreed.found_inf, agreed.scale, agreed.growth)
+    if precision == "fp16":  # the scale derived on the host is the scaler's own after its update
+        assert scale == prec.scaler.get_scale()
     return skipped, scale, nonfinite, not torch.equal(before, model.weight)
 
 
@@ -105,8 +109,11 @@ def group_of_one(monkeypatch):
 def test_one_rank_agrees_as_the_gathered_row_would(group_of_one, loss):
     # one rank skips the collective: its answers must be the all_gather path's on the same input
     local = torch.tensor(loss, dtype=torch.float64)
-    alone = agree(CPU, local, stop=True, checkpoint=False)
-    gathered = _gathered(CPU, local, True, False, alone.mem, alone.peak)
+    norm = torch.tensor(1.5)
+    alone = agree(CPU, local, stop=True, checkpoint=False, grad_norm=norm)
+    row = torch.tensor([loss, 1.5, 0, 0, 0, 1.0, 0.0, alone.mem, alone.peak], dtype=torch.float64)
+    gathered = _gathered(CPU, row)
+    assert alone.grad_norm == gathered.grad_norm == 1.5
     assert isinstance(alone, Agreed) and alone.nonfinite == gathered.nonfinite == (not math.isfinite(loss))
     assert (alone.stop, alone.checkpoint) == (gathered.stop, gathered.checkpoint) == (True, False)
     assert alone.loss == gathered.loss or (math.isnan(alone.loss) and math.isnan(gathered.loss))

@@ -108,7 +108,7 @@ def resolve_config(preset: Path, over: Overrides, slurm: bool = False) -> tuple[
         if not slurm:
             presets.require_rendezvous(cfg, source)
         check_extras(cfg, source)
-        if not cfg.launch.script:
+        if not cfg.launch.script and not slurm:  # under Slurm each node's supervisor checks its own (supervisor.py)
             check_devices(cfg, source)
     except ConfigError as e:
         flag = over.flags().get(e.key)
@@ -185,7 +185,7 @@ def create_run(preset: Path, over: Overrides, slurm: bool = False) -> Path:
     """Validate, then make the run directory with preset.toml, config.json and status.json."""
     preset = Path(preset)
     cfg, checked = resolve_config(preset, over, slurm)
-    for warning in device_warnings(cfg):
+    for warning in ([] if slurm else device_warnings(cfg)):  # this login node's devices are not the run's
         print(f"mt: warning: {warning}", file=sys.stderr)
     runs_dir = Path(cfg.run.runs_dir).expanduser()
     _check_runs_dir(runs_dir, str(preset))

@@ -27,6 +27,7 @@ from typing import Any
 
 from mt.contract import door, fmt, space
 from mt.contract.checkpoints import newest
+from mt.contract.config import ConfigError
 from mt.contract.events import dumps
 from mt.contract.paths import RunPaths
 from mt.contract.preset import load_config_json
@@ -55,6 +56,7 @@ class Supervisor:
         self.run_dir = Path(run_dir).resolve()
         # a Slurm job of several nodes shares one run directory: this node's files under nodes/<node>/
         self.node = slurm_node(os.environ) if slurm else None
+        self.under_slurm = slurm
         self.paths = RunPaths(self.run_dir, self.node)
         self.poll_s = poll_s
         self.log = file_logger(self.paths.supervisor_log)
@@ -165,6 +167,8 @@ class Supervisor:
             self.incidents.note(lost, "the attempt it concerns had ended")
         self.mirrors = MirrorHook(self.paths, self.cfg, self.log, self.events.line_offset)  # [monitor] tensorboard, wandb
         try:
+            if refused := self.node_devices():
+                return self.finish("failed", 1, exit_code=None, reason=refused)
             while True:
                 rc, worker_rc, run_end = self.run_attempt(attempt)
                 if self.lost:  # nothing to record: the folder is not this run's any more
@@ -200,6 +204,17 @@ class Supervisor:
             if not self.is_job:  # srun's --kill-on-bad-exit must not end the job's supervisor mid-record
                 self.peers.wait_for_job_end(JOB_END_WAIT_S)
             self.mirrors.close()
+
+    def node_devices(self) -> str | None:
+        """Under Slurm, why this node's devices cannot run launch.device (checked here, where its ranks run, never
+        on the login node), naming the node; None: they can."""
+        from tui.supervise.devices import check_devices
+        try:
+            if self.under_slurm and not self.cfg.launch.script:
+                check_devices(self.cfg, f"node {os.environ.get('SLURMD_NODENAME') or socket.gethostname()}")
+        except ConfigError as e:
+            return str(e)
+        return None
 
     def failure_reason(self, rc: int, worker_rc: int | None, run_end: RunEnd | None) -> str:
         return self.hung or attempt_failure(self.cfg, self.paths, rc, worker_rc, run_end, self.peers.killed_elsewhere(self.status.attempt))
