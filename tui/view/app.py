@@ -12,6 +12,7 @@ from textual.app import App
 from textual.screen import Screen
 from textual.worker import get_current_worker
 
+from mt.contract import door
 from mt.contract.status import read_status
 from tui.format.fmt import safe_text
 from tui.read.follower import PollResult
@@ -62,13 +63,8 @@ class MtApp(App[int]):
 
     def _quick_to_read(self) -> bool:
         """The run's files are small enough to read before the first paint."""
-        total = 0
-        for path in (self.watcher.paths.events, self.watcher.paths.system, self.watcher.paths.incidents):
-            try:
-                total += path.stat().st_size
-            except OSError:
-                pass
-        return total < INLINE_READ_BYTES
+        paths = self.watcher.paths
+        return sum(door.size_of(p) for p in (paths.events, paths.system, paths.incidents)) < INLINE_READ_BYTES
 
     # ------------------------------------------------------------------ following
     @work(thread=True, exclusive=True, group="follow", name="follow run")
