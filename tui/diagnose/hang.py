@@ -30,30 +30,30 @@ ADVICE_STRAGGLER = (
 )
 
 
-def this_attempt(memory: RuleMemory, obs: Observation) -> dict[int, dict[str, Any]]:
+def this_attempt(sig: RuleMemory, obs: Observation) -> dict[int, dict[str, Any]]:
     """Heartbeats written by the current attempt (older files are left-overs)."""
     out = {}
     for rank, hb in obs.heartbeats.items():
         att = hb.get("attempt")
-        if memory.attempt is None or att is None or att == memory.attempt:
+        if sig.attempt is None or att is None or att == sig.attempt:
             out[rank] = hb
     return out
 
 
-def running(memory: RuleMemory, obs: Observation) -> bool:
+def running(sig: RuleMemory, obs: Observation) -> bool:
     """This attempt's engine is up and has not ended (a hang or a stall can only happen then)."""
     st = obs.status
     if not obs.live or st.state != "running" or st.exit_code not in (None, 0):
         return False
-    if st.attempt is not None and memory.attempt is not None and st.attempt > memory.attempt:
+    if st.attempt is not None and sig.attempt is not None and st.attempt > sig.attempt:
         return False  # a new attempt is starting; its engine has not announced itself yet
-    return memory.attempt is not None and memory.run_end is None
+    return sig.attempt is not None and sig.run_end is None
 
 
-def last_progress(memory: RuleMemory, obs: Observation) -> float | None:
+def last_progress(sig: RuleMemory, obs: Observation) -> float | None:
     """The newest sign of life of this attempt: an event or a heartbeat."""
-    marks = [t for t in (memory.attempt_t0, memory.last_event_t) if t is not None]
-    marks += [as_float(hb.get("t")) for hb in this_attempt(memory, obs).values()]
+    marks = [t for t in (sig.attempt_t0, sig.last_event_t) if t is not None]
+    marks += [as_float(hb.get("t")) for hb in this_attempt(sig, obs).values()]
     marks = [t for t in marks if not math.isnan(t)]
     return max(marks) if marks else None
 
@@ -86,59 +86,59 @@ def _suspects(hbs: dict[int, dict[str, Any]], procs: dict[int, RankProc]) -> tup
     return [], ""
 
 
-def early_limit(memory: RuleMemory, hbs: dict[int, dict[str, Any]], med: float | None, m: MonitorConfig) -> float | None:
+def early_limit(sig: RuleMemory, hbs: dict[int, dict[str, Any]], med: float | None, m: MonitorConfig) -> float | None:
     """The quiet spell after which a rank stopped while the others wait is a hang: max(3 s, factor x
     the median step interval), plus 3x the measured length of an eval or checkpoint under way; None
     when the run has no measured pace yet, or a pause under way was never measured (the floor decides)."""
-    last = memory.last_step
-    if last is None or med is None or last.step <= memory.start_step + WARMUP_STEPS:
+    last = sig.last_step
+    if last is None or med is None or last.step <= sig.start_step + WARMUP_STEPS:
         return None
-    kinds = memory.pauses_due(last.step) | {hb.get("phase") for hb in hbs.values()} & {"eval", "checkpoint"}
-    if memory.facts.script:   # a script's saves and evals come when it decides: any kind it has reported may run now
-        kinds |= set(memory.pause_s)
-    if any(k not in memory.pause_s for k in kinds):
+    kinds = sig.pauses_due(last.step) | {hb.get("phase") for hb in hbs.values()} & {"eval", "checkpoint"}
+    if sig.facts.script:   # a script's saves and evals come when it decides: any kind it has reported may run now
+        kinds |= set(sig.pause_s)
+    if any(k not in sig.pause_s for k in kinds):
         return None
-    return max(EARLY_FLOOR_S, m.hang_step_factor * med) + sum(memory.pause_allowance(str(k)) for k in kinds)
+    return max(EARLY_FLOOR_S, m.hang_step_factor * med) + sum(sig.pause_allowance(str(k)) for k in kinds)
 
 
-def _confirmed(memory: RuleMemory, obs: Observation, hbs: dict[int, dict[str, Any]], idle: float,
+def _confirmed(sig: RuleMemory, obs: Observation, hbs: dict[int, dict[str, Any]], idle: float,
                early: float | None) -> tuple[list[int], str] | None:
     """The stopped rank(s) and why, once the same ones were seen over CONFIRM_S past the early limit."""
     found = _suspects(hbs, obs.procs) if early is not None and idle >= early else ([], "")
     if not found[0]:
-        memory.stuck = None
+        sig.stuck = None
         return None
     ranks = tuple(found[0])
-    if memory.stuck is None or memory.stuck[0] != ranks:
-        memory.stuck = (ranks, obs.now)
-    return found if obs.now - memory.stuck[1] >= CONFIRM_S else None
+    if sig.stuck is None or sig.stuck[0] != ranks:
+        sig.stuck = (ranks, obs.now)
+    return found if obs.now - sig.stuck[1] >= CONFIRM_S else None
 
 
-def hang(memory: RuleMemory, obs: Observation, m: MonitorConfig) -> Finding | None:
+def hang(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Finding | None:
     """No new step for max(floor, factor x median step time) while rank processes live; sooner
     (`early_limit`) when one rank stopped while the others wait in a collective."""
-    if not running(memory, obs):
+    if not running(sig, obs):
         return None
     if obs.procs and not any(p.alive for p in obs.procs.values()):
         return None  # everyone has exited: that is for the exit rules
-    hbs = this_attempt(memory, obs)
-    last = memory.last_step
-    progress = last_progress(memory, obs)
+    hbs = this_attempt(sig, obs)
+    last = sig.last_step
+    progress = last_progress(sig, obs)
     if progress is None:
         return None
-    med = memory.median_step_interval()
+    med = sig.median_step_interval()
     limit = max(m.hang_floor_s, m.hang_step_factor * med) if med else m.hang_floor_s
     if last is None:
         limit *= 2  # start-up: first batches, allocator warm-up, compilation
     else:
-        for kind in memory.pauses_due(last.step):  # a long eval or checkpoint is not a hang
-            limit += m.hang_floor_s + memory.pause_allowance(kind)
+        for kind in sig.pauses_due(last.step):  # a long eval or checkpoint is not a hang
+            limit += m.hang_floor_s + sig.pause_allowance(kind)
     idle = obs.now - progress
-    early = early_limit(memory, hbs, med, m)
-    confirmed = _confirmed(memory, obs, hbs, idle, early)
+    early = early_limit(sig, hbs, med, m)
+    confirmed = _confirmed(sig, obs, hbs, idle, early)
     if idle < limit and confirmed is None:
         return None
-    step = (last.step if last else memory.start_step) + 1
+    step = (last.step if last else sig.start_step) + 1
     stall = obs.open_evidence.get("dataloader_stall") or {}
     if stall.get("in_progress") and stall.get("step") == step:
         return None  # this quiet spell was already seen to be the input pipeline's
@@ -176,16 +176,16 @@ def hang(memory: RuleMemory, obs: Observation, m: MonitorConfig) -> Finding | No
     return Finding("hang", "error", step, title, detail, ADVICE_HANG, evidence)
 
 
-def straggler(memory: RuleMemory, obs: Observation, m: MonitorConfig) -> Finding | None:
+def straggler(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Finding | None:
     """A rank's heartbeat steadily `straggler_steps` or more behind the most advanced rank."""
-    if not running(memory, obs):
+    if not running(sig, obs):
         return None
-    med = memory.median_step_interval() or 1.0
+    med = sig.median_step_interval() or 1.0
     steady = max(3.0, 3 * med)
-    lagging = {r: lag for r, (lag, since) in memory.heartbeat_lag.items() if obs.now - since >= steady}
+    lagging = {r: lag for r, (lag, since) in sig.heartbeat_lag.items() if obs.now - since >= steady}
     if not lagging:
         return None
-    hbs = this_attempt(memory, obs)
+    hbs = this_attempt(sig, obs)
     top = max(int(as_float(hb.get("step"))) for hb in hbs.values()) if hbs else None
     worst = max(lagging, key=lambda r: lagging[r])
     detail = (f"{obs.who(worst)} is {lagging[worst]} steps behind the leading rank (step {top}) for over "

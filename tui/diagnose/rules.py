@@ -23,11 +23,11 @@ RULES = (
 )
 
 
-def evaluate(memory: RuleMemory, obs: Observation, m: MonitorConfig) -> dict[str, Finding]:
+def evaluate(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> dict[str, Finding]:
     """Every rule whose condition holds now, keyed by code (at most one finding per code)."""
     found: dict[str, Finding] = {}
     for rule in RULES:
-        finding = rule(memory, obs, m)
+        finding = rule(sig, obs, m)
         if finding is not None and finding.code not in found:
             found[finding.code] = finding
     # The more specific diagnosis explains the other: a stalled loader or a hung rank is why
