@@ -7,7 +7,6 @@ import os
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,8 +14,8 @@ import torch.distributed as dist
 
 from engine import parallel
 from engine.anatomy import StepClock
-from engine.checkpoint import full, sharded
-from engine.checkpoint.pick import find_checkpoint
+from engine.checkpoint import full
+from engine.checkpoint.resume import choose_start, start_position
 from engine.checkpoint.saver import Checkpointer, Reason
 from engine.consensus import Agreed, agree
 from engine.data import GlobalOrderSampler, Splits, build_loader
@@ -30,12 +29,9 @@ from engine.optim import build_optimizer, lr_at, set_lr
 from engine.precision import Precision
 from engine.syncs import SyncCounter
 from engine.user import call_model, loss_of, pin_batches, to_device, tokens_per_sample
-from engine.weights import fit_problems, load_into, read_state
 from mt.contract import builders as event_fields
 from mt.contract import door
 from mt.contract.anatomy import StepAnatomy
-from mt.contract.attempt import ResumeRefused, plan
-from mt.contract.checkpoints import CheckpointError
 from mt.contract.config import Config
 from mt.contract.eventlog import EventWriter, NullEventWriter
 from mt.contract.heartbeat import Heartbeat, gpu_fragment
@@ -64,36 +60,28 @@ class Trainer:
         # ---- model, optimizer, precision, the components that act between steps ----------------
         seed_everything(cfg.run.seed)  # identical initial weights on every rank
         # under fsdp whole on rank 0's host only (engine/parallel.py build): never whole on one GPU
-        home = parallel.host(cfg, env)
+        load_device = parallel.host(cfg, env)
         self.kind = kind_of(cfg)
         self.model = parallel.build(lambda: self.kind.build(cfg), cfg, env)
-        self.what = self.kind.describe(cfg)  # names the model in a run_end that says what it returned
+        self.model_name = self.kind.describe(cfg)  # names the model in a run_end that says what it returned
         self.n_params, self.n_trainable = count_params(self.model)
         active = getattr(self.model, "active_params", None)
         self.n_active = int(active()) if callable(active) else None
-        # where to start: the newest valid checkpoint (applied below), else init_from's weights,
-        # loaded before sharding, while the model is whole
-        found = find_checkpoint(self.paths, self.env, self.events, home)
-        if found is None and cfg.model.init_from:
-            state, source = read_state(Path(cfg.model.init_from))
-            load_into(self.model, {k: v.to(home) for k, v in state.items()}, source)
-            log(f"weights from {source} (model.init_from); step 0, fresh optimizer")
-        self.par = parallel.wrap(self.model, cfg, env)  # ddp (none on one rank) or fsdp; activation checkpointing
+        found = choose_start(cfg, env, paths, self.events, self.model, load_device)  # init_from: loaded now, whole
+        self.wrapped = parallel.wrap(self.model, cfg, env)  # ddp (none on one rank) or fsdp; activation checkpointing
         self.heartbeat.anatomy = StepAnatomy()  # this rank's step parts, in its heartbeat (engine/anatomy.py)
-        self.clock = StepClock(self.par, env.device, self.heartbeat.anatomy)
+        self.clock = StepClock(self.wrapped, env.device, self.heartbeat.anatomy)
         self.optimizer = build_optimizer(self.model, t, env.device)  # after sharding: over this rank's shards
-        self.precision = Precision(cfg, env, self.par)  # autocast; fp16's scaler, sharded under fsdp
-        self.checkpoints = Checkpointer(cfg, env, paths, self.events, self.inbox, self.faults, self.par, self.model,
+        self.precision = Precision(cfg, env, self.wrapped)  # autocast; fp16's scaler, sharded under fsdp
+        self.checkpoints = Checkpointer(cfg, env, paths, self.events, self.inbox, self.faults, self.wrapped, self.model,
                                         self.optimizer, self.precision.scaler)
-        self.evaluator = Evaluator(cfg, env, splits, self.par, self.model, self.precision, self.what)
+        self.evaluator = Evaluator(cfg, env, splits, self.wrapped, self.model, self.precision, self.model_name)
         self.recompiles = parallel.Recompiles() if t.compile else None
         self.recompiled = 0  # recompiles since the last step event
 
         # ---- position: fresh, or from the newest valid checkpoint --------------------------
-        self.step, self.samples, self.accum = 0, 0, t.grad_accum_steps
-        self.resumed_from = self._resume(found) if found is not None else None
-        if self.resumed_from is None:
-            seed_everything(cfg.run.seed + env.rank)  # per-rank dropout streams
+        start = start_position(found, cfg, env, self.model, self.wrapped, self.optimizer, self.precision.scaler)
+        self.step, self.samples, self.accum, self.resumed_from = start.step, start.samples, start.accum, start.resumed_from
         self.start_step = self.step
         self.global_batch = env.world_size * t.micro_batch_size * self.accum
         # tokens exist where a sample has a token dimension (input_ids, or its first integer tensor)
@@ -204,9 +192,9 @@ class Trainer:
             batch = to_device(batch, self.env.device)
             sync = micro == self.accum - 1
             count = self.flop_count  # the first step only, and only where torch counts the FLOPs
-            with (nullcontext() if sync else self.par.no_sync()):
+            with (nullcontext() if sync else self.wrapped.no_sync()):
                 with count.forward() if count else nullcontext(), self.precision.autocast():
-                    loss = loss_of(call_model(self.par.module, batch), self.what)
+                    loss = loss_of(call_model(self.wrapped.module, batch), self.model_name)
                 self.faults.in_forward(micro)
                 loss = self.faults.maybe_poison(loss, step, micro)
                 with count.backward() if count else nullcontext():
@@ -294,36 +282,6 @@ class Trainer:
         }
         self.checkpoints.save(reason, requests.checkpoint + requests.stop, position, rng_override)
 
-    def _resume(self, found: tuple[Path, dict[str, Any], list[Any]]) -> dict[str, Any]:
-        """Load the newest intact checkpoint's model, optimizer, RNG and position."""
-        path, parts, skipped = found
-        state = parts["train.pt"]
-        t = self.cfg.train
-        how = plan(state, self.env.world_size, t.micro_batch_size, t.grad_accum_steps, t.allow_batch_change)
-        md = parts.get("sharded")  # either format resumes under either strategy and world size
-        misfit = fit_problems(self.model, sharded.model_shapes(md) if md is not None else parts["model.pt"], "the checkpoint")
-        if misfit:  # the [model] section changed since the checkpoint was written
-            raise ResumeRefused(f"{path} does not fit the model: {'; '.join(misfit)}")
-        if md is not None:
-            try:
-                sharded.load(Path(path), self.model, self.optimizer)  # collective; DCP reshards
-            except CheckpointError as e:
-                raise ResumeRefused(str(e)) from None
-            self.precision.scaler.load_state_dict(state["scaler"])
-        else:
-            parallel.load_full_state(self.par, self.model, self.optimizer, parts["model.pt"], parts["optim.pt"]["optimizer"])
-            self.precision.scaler.load_state_dict(parts["optim.pt"]["scaler"])
-        self.step, self.samples, self.accum = int(state["step"]), int(state["samples_seen"]), how.grad_accum_steps
-        rngs = state["rng"]
-        if self.env.rank < len(rngs):
-            full.restore_rng(rngs[self.env.rank], self.env.device)
-        else:  # a rank the checkpoint did not have: fresh but reproducible streams
-            seed_everything(self.cfg.run.seed + self.env.rank + 1000 * self.step)
-        log(f"resumed from {path} at step {self.step}: {how.note}")
-        return {"path": path, "step": self.step, "samples_seen": self.samples, "world_size_before": int(state["world_size"]),
-                "grad_accum_before": int(state["grad_accum_steps"]), "grad_accum_now": self.accum, "exact": how.exact,
-                "note": how.note, "skipped": skipped}
-
     def _step_fields(self, step: int, lr: float, grad_norm: float, step_time: float, data_wait: float,
                      skipped: bool, scale: float | None, agreed: Agreed) -> dict[str, Any]:
         per_s = 1 / step_time if step_time > 0 else 0.0
@@ -354,11 +312,11 @@ class Trainer:
             backend=env.backend, precision=cfg.train.precision, config=cfg.to_dict(), params_total=self.n_params,
             params_trainable=self.n_trainable, tokens_per_step=self.tokens_per_step,
             # fp32 weights + grads + 2 AdamW moments, per rank: FSDP keeps a 1/world shard of each
-            effective_batch=self.global_batch, static_mem_bytes=16 * self.n_trainable // (env.world_size if self.par.strategy == "fsdp" else 1),
+            effective_batch=self.global_batch, static_mem_bytes=16 * self.n_trainable // (env.world_size if self.wrapped.strategy == "fsdp" else 1),
             start_step=self.start_step, max_steps=cfg.train.max_steps, resumed_from=self.resumed_from,
             torch_version=torch.__version__, git_commit=git_commit(), grad_accum_steps=self.accum,
             micro_batch_size=cfg.train.micro_batch_size, seq_len=self.sample_tokens, flops_per_token=self.flops_per_token,
-            params_active=self.n_active, model=self.what, strategy=self.par.strategy,
+            params_active=self.n_active, model=self.model_name, strategy=self.wrapped.strategy,
             activation_checkpointing=cfg.train.activation_checkpointing, compile=cfg.train.compile,
             peak_flops=self.peak, data_loss_floor=self.splits.loss_floor, pid=os.getpid(),
         ))

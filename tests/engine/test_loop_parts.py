@@ -118,3 +118,43 @@ def test_one_rank_agrees_as_the_gathered_row_would(group_of_one, loss):
     assert (alone.stop, alone.checkpoint) == (gathered.stop, gathered.checkpoint) == (True, False)
     assert alone.loss == gathered.loss or (math.isnan(alone.loss) and math.isnan(gathered.loss))
     assert (alone.mem, alone.peak) == (gathered.mem, gathered.peak)
+
+
+def test_the_loop_starts_where_one_call_says_a_two_rank_checkpoint_resumed_on_one_rank():
+    # engine/checkpoint/resume.py start_position: the full format's weights, optimizer, this rank's
+    # RNG and the data position, with accumulation doubled to keep the global batch of two ranks
+    from engine.checkpoint import full
+    from engine.checkpoint.resume import start_position
+    from mt.contract.attempt import ResumeRefused
+    cfg = _cfg(train={"micro_batch_size": 2, "grad_accum_steps": 1})
+    written = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(written.parameters())
+    written(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    torch.manual_seed(1234)
+    rng = full.capture_rng(CPU.device)
+    expected = torch.rand(4)             # what rank 0's stream gives next after the checkpoint
+    state = {"step": 7, "samples_seen": 28, "world_size": 2, "grad_accum_steps": 1, "global_batch": 4,
+             "rng": [rng, rng], "scaler": {}}
+    parts = {"train.pt": state, "model.pt": written.state_dict(),
+             "optim.pt": {"optimizer": opt.state_dict(), "scaler": {}}}
+
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    fresh = start_position(None, cfg, CPU, model, Parallel(model, nullcontext, "none"), optimizer, scaler)
+    assert (fresh.step, fresh.samples, fresh.accum, fresh.resumed_from) == (0, 0, 1, None)
+
+    torch.manual_seed(0)
+    at = start_position(("ckpt/step-7", parts, []), cfg, CPU, model, Parallel(model, nullcontext, "none"),
+                        optimizer, scaler)
+    assert (at.step, at.samples, at.accum) == (7, 28, 2)
+    assert at.resumed_from["world_size_before"] == 2 and at.resumed_from["exact"] is False
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), written.state_dict().values()))
+    assert optimizer.state_dict()["state"][0]["step"] == opt.state_dict()["state"][0]["step"]
+    assert torch.equal(torch.rand(4), expected)
+
+    wider = {"train.pt": state, "model.pt": torch.nn.Linear(4, 2).state_dict(), "optim.pt": parts["optim.pt"]}
+    with pytest.raises(ResumeRefused, match="does not fit the model"):
+        start_position(("ckpt/step-7", wider, []), cfg, CPU, model, Parallel(model, nullcontext, "none"),
+                       optimizer, scaler)

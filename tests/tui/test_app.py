@@ -138,7 +138,7 @@ async def test_keys_that_make_no_sense_say_why(fixture_run):
         await loaded(pilot)
         for key, word in (("c", "checkpoint"), ("s", "stop"), ("k", "kill"), ("r", "resumed")):
             await pilot.press(key)
-            sev, text = app.said[-1]
+            sev, text = app.dashboard.said[-1]
             assert sev == "warning" and "completed" in text and word in text
         assert not isinstance(app.screen, ConfirmScreen)
 
@@ -209,7 +209,7 @@ async def test_kill_asks_and_no_cancels(tmp_path):
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.press("n")
         assert not isinstance(app.screen, ConfirmScreen)
-        assert not any("killing" in t for _, t in app.said)
+        assert not any("killing" in t for _, t in app.dashboard.said)
 
 
 async def test_follows_appended_events_live_and_counts_garbage(tmp_path):
@@ -319,7 +319,7 @@ async def test_answers_to_our_requests_are_notified_in_any_order(tmp_path):
     app = make_app(tmp_path)
     async with app.run_test(size=(140, 44)) as pilot:
         await loaded(pilot)
-        app.pending.update({"ck-1": "checkpoint", "ck-2": "checkpoint", "st-1": "stop"})
+        app.dashboard.requests.pending.update({"ck-1": "checkpoint", "ck-2": "checkpoint", "st-1": "stop"})
         with open(r.paths.events, "a") as f:
             for kind, fields in (
                 ("control", dict(request_id="ck-1", action="checkpoint", status="done", detail="")),
@@ -332,8 +332,8 @@ async def test_answers_to_our_requests_are_notified_in_any_order(tmp_path):
             ):
                 r.event(kind, **fields)
                 f.write(r.lines[-1] + "\n")
-        await wait_for(pilot, lambda: not app.pending)
-        texts = [t for _, t in app.said]
+        await wait_for(pilot, lambda: not app.dashboard.requests.pending)
+        texts = [t for _, t in app.dashboard.said]
         assert "checkpoint saved at step 7" in texts and "checkpoint saved at step 8" in texts
         assert "stop rejected: already stopping [/x]\\x1b]0;T\\x07" in texts
         assert "checkpoint saved at step 9" not in texts     # not ours: no notification

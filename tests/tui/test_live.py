@@ -99,12 +99,12 @@ async def test_keys_checkpoint_stop_resume_kill_on_a_live_run(tmp_path, model):
             # c: a checkpoint event carrying our request id, and a notification naming its step
             await pilot.press("c")
             # (the engine may answer, and the request leave `pending`, before we look)
-            assert [a for _, a in app.sent] == ["checkpoint"], app.said
-            rid = app.sent[-1][0]
-            await wait_for(pilot, lambda: any("checkpoint saved at step" in t for _, t in app.said), 60)
+            assert [a for _, a in app.dashboard.requests.sent] == ["checkpoint"], app.dashboard.said
+            rid = app.dashboard.requests.sent[-1][0]
+            await wait_for(pilot, lambda: any("checkpoint saved at step" in t for _, t in app.dashboard.said), 60)
             ck = [e for e in kinds(run_dir, "checkpoint") if e.get("request_id") == rid]
             assert len(ck) == 1
-            assert ("information", f"checkpoint saved at step {ck[0]['step']}") in app.said
+            assert ("information", f"checkpoint saved at step {ck[0]['step']}") in app.dashboard.said
 
             # s: a graceful stop (final checkpoint, state stopped), then c says why it won't
             await pilot.press("s")
@@ -112,7 +112,7 @@ async def test_keys_checkpoint_stop_resume_kill_on_a_live_run(tmp_path, model):
             stopped_at = st().step
             assert kinds(run_dir, "checkpoint")[-1]["reason"] == "stop"
             await pilot.press("c")
-            assert app.said[-1] == ("warning", "the run is stopped: nothing to checkpoint")
+            assert app.dashboard.said[-1] == ("warning", "the run is stopped: nothing to checkpoint")
 
             # r: a new attempt from the newest checkpoint, followed by the same viewer
             await pilot.press("r")
@@ -153,11 +153,11 @@ async def test_c_and_s_on_a_script_that_reports_nothing_through_mt(tmp_path):
             await wait_for(pilot, lambda: st().state == "running", 120)
             # c: nobody would read the request, and the key says why instead of promising a save
             await pilot.press("c")
-            assert app.said[-1][0] == "warning" and "checkpoint now needs run.step" in app.said[-1][1], app.said
-            assert app.sent == [] and not list((run_dir / "control").glob("*.json"))
+            assert app.dashboard.said[-1][0] == "warning" and "checkpoint now needs run.step" in app.dashboard.said[-1][1], app.dashboard.said
+            assert app.dashboard.requests.sent == [] and not list((run_dir / "control").glob("*.json"))
             # s: SIGTERM through the supervisor, recorded as stopped
             await pilot.press("s")
-            assert "SIGTERM sent" in app.said[-1][1], app.said
+            assert "SIGTERM sent" in app.dashboard.said[-1][1], app.dashboard.said
             await wait_for(pilot, lambda: st().state == "stopped", 60)
     finally:
         if status(run_dir).get("state") not in ("completed", "stopped", "failed", "killed"):

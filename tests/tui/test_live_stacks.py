@@ -26,11 +26,11 @@ async def test_p_captures_the_stacks_and_the_incident_panel_shows_the_hangs_verd
                 seen = st().step
                 await pilot.pause(1.0)
             await pilot.press("p")
-            assert ("information", "capturing every rank's stack…") in app.said
-            said = lambda: [t for _, t in app.said if t.startswith("stacks: ")]
+            assert ("information", "capturing every rank's stack…") in app.dashboard.said
+            said = lambda: [t for _, t in app.dashboard.said if t.startswith("stacks: ")]
             await wait_for(pilot, lambda: said(), 30)
-            assert said()[0].startswith("stacks: rank 1 is in `slow_item` (my_data.py:"), app.said
-            assert "rank 0 waits in `" in said()[0] and said()[0].endswith("Z-request)"), app.said
+            assert said()[0].startswith("stacks: rank 1 is in `slow_item` (my_data.py:"), app.dashboard.said
+            assert "rank 0 waits in `" in said()[0] and said()[0].endswith("Z-request)"), app.dashboard.said
             # the hang incident's capture: its verdict and rank 1's own frames head its detail
             hangs = lambda: [i for i in st().incidents if i.code == "hang" and "verdict" in i.evidence]
             await wait_for(pilot, hangs, 90)

@@ -1,8 +1,10 @@
-"""The dashboard screen: its widgets, layout for the terminal size, tabs, and the keys that change
-what it shows (smoothing, log-y, the x window, which small plot, which rank's log)."""
+"""The dashboard screen: its widgets, layout for the terminal size, tabs, the keys that change what it
+shows (smoothing, log-y, the x window, which small plot, which rank's log), the run's control keys
+(policy: tui/state/requests.py) and what it tells the user."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Callable
 
 from textual import on
@@ -19,9 +21,12 @@ from tui.format.fmt import safe_text
 from tui.read.watcher import Watcher, WatchUpdate
 from tui.state.layout import MIN_H, MIN_W, Tabs, choose_layout, strip_items
 from tui.state.pacing import Pacing
+from tui.state.requests import Note, RequestBook, refusal
 from tui.state.window import XWindow, narrow, next_window, widen
+from tui.view.messages import ControlAsked, ControlDone
 from tui.view.plotkeys import HELP_BINDING, SMOOTHING_BINDINGS, PlotKeys
 from tui.widgets.curve import Curve
+from tui.widgets.dialogs import ConfirmScreen
 from tui.widgets.header import RunHeader
 from tui.widgets.incidents import IncidentsPanel
 from tui.widgets.logs import LogsPanel
@@ -36,13 +41,14 @@ LOCK_WAIT_S = 0.05           # a poll holds the watcher's lock for ms; a bulk lo
 
 
 class DashboardScreen(PlotKeys, Screen[None]):
-    """Shows one run as its watcher has read it; the App follows the run and sends its requests."""
+    """Shows one run as its watcher has read it and decides its control requests; the App follows
+    the run and runs the workers (kill, resume, stacks) this screen asks for."""
 
-    BINDINGS = [  # the run's control requests are the App's actions
-        Binding("c", "app.checkpoint", "Checkpoint", id="checkpoint", tooltip="Save a checkpoint now"),
-        Binding("s", "app.stop", "Stop", id="stop", tooltip="Graceful stop with a final checkpoint"),
-        Binding("k", "app.kill", "Kill", id="kill", tooltip="Terminate every process of the run (asks first)"),
-        Binding("r", "app.resume", "Resume", id="resume", tooltip="New attempt from the newest checkpoint"),
+    BINDINGS = [
+        Binding("c", "checkpoint", "Checkpoint", id="checkpoint", tooltip="Save a checkpoint now"),
+        Binding("s", "stop", "Stop", id="stop", tooltip="Graceful stop with a final checkpoint"),
+        Binding("k", "kill", "Kill", id="kill", tooltip="Terminate every process of the run (asks first)"),
+        Binding("r", "resume", "Resume", id="resume", tooltip="New attempt from the newest checkpoint"),
         *SMOOTHING_BINDINGS,
         Binding("t", "toggle_throughput", "Tok/s", id="throughput",
                 tooltip="Plot tokens/s in place of the learning rate (and back)"),
@@ -55,7 +61,7 @@ class DashboardScreen(PlotKeys, Screen[None]):
         Binding("right_square_bracket", "widen", "Widen", show=False, id="widen", key_display="]",
                 tooltip="Twice the plots' window of steps (up to all of them)"),
         Binding("g", "next_rank", "Next log", id="next-rank", tooltip="Show the next rank's log"),
-        Binding("p", "app.stacks", "Stacks", show=False, id="stacks",
+        Binding("p", "stacks", "Stacks", show=False, id="stacks",
                 tooltip="Capture every rank's stack now (RUN/stacks/) and show the verdict"),
         Binding("1", "focus_panel(1)", "Plots", show=False, id="focus-1",
                 tooltip="Focus the plots (in a small terminal: show the loss plot)"),
@@ -76,11 +82,13 @@ class DashboardScreen(PlotKeys, Screen[None]):
     logy: reactive[bool] = reactive(False)
     window: reactive[XWindow] = reactive(XWindow)
 
-    def __init__(self, run_name: str, watcher: Watcher, clock: Callable[[], float], redraw_s: float,
-                 say: Callable[[str], None], mounted: Callable[[], None]) -> None:
+    def __init__(self, run_dir: Path, watcher: Watcher, clock: Callable[[], float], redraw_s: float,
+                 mounted: Callable[[], None] = lambda: None) -> None:
         super().__init__()
-        self.run_name, self.watcher, self.clock, self.redraw_s = run_name, watcher, clock, redraw_s
-        self._say, self._mounted = say, mounted
+        self.run_dir, self.run_name = run_dir, run_dir.name
+        self.watcher, self.clock, self.redraw_s, self._mounted = watcher, clock, redraw_s, mounted
+        self.requests = RequestBook()         # the control requests this viewer sent
+        self.said: list[tuple[str, str]] = []  # (severity, text) of every notification, oldest first
         self.loaded = False                   # first poll shown (tests wait on it)
         self._dirty = True
         self._auto_rank_done = False
@@ -171,6 +179,10 @@ class DashboardScreen(PlotKeys, Screen[None]):
     # ------------------------------------------------------------------ drawing
     def show_update(self, u: WatchUpdate) -> None:
         """What the worker read: drawn at once the first time, at the next frame after that."""
+        for ev in u.run.new_events:
+            note = self.requests.answer(ev)
+            if note is not None:
+                self.say(note.text, note.severity, note.title)
         first = not self.loaded
         self.loaded = True
         self._dirty = True
@@ -254,7 +266,7 @@ class DashboardScreen(PlotKeys, Screen[None]):
         series = self.watcher.follower.series.extra
         names = sorted(series)
         if not names:
-            self._say("no metrics of the script's own in this run: run.step(..., name=value) or run.log({...}) adds them")
+            self.say("no metrics of the script's own in this run: run.step(..., name=value) or run.log({...}) adds them")
             return
         later = [n for n in names if self._extra_at is None or n > self._extra_at]
         if not later:  # after the last one: what was there before
@@ -319,3 +331,69 @@ class DashboardScreen(PlotKeys, Screen[None]):
         n = tabs.active(self.layout_name)
         if n is not None:
             self.action_focus_panel(n)
+
+    # ------------------------------------------------------------------ control keys
+    def say(self, text: str, severity: str = "information", title: str = "") -> None:
+        """Notify, and remember it (the help of a key that did nothing must be visible)."""
+        text = safe_text(text, lines=True)   # control answers carry the run's own words
+        self.said.append((severity, text))
+        self.notify(text, severity=severity, title=title)  # type: ignore[arg-type]
+
+    def _refused(self, action: str) -> bool:
+        st = self.watcher.follower.state
+        note: Note | None = refusal(action, st.state, st.supervisor_lost)
+        if note is not None:
+            self.say(note.text, note.severity)
+        return note is not None
+
+    def action_checkpoint(self) -> None:
+        if not self._refused("checkpoint"):
+            self._send("checkpoint", "checkpoint requested: rank 0 will save between steps")
+
+    def action_stop(self) -> None:
+        if not self._refused("stop"):
+            self._send("stop", "stop requested: final checkpoint, then the run ends")
+
+    def _send(self, action: str, text: str) -> None:
+        from tui.supervise.control import NotReporting, request_stop, send_request  # import lazily
+        try:
+            rid = request_stop(self.run_dir) if action == "stop" else send_request(self.run_dir, action)
+        except NotReporting as e:  # a script with no run.step: no one would read the request
+            self.say(str(e), severity="warning")
+            return
+        except Exception as e:  # noqa: BLE001 - a failed request is said in the UI, never a crash
+            self.say(f"could not send {action}: {e}", severity="error")
+            return
+        if rid is None:  # stop for a script that reports nothing through mt: its supervisor got SIGTERM
+            self.say("stop: SIGTERM sent (the script reports nothing through mt: no final checkpoint)", title=action)
+            return
+        self.requests.add(rid, action)
+        self.say(text, title=action)
+
+    def action_kill(self) -> None:
+        if self._refused("kill"):
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.say("killing the run: SIGUSR1 (no checkpoint), then SIGKILL after the grace period")
+                self.post_message(ControlAsked("kill"))
+
+        self.app.push_screen(ConfirmScreen(f"Kill run {safe_text(self.watcher.follower.state.name)}?\n"
+                                           "SIGUSR1 to torchrun and every worker, SIGKILL after 10 s.\n"
+                                           "No checkpoint is saved: progress since the last one is lost."), answered)
+
+    def action_resume(self) -> None:
+        if not self._refused("resume"):
+            self.say("resuming from the newest checkpoint…")
+            self.post_message(ControlAsked("resume"))
+
+    def action_stacks(self) -> None:
+        if not self._refused("stacks"):
+            self.say("capturing every rank's stack…", title="stacks")
+            self.post_message(ControlAsked("stacks"))
+
+    @on(ControlDone)
+    def _control_done(self, message: ControlDone) -> None:
+        self.say(message.text, severity=message.severity)
+        self.follow_failing_rank()

@@ -1,4 +1,4 @@
-"""Messages from the dashboard App's workers (following the run, control requests) to the App."""
+"""Messages between the dashboard App (its workers: following the run, control requests) and its screen."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,3 +21,10 @@ class ControlDone(Message):
 
     text: str
     severity: str = "information"
+
+
+@dataclass
+class ControlAsked(Message):
+    """The dashboard screen allowed a request that runs in a worker (kill, resume, stacks): the App starts it."""
+
+    action: str
