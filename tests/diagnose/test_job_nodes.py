@@ -120,10 +120,10 @@ def test_every_nodes_samples_reach_the_rules_once_each_with_its_node(tmp_path: P
     job.sample()
     monitor.observe(Tick(time.time(), read_status(tmp_path)))
     monitor.observe(Tick(time.time(), read_status(tmp_path)))   # nothing new: nothing fed twice
-    nodes = [s.get("node") for s in monitor.sig.system]
+    nodes = [s.get("node") for s in monitor.memory.system]
     # n1's file is its own (the tick carries them); n2's two samples (start, then one) from its tail
     assert sorted(nodes) == ["n1", "n2", "n2"], nodes
-    assert monitor.sig.newest_system("n2")["ranks"][0]["rank"] == 2
+    assert monitor.memory.newest_system("n2")["ranks"][0]["rank"] == 2
     job.close()
 
 

@@ -259,10 +259,10 @@ def test_a_heartbeat_past_max_steps_is_no_progress_and_no_straggler(tmp_path: Pa
                                         "phase": "train"}).ljust(job.beats[3].WIDTH) + "\n").encode()
     monitor = IncidentMonitor(tmp_path, MonitorConfig(straggler_steps=5, hang_floor_s=60.0))
     monitor.poll()
-    assert monitor.sig.heartbeat_lag == {}, monitor.sig.heartbeat_lag   # what the straggler rule judges: no lag at all
+    assert monitor.memory.heartbeat_lag == {}, monitor.memory.heartbeat_lag   # what the straggler rule judges: no lag at all
     assert 3 not in monitor.job.views[1].heartbeats
     # the rule's own window: a lag must hold max(3 s, 3 x the median step interval) before it is a straggler
-    steady = max(3.0, 3 * (monitor.sig.median_step_interval() or 1.0))
+    steady = max(3.0, 3 * (monitor.memory.median_step_interval() or 1.0))
     t0, step, out = time.monotonic(), 3, []
     while time.monotonic() - t0 < 1.5 * steady:
         step += 1

@@ -133,11 +133,11 @@ def test_missing_and_torn_files_are_survived(tmp_path: Path) -> None:
     (root / "heartbeat" / "rank0").write_text('{"step": 3, "t"')  # torn mid-rewrite
     (root / "events.jsonl").write_text(f'{{"v":1,"t":{T + 1},"kind":"run_start","attempt":1}}\n{{"v":1,"t":{T + 2},"kind":"st')
     assert mon.poll(now=T + 3) == []
-    assert mon.sig.attempt == 1 and mon.events.bad_lines == 0  # the torn line waits for its end
+    assert mon.memory.attempt == 1 and mon.events.bad_lines == 0  # the torn line waits for its end
     with open(root / "events.jsonl", "a") as f:
         f.write('ep","step":1,"loss":"nan","step_time_s":0.1,"data_wait_s":0.0,"tokens_per_s":1.0}\n')
     mon.poll(now=T + 4)
-    assert mon.sig.last_step is not None and mon.sig.last_step.step == 1
+    assert mon.memory.last_step is not None and mon.memory.last_step.step == 1
 
 
 def test_open_incidents_settle_when_the_engine_ends_the_run(tmp_path: Path) -> None:

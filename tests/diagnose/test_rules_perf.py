@@ -22,7 +22,7 @@ def test_stall_fires_at_the_stalled_step_once(tmp_path: Path) -> None:
         run.do_step(step_time=2.2, data_wait=2.0)
     got = run.opened("dataloader_stall")
     assert len(got) == 1 and got[0]["step"] == at
-    assert got[0]["t"] <= run.monitor.sig.step_times[at] + 1e-6  # seen on the step's own poll
+    assert got[0]["t"] <= run.monitor.memory.step_times[at] + 1e-6  # seen on the step's own poll
     ev = got[0]["evidence"]
     assert ev["data_share"] >= MonitorConfig().stall_data_share and ev["num_workers"] == 1
     assert "num_workers" in got[0]["advice"] and "tokenize offline" in got[0]["advice"]
@@ -114,7 +114,7 @@ def test_throughput_drop_sustained_fires_once(tmp_path: Path) -> None:
     ev = got[0]["evidence"]
     assert ev["ratio"] < m.throughput_drop_share
     # detected once the low rate covered half the window, not before
-    t_first = run.monitor.sig.step_times[at]
+    t_first = run.monitor.memory.step_times[at]
     assert got[0]["t"] - t_first >= 0.5 * m.throughput_window_s - 1.5
     assert got[0]["t"] - t_first <= 0.5 * m.throughput_window_s + 3.0
 
@@ -122,7 +122,7 @@ def test_throughput_drop_sustained_fires_once(tmp_path: Path) -> None:
 def test_throughput_drop_names_an_oversubscribed_host(tmp_path: Path) -> None:
     m = MonitorConfig()
     run = FakeRun(tmp_path / "r", monitor=m)
-    run.monitor.sig.facts.host_cores = 2
+    run.monitor.memory.facts.host_cores = 2
     warm(run, 80, step_time=0.5)
     for _ in range(int(m.throughput_window_s / 1.5)):
         run.do_step(step_time=1.5, data_wait=0.01)

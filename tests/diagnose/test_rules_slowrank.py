@@ -30,10 +30,10 @@ SCRIPT = {0: {"n": 20, "step_s": 0.131, "data_s": 0.002}, 1: {"n": 20, "step_s":
 
 
 def signals(cores: int = 2) -> RuleMemory:
-    sig = RuleMemory(RunFacts(world_size=2, host_cores=cores))
-    sig.feed_event(parse_event({"v": 1, "t": NOW - 60, "kind": "run_start", "attempt": 1, "world_size": 2}))
-    sig.feed_event(parse_event({"v": 1, "t": NOW - 1, "kind": "step", "step": 100, "step_time_s": 0.09}))
-    return sig
+    memory = RuleMemory(RunFacts(world_size=2, host_cores=cores))
+    memory.feed_event(parse_event({"v": 1, "t": NOW - 60, "kind": "run_start", "attempt": 1, "world_size": 2}))
+    memory.feed_event(parse_event({"v": 1, "t": NOW - 1, "kind": "step", "step": 100, "step_time_s": 0.09}))
+    return memory
 
 
 def observe(anatomies: dict[int, dict[str, Any]], open_evidence: dict[str, Any] | None = None) -> Observation:
@@ -59,11 +59,11 @@ def test_compute_bound_rank_is_named() -> None:
 
 
 def test_compute_bound_on_a_busy_host_says_so() -> None:
-    sig = signals(cores=8)
+    memory = signals(cores=8)
     for t in range(5):  # the host 50% of 8 cores busy, the two ranks one core between them: 3 cores elsewhere
-        sig.feed_system({"t": NOW - 10 + t, "host": {"cpu_pct": 50.0}, "ranks": [{"rank": 0, "cpu_pct": 50.0},
+        memory.feed_system({"t": NOW - 10 + t, "host": {"cpu_pct": 50.0}, "ranks": [{"rank": 0, "cpu_pct": 50.0},
                                                                                  {"rank": 1, "cpu_pct": 50.0}], "gpus": []})
-    f = slow_rank(sig, observe(COMPUTE), MonitorConfig())
+    f = slow_rank(memory, observe(COMPUTE), MonitorConfig())
     assert f is not None and "busy with something else (3.0 cores" in f.detail and f.evidence["host_busy_cores"] == 3.0
 
 
@@ -115,7 +115,7 @@ SLOWER = {0: {"n": 20, "step_s": 0.352, "data_s": 0.0009, "compute_s": 0.2531, "
           1: {"n": 20, "step_s": 0.353, "data_s": 0.0009, "compute_s": 0.3032, "optim_s": 0.0010, "comm_s": 0.0052}}
 
 
-def _ticks(sig: RuleMemory, seconds: int, anatomies: Any) -> list[float]:
+def _ticks(memory: RuleMemory, seconds: int, anatomies: Any) -> list[float]:
     """One judgement a second (as the supervisor ticks) for `seconds`; the times it named a straggler."""
     named = []
     for i in range(seconds + 1):
@@ -124,20 +124,20 @@ def _ticks(sig: RuleMemory, seconds: int, anatomies: Any) -> list[float]:
         obs.now = NOW + i
         for hb in obs.heartbeats.values():
             hb["t"] = obs.now - 0.5
-        if slow_rank(sig, obs, MonitorConfig()) is not None:
+        if slow_rank(memory, obs, MonitorConfig()) is not None:
             named.append(float(i))
     return named
 
 
 def test_a_ten_percent_gap_is_named_once_held_for_30_s() -> None:
-    sig = signals()
-    named = _ticks(sig, 40, SLOWER)
+    memory = signals()
+    named = _ticks(memory, 40, SLOWER)
     assert named and named[0] == HOLD_S, named   # not before: a gap under 20% needs its 30 s
     obs = observe(SLOWER)
     obs.now = NOW + 41
     for hb in obs.heartbeats.values():
         hb["t"] = obs.now - 0.5
-    f = slow_rank(sig, obs, MonitorConfig())
+    f = slow_rank(memory, obs, MonitorConfig())
     assert f is not None and f.evidence["rank"] == 1 and f.evidence["bound"] == "compute" and f.evidence["held_s"] == 41.0
     assert f.detail.endswith("(medians of the ranks' last steps; a step takes 352 ms, 15% of it, for 41 s)"), f.detail
 

@@ -13,20 +13,20 @@ STEP_S = 0.2
 
 
 def signals(n: int = 20) -> RuleMemory:
-    sig = RuleMemory(RunFacts(num_workers=1, world_size=2))
-    sig.feed_event(parse_event({"kind": "run_start", "t": T0, "attempt": 1, "start_step": 0, "world_size": 2}))
+    memory = RuleMemory(RunFacts(num_workers=1, world_size=2))
+    memory.feed_event(parse_event({"kind": "run_start", "t": T0, "attempt": 1, "start_step": 0, "world_size": 2}))
     for k in range(1, n + 1):
-        sig.feed_event(parse_event({"kind": "step", "t": T0 + k * STEP_S, "step": k, "step_time_s": STEP_S,
+        memory.feed_event(parse_event({"kind": "step", "t": T0 + k * STEP_S, "step": k, "step_time_s": STEP_S,
                         "data_wait_s": 0.01, "tokens_per_s": 1000.0}))
-    return sig
+    return memory
 
 
 def procs(main: dict[int, str], worker: dict[int, str]) -> dict[int, RankProc]:
     return {r: RankProc(r, 100 + r, True, 0.0, "S", main[r], [ChildProc(200 + r, "S", worker[r])]) for r in main}
 
 
-def observe(sig: RuleMemory, idle: float, main: dict[int, str], worker: dict[int, str]) -> Observation:
-    last = sig.last_step
+def observe(memory: RuleMemory, idle: float, main: dict[int, str], worker: dict[int, str]) -> Observation:
+    last = memory.last_step
     assert last is not None
     return Observation(now=last.t + idle, status=Status(state="running", attempt=1),
                        procs=procs(main, worker))
@@ -37,8 +37,8 @@ WAITING = {0: "poll", 1: "poll"}
 
 
 def test_workers_busy_while_every_rank_waits_is_a_stall_not_a_hang() -> None:
-    sig = signals()
-    found = evaluate(sig, observe(sig, 4.0, WAITING, {0: "clock_nanosleep", 1: "read"}), M)
+    memory = signals()
+    found = evaluate(memory, observe(memory, 4.0, WAITING, {0: "clock_nanosleep", 1: "read"}), M)
     assert set(found) == {"dataloader_stall"}
     f = found["dataloader_stall"]
     assert f.step == 21 and f.evidence["in_progress"] and f.evidence["idle_s"] == 4.0
@@ -46,67 +46,67 @@ def test_workers_busy_while_every_rank_waits_is_a_stall_not_a_hang() -> None:
 
 
 def test_idle_workers_mean_a_hang() -> None:
-    sig = signals()
-    found = evaluate(sig, observe(sig, 4.0, WAITING, {0: "poll", 1: "futex"}), M)
+    memory = signals()
+    found = evaluate(memory, observe(memory, 4.0, WAITING, {0: "poll", 1: "futex"}), M)
     assert set(found) == {"hang"}
 
 
 def test_a_rank_asleep_in_its_own_code_is_a_hang_with_that_suspect() -> None:
-    sig = signals()
-    found = evaluate(sig, observe(sig, 4.0, {0: "futex", 1: "clock_nanosleep"}, {0: "clock_nanosleep", 1: "poll"}), M)
+    memory = signals()
+    found = evaluate(memory, observe(memory, 4.0, {0: "futex", 1: "clock_nanosleep"}, {0: "clock_nanosleep", 1: "poll"}), M)
     assert set(found) == {"hang"}
     assert found["hang"].evidence["suspect_ranks"] == [1]
 
 
 def test_a_short_wait_is_nothing() -> None:
-    sig = signals()
-    assert evaluate(sig, observe(sig, 2.0, WAITING, {0: "clock_nanosleep", 1: "clock_nanosleep"}), M) == {}
+    memory = signals()
+    assert evaluate(memory, observe(memory, 2.0, WAITING, {0: "clock_nanosleep", 1: "clock_nanosleep"}), M) == {}
 
 
 def test_ranks_computing_is_no_stall() -> None:
-    sig = signals()
-    obs = observe(sig, 4.0, {0: "running", 1: "poll"}, {0: "clock_nanosleep", 1: "poll"})
+    memory = signals()
+    obs = observe(memory, 4.0, {0: "running", 1: "poll"}, {0: "clock_nanosleep", 1: "poll"})
     obs.procs[0].cpu_pct = 100.0
-    assert "dataloader_stall" not in evaluate(sig, obs, M)
+    assert "dataloader_stall" not in evaluate(memory, obs, M)
 
 
 def test_start_up_is_not_judged() -> None:
-    sig = signals(n=2)  # the first batches of an attempt wait for freshly started workers
-    found = evaluate(sig, observe(sig, 4.0, WAITING, {0: "running", 1: "running"}), MonitorConfig())
+    memory = signals(n=2)  # the first batches of an attempt wait for freshly started workers
+    found = evaluate(memory, observe(memory, 4.0, WAITING, {0: "running", 1: "running"}), MonitorConfig())
     assert found == {}
 
 
 def test_a_waiting_loop_waking_up_still_counts_as_waiting() -> None:
-    sig = signals()
-    obs = observe(sig, 4.0, {0: "poll", 1: "running"}, {0: "clock_nanosleep", 1: "clock_nanosleep"})
+    memory = signals()
+    obs = observe(memory, 4.0, {0: "poll", 1: "running"}, {0: "clock_nanosleep", 1: "clock_nanosleep"})
     obs.procs[1].cpu_pct = 1.0
-    assert set(evaluate(sig, obs, M)) == {"dataloader_stall"}
+    assert set(evaluate(memory, obs, M)) == {"dataloader_stall"}
     obs.procs[1].cpu_pct = 90.0  # really computing: not a stall
-    assert "dataloader_stall" not in evaluate(sig, obs, M)
+    assert "dataloader_stall" not in evaluate(memory, obs, M)
 
 
 def test_once_seen_as_a_stall_the_same_quiet_spell_is_no_hang() -> None:
-    sig = signals()
-    obs = observe(sig, 8.0, {0: "poll", 1: "running"}, {0: "clock_nanosleep", 1: "poll"})
+    memory = signals()
+    obs = observe(memory, 8.0, {0: "poll", 1: "running"}, {0: "clock_nanosleep", 1: "poll"})
     obs.procs[1].cpu_pct = 60.0  # a moment that looks like compute: the /proc view is ambiguous
-    assert set(evaluate(sig, obs, M)) == {"hang"}
+    assert set(evaluate(memory, obs, M)) == {"hang"}
     obs.open_evidence = {"dataloader_stall": {"in_progress": True, "step": 21}}
-    assert evaluate(sig, obs, M) == {}
+    assert evaluate(memory, obs, M) == {}
 
 
 def test_compile_workers_are_not_a_dataloader() -> None:
-    sig = signals()
-    obs = observe(sig, 4.0, WAITING, {0: "running", 1: "running"})
+    memory = signals()
+    obs = observe(memory, 4.0, WAITING, {0: "running", 1: "running"})
     for p in obs.procs.values():
         p.children[0].cmdline = "python -m torch._inductor.compile_worker --workers=8"
-    assert "dataloader_stall" not in evaluate(sig, obs, M)
+    assert "dataloader_stall" not in evaluate(memory, obs, M)
 
 
 def test_no_stall_judged_while_an_eval_is_due() -> None:
-    sig = RuleMemory(RunFacts(num_workers=1, world_size=2, eval_every=20, eval_batches=4))
+    memory = RuleMemory(RunFacts(num_workers=1, world_size=2, eval_every=20, eval_batches=4))
     for ev in [{"kind": "run_start", "t": T0, "attempt": 1, "start_step": 0, "world_size": 2}] + [
             {"kind": "step", "t": T0 + k * STEP_S, "step": k, "step_time_s": STEP_S, "data_wait_s": 0.01,
              "tokens_per_s": 1000.0} for k in range(1, 21)]:
-        sig.feed_event(parse_event(ev))
-    found = evaluate(sig, observe(sig, 4.0, WAITING, {0: "clock_nanosleep", 1: "clock_nanosleep"}), M)
+        memory.feed_event(parse_event(ev))
+    found = evaluate(memory, observe(memory, 4.0, WAITING, {0: "clock_nanosleep", 1: "clock_nanosleep"}), M)
     assert "dataloader_stall" not in found

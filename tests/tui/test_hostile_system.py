@@ -64,7 +64,7 @@ def test_incident_rules_survive_hostile_system_lines(tmp_path):
     write_hostile(tmp_path)
     monitor = IncidentMonitor(tmp_path, MonitorConfig())
     monitor.poll()
-    assert [s["t"] - T for s in monitor.sig.system] == [1.0, 1.0, 1.0, 2.0, 3.0]
+    assert [s["t"] - T for s in monitor.memory.system] == [1.0, 1.0, 1.0, 2.0, 3.0]
 
 
 @pytest.mark.slow

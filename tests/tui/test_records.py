@@ -79,7 +79,7 @@ def test_every_reader_rejects_the_same_lines_and_reads_on(tmp_path):
     # the incident rules: before, int("x") raised and the rest of the chunk was lost
     mon = IncidentMonitor(tmp_path, MonitorConfig())
     mon.poll()
-    assert mon.sig.attempt == 1 and mon.sig.last_step.step == 10 and mon.events.bad_lines == n_bad
+    assert mon.memory.attempt == 1 and mon.memory.last_step.step == 10 and mon.events.bad_lines == n_bad
     copied = [rec for rec in read_events(r.paths.incidents) if rec.get("source") == "engine" and rec["status"] == "open"]
     assert [rec["code"] for rec in copied] == ["loss_spike"]
 

@@ -99,9 +99,9 @@ def _signal_name(code: int | None) -> tuple[int | None, str | None]:
         return num, f"signal {num}"
 
 
-def _host_memory_share(sig: RuleMemory, node: str | None) -> float | None:
+def _host_memory_share(memory: RuleMemory, node: str | None) -> float | None:
     """The newest sample's host memory use (in a job, of `node`'s host: the failed rank's)."""
-    for s in reversed(sig.system):
+    for s in reversed(memory.system):
         if node is not None and s.get("node") not in (None, node):
             continue
         host = s.get("host") or {}
@@ -133,7 +133,7 @@ def _first_failure(obs: Observation) -> tuple[list[Failure], str]:
     return [Failure(r, None) for _, _, r in sorted(ranked)], "rank logs"
 
 
-def _worth_explaining(sig: RuleMemory, obs: Observation, exited: bool) -> bool:
+def _worth_explaining(memory: RuleMemory, obs: Observation, exited: bool) -> bool:
     """Whether a worker failed (or is failing) in a way nobody asked for."""
     st = obs.status
     dying = st.state in ("running", "stopping") and (
@@ -144,7 +144,7 @@ def _worth_explaining(sig: RuleMemory, obs: Observation, exited: bool) -> bool:
         return False  # the supervisor ended a hung attempt: the open hang says why
     if (obs.open_evidence.get("nan_loss") or {}).get("action") == "stop":
         return False  # the engine stopped on purpose, and said why (nan_loss)
-    return not (sig.run_end is not None and sig.run_end.status in CLEAN_STATES)
+    return not (memory.run_end is not None and memory.run_end.status in CLEAN_STATES)
 
 
 def _root_cause(first: Failure, failures: list[Failure], obs: Observation) -> tuple[Failure, str | None, str]:
@@ -200,7 +200,7 @@ def _title(code: str, step: int | None, who: str, stuck: list[int] | None) -> st
     return f"Collective timeout {at_step(step)}: {who} gave up waiting"
 
 
-def worker_exit(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident | None:
+def worker_exit(memory: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident | None:
     """A worker exited non-zero: classify the first one to die.
 
     Known for sure once torchrun has exited (status.json has its exit code); before that, a
@@ -210,12 +210,12 @@ def worker_exit(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident
     if obs.nodes and obs.status.slurm_state == "NODE_FAIL":
         # Slurm said a node failed: decided from that and the heartbeats, whichever of the node's death,
         # the survivors' errors and Slurm's SIGTERM came first (the survivors' logs may say nothing yet)
-        return _node_failed(sig, obs)
+        return _node_failed(memory, obs)
     rc = obs.status.exit_code
     if rc in (None, 0) and obs.node_exits:   # a job: a node's torchrun failed before the job's status says so
         rc = obs.node_exits[min(obs.node_exits)].exit_code
     exited = rc not in (None, 0) or obs.status.state == "failed" or bool(obs.node_exits)
-    if not _worth_explaining(sig, obs, exited):
+    if not _worth_explaining(memory, obs, exited):
         return None
     failures, source = _first_failure(obs)
     first = failures[0] if failures else Failure(-1, rc)
@@ -226,12 +226,12 @@ def worker_exit(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident
         return None  # stopped from outside (mt stop/kill, a scheduler): the status says so
     if obs.status.slurm_state == "REQUEUED" and kind in (None, "peer"):
         return None  # Slurm requeued the job: its SIGTERM (KillWait later SIGKILL) ended the ranks, the status says so
-    host_mem = _host_memory_share(sig, first.node or obs.nodes.get(first.rank))
+    host_mem = _host_memory_share(memory, first.node or obs.nodes.get(first.rank))
     code, what = _what_happened(kind, line, signum, signame, host_mem,
                                 first.exit_code if first.exit_code is not None else rc)
     # the steps the rules hold are this attempt's only once its run_start came (a factory that
     # raises, or a script that reports nothing, never writes one): else no step ran, none is named
-    last = sig.last_step if obs.status.attempt in (None, sig.attempt) else None
+    last = memory.last_step if obs.status.attempt in (None, memory.attempt) else None
     step = last.step + 1 if last else None
     node = first.node or obs.nodes.get(first.rank)   # its supervisor reported it, or its heartbeat is in that node's folder
     who = fmt_rank(first.rank, node) if first.rank >= 0 else "a worker"
@@ -247,7 +247,7 @@ def worker_exit(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident
     if kind in ("peer", "timeout") and obs.nodes:
         # a job's survivor that lost its peer: a node that went away first is the cause, named instead
         said = {r: classify_log(t)[0] for r, t in obs.rank_logs.items()}
-        quiet = lost_nodes(sig, obs, node, said)
+        quiet = lost_nodes(memory, obs, node, said)
         if quiet.lost:
             survivor = {"rank": first.rank, "node": node, "kind": kind, "line": line or None}
             return node_lost(quiet.lost, quiet.others_t, step, who, what, {**evidence, "survivor": survivor})
@@ -257,11 +257,11 @@ def worker_exit(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident
                     _detail(who, what, source, first, failures, code, stuck), ADVICE[code], evidence)
 
 
-def _node_failed(sig: RuleMemory, obs: Observation) -> Incident | None:
+def _node_failed(memory: RuleMemory, obs: Observation) -> Incident | None:
     """The node Slurm's NODE_FAIL took, found by its heartbeats (stopped first, nothing recorded); the
     job's node (this supervisor's) and its first rank are the survivor. None until the node is told apart."""
     said = {r: classify_log(t)[0] for r, t in obs.rank_logs.items()}
-    quiet = lost_nodes(sig, obs, obs.node, said)
+    quiet = lost_nodes(memory, obs, obs.node, said)
     if not quiet.lost:
         return None
     mine = sorted(r for r, n in obs.nodes.items() if n == obs.node) or [-1]
@@ -269,7 +269,7 @@ def _node_failed(sig: RuleMemory, obs: Observation) -> Incident | None:
     kind, line = classify_log(obs.rank_logs.get(rank, ""))
     what = {"peer": f"lost its collective peer: {line}", "timeout": f"timed out in a collective: {line}"}.get(
         kind or "", "was stopped by Slurm (NODE_FAIL: it ends the job's tasks on the other nodes)")
-    last = sig.last_step if obs.status.attempt in (None, sig.attempt) else None
+    last = memory.last_step if obs.status.attempt in (None, memory.attempt) else None
     step = last.step + 1 if last else None
     who = fmt_rank(rank, obs.node) if rank >= 0 else f"node {obs.node}"
     evidence: dict[str, Any] = {"torchrun_exit_code": obs.status.exit_code, "last_step": last.step if last else None,

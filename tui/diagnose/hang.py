@@ -31,30 +31,30 @@ ADVICE_STRAGGLER = (
 )
 
 
-def this_attempt(sig: RuleMemory, obs: Observation) -> dict[int, dict[str, Any]]:
+def this_attempt(memory: RuleMemory, obs: Observation) -> dict[int, dict[str, Any]]:
     """Heartbeats written by the current attempt (older files are left-overs)."""
     out = {}
     for rank, hb in obs.heartbeats.items():
         att = hb.get("attempt")
-        if sig.attempt is None or att is None or att == sig.attempt:
+        if memory.attempt is None or att is None or att == memory.attempt:
             out[rank] = hb
     return out
 
 
-def running(sig: RuleMemory, obs: Observation) -> bool:
+def running(memory: RuleMemory, obs: Observation) -> bool:
     """This attempt's engine is up and has not ended (a hang or a stall can only happen then)."""
     st = obs.status
     if not obs.live or st.state != "running" or st.exit_code not in (None, 0):
         return False
-    if st.attempt is not None and sig.attempt is not None and st.attempt > sig.attempt:
+    if st.attempt is not None and memory.attempt is not None and st.attempt > memory.attempt:
         return False  # a new attempt is starting; its engine has not announced itself yet
-    return sig.attempt is not None and sig.run_end is None
+    return memory.attempt is not None and memory.run_end is None
 
 
-def last_progress(sig: RuleMemory, obs: Observation) -> float | None:
+def last_progress(memory: RuleMemory, obs: Observation) -> float | None:
     """The newest sign of life of this attempt: an event or a heartbeat."""
-    marks = [t for t in (sig.attempt_t0, sig.last_event_t) if t is not None]
-    marks += [as_float(hb.get("t")) for hb in this_attempt(sig, obs).values()]
+    marks = [t for t in (memory.attempt_t0, memory.last_event_t) if t is not None]
+    marks += [as_float(hb.get("t")) for hb in this_attempt(memory, obs).values()]
     marks = [t for t in marks if not math.isnan(t)]
     return max(marks) if marks else None
 
@@ -114,63 +114,63 @@ def _suspects(hbs: dict[int, dict[str, Any]], procs: dict[int, RankProc], nccl: 
     return [], ""
 
 
-def early_limit(sig: RuleMemory, hbs: dict[int, dict[str, Any]], med: float | None, m: MonitorConfig) -> float | None:
+def early_limit(memory: RuleMemory, hbs: dict[int, dict[str, Any]], med: float | None, m: MonitorConfig) -> float | None:
     """The quiet spell after which a rank stopped while the others wait is a hang: max(3 s, factor x
     the median step interval), plus 3x the measured length of an eval or checkpoint under way; None
     when the run has no measured pace yet, or a pause under way was never measured (the floor decides)."""
-    last = sig.last_step
-    if last is None or med is None or last.step <= sig.start_step + WARMUP_STEPS:
+    last = memory.last_step
+    if last is None or med is None or last.step <= memory.start_step + WARMUP_STEPS:
         return None
-    kinds = sig.pauses_due(last.step) | {hb.get("phase") for hb in hbs.values()} & {"eval", "checkpoint"}
-    if sig.facts.script:   # a script's saves and evals come when it decides: any kind it has reported may run now
-        kinds |= set(sig.pause_s)
-    if any(k not in sig.pause_s for k in kinds):
+    kinds = memory.pauses_due(last.step) | {hb.get("phase") for hb in hbs.values()} & {"eval", "checkpoint"}
+    if memory.facts.script:   # a script's saves and evals come when it decides: any kind it has reported may run now
+        kinds |= set(memory.pause_s)
+    if any(k not in memory.pause_s for k in kinds):
         return None
-    return max(EARLY_FLOOR_S, m.hang_step_factor * med) + sum(sig.pause_allowance(str(k)) for k in kinds)
+    return max(EARLY_FLOOR_S, m.hang_step_factor * med) + sum(memory.pause_allowance(str(k)) for k in kinds)
 
 
-def _confirmed(sig: RuleMemory, obs: Observation, hbs: dict[int, dict[str, Any]], idle: float,
+def _confirmed(memory: RuleMemory, obs: Observation, hbs: dict[int, dict[str, Any]], idle: float,
                early: float | None) -> tuple[list[int], str] | None:
     """The stopped rank(s) and why, once the same ones were seen over CONFIRM_S past the early limit."""
-    found = _suspects(hbs, obs.procs, sig.nccl) if early is not None and idle >= early else ([], "")
+    found = _suspects(hbs, obs.procs, memory.nccl) if early is not None and idle >= early else ([], "")
     if not found[0]:
-        sig.stuck = None
+        memory.stuck = None
         return None
     ranks = tuple(found[0])
-    if sig.stuck is None or sig.stuck[0] != ranks:
-        sig.stuck = (ranks, obs.now)
-    return found if obs.now - sig.stuck[1] >= CONFIRM_S else None
+    if memory.stuck is None or memory.stuck[0] != ranks:
+        memory.stuck = (ranks, obs.now)
+    return found if obs.now - memory.stuck[1] >= CONFIRM_S else None
 
 
-def hang(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident | None:
+def hang(memory: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident | None:
     """No new step for max(floor, factor x median step time) while rank processes live; sooner
     (`early_limit`) when one rank stopped while the others wait in a collective."""
-    if not running(sig, obs):
+    if not running(memory, obs):
         return None
     if obs.procs and not any(p.alive for p in obs.procs.values()):
         return None  # everyone has exited: that is for the exit rules
-    hbs = this_attempt(sig, obs)
-    last = sig.last_step
-    progress = last_progress(sig, obs)
+    hbs = this_attempt(memory, obs)
+    last = memory.last_step
+    progress = last_progress(memory, obs)
     if progress is None:
         return None
-    med = sig.median_step_interval()
+    med = memory.median_step_interval()
     limit = max(m.hang_floor_s, m.hang_step_factor * med) if med else m.hang_floor_s
     if last is None:
         limit *= 2  # start-up: first batches, allocator warm-up, compilation
     else:
-        for kind in sig.pauses_due(last.step):  # a long eval or checkpoint is not a hang
-            limit += m.hang_floor_s + sig.pause_allowance(kind)
+        for kind in memory.pauses_due(last.step):  # a long eval or checkpoint is not a hang
+            limit += m.hang_floor_s + memory.pause_allowance(kind)
     idle = obs.now - progress
-    early = early_limit(sig, hbs, med, m)
-    confirmed = _confirmed(sig, obs, hbs, idle, early)
+    early = early_limit(memory, hbs, med, m)
+    confirmed = _confirmed(memory, obs, hbs, idle, early)
     if idle < limit and confirmed is None:
         return None
-    step = (last.step if last else sig.start_step) + 1
+    step = (last.step if last else memory.start_step) + 1
     stall = obs.open_evidence.get("dataloader_stall") or {}
     if stall.get("in_progress") and stall.get("step") == step:
         return None  # this quiet spell was already seen to be the input pipeline's
-    suspects, why = confirmed or _suspects(hbs, obs.procs, sig.nccl, obs.open_evidence.get("hang"))
+    suspects, why = confirmed or _suspects(hbs, obs.procs, memory.nccl, obs.open_evidence.get("hang"))
     early_named = confirmed is not None and early is not None and idle < limit
     if early_named:
         limit = early   # the ranks show who stopped: the stale mark is the early limit
@@ -195,26 +195,26 @@ def hang(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident | None
            f"the median {fmt_s(med)} between steps")
     detail = (f"no step for {fmt_s(idle)} after step {step - 1} ({how}); "
               f"{who}stale heartbeats: {obs.whom(stale) or 'none'}. " + "; ".join(lines)
-              + (f" ({NCCL_SPIN})" if sig.nccl and not suspects else ""))
+              + (f" ({NCCL_SPIN})" if memory.nccl and not suspects else ""))
     evidence = {"idle_s": round(idle, 1), "limit_s": round(limit, 1), "last_step": step - 1,
                 "median_step_interval_s": med, "stale_ranks": stale, "suspect_ranks": suspects, "ranks": per_rank,
-                "early": early_named, "nccl": sig.nccl}
+                "early": early_named, "nccl": memory.nccl}
     title = f"Hang: no progress after step {step - 1}"
     if obs.nodes and suspects:   # a job: which rank on which node, at the step it stopped at
         title = f"Hang: {obs.who(suspects[0])} stopped at step {per_rank[str(suspects[0])]['heartbeat_step']:,}"
     return Incident("hang", "error", step, title, detail, ADVICE_HANG, evidence)
 
 
-def straggler(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident | None:
+def straggler(memory: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident | None:
     """A rank's heartbeat steadily `straggler_steps` or more behind the most advanced rank."""
-    if not running(sig, obs):
+    if not running(memory, obs):
         return None
-    med = sig.median_step_interval() or 1.0
+    med = memory.median_step_interval() or 1.0
     steady = max(3.0, 3 * med)
-    lagging = {r: lag for r, (lag, since) in sig.heartbeat_lag.items() if obs.now - since >= steady}
+    lagging = {r: lag for r, (lag, since) in memory.heartbeat_lag.items() if obs.now - since >= steady}
     if not lagging:
         return None
-    hbs = this_attempt(sig, obs)
+    hbs = this_attempt(memory, obs)
     top = max(int(as_float(hb.get("step"))) for hb in hbs.values()) if hbs else None
     worst = max(lagging, key=lambda r: lagging[r])
     detail = (f"{obs.who(worst)} is {lagging[worst]} steps behind the leading rank (step {top}) for over "

@@ -39,10 +39,10 @@ class LostNode:
                 "state": self.state, "quiet_before_others_s": round(others_t - self.last_seen_t, 1)}
 
 
-def _last_seen(sig: RuleMemory, hbs: dict[int, dict[str, Any]], ranks: list[int], node: str) -> float:
+def _last_seen(memory: RuleMemory, hbs: dict[int, dict[str, Any]], ranks: list[int], node: str) -> float:
     """The node's newest sign of life: a heartbeat of its ranks, or its supervisor's system sample."""
     marks = [as_float(hbs[r].get("t")) for r in ranks if r in hbs]
-    sample = sig.newest_system(node)
+    sample = memory.newest_system(node)
     if sample is not None:
         marks.append(as_float(sample.get("t")))
     marks = [t for t in marks if math.isfinite(t)]
@@ -59,18 +59,18 @@ class Quiet:
     others_t: float             # the other nodes' newest sign of life
 
 
-def lost_nodes(sig: RuleMemory, obs: Observation, blamed: str | None, said: dict[int, str | None]) -> Quiet:
+def lost_nodes(memory: RuleMemory, obs: Observation, blamed: str | None, said: dict[int, str | None]) -> Quiet:
     """Nodes other than `blamed` (the node of the rank that lost its peer) whose ranks logged nothing
     (`said`: rank -> its log's verdict), whose supervisor recorded no failed worker and no clean end,
     and whose heartbeats and samples stopped before the others': lost once quiet LOST_QUIET_S, or
     at once when Slurm said a node failed."""
-    hbs = this_attempt(sig, obs)
+    hbs = this_attempt(memory, obs)
     by_node: dict[str, list[int]] = {}
     for rank, node in sorted(obs.nodes.items()):
         by_node.setdefault(node, []).append(rank)
     quiet, seen = [], {}
     for node, ranks in by_node.items():
-        seen[node] = _last_seen(sig, hbs, ranks, node)
+        seen[node] = _last_seen(memory, hbs, ranks, node)
         gone = obs.node_exits.get(node)
         if (node == blamed or not any(r in hbs for r in ranks) or (gone is not None and gone.failures)
                 or obs.node_states.get(node) in CLEAN_STATES):

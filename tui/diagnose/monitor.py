@@ -88,7 +88,7 @@ class IncidentMonitor:
         self.nodes: dict[int, str] = {}   # rank -> node, in a job
         self._rank_logs: dict[int, Path] = {}   # built once per node map: a job's tick marks a thousand logs
         self.m = monitor
-        self.sig = RuleMemory(facts or run_facts(self.paths))
+        self.memory = RuleMemory(facts or run_facts(self.paths))
         self.events = RecordTail(self.paths.events)
         self.system = JsonlTail(self.paths.system)
         self.procs = ProcReader()
@@ -131,12 +131,12 @@ class IncidentMonitor:
             mine = [{**s, "node": self.node} for s in samples] if self.node else samples
             samples = sorted(mine + self.job.take_samples(but=self.node), key=lambda s: s["t"])
         for sample in samples:
-            self.sig.feed_system(sample)
+            self.memory.feed_system(sample)
         if new_steps:  # the logs up to here belong to a run that was still stepping
-            self.log_mark = {r: file_size(self._rank_log(r)) for r in range(self.sig.world_size or 0)}
+            self.log_mark = {r: file_size(self._rank_log(r)) for r in range(self.memory.world_size or 0)}
         obs = self._observe(tick, views)
         obs.new_steps = new_steps
-        found = evaluate(self.sig, obs, self.m)
+        found = evaluate(self.memory, obs, self.m)
         out += self._lifecycle(found, obs)
         self._append(out)
         return out
@@ -147,7 +147,7 @@ class IncidentMonitor:
         out: list[dict[str, Any]] = []
         new_steps = 0
         for ev in events:
-            self.sig.feed_event(ev)
+            self.memory.feed_event(ev)
             if isinstance(ev, IncidentLine):
                 out += self._copy_engine(ev, now)
             elif isinstance(ev, Step):
@@ -174,31 +174,31 @@ class IncidentMonitor:
                 self.nodes, self._rank_logs = nodes, {}
             hbs = {r: hb for v in views for r, hb in v.heartbeats.items() if self.nodes.get(r) == v.name}
         else:
-            world = self.sig.world_size
-            hbs = read_heartbeats(self.paths, range(world) if world else None, self.sig.max_steps)
+            world = self.memory.world_size
+            hbs = read_heartbeats(self.paths, range(world) if world else None, self.memory.max_steps)
             if self.nodes:
                 self.nodes, self._rank_logs = {}, {}
-        self.sig.note_heartbeats(hbs, now, self.m.straggler_steps)
+        self.memory.note_heartbeats(hbs, now, self.m.straggler_steps)
         pids = tick.worker_pids or self._heartbeat_pids(hbs)
         if views:
             pids = {r: p for r, p in pids.items() if self.nodes.get(r, self.node) == self.node}
-        progress = self.sig.last_progress_t()
+        progress = self.memory.last_progress_t()
         # the syscall probe is only worth it once the run has been quiet for a couple of seconds,
         # or always for a script that reports nothing (its processes are all there is to read)
-        silent = progress is None and self.sig.facts.script
+        silent = progress is None and self.memory.facts.script
         quiet = silent or progress is not None and now - progress > 2.0
-        sample = self.sig.newest_system(self.node if views else None)
+        sample = self.memory.newest_system(self.node if views else None)
         procs = {**_remote_procs(views, set(pids)), **self.procs.read(pids, sample, detailed=quiet)}
         obs = Observation(now, status, hbs, procs, supervisor_alive=tick.supervisor_alive, open_codes=frozenset(self.open),
                           open_evidence={c: {**(r.get("evidence") or {}), "step": r.get("step")} for c, r in self.open.items()},
                           nodes=dict(self.nodes), node_exits={e.node: e for e in self.job.exits(status.attempt)},
                           node_states={v.name: v.status.state for v in views}, node=self.node)
         exited = status.exit_code not in (None, 0) or status.state == "failed" or bool(obs.node_exits)
-        ended_well = self.sig.run_end is not None and self.sig.run_end.status in CLEAN_STATES
+        ended_well = self.memory.run_end is not None and self.memory.run_end.status in CLEAN_STATES
         if quiet and not ended_well and not exited:
             obs.fresh_error = self._fresh_error()
         if exited or obs.fresh_error or (any(p.alive is False for p in procs.values()) and not ended_well):
-            ranks = set(pids) | set(self.nodes) | set(range(self.sig.world_size or 0))
+            ranks = set(pids) | set(self.nodes) | set(range(self.memory.world_size or 0))
             logs = {r: read_tail(self._rank_log(r), since=self.log_from.get(self._rank_log(r), 0))
                     for r in sorted(ranks)}
             obs.rank_logs = {r: t for r, t in logs.items() if t}
@@ -209,8 +209,8 @@ class IncidentMonitor:
 
     def _fresh_error(self) -> bool:
         """A rank printed an error since the run last stepped (and no eval/checkpoint is due)."""
-        last = self.sig.last_step
-        if last is None or self.sig.pauses_due(last.step):
+        last = self.memory.last_step
+        if last is None or self.memory.pauses_due(last.step):
             return False
         for rank, mark in self.log_mark.items():
             kind, _ = classify_log(read_tail(self._rank_log(rank), since=mark))
@@ -239,7 +239,7 @@ class IncidentMonitor:
         """Without the supervisor's list of this node's workers (a bare torchrun), the heartbeats name them."""
         pids: dict[int, int] = {}
         for r, hb in hbs.items():
-            if isinstance(hb.get("pid"), int) and hb.get("attempt") in (None, self.sig.attempt):
+            if isinstance(hb.get("pid"), int) and hb.get("attempt") in (None, self.memory.attempt):
                 pids[r] = hb["pid"]
         return pids
 
@@ -281,10 +281,10 @@ class IncidentMonitor:
                 self.open[code] = rec
                 out.append(rec)
         state = obs.status.state
-        if state not in FINAL_STATES and self.sig.run_end is not None:
+        if state not in FINAL_STATES and self.memory.run_end is not None:
             # the engine's run_end comes before torchrun and the supervisor finish: settle now,
             # as the supervisor may not poll again once it has written the final state
-            state = self.sig.run_end.status
+            state = self.memory.run_end.status
         if state in FINAL_STATES:
             keep = KEEP_WHEN_FAILED if state in ("failed", "killed") else KEEP_WHEN_DONE
             for code in list(self.open):

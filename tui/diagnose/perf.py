@@ -26,14 +26,14 @@ ADVICE_MEMORY = (
 )
 
 
-def is_live(sig: RuleMemory, obs: Observation) -> bool:
+def is_live(memory: RuleMemory, obs: Observation) -> bool:
     """The run is (still) going: no run_end for this attempt, and status.json says it lives."""
-    return sig.run_end is None and obs.live
+    return memory.run_end is None and obs.live
 
 
-def gpu_util(sig: RuleMemory, obs: Observation, window_s: float) -> float | None:
+def gpu_util(memory: RuleMemory, obs: Observation, window_s: float) -> float | None:
     """Mean GPU utilisation over the window, if NVML sampled it for (most of) the window."""
-    samples = [s for s in sig.recent_system(obs.now, window_s) if s.get("nvml") and s.get("gpus")]
+    samples = [s for s in memory.recent_system(obs.now, window_s) if s.get("nvml") and s.get("gpus")]
     utils = []
     for s in samples:
         vals = [as_float(g.get("util_pct")) for g in s["gpus"]]
@@ -69,17 +69,17 @@ def _time_weighted_median(steps: list[StepRec]) -> float:
     return pairs[-1][0]
 
 
-def _host_view(sig: RuleMemory, obs: Observation) -> tuple[dict[str, Any], str]:
+def _host_view(memory: RuleMemory, obs: Observation) -> tuple[dict[str, Any], str]:
     """The newest system sample's host load and rank CPU, and a sentence when the host is oversubscribed."""
-    sample = sig.newest_system(obs.node)   # in a job, the job's node's host: the one this monitor runs on
+    sample = memory.newest_system(obs.node)   # in a job, the job's node's host: the one this monitor runs on
     if sample is None or obs.now - as_float(sample.get("t")) > 10:
         return {}, ""
     h = sample.get("host") or {}
     load, cpu = as_float(h.get("load1")), as_float(h.get("cpu_pct"))
     ranks = [as_float(r.get("cpu_pct")) for r in sample.get("ranks") or [] if isinstance(r, dict)]
     view = {"load1": None if math.isnan(load) else round(load, 2), "cpu_pct": None if math.isnan(cpu) else cpu,
-            "cores": sig.facts.host_cores, "rank_cpu_pct": [None if math.isnan(c) else c for c in ranks]}
-    cores = sig.facts.host_cores
+            "cores": memory.facts.host_cores, "rank_cpu_pct": [None if math.isnan(c) else c for c in ranks]}
+    cores = memory.facts.host_cores
     if cores and not math.isnan(load) and load > 1.5 * cores:
         shown = ", ".join(f"{c:.0f}%" for c in ranks if not math.isnan(c))
         return view, (f"; the host is oversubscribed: load {load:.1f} on {cores} cores"
@@ -87,18 +87,18 @@ def _host_view(sig: RuleMemory, obs: Observation) -> tuple[dict[str, Any], str]:
     return view, ""
 
 
-def throughput_drop(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident | None:
+def throughput_drop(memory: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident | None:
     """Tokens/s well below the run's own median for a sustained window (pauses excluded)."""
-    if not is_live(sig, obs):
+    if not is_live(memory, obs):
         return None
     recent: list[StepRec] = []
     before: list[StepRec] = []
-    for r in reversed(sig.steps):  # newest first; the baseline is the last 500 steps before
+    for r in reversed(memory.steps):  # newest first; the baseline is the last 500 steps before
         if len(before) == 500:
             break
         # steps that mostly waited for data are the stall rule's; they would only echo it here
         data_bound = not math.isnan(r.data_wait_s) and r.data_wait_s >= m.stall_data_share * max(r.step_time_s, 1e-9)
-        if sig.judged(r) and _tps_ok(r) and not data_bound:
+        if memory.judged(r) and _tps_ok(r) and not data_bound:
             (recent if obs.now - r.t <= m.throughput_window_s else before).append(r)
     recent.reverse()
     if len(recent) < 3 or len(before) < 10:
@@ -116,7 +116,7 @@ def throughput_drop(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Inci
     detail = (f"tokens/s fell to {now_rate:,.0f} (time-weighted median of the last {fmt_s(m.throughput_window_s)}, "
               f"{len(recent)} steps) from {base:,.0f} before, {now_rate / base:.0%} of it; "
               f"median step time {fmt_s(statistics.median(r.step_time_s for r in recent))}, data wait {fmt_s(wait)}")
-    host, host_txt = _host_view(sig, obs)
+    host, host_txt = _host_view(memory, obs)
     detail += host_txt
     evidence = {"tokens_per_s_now": round(now_rate, 1), "tokens_per_s_before": round(base, 1),
                 "ratio": round(now_rate / base, 3), "steps": [recent[0].step, recent[-1].step],
@@ -125,13 +125,13 @@ def throughput_drop(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Inci
                     detail, ADVICE_THROUGHPUT, evidence)
 
 
-def memory_pressure(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident | None:
+def memory_pressure(memory: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident | None:
     """A rank's per-step peak of allocated memory (PyTorch's allocator, its heartbeat) above the share of its
     GPU's total for the whole window. NVML's "used" is not judged: it counts the allocator's cache, the CUDA
     context and NCCL's buffers, where a healthy, well-packed run sits at 95%."""
-    if not is_live(sig, obs):
+    if not is_live(memory, obs):
         return None
-    samples = [s for s in sig.recent_system(obs.now, m.memory_window_s) if s.get("ranks")]
+    samples = [s for s in memory.recent_system(obs.now, m.memory_window_s) if s.get("ranks")]
     if len(samples) < 2 or as_float(samples[-1].get("t")) - as_float(samples[0].get("t")) < 0.8 * m.memory_window_s:
         return None
     shares: dict[int, list[float]] = {}
@@ -151,7 +151,7 @@ def memory_pressure(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Inci
     full = {r: v for r, v in shares.items() if len(v) == per_node[node_of[r]] and min(v) >= m.memory_pressure_share}
     if not full:
         return None
-    step = sig.last_step
+    step = memory.last_step
     gib = 2**30
     ranks = ", ".join(f"{obs.who(r)} {max(v):.1%} (allocated {as_float(last[r].get('mem_alloc_bytes')) / gib:.1f}, "
                       f"reserved {as_float(last[r].get('mem_reserved_bytes')) / gib:.1f} of "

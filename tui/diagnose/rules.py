@@ -25,11 +25,11 @@ RULES = (
 )
 
 
-def evaluate(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> dict[str, Incident]:
+def evaluate(memory: RuleMemory, obs: Observation, m: MonitorConfig) -> dict[str, Incident]:
     """Every rule whose condition holds now, keyed by code (at most one finding per code)."""
     found: dict[str, Incident] = {}
     for rule in RULES:
-        finding = rule(sig, obs, m)
+        finding = rule(memory, obs, m)
         if finding is not None and finding.code not in found:
             found[finding.code] = finding
     # The more specific diagnosis explains the other: a stalled loader or a hung rank is why

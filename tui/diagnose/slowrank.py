@@ -50,9 +50,9 @@ class Parts:
         return self.step_s - self.comm_s if self.comm_s is not None else self.data_s
 
 
-def _parts(sig: RuleMemory, obs: Observation) -> dict[int, Parts]:
+def _parts(memory: RuleMemory, obs: Observation) -> dict[int, Parts]:
     out = {}
-    for rank, hb in this_attempt(sig, obs).items():
+    for rank, hb in this_attempt(memory, obs).items():
         a = hb.get("anatomy") or {}
         if hb.get("phase", "train") != "train" or obs.now - hb["t"] > FRESH_S or a.get("n", 0) < MIN_STEPS:
             continue
@@ -67,12 +67,12 @@ def _gap(slow: Parts, others: list[Parts], part: str) -> float | None:
     return None if mine is None or None in values else mine - statistics.median(values)
 
 
-def _host_busy(sig: RuleMemory, obs: Observation, node: str | None) -> float | None:
+def _host_busy(memory: RuleMemory, obs: Observation, node: str | None) -> float | None:
     """Cores busy on the host besides the ranks, over the last 30 s of system samples (None: unknown;
     in a job, `node`'s: the slow rank's host)."""
-    cores = sig.facts.host_cores
+    cores = memory.facts.host_cores
     spare = []
-    for s in sig.recent_system(obs.now, 30.0, node):
+    for s in memory.recent_system(obs.now, 30.0, node):
         host = (s.get("host") or {}).get("cpu_pct")
         ranks = [r.get("cpu_pct") for r in s.get("ranks") or []]
         if cores and host is not None and None not in ranks:
@@ -80,25 +80,25 @@ def _host_busy(sig: RuleMemory, obs: Observation, node: str | None) -> float | N
     return statistics.median(spare) if spare else None
 
 
-def _named(sig: RuleMemory, now: float, slow: int, gap: float, step_s: float, is_open: bool) -> bool:
+def _named(memory: RuleMemory, now: float, slow: int, gap: float, step_s: float, is_open: bool) -> bool:
     """Whether the gap names the rank: over GAP_SHARE of a step now, or over HELD_SHARE since HOLD_S
     (the clock restarts when the gap falls under it or another rank is the slowest)."""
     if gap >= max(GAP_S, HELD_SHARE * step_s) * (KEEP if is_open else 1.0):
-        if sig.slow_since is None or sig.slow_since[0] != slow:
-            sig.slow_since = (slow, now)
+        if memory.slow_since is None or memory.slow_since[0] != slow:
+            memory.slow_since = (slow, now)
     else:
-        sig.slow_since = None
+        memory.slow_since = None
     if gap >= max(GAP_S, GAP_SHARE * step_s) * (KEEP if is_open else 1.0):
         return True
-    return sig.slow_since is not None and now - sig.slow_since[1] >= HOLD_S
+    return memory.slow_since is not None and now - memory.slow_since[1] >= HOLD_S
 
 
-def slow_rank(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident | None:
+def slow_rank(memory: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident | None:
     """A rank whose own time a step exceeds the others' by GAP_S and GAP_SHARE of a step (or
     HELD_SHARE, held for HOLD_S), and why."""
-    if not running(sig, obs):
+    if not running(memory, obs):
         return None
-    parts = _parts(sig, obs)
+    parts = _parts(memory, obs)
     if len(parts) < 2 or any(p.busy_s is None for p in parts.values()):
         return None
     slow = max(parts, key=lambda r: parts[r].busy_s or 0.0)
@@ -106,7 +106,7 @@ def slow_rank(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident |
     gap = _gap(me, others, "busy_s") or 0.0
     step_s = statistics.median(p.step_s for p in parts.values())
     is_open = (obs.open_evidence.get("straggler") or {}).get("rank") == slow
-    if not _named(sig, obs.now, slow, gap, step_s, is_open):
+    if not _named(memory, obs.now, slow, gap, step_s, is_open):
         return None
     data_gap, work_gap = _gap(me, others, "data_s"), _gap(me, others, "work_s")
     input_bound = data_gap is not None and (work_gap is None or data_gap >= work_gap)
@@ -122,10 +122,10 @@ def slow_rank(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident |
     own = f"it waits {fmt_ms(me.data_s)} a step for data" if input_bound else \
         f"its forward/backward and optimizer take {fmt_ms(me.work_s)} a step"
     why = f"{obs.who(slow)} is {bound}-bound: {own} while rank {peers} {verb} ~{fmt_ms(wait_s)} in all-reduce for it"
-    held_s = obs.now - sig.slow_since[1] if sig.slow_since is not None else 0.0
+    held_s = obs.now - memory.slow_since[1] if memory.slow_since is not None else 0.0
     steady = f", {gap / step_s:.0%} of it, for {held_s:.0f} s" if gap < GAP_SHARE * step_s else ""
     detail = f"{why} (medians of the ranks' last steps; a step takes {fmt_ms(step_s)}{steady})"
-    busy = _host_busy(sig, obs, obs.nodes.get(slow)) if bound == "compute" else None
+    busy = _host_busy(memory, obs, obs.nodes.get(slow)) if bound == "compute" else None
     if busy is not None and busy >= HOST_BUSY_CORES:
         detail += f"; its host's CPU is busy with something else ({busy:.1f} cores besides the ranks)"
     evidence: dict[str, Any] = {
@@ -136,5 +136,5 @@ def slow_rank(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident |
     }
     advice = ADVICE_INPUT if input_bound else ADVICE_COMPUTE + (" Other processes share this host's CPU now: "
                                                                 "check them (top)." if busy and busy >= 1 else "")
-    return Incident("straggler", "warn", sig.last_step.step if sig.last_step else None,
+    return Incident("straggler", "warn", memory.last_step.step if memory.last_step else None,
                     f"Straggler: {obs.who(slow)} is {bound}-bound", detail, advice, evidence)

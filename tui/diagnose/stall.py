@@ -19,14 +19,14 @@ ADVICE_STALL = (
 )
 
 
-def _stall_window(sig: RuleMemory, steps: list[StepRec], end: int, m: MonitorConfig) -> list[StepRec]:
+def _stall_window(memory: RuleMemory, steps: list[StepRec], end: int, m: MonitorConfig) -> list[StepRec]:
     """The last `stall_steps` judged steps up to index `end`, within stall_window_s of it."""
     recent: list[StepRec] = []
     t_end = steps[end].t
     for r in reversed(steps[: end + 1]):
         if t_end - r.t > m.stall_window_s or len(recent) == m.stall_steps:
             break
-        if sig.judged(r) and not math.isnan(r.data_wait_s) and not math.isnan(r.step_time_s):
+        if memory.judged(r) and not math.isnan(r.data_wait_s) and not math.isnan(r.step_time_s):
             recent.append(r)
     recent.reverse()
     return recent
@@ -52,19 +52,19 @@ def _waiting(p: RankProc) -> bool:
     return p.syscall == "running" and p.cpu_pct is not None and p.cpu_pct < 10.0
 
 
-def stall_in_progress(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident | None:
+def stall_in_progress(memory: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident | None:
     """No step for a while, every rank blocked on its input queue while its DataLoader workers work.
 
     Seen from /proc while the stalled step is still waiting, so a long stall is named for what
     it is within seconds instead of being taken for a hang when its step finally lands.
     """
-    last = sig.last_step
-    if not running(sig, obs) or last is None or last.step <= sig.start_step + WARMUP_STEPS:
+    last = memory.last_step
+    if not running(memory, obs) or last is None or last.step <= memory.start_step + WARMUP_STEPS:
         return None
-    if sig.pauses_due(last.step):
+    if memory.pauses_due(last.step):
         return None  # an eval or checkpoint runs now: waiting ranks are expected
-    progress = last_progress(sig, obs)
-    interval = sig.median_step_interval() or 0.0
+    progress = last_progress(memory, obs)
+    interval = memory.median_step_interval() or 0.0
     idle = obs.now - progress if progress is not None else 0.0
     if idle < max(3.0, m.stall_min_wait_s, 3 * interval):
         return None
@@ -78,12 +78,12 @@ def stall_in_progress(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> In
                         for r, cs in sorted(feeding.items()))
     detail = (f"no step for {fmt_s(idle)} after step {last.step} (steps take {fmt_s(interval)}): every rank "
               f"is blocked waiting for its next batch while its DataLoader workers are still busy ({workers})")
-    if sig.facts.num_workers is not None:
-        detail += f"; [data] num_workers = {sig.facts.num_workers}"
+    if memory.facts.num_workers is not None:
+        detail += f"; [data] num_workers = {memory.facts.num_workers}"
     evidence = {"idle_s": round(idle, 1), "median_step_interval_s": interval, "in_progress": True,
                 "ranks": {str(r): {"syscall": p.syscall, "workers": [{"pid": c.pid, "state": c.state, "syscall": c.syscall}
                                                                       for c in p.children]} for r, p in alive.items()},
-                "num_workers": sig.facts.num_workers}
+                "num_workers": memory.facts.num_workers}
     return Incident("dataloader_stall", "warn", step, f"Dataloader stall at step {step}", detail, ADVICE_STALL, evidence)
 
 
@@ -104,17 +104,17 @@ NCCL_BUSY = ("NCCL's kernels spin while they wait, so a GPU whose rank waits in 
              "reads busy: the utilisation understates the stall")
 
 
-def silent_stall(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident | None:
+def silent_stall(memory: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident | None:
     """A script that reports nothing through mt has no steps to judge: its ranks all blocked on
     their input queues while their DataLoader workers work, for stall_window_s (with NVML, the
     GPUs idle too: a rank waiting on its GPU looks alike), seen from /proc alone."""
-    blocked = _blocked_on_input(obs) if sig.facts.script and sig.attempt is None and \
+    blocked = _blocked_on_input(obs) if memory.facts.script and memory.attempt is None and \
         obs.status.state == "running" else None
-    gpu = gpu_util(sig, obs, m.stall_window_s) if blocked else None
+    gpu = gpu_util(memory, obs, m.stall_window_s) if blocked else None
     if blocked is None or (gpu is not None and gpu > m.stall_gpu_util_pct):
-        sig.blocked_on_input_since = None
+        memory.blocked_on_input_since = None
         return None
-    since = sig.blocked_on_input_since = sig.blocked_on_input_since or obs.now
+    since = memory.blocked_on_input_since = memory.blocked_on_input_since or obs.now
     if obs.now - since < m.stall_window_s / 2:
         return None
     alive, feeding = blocked
@@ -131,35 +131,35 @@ def silent_stall(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Inciden
                     ADVICE_STALL, evidence)
 
 
-def dataloader_stall(sig: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident | None:
+def dataloader_stall(memory: RuleMemory, obs: Observation, m: MonitorConfig) -> Incident | None:
     """Data wait a large share of recent step time (and, with NVML, GPUs idle meanwhile)."""
-    silent = silent_stall(sig, obs, m)
-    if silent is not None or sig.facts.script and sig.attempt is None:
+    silent = silent_stall(memory, obs, m)
+    if silent is not None or memory.facts.script and memory.attempt is None:
         return silent
-    if not is_live(sig, obs) or not sig.steps:
+    if not is_live(memory, obs) or not memory.steps:
         return None
-    ongoing = stall_in_progress(sig, obs, m)
+    ongoing = stall_in_progress(memory, obs, m)
     if ongoing is not None:
         return ongoing
     # Fast runs log many steps between two polls: judge the window ending at each new step,
     # or a stall that has already scrolled out of the last few steps would go unseen.
-    tail = list(sig.steps)[-(min(obs.new_steps, 500) + 4 * m.stall_steps):]
+    tail = list(memory.steps)[-(min(obs.new_steps, 500) + 4 * m.stall_steps):]
     ends = range(max(0, len(tail) - max(1, obs.new_steps)), len(tail))
     ends = [i for i in ends if obs.now - tail[i].t <= m.stall_window_s]
-    gpu = gpu_util(sig, obs, m.stall_window_s)
+    gpu = gpu_util(memory, obs, m.stall_window_s)
     gpu_idle = gpu is not None and gpu <= m.stall_gpu_util_pct
     # Without NVML (CPU runs) the data-wait share decides alone; with it, idle GPUs lower the
     # bar to half the share (the GPU confirms what the share suggests).
     need = m.stall_data_share / 2 if gpu_idle else m.stall_data_share
     for end in ends:
-        recent = _stall_window(sig, tail, end, m)
-        finding = _stall_finding(sig, recent, need, gpu, m)
+        recent = _stall_window(memory, tail, end, m)
+        finding = _stall_finding(memory, recent, need, gpu, m)
         if finding is not None:
             return finding
     return None
 
 
-def _stall_finding(sig: RuleMemory, recent: list[StepRec], need: float, gpu: float | None,
+def _stall_finding(memory: RuleMemory, recent: list[StepRec], need: float, gpu: float | None,
                    m: MonitorConfig) -> Incident | None:
     """The incident for one window of steps, if their data wait is `need` of their time."""
     if len(recent) < min(2, m.stall_steps):
@@ -176,15 +176,15 @@ def _stall_finding(sig: RuleMemory, recent: list[StepRec], need: float, gpu: flo
     detail = (f"{gpu_txt}data wait was {share:.0%} of step time over steps {recent[0].step}-{recent[-1].step} "
               f"({fmt_s(wait / n)} of {fmt_s(total / n)} per step; step {worst.step} waited "
               f"{fmt_s(worst.data_wait_s)} of its {fmt_s(max(worst.step_time_s, worst.data_wait_s))})")
-    if sig.facts.num_workers is not None:
-        detail += f" ([data] num_workers = {sig.facts.num_workers})"
-    if gpu is not None and sig.nccl:
+    if memory.facts.num_workers is not None:
+        detail += f" ([data] num_workers = {memory.facts.num_workers})"
+    if gpu is not None and memory.nccl:
         detail += f"; {NCCL_BUSY}"
     evidence = {
         "steps": [r.step for r in recent], "data_wait_s": [round(r.data_wait_s, 4) for r in recent],
         "step_time_s": [round(r.step_time_s, 4) for r in recent], "data_share": round(share, 3),
         "threshold_share": need, "gpu_util_pct": None if gpu is None else round(gpu, 1),
-        "num_workers": sig.facts.num_workers,
+        "num_workers": memory.facts.num_workers,
     }
     return Incident("dataloader_stall", "warn", first.step, f"Dataloader stall at step {first.step}",
                     detail, ADVICE_STALL, evidence)
