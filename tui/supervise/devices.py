@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import socket
 
 from mt.contract.config import Config, ConfigError
 from mt.contract.toolchain import cxx_problem
@@ -51,3 +52,14 @@ def device_warnings(cfg: Config) -> list[str]:
         return [f"launch.nproc_per_node = {nproc} CPU ranks on {cores} usable cores: the ranks share the cores "
                 "and every step waits for the slowest; fewer ranks will be faster"]
     return []
+
+
+def node_device_problem(cfg: Config, under_slurm: bool) -> str | None:
+    """Under Slurm, why this node's devices cannot run launch.device (checked by its supervisor, where its ranks
+    run, never on the login node), naming the node; None: they can."""
+    try:
+        if under_slurm and not cfg.launch.script:
+            check_devices(cfg, f"node {os.environ.get('SLURMD_NODENAME') or socket.gethostname()}")
+    except ConfigError as e:
+        return str(e)
+    return None

@@ -27,7 +27,6 @@ from typing import Any
 
 from mt.contract import door, fmt, space
 from mt.contract.checkpoints import newest
-from mt.contract.config import ConfigError
 from mt.contract.events import dumps
 from mt.contract.paths import RunPaths
 from mt.contract.preset import load_config_json
@@ -42,6 +41,7 @@ from tui.read.procs import rank_processes, run_processes
 from tui.read.torchrun_log import worker_exit_code
 from tui.supervise import lock as runlock
 from tui.supervise import procs
+from tui.supervise.devices import node_device_problem
 from tui.supervise.diagnosis import IncidentHook
 from tui.supervise.failure import attempt_failure, end_if_hung, failures_since
 from tui.supervise.procs import die_with_parent, file_logger, kill_all, terminate_all
@@ -167,7 +167,7 @@ class Supervisor:
             self.incidents.note(lost, "the attempt it concerns had ended")
         self.mirrors = MirrorHook(self.paths, self.cfg, self.log, self.events.line_offset)  # [monitor] tensorboard, wandb
         try:
-            if refused := self.node_devices():
+            if refused := node_device_problem(self.cfg, self.under_slurm):
                 return self.finish("failed", 1, exit_code=None, reason=refused)
             while True:
                 rc, worker_rc, run_end = self.run_attempt(attempt)
@@ -204,17 +204,6 @@ class Supervisor:
             if not self.is_job:  # srun's --kill-on-bad-exit must not end the job's supervisor mid-record
                 self.peers.wait_for_job_end(JOB_END_WAIT_S)
             self.mirrors.close()
-
-    def node_devices(self) -> str | None:
-        """Under Slurm, why this node's devices cannot run launch.device (checked here, where its ranks run, never
-        on the login node), naming the node; None: they can."""
-        from tui.supervise.devices import check_devices
-        try:
-            if self.under_slurm and not self.cfg.launch.script:
-                check_devices(self.cfg, f"node {os.environ.get('SLURMD_NODENAME') or socket.gethostname()}")
-        except ConfigError as e:
-            return str(e)
-        return None
 
     def failure_reason(self, rc: int, worker_rc: int | None, run_end: RunEnd | None) -> str:
         return self.hung or attempt_failure(self.cfg, self.paths, rc, worker_rc, run_end, self.peers.killed_elsewhere(self.status.attempt))
