@@ -38,6 +38,7 @@ class CheckpointInfo:
     request_id: str | None = None
     seconds: float | None = None      # the whole write
     blocking_s: float | None = None   # what the loop waited of it
+    logged: tuple[float | None, float | None, float | None] | None = None  # (loss, lr, grad_norm) logged at its step
 
     def age_s(self, now: float) -> float:
         return max(0.0, now - self.t)
@@ -279,6 +280,11 @@ def reduce_event(st: RunState, ev: Record) -> None:
     if isinstance(ev, Step):
         reduce_step(st, ev)
     elif isinstance(ev, RunStart):
+        if st.step != ev.start_step:  # resumed before the newest logged step: show what was logged at its own
+            ck = st.last_checkpoint
+            logged = ck.logged if ck is not None and ck.step == ev.start_step and ck.logged else (None, None, None)
+            st.loss, st.lr, st.grad_norm = logged
+            st.tokens_per_s = st.samples_per_s = st.step_time_s = None
         st.attempt = ev.attempt or st.attempt
         st.world_size, st.nnodes, st.effective_batch = ev.world_size, ev.nnodes, ev.effective_batch
         st.tokens_per_step, st.params_total, st.params_active = ev.tokens_per_step, ev.params_total, ev.params_active
@@ -300,7 +306,8 @@ def reduce_event(st: RunState, ev: Record) -> None:
         st.val_loss, st.val_loss_step = ev.values["val_loss"], ev.step
     elif isinstance(ev, Checkpoint):
         st.last_checkpoint = CheckpointInfo(step=ev.step, path=ev.path, t=ev.t or 0.0, reason=ev.reason,
-                                            request_id=ev.request_id, seconds=ev.seconds, blocking_s=ev.blocking_s)
+                                            request_id=ev.request_id, seconds=ev.seconds, blocking_s=ev.blocking_s,
+                                            logged=(st.loss, st.lr, st.grad_norm) if st.step == ev.step else None)
         note_answer(st.controls, ev)
     elif isinstance(ev, ControlEvent):
         note_answer(st.controls, ev)
