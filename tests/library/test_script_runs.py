@@ -253,3 +253,22 @@ def test_mt_kill_of_a_script_saves_no_checkpoint_and_deletes_none(tmp_path: Path
     assert on_disk == [newest - every * (keep - 1 - i) for i in range(keep)], (on_disk, newest)
     assert not [e for e in events(run_dir, "run_end") if e["status"] == "stopped"]   # no graceful stop either
     assert not _incidents(run_dir, "crash"), (run_dir / "incidents.jsonl").read_text()   # a kill is no crash
+
+
+def test_every_view_names_the_error_line_of_a_script_that_failed_before_mt_init(tmp_path: Path) -> None:
+    from tui.read.follower import load_run_state
+    from tui.widgets.notice import notice_text
+
+    script = tmp_path / "argy.py"
+    script.write_text("import argparse\nimport mt\np = argparse.ArgumentParser()\np.add_argument('--steps', type=int)\n"
+                      "a = p.parse_args()\nrun = mt.init(config=vars(a))\nrun.finish()\n")
+    said = "argy.py: error: unrecognized arguments: --stepz 10"
+    res = mt("launch", script, "--runs-dir", tmp_path / "runs", "--headless", "--", "--stepz", "10", cwd=tmp_path)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert f"run failed (rank 0: {said})" in res.stdout, res.stdout
+    run_dir = _launched(tmp_path / "runs", "argy")
+    once = mt("watch", run_dir, "--once").stdout
+    assert f"reason: rank 0: {said}" in once, once
+    assert "reported nothing through mt" not in once and "failed before it called mt.init" in once, once
+    notice = str(notice_text(load_run_state(run_dir), [], 0))
+    assert f"first failure: rank 0: {said}" in notice, notice

@@ -138,6 +138,8 @@ class RunState:
                 or self.mt_init_attempt == self.attempt:
             return None
         adds = "`run = mt.init()` and `run.step(step, loss=...)` add loss/lr plots, hang and NaN diagnosis, and the c/s keys"
+        if self.state == "failed":  # it may call mt.init further on: the error (the reason) stopped it first
+            return f"the script failed before it called mt.init (one that calls it: {adds}; docs/library.md)"
         if self.is_final:
             return f"this script reported nothing through mt: {adds} (docs/library.md)"
         return f"no step yet: the script has not called mt.init in this attempt (one that never does is still supervised; {adds}: docs/library.md)"
