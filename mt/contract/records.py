@@ -54,6 +54,7 @@ class RunStart(Event):
     strategy: str | None               # "ddp" or "fsdp" (older runs: None)
     activation_checkpointing: bool
     compile: bool                      # the model ran torch.compile'd
+    grad_clip: float | None = None     # a script's clip norm (the engine's is its config's train.grad_clip)
     kind: ClassVar[str] = "run_start"
 
 
@@ -202,13 +203,13 @@ def _run_start(raw: dict[str, Any], t: float | None) -> RunStart:
         _int(raw, "params_active"), _int(raw, "tokens_per_step"), _int(raw, "effective_batch"), _int(raw, "start_step") or 0,
         _int(raw, "max_steps"), _floor(raw), raw.get("strategy") if raw.get("strategy") in _STRATEGIES else None,
         raw.get("activation_checkpointing") is True,  # optional extras: an odd value is dropped, not the line
-        raw.get("compile") is True)
+        raw.get("compile") is True, _floor(raw, "grad_clip"))
 
 
-def _floor(raw: dict[str, Any]) -> float | None:
-    """data_loss_floor, an optional extra: one that cannot be true is dropped, not the run_start."""
+def _floor(raw: dict[str, Any], name: str = "data_loss_floor") -> float | None:
+    """data_loss_floor or grad_clip, optional extras: one that cannot be true is dropped, not the run_start."""
     try:
-        x = _num(raw, "data_loss_floor", nonneg=True)
+        x = _num(raw, name, nonneg=True)
     except _Bad:
         return None
     return x if x is not None and math.isfinite(x) else None

@@ -255,7 +255,7 @@ def test_the_batched_step_lines_and_index_rows_equal_the_generic_writers() -> No
              (-1, t, 0.1, 1.0, 0.1, 0.5, 10.0, None), (13, 5.0, 0.1, 1.0, 0.1, 0.5, 10.0, {"v": math.nan})]
     batch, seen, expect = StepBatch(), 0.0, []
     for step, at, dt, loss, lr, gn, tokens, extra in cases:
-        batch.note((step, at, dt, loss, lr, gn, tokens, extra))
+        batch.note((step, at, dt, loss, lr, gn, tokens, extra, 1))
         if tokens is not None:
             seen += tokens
         fields = {"t": at, "step": step, "epoch": None, "loss": loss, "lr": lr, "grad_norm": gn, "clipped": None,

@@ -272,3 +272,29 @@ def test_every_view_names_the_error_line_of_a_script_that_failed_before_mt_init(
     assert "reported nothing through mt" not in once and "failed before it called mt.init" in once, once
     notice = str(notice_text(load_run_state(run_dir), [], 0))
     assert f"first failure: rank 0: {said}" in notice, notice
+
+
+def test_a_trainer_run_says_its_precision_device_batch_clip_and_tokens_and_diffs_by_its_arguments(tmp_path: Path) -> None:
+    pytest.importorskip("accelerate")  # the Trainer needs it (in the hf extra)
+    runs, dirs = tmp_path / "runs", []
+    for lr in ("1e-3", "3e-3"):
+        res = mt("launch", SCRIPTS / "hf_facts.py", "--nproc", "1", "--runs-dir", runs, "--headless", "--", lr, "6", cwd=tmp_path)
+        assert res.returncode == 0, res.stdout + res.stderr
+        dirs.append(Path(next(ln for ln in res.stdout.splitlines() if ln.startswith("run dir: ")).split(": ", 1)[1]))
+    start = events(dirs[0], "run_start")[-1]
+    assert (start["precision"], start["device"], start["effective_batch"], start["grad_clip"]) == ("fp32", "cpu", 8, 0.5)
+    steps = events(dirs[0], "step")
+    assert [s["step"] for s in steps] == list(range(1, 7))
+    # the Trainer counts 8 x 32 tokens a step: from the second log on, each step's time and rate
+    assert all(s["tokens_per_s"] > 0 and s["step_time_s"] > 0 for s in steps[1:]), steps
+    assert all(abs(s["tokens_per_s"] * s["step_time_s"] - 256) < 1e-6 * 256 for s in steps[1:]), steps
+    once = mt("watch", dirs[0], "--once").stdout
+    assert "world 1 x cpu  precision fp32  eff. batch 8" in once and "tok/s N/A" not in once, once
+    from tui.read.follower import load_run_state
+    assert load_run_state(dirs[0]).grad_clip == 0.5   # the grad-norm plot's red line
+    config = json.loads((dirs[0] / "config.json").read_text())
+    assert set(config) <= {"run", "launch", "monitor", "slurm"}, config   # no unused engine defaults (model.n_layer ...)
+    diff = mt("diff", *dirs).stdout
+    row = next(ln.split() for ln in diff.splitlines() if ln.startswith("args.learning_rate"))
+    assert row[1:] == ["0.001", "0.003"], diff
+    assert "model.n_layer" not in diff and "launch.script_args" in diff, diff

@@ -115,6 +115,7 @@ class RunState:
     script: str | None = None          # a user's script ([launch] script) instead of mt's engine
     n_steps: int = 0                   # step events seen (all attempts)
     attempt_t: float | None = None     # when the newest run_start was written
+    args: dict | None = field(default=None, repr=False)   # a script's own config (mt.init config=, a Trainer's arguments), newest attempt's
     mt_init_attempt: int | None = None # the attempt a script's heartbeat names: it called mt.init (tui/read/follower.py)
     status: Status = field(default_factory=Status, repr=False)   # found: False until status.json is read
     # (t, step) of recent step events, for a wall-clock ETA that includes eval/ckpt pauses
@@ -267,6 +268,8 @@ def reduce_step(st: RunState, ev: Step) -> None:
         st.note_best(ev.step, ev.loss)
     st.lr, st.grad_norm, st.tokens_per_s, st.step_time_s = ev.lr, ev.grad_norm, ev.tokens_per_s, ev.step_time_s
     st.samples_per_s = ev.samples_per_s
+    if ev.tokens_per_s is None and ev.samples_per_s is None and st.effective_batch and ev.step_time_s:
+        st.samples_per_s = st.effective_batch / ev.step_time_s  # a script that counts no tokens but said its batch
     if ev.mfu is not None:
         st.mfu = ev.mfu
     if ev.t is not None:
@@ -293,6 +296,10 @@ def reduce_event(st: RunState, ev: Record) -> None:
         st.device, st.backend, st.precision = ev.device, ev.backend, ev.precision
         st.strategy, st.compile, st.activation_checkpointing = ev.strategy, ev.compile, ev.activation_checkpointing
         st.loss_floor = ev.data_loss_floor
+        if st.script is not None:  # a script's clip and config, said at mt.init (an engine run's are its config.json's)
+            st.grad_clip = ev.grad_clip or None
+            config = ev.raw.get("config")
+            st.args = config if isinstance(config, dict) and config else st.args
         st.max_steps = ev.max_steps or st.max_steps
         st.start_step = ev.start_step
         st.step = st.start_step if st.start_step else st.step
