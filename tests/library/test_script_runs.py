@@ -298,3 +298,38 @@ def test_a_trainer_run_says_its_precision_device_batch_clip_and_tokens_and_diffs
     row = next(ln.split() for ln in diff.splitlines() if ln.startswith("args.learning_rate"))
     assert row[1:] == ["0.001", "0.003"], diff
     assert "model.n_layer" not in diff and "launch.script_args" in diff, diff
+
+
+ACCELERATE = REPO / "examples" / "accelerate" / "train.py"
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_the_accelerate_example_is_checkpointed_stopped_and_resumed_exactly(tmp_path: Path, nproc: int) -> None:
+    pytest.importorskip("accelerate")
+    runs, steps = tmp_path / "runs", "30"   # 200 samples, 8 a process and step: an epoch is 25 (1 process) or 12 steps
+    ref = mt("launch", ACCELERATE, "--nproc", str(nproc), "--runs-dir", runs / "ref", "--headless", "--", "--steps", steps, cwd=tmp_path)
+    assert ref.returncode == 0, ref.stdout + ref.stderr
+    launch = mt("launch", ACCELERATE, "--nproc", str(nproc), "--runs-dir", runs / "cut", "--detach", "--",
+                "--steps", steps, "--sleep", "0.3", cwd=tmp_path)
+    assert launch.returncode == 0, launch.stderr
+    run_dir = Path(launch.stdout.strip().splitlines()[-1])
+    try:
+        wait_for(lambda: len(events(run_dir, "step")) >= 3, 120, "steps of the Accelerate script")
+        ckpt = mt("ckpt", run_dir, "--timeout", "60")
+        assert ckpt.returncode == 0, ckpt.stdout + ckpt.stderr
+        # past the first epoch (12 steps on 2 processes), so the resumed one starts mid-epoch, not at epoch 0
+        wait_for(lambda: len(events(run_dir, "step")) >= 14, 120, "the second epoch")
+        stop = mt("stop", run_dir, "--timeout", "60")
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        stopped_at = events(run_dir, "run_end")[-1]["step"]
+        assert stopped_at < int(steps) and events(run_dir, "checkpoint")[-1]["reason"] == "stop"
+        res = mt("resume", run_dir, "--detach")
+        assert res.returncode == 0, res.stderr
+        wait_for(lambda: status(run_dir).get("state") in ("completed", "failed"), 180, "the resumed attempt to end")
+    finally:
+        mt("kill", run_dir)
+    assert status(run_dir)["state"] == "completed", status(run_dir)
+    assert [e["start_step"] for e in events(run_dir, "run_start")] == [0, stopped_at]
+    reference = _losses(next((runs / "ref").iterdir()))
+    assert sorted(reference) == list(range(1, int(steps) + 1))
+    assert _losses(run_dir) == reference   # every logged loss, bit for bit
