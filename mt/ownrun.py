@@ -56,7 +56,7 @@ def _fill(paths: RunPaths, cfg: Config, script: Path | None) -> None:
     for sub in (paths.logs, paths.control, paths.checkpoints, paths.heartbeat_dir):
         sub.mkdir(mode=0o700, exist_ok=True)
     write_script_preset(paths.preset, cfg, "written by mt.init for a script started without mt launch")
-    write_json_atomic(paths.config, cfg.to_dict())
+    write_json_atomic(paths.config, cfg.recorded())
     now = time.time()
     write_status(paths, Status(
         state="running", attempt=1, supervisor_pid=os.getpid(), owner="script", worker_pids={"0": os.getpid()},

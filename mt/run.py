@@ -28,6 +28,7 @@ from mt.contract.fmt import failure_reason, tree_size
 from mt.contract.heartbeat import BackgroundHeartbeat
 from mt.contract.inbox import ControlInbox, Polled, Request, StopSignals
 from mt.contract.paths import RunPaths
+from mt.facts import Facts
 from mt.failsafe import WriteFailures
 from mt.stacks import install_stack_dump
 from mt.stepbatch import StepBatch
@@ -67,6 +68,7 @@ class _Start:
     owned: bool
     usable: bool
     failures: WriteFailures
+    facts: Facts = Facts()
 
 
 class Run:
@@ -80,6 +82,8 @@ class Run:
         self.dir = paths.root
         self.rank, self.world_size, self.attempt = rank, start.world_size, attempt
         self.paths, self.config, self.max_steps = paths, dict(start.config or {}), start.max_steps
+        self.facts = start.facts  # what the script said at mt.init: the header's precision, device, batch, clip
+        self._recorded: tuple[int, float] | None = None  # run.record's previous (step, time): the steps between are timed
         self.owned = start.owned and usable
         self.resume_from: Path | None = None
         self.failures = start.failures  # mt's writes that failed: said once, never raised into the loop
@@ -135,7 +139,8 @@ class Run:
             grad_norm = step_number(grad_norm, "grad_norm")
         extra = {k: as_number(v, k) for k, v in metrics.items()} if metrics else None
         ctl, tokens_all = self._sync(step, tokens)
-        self._emit_step(self._step or 0, now, loss, lr, grad_norm, tokens_all, extra)
+        self._emit_step(self._step or 0, None if self._last_t is None else now - self._last_t, 1,
+                        loss, lr, grad_norm, tokens_all, extra)
         self._last_t, self._agreed_s = now, time.perf_counter() - now
         return ctl
 
@@ -147,11 +152,16 @@ class Run:
     def record(self, step: int, *, loss: float | None = None, lr: float | None = None, grad_norm: float | None = None,
                tokens: int | None = None, **metrics: float) -> None:
         """Rank 0 records step `step`'s numbers, checked as `step` checks them (on every rank);
-        `tokens` is the step's count over every rank: nothing is summed here."""
+        `tokens`: the count over every rank of the steps since the previous record (nothing is summed
+        here). The time since that record, over the steps between, is the step time."""
         at = as_whole(step, "step")
         values = (step_number(loss, "loss"), step_number(lr, "lr"), step_number(grad_norm, "grad_norm"),
                   as_number(tokens, "tokens", nonneg=True, finite=True))
-        self._emit_step(at, time.perf_counter(), *values, {k: as_number(v, k) for k, v in metrics.items()} or None)
+        now = time.perf_counter()
+        before, self._recorded = self._recorded, (at, now)
+        steps = at - before[0] if before is not None and at > before[0] else 0
+        self._emit_step(at, now - before[1] if steps else None, max(1, steps), *values,
+                        {k: as_number(v, k) for k, v in metrics.items()} or None)
 
     def log(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         """Extra metrics (an eval, say) at `step` (default: the last step); rank 0 writes them."""
@@ -244,15 +254,17 @@ class Run:
         self._step = step
         return ctl, tokens
 
-    def _emit_step(self, step: int, now: float, loss: float | None, lr: float | None, grad_norm: float | None,
-                   tokens: float | None, extra: Mapping[str, float] | None) -> None:
-        """Rank 0: note the step (values already checked) for the next batched write; other ranks write nothing."""
+    def _emit_step(self, step: int, dt: float | None, n: int, loss: float | None, lr: float | None,
+                   grad_norm: float | None, tokens: float | None, extra: Mapping[str, float] | None) -> None:
+        """Rank 0: note the step (values already checked; `dt` the time of the `n` steps it closes) for the
+        next batched write; other ranks write nothing."""
         if self._events is None:
             return
         if not self._started:
             self._ensure_started(step - 1)
-        self._steps.note((step, time.time(), None if self._last_t is None else now - self._last_t,
-                          loss, lr, grad_norm, tokens, extra))
+        if tokens is None and self.facts.tokens_per_step is not None:
+            tokens = float(self.facts.tokens_per_step * n)  # the script said how many a step has
+        self._steps.note((step, time.time(), dt, loss, lr, grad_norm, tokens, extra, n))
 
     def _decide(self, step: int, tokens: float | None) -> tuple[Control, float | None]:
         """Control (rank 0) and the agreement of every rank: checkpoint now, stop, tokens summed."""
@@ -337,13 +349,24 @@ class Run:
             self._events.emit("run_start", **event_fields.run_start(
                 run_id=self.dir.name, attempt=self.attempt, world_size=self.world_size,
                 local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size)),
-                device=self._agree.device_name(), backend=self._agree.backend(), precision=None, config=plain(self.config),
-                params_total=None, params_trainable=None, tokens_per_step=None, effective_batch=None, static_mem_bytes=None,
+                device=self.facts.device or self._agree.device_name(), backend=self._agree.backend(),
+                precision=self.facts.precision, config=plain(self.config), params_total=None, params_trainable=None,
+                tokens_per_step=self.facts.tokens_per_step, effective_batch=self.facts.effective_batch, static_mem_bytes=None,
                 start_step=max(0, start_step), max_steps=self.max_steps,
                 resumed_from={"path": str(self.resume_from)} if self.resume_from else None,
                 torch_version=getattr(torch, "__version__", None), git_commit=None, source="script",
                 script=sys.argv[0] if sys.argv else None, pid=os.getpid(),
+                **({"grad_clip": self.facts.grad_clip} if self.facts.grad_clip is not None else {}),
             ))
+
+    def _describe(self, config: Mapping[str, Any] | None, facts: Facts, max_steps: int | None) -> None:
+        """A later mt.init's words (an adapter's, once its framework knows them): they count until run_start is written."""
+        if self._started:
+            return
+        if config is not None:
+            self.config = dict(config)
+        self.facts = facts.over(self.facts)
+        self.max_steps = max_steps or self.max_steps
 
     def _excepthook(self, kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         """An exception escaping the script ends the run as failed, with its type and message."""
@@ -361,17 +384,21 @@ _LIVE: dict[int, Run] = {}
 
 
 def init(config: Mapping[str, Any] | None = None, *, name: str | None = None, runs_dir: str | os.PathLike[str] = "runs",
-         max_steps: int | None = None) -> Run:
+         max_steps: int | None = None, precision: str | None = None, device: str | None = None,
+         effective_batch: int | None = None, tokens_per_step: int | None = None, grad_clip: float | None = None) -> Run:
     """Join this process's mt run (under `mt launch`), or make one under `runs_dir` (plain python/torchrun).
 
     Call it on every rank; with several ranks outside `mt launch`, after init_process_group."""
-    live = _LIVE.get(os.getpid())
-    if live is not None and not live._finished:
-        return live
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    facts = Facts.of(precision=precision, device=device, effective_batch=effective_batch,
+                     tokens_per_step=tokens_per_step, grad_clip=grad_clip)
     if max_steps is None and config:
         guess = next((config[k] for k in ("max_steps", "max_iters") if k in config), None)
         max_steps = guess if isinstance(guess, int) and not isinstance(guess, bool) and guess > 0 else None
+    live = _LIVE.get(os.getpid())
+    if live is not None and not live._finished:
+        live._describe(config, facts, max_steps)
+        return live
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     joined = os.environ.get(ENV_RUN_DIR)
     failures = WriteFailures()
     if joined:
@@ -381,7 +408,7 @@ def init(config: Mapping[str, Any] | None = None, *, name: str | None = None, ru
         made = make_own_run(rank, world, name, Path(runs_dir), failures)
         usable = made is not None
         paths, attempt, owned = made if made is not None else RunPaths(Path(runs_dir).absolute()), 1, True
-    run = Run(_Start(paths, rank, world, attempt, config, max_steps, owned, usable, failures))
+    run = Run(_Start(paths, rank, world, attempt, config, max_steps, owned, usable, failures, facts))
     from mt.contract.checkpoints import reported
     run.resume_from = reported(paths.events) if usable else None
     run._previous_hook = sys.excepthook

@@ -37,8 +37,10 @@ def _nonneg(x: float | None) -> bool:
     return x is None or not x < 0  # NaN included: the index keeps it, as the parser does
 
 
+# (step, t, dt, loss, lr, grad_norm, tokens, extra, n): dt and tokens are those of the n steps this one closes
+# (run.record's, between two of the framework's logs; run.step's: 1)
 Noted = tuple[int, float, "float | None", "float | None", "float | None", "float | None", "float | None",
-              "Mapping[str, float] | None"]
+              "Mapping[str, float] | None", int]
 
 
 class StepBatch:
@@ -47,7 +49,7 @@ class StepBatch:
 
     def __init__(self) -> None:
         self._noted: deque[Noted] = deque()  # appends and pops are thread-safe (the heartbeat thread flushes too)
-        # note((step, t, dt, loss, lr, grad_norm, tokens, extra)): the deque's own append, one C call
+        # note((step, t, dt, loss, lr, grad_norm, tokens, extra, n)): the deque's own append, one C call
         self.note: Callable[[Noted], None] = self._noted.append
         self.tokens_seen = 0.0
 
@@ -61,12 +63,14 @@ class StepBatch:
         rows: list[tuple[float, ...] | None] = []
         fields: list[dict[str, Any]] = []
         while self._noted:
-            step, t, dt, loss, lr, grad_norm, tokens, extra = self._noted.popleft()
+            step, t, dt, loss, lr, grad_norm, tokens, extra, n = self._noted.popleft()
             seen = None
             if tokens is not None:
                 self.tokens_seen += tokens
                 seen = int(self.tokens_seen)
             tps = tokens / dt if tokens and dt else None
+            if n != 1 and dt is not None:
+                dt /= n  # the step's own time
             lines.append((_LINE % (repr(t), step, _json(loss), _json(lr), _json(grad_norm), _json(tps), _json(dt),
                                    "null" if seen is None else seen,
                                    ',"extra":' + dumps(dict(extra)) if extra else "")).encode())

@@ -291,6 +291,9 @@ class SlurmConfig:
     """Raw `#SBATCH` lines (`--hold`, `--exclusive`, ...), written after mt's own."""
 
 
+SCRIPT_TABLES = ("run", "launch", "monitor", "slurm")  # what a script's run reads of its config (the rest is the engine's)
+
+
 @dataclass
 class Config:
     run: RunConfig
@@ -312,6 +315,12 @@ class Config:
                 if "toml" in f.metadata:
                     raw[section.name][f.metadata["toml"]] = raw[section.name].pop(f.name)
         return raw
+
+    def recorded(self) -> dict[str, Any]:
+        """config.json: every table, or for a script's run only the tables it uses (docs/run-directory.md),
+        so `mt diff` compares what was used, not the engine's defaults; a missing table reads back as its defaults."""
+        raw = self.to_dict()
+        return {k: v for k, v in raw.items() if k in SCRIPT_TABLES} if self.launch.script else raw
 
     @property
     def checkpoint_format(self) -> Literal["full", "sharded"]:

@@ -84,6 +84,7 @@ SCHEMA: dict[str, tuple[Field, ...]] = {
         Field("compile", "bool", "flag", False, soft=True), _free("peak_flops", "float", False),
         _num("data_loss_floor", False, nonneg=True, soft=True),  # a finite number >= 0, else dropped
         _free("pid", "int", False), _free("source", "str", False), _free("script", "str", False),
+        _num("grad_clip", False, nonneg=True, soft=True),  # a script's clip norm (mt.init grad_clip): the grad-norm plot's line
     ),
     "step": (
         _whole("step", key=True), _whole("epoch"), _num("loss"), _num("lr", nonneg=True), _num("grad_norm", nonneg=True),

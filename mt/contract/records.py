@@ -58,6 +58,7 @@ class RunStart(Event):
     strategy: str | None = None          # "ddp" or "fsdp" (older runs: None)
     activation_checkpointing: bool = False
     compile: bool = False                # the model ran torch.compile'd
+    grad_clip: float | None = None       # a script's clip norm (the engine's is its config's train.grad_clip)
     kind: ClassVar[str] = "run_start"
 
 

@@ -11,9 +11,12 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+import mt
 from mt.integrations.lazyrun import LazyRun
 
-_SKIP = ("epoch", "total_flos", "train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss")
+_SKIP = ("epoch", "total_flos", "train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss",
+         "num_tokens", "num_input_tokens_seen")  # the token counts are the step's `tokens`
+_COUNTS = ("num_tokens", "num_input_tokens_seen")  # TRL's, and the Trainer's with include_num_input_tokens_seen: totals so far
 _OWN = ("loss", "learning_rate", "grad_norm", "step", "lr", "tokens")  # a step's own fields, and run.record's keywords
 
 
@@ -22,10 +25,18 @@ class MtCallback(LazyRun, TrainerCallback):
 
     `resume_from`: the newest checkpoint folder, for `trainer.train(resume_from_checkpoint=...)`."""
 
+    _tokens: float | None = None  # the token total the previous log said (this attempt)
+
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        run = self.run
-        run.config = {k: v for k, v in args.to_dict().items() if isinstance(v, (str, int, float, bool)) or v is None}
-        run.max_steps = state.max_steps or None
+        # what the Trainer knows goes into run_start (written at the first step): the header's facts, and
+        # its arguments as the run's config (`mt diff` compares them)
+        device = getattr(args, "device", None)
+        self._run = mt.init(
+            config={k: v for k, v in args.to_dict().items() if isinstance(v, (str, int, float, bool)) or v is None},
+            max_steps=state.max_steps or None, precision=precision_of(args),
+            device=None if device is None or device.type == "cuda" else device.type,  # a GPU: mt asks CUDA its name
+            effective_batch=args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size,
+            grad_clip=args.max_grad_norm or None)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # every rank, every optimizer step: heartbeat and agreement; the numbers come with on_log
@@ -46,10 +57,20 @@ class MtCallback(LazyRun, TrainerCallback):
             return  # the end-of-training summary
         extra = {k: v for k, v in logs.items()
                  if k not in (*_SKIP, *_OWN) and isinstance(v, (int, float)) and not isinstance(v, bool)}
-        self.run.record(state.global_step, loss=logs.get("loss"), lr=logs.get("learning_rate"), grad_norm=logs.get("grad_norm"), **extra)
+        total = next((logs[k] for k in _COUNTS if isinstance(logs.get(k), (int, float))), None) \
+            or getattr(state, "num_input_tokens_seen", None) or None
+        tokens = total - self._tokens if total is not None and self._tokens is not None and total >= self._tokens else None
+        self._tokens = total
+        self.run.record(state.global_step, loss=logs.get("loss"), lr=logs.get("learning_rate"), grad_norm=logs.get("grad_norm"),
+                        tokens=tokens, **extra)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.run.checkpoint_saved(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"), state.global_step)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.run.finish()
+
+
+def precision_of(args: Any) -> str:
+    """The Trainer's training precision, as the engine names it."""
+    return "bf16" if getattr(args, "bf16", False) else "fp16" if getattr(args, "fp16", False) else "fp32"

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mt.contract.paths import RunPaths
-from tests.cli.conftest import SMALL, toml_text, write_preset
+from tests.cli.conftest import SMALL, mt, toml_text, write_preset
 from tests.tui.synth import write_status
 from tui.cli import app
 from tui.supervise.launch import Overrides, create_run
@@ -226,3 +226,16 @@ def test_far_more_cpu_ranks_than_cores_is_a_warning(tmp_path: Path) -> None:
     warning, = device_warnings(many)
     assert f"launch.nproc_per_node = {4 * cores} CPU ranks on {cores} usable cores" in warning
     assert device_warnings(load_preset(write_preset(tmp_path / "q.toml", tmp_path / "runs", launch={"nproc_per_node": 1}))) == []
+
+
+def test_script_arguments_without_their_double_dash_say_where_they_go(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("import sys\nprint(sys.argv)\n")
+    res = mt("launch", script, "--nproc", "1", "--steps", "3", cwd=tmp_path)
+    assert res.returncode == 2, res.stdout + res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--steps" in lines[0] and "after --" in lines[0], res.stderr
+    assert f"mt launch {script} -- --steps 3" in lines[0]
+    assert not (tmp_path / "runs").exists()
+    res = mt("launch", tmp_path / "preset.toml", "--steps", "3", cwd=tmp_path)   # a preset has no arguments to forward
+    assert res.returncode == 2 and "after --" not in res.stderr and "--steps" in res.stderr

@@ -255,7 +255,7 @@ def test_the_batched_step_lines_and_index_rows_equal_the_generic_writers() -> No
              (-1, t, 0.1, 1.0, 0.1, 0.5, 10.0, None), (13, 5.0, 0.1, 1.0, 0.1, 0.5, 10.0, {"v": math.nan})]
     batch, seen, expect = StepBatch(), 0.0, []
     for step, at, dt, loss, lr, gn, tokens, extra in cases:
-        batch.note((step, at, dt, loss, lr, gn, tokens, extra))
+        batch.note((step, at, dt, loss, lr, gn, tokens, extra, 1))
         if tokens is not None:
             seen += tokens
         fields = {"t": at, "step": step, "epoch": None, "loss": loss, "lr": lr, "grad_norm": gn, "clipped": None,
@@ -399,3 +399,43 @@ def test_the_public_halves_of_a_step_sync_every_step_and_record_the_numbers_apar
     assert events(run_dir, "run_start")[0]["start_step"] == 0
     end = events(run_dir, "run_end")[-1]
     assert (end["status"], end["step"], end["reason"]) == ("stopped", 6, "SIGTERM received")
+
+
+FACTS = """
+import time
+import mt
+for bad in (dict(precision=""), dict(effective_batch=0), dict(effective_batch=2.5), dict(grad_clip=-1.0), dict(device=3)):
+    try:
+        mt.init(**bad)
+    except (TypeError, ValueError) as e:
+        print(type(e).__name__, e)
+run = mt.init(config={"lr": 0.1}, precision="bf16", tokens_per_step=512)
+again = mt.init(config={"lr": 0.2, "layers": 2}, effective_batch=16, grad_clip=1.0, device="cpu")  # an adapter's words, before the first step
+print(again is run)
+for step in range(1, 4):
+    time.sleep(0.05)
+    run.step(step, loss=1.0 / step)
+mt.init(precision="fp16")  # after run_start: nothing changes
+run.finish()
+"""
+
+
+def test_mt_init_says_the_runs_precision_device_batch_tokens_and_clip(tmp_path: Path) -> None:
+    (tmp_path / "facts.py").write_text(FACTS)
+    env = {k: v for k, v in os.environ.items() if k not in ("MT_RUN_DIR", "RANK", "WORLD_SIZE")}
+    proc = subprocess.run([sys.executable, "facts.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "TypeError mt: precision must be non-empty text, got str ''", "ValueError mt: effective_batch must be > 0, got 0",
+        "TypeError mt: effective_batch must be a whole number, got float", "ValueError mt: grad_clip -1 is negative",
+        "TypeError mt: device must be non-empty text, got int 3", "True"]
+    [run_dir] = (tmp_path / "runs").iterdir()
+    start = events(run_dir, "run_start")[0]
+    assert (start["precision"], start["device"], start["effective_batch"], start["tokens_per_step"], start["grad_clip"]) == \
+        ("bf16", "cpu", 16, 512, 1.0)
+    assert start["config"] == {"lr": 0.2, "layers": 2} and schema_errors(start) == []
+    steps = events(run_dir, "step")
+    assert [s["tokens_seen"] for s in steps] == [512, 1024, 1536]   # tokens_per_step counts a step given none
+    assert all(abs(s["tokens_per_s"] * s["step_time_s"] - 512) < 1e-6 for s in steps[1:]), steps
+    config = json.loads((run_dir / "config.json").read_text())
+    assert set(config) == {"run", "launch", "monitor", "slurm"}, config   # the engine's tables are not this run's

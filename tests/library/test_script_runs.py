@@ -253,3 +253,83 @@ def test_mt_kill_of_a_script_saves_no_checkpoint_and_deletes_none(tmp_path: Path
     assert on_disk == [newest - every * (keep - 1 - i) for i in range(keep)], (on_disk, newest)
     assert not [e for e in events(run_dir, "run_end") if e["status"] == "stopped"]   # no graceful stop either
     assert not _incidents(run_dir, "crash"), (run_dir / "incidents.jsonl").read_text()   # a kill is no crash
+
+
+def test_every_view_names_the_error_line_of_a_script_that_failed_before_mt_init(tmp_path: Path) -> None:
+    from tui.read.follower import load_run_state
+    from tui.widgets.notice import notice_text
+
+    script = tmp_path / "argy.py"
+    script.write_text("import argparse\nimport mt\np = argparse.ArgumentParser()\np.add_argument('--steps', type=int)\n"
+                      "a = p.parse_args()\nrun = mt.init(config=vars(a))\nrun.finish()\n")
+    said = "argy.py: error: unrecognized arguments: --stepz 10"
+    res = mt("launch", script, "--runs-dir", tmp_path / "runs", "--headless", "--", "--stepz", "10", cwd=tmp_path)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert f"run failed (rank 0: {said})" in res.stdout, res.stdout
+    run_dir = _launched(tmp_path / "runs", "argy")
+    once = mt("watch", run_dir, "--once").stdout
+    assert f"reason: rank 0: {said}" in once, once
+    assert "reported nothing through mt" not in once and "failed before it called mt.init" in once, once
+    notice = str(notice_text(load_run_state(run_dir), [], 0))
+    assert f"first failure: rank 0: {said}" in notice, notice
+
+
+def test_a_trainer_run_says_its_precision_device_batch_clip_and_tokens_and_diffs_by_its_arguments(tmp_path: Path) -> None:
+    pytest.importorskip("accelerate")  # the Trainer needs it (in the hf extra)
+    runs, dirs = tmp_path / "runs", []
+    for lr in ("1e-3", "3e-3"):
+        res = mt("launch", SCRIPTS / "hf_facts.py", "--nproc", "1", "--runs-dir", runs, "--headless", "--", lr, "6", cwd=tmp_path)
+        assert res.returncode == 0, res.stdout + res.stderr
+        dirs.append(Path(next(ln for ln in res.stdout.splitlines() if ln.startswith("run dir: ")).split(": ", 1)[1]))
+    start = events(dirs[0], "run_start")[-1]
+    assert (start["precision"], start["device"], start["effective_batch"], start["grad_clip"]) == ("fp32", "cpu", 8, 0.5)
+    steps = events(dirs[0], "step")
+    assert [s["step"] for s in steps] == list(range(1, 7))
+    # the Trainer counts 8 x 32 tokens a step: from the second log on, each step's time and rate
+    assert all(s["tokens_per_s"] > 0 and s["step_time_s"] > 0 for s in steps[1:]), steps
+    assert all(abs(s["tokens_per_s"] * s["step_time_s"] - 256) < 1e-6 * 256 for s in steps[1:]), steps
+    once = mt("watch", dirs[0], "--once").stdout
+    assert "world 1 x cpu  precision fp32  eff. batch 8" in once and "tok/s N/A" not in once, once
+    from tui.read.follower import load_run_state
+    assert load_run_state(dirs[0]).grad_clip == 0.5   # the grad-norm plot's red line
+    config = json.loads((dirs[0] / "config.json").read_text())
+    assert set(config) <= {"run", "launch", "monitor", "slurm"}, config   # no unused engine defaults (model.n_layer ...)
+    diff = mt("diff", *dirs).stdout
+    row = next(ln.split() for ln in diff.splitlines() if ln.startswith("args.learning_rate"))
+    assert row[1:] == ["0.001", "0.003"], diff
+    assert "model.n_layer" not in diff and "launch.script_args" in diff, diff
+
+
+ACCELERATE = REPO / "examples" / "accelerate" / "train.py"
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_the_accelerate_example_is_checkpointed_stopped_and_resumed_exactly(tmp_path: Path, nproc: int) -> None:
+    pytest.importorskip("accelerate")
+    runs, steps = tmp_path / "runs", "30"   # 200 samples, 8 a process and step: an epoch is 25 (1 process) or 12 steps
+    ref = mt("launch", ACCELERATE, "--nproc", str(nproc), "--runs-dir", runs / "ref", "--headless", "--", "--steps", steps, cwd=tmp_path)
+    assert ref.returncode == 0, ref.stdout + ref.stderr
+    launch = mt("launch", ACCELERATE, "--nproc", str(nproc), "--runs-dir", runs / "cut", "--detach", "--",
+                "--steps", steps, "--sleep", "0.3", cwd=tmp_path)
+    assert launch.returncode == 0, launch.stderr
+    run_dir = Path(launch.stdout.strip().splitlines()[-1])
+    try:
+        wait_for(lambda: len(events(run_dir, "step")) >= 3, 120, "steps of the Accelerate script")
+        ckpt = mt("ckpt", run_dir, "--timeout", "60")
+        assert ckpt.returncode == 0, ckpt.stdout + ckpt.stderr
+        # past the first epoch (12 steps on 2 processes), so the resumed one starts mid-epoch, not at epoch 0
+        wait_for(lambda: len(events(run_dir, "step")) >= 14, 120, "the second epoch")
+        stop = mt("stop", run_dir, "--timeout", "60")
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        stopped_at = events(run_dir, "run_end")[-1]["step"]
+        assert stopped_at < int(steps) and events(run_dir, "checkpoint")[-1]["reason"] == "stop"
+        res = mt("resume", run_dir, "--detach")
+        assert res.returncode == 0, res.stderr
+        wait_for(lambda: status(run_dir).get("state") in ("completed", "failed"), 180, "the resumed attempt to end")
+    finally:
+        mt("kill", run_dir)
+    assert status(run_dir)["state"] == "completed", status(run_dir)
+    assert [e["start_step"] for e in events(run_dir, "run_start")] == [0, stopped_at]
+    reference = _losses(next((runs / "ref").iterdir()))
+    assert sorted(reference) == list(range(1, int(steps) + 1))
+    assert _losses(run_dir) == reference   # every logged loss, bit for bit

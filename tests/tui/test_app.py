@@ -112,7 +112,7 @@ async def test_failed_run_shows_reason_incidents_and_failing_rank_log(fixture_ru
         notice = text_of(app, "#notice")
         assert f"Run failed: {st.reason[:80]}" in notice
         crash = next(i for i in st.incidents if i.code == "crash")
-        assert f"first failure: {crash.title}" in notice
+        assert f"first failure: {st.first_failure() if st.exit_incident() else crash.title}" in notice
         rank = app.watcher.log_rank
         assert f"rank{rank}.log" in app.query_one("#logs").border_title
         crash_line = next(line for line in (run / "logs" / f"rank{rank}.log").read_text().splitlines()

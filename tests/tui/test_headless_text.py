@@ -11,7 +11,7 @@ from typing import Iterator
 from mt.contract.events import dumps
 from mt.contract.records import parse_event
 from tests.cli.conftest import mt
-from tests.tui.synth import SynthRun, finished_run
+from tests.tui.synth import SynthRun, complete, finished_run, loss_at
 from tui.read.follower import load_run_state
 from tui.report.headless import event_line, follow_run
 from tui.report.summary import format_summary
@@ -222,3 +222,38 @@ def test_mt_ckpt_and_mt_stop_name_a_saved_checkpoint_in_one_line(tmp_path: Path)
     assert answer_line(ControlAnswer("r1", "checkpoint", "done", checkpoint=ck)) == last_checkpoint_line(tmp_path) \
         == f"checkpoint saved at step {newest.step}: {newest.path}"
     assert answer_line(ControlAnswer("r2", "checkpoint", "rejected", "no room")) == "checkpoint rejected: no room"
+
+
+def _resumed_from_8(tmp_path: Path, checkpoint_at_8: bool) -> tuple[SynthRun, tuple[int, float]]:
+    """Attempt 1 logged steps 1..11 (a checkpoint at 8 or not) and was killed; attempt 2 resumed at step 8, no step yet."""
+    r = SynthRun(tmp_path, max_steps=20)
+    r.run_start()
+    for s in range(1, 12):
+        r.step(s)
+        if s == 8 and checkpoint_at_8:
+            r.event("checkpoint", step=8, path="ckpt/step8", bytes=10, seconds=0.1, reason="interval", request_id=None)
+    r.flush()
+    since = (r.paths.events.stat().st_size, r.t + 5)
+    r.t += 10
+    r.run_start(attempt=2, start_step=8)
+    r.flush()
+    r.status("running", attempt=2)
+    return r, since
+
+
+def test_the_resume_line_prints_the_loss_logged_at_the_checkpoints_step(tmp_path: Path) -> None:
+    for with_ckpt, loss in ((True, f"{loss_at(8):.4f}"), (False, "N/A")):
+        root = tmp_path / str(with_ckpt)
+        r, since = _resumed_from_8(root, with_ckpt)
+        out = io.StringIO()
+        result: list[str] = []
+        th = threading.Thread(target=lambda: result.append(follow_run(root, out, poll_s=0.02, since=since)))
+        th.start()
+        deadline = time.monotonic() + 10
+        while "step  8/20" not in out.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        complete(r, 8)
+        r.status("completed", attempt=2, exit_code=0, ended=r.t)
+        th.join(timeout=10)
+        line = next(ln for ln in out.getvalue().splitlines() if ln.startswith("step  8/20"))
+        assert f"loss {loss} " in line, (with_ckpt, line, f"{loss_at(11):.4f} is step 11's")

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn, Optional
 
 import typer
+from typer.core import TyperCommand
 
 from tui.cli.common import OK, RUN_FAILED, DetachOpt, EveryOpt, HeadlessOpt, NprocOpt, _attach, _no_dashboard, app, every_s, fail
 
@@ -14,7 +15,25 @@ if TYPE_CHECKING:
     from tui.supervise.launch import Overrides
 
 
-@app.command()
+class _LaunchCommand(TyperCommand):
+    """`mt launch`, whose unknown options after a script are most often the script's own, missing their `--`."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        given = list(args)  # the parser consumes the list it is given
+        try:
+            return super().parse_args(ctx, args)
+        except Exception as e:
+            # by name: typer 0.2x vendors its own click (typer._click), whose exceptions are not click's
+            option = getattr(e, "option_name", None)
+            script = next((a for a in given if a.endswith(".py") and not a.startswith("-")), None)
+            if type(e).__name__ != "NoSuchOption" or not isinstance(option, str) or script is None:
+                raise
+            at = given.index(option) if option in given else len(given)
+            fail(f"launch: no such option {option}: a script's own arguments go after --, "
+                 f"as in: mt launch {script} -- {' '.join(given[at:])}")
+
+
+@app.command(cls=_LaunchCommand)
 def launch(
     preset: Annotated[Path, typer.Argument(metavar="PRESET", help="A TOML preset (presets/tiny-cpu.toml), or a training script of your own (train.py).", show_default=False)],
     script_args: Annotated[Optional[list[str]], typer.Argument(metavar="-- ARGS", help="Arguments for a script, after --.", show_default=False)] = None,

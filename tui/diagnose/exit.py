@@ -36,6 +36,9 @@ _TERMINATED = re.compile(r"killed by signal: (?:Terminated|Interrupt|Hangup)|^Ke
                          r"Signal (?:15|2|1) \(SIG(?:TERM|INT|HUP)\) received")
 _KILLED = re.compile(r"killed by signal: Killed")
 _EXC_LINE = re.compile(r"^(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Interrupt|Exit|Failure)\b:?.*$")
+# A script's own error line with no traceback: argparse's `train.py: error: unrecognized arguments: ...`,
+# a `sys.exit("error: ...")`, a tool's `fatal: ...`
+_ERROR_LINE = re.compile(r"^(?:\S+: )?(?:error|fatal):\s", re.I)
 _PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:\s?")
 
 # Ways to be asked to stop: nobody's fault, no incident (mt stop/kill, a scheduler, Ctrl-C).
@@ -69,7 +72,9 @@ def classify_log(tail: str) -> tuple[str | None, str]:
     """(kind, the line that shows it) for a rank's log tail.
 
     kind: oom, timeout, peer (lost a peer), terminated (asked to stop), killed (SIGKILL, e.g.
-    of a DataLoader worker by the OOM killer), exception, or None when the tail says nothing.
+    of a DataLoader worker by the OOM killer), exception, error (a line the script printed as its
+    error, no traceback: argparse's), or None when the tail says nothing. The one place a rank's
+    error line is found: the exit incident keeps it (evidence `line`), every view quotes that.
     """
     lines = [_PREFIX.sub("", ln).rstrip() for ln in tail.splitlines() if ln.strip()]
     for kind, pattern in (("oom", _OOM), ("timeout", _TIMEOUT)):
@@ -83,7 +88,10 @@ def classify_log(tail: str) -> tuple[str | None, str]:
     if exc:
         return "exception", exc
     hit = next((ln for ln in reversed(lines) if _PEER_GONE.search(ln)), None)
-    return ("peer", hit.strip()) if hit else (None, "")
+    if hit:
+        return "peer", hit.strip()
+    said = next((ln.strip() for ln in reversed(lines) if _ERROR_LINE.match(ln.strip())), None)
+    return ("error", said) if said else (None, "")
 
 
 def _signal_name(code: int | None) -> tuple[int | None, str | None]:
@@ -178,6 +186,8 @@ def _what_happened(kind: str | None, line: str, signum: int | None, signame: str
             " (the kernel's OOM killer, or kill -9)" if signum == signal.SIGKILL else "")
     if kind == "exception":
         return "crash", f"raised {line}"
+    if kind == "error":
+        return "crash", f"exited with code {exit_code}: {line}"
     return "crash", f"exited with code {exit_code}; no traceback in its log"
 
 

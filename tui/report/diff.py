@@ -89,8 +89,8 @@ class DiffColumn:
     best: str
 
 
-def diff_column(run_dir: Path, cfg: dict[str, Any]) -> DiffColumn:
-    st = load_run_state(Path(run_dir))
+def diff_column(run_dir: Path, cfg: dict[str, Any], st: RunState | None = None) -> DiffColumn:
+    st = st or load_run_state(Path(run_dir))
     return DiffColumn(Path(run_dir).name, _world(st, cfg), fmt_loss_cell(st.loss),
                     fmt_best(st.best_loss, st.best_loss_step, st.best_loss_partial))
 
@@ -109,7 +109,11 @@ def _world(st: RunState, cfg: dict[str, Any]) -> str:
 def diff_text(run_a: Path, run_b: Path) -> str:
     """The whole `mt diff` report; DiffError when a run's config cannot be read."""
     cfg_a, cfg_b = read_config(run_a), read_config(run_b)
-    fa, fb = diff_column(run_a, cfg_a), diff_column(run_b, cfg_b)
+    st_a, st_b = load_run_state(Path(run_a)), load_run_state(Path(run_b))
+    fa, fb = diff_column(run_a, cfg_a, st_a), diff_column(run_b, cfg_b, st_b)
+    # a script's hyperparameters are its own (run_start's config: mt.init's, a Trainer's arguments), as `args.*`
+    cfg_a, cfg_b = ({**cfg, "args": st.args} if st.args and _depth(st.args) < MAX_DEPTH else cfg
+                    for cfg, st in ((cfg_a, st_a), (cfg_b, st_b)))
     keys = config_diff(cfg_a, cfg_b)
     rows = [("", fa.name, fb.name), *keys, ("world size", fa.world, fb.world),
             ("final loss", fa.final, fb.final), ("best loss", fa.best, fb.best)]

@@ -38,6 +38,7 @@ class CheckpointInfo:
     request_id: str | None = None
     seconds: float | None = None      # the whole write
     blocking_s: float | None = None   # what the loop waited of it
+    logged: tuple[float | None, float | None, float | None] | None = None  # (loss, lr, grad_norm) logged at its step
 
     def age_s(self, now: float) -> float:
         return max(0.0, now - self.t)
@@ -100,6 +101,7 @@ class RunState:
     script: str | None = None          # a user's script ([launch] script) instead of mt's engine
     n_steps: int = 0                   # step events seen (all attempts)
     attempt_t: float | None = None     # when the newest run_start was written
+    args: dict | None = field(default=None, repr=False)   # a script's own config (mt.init config=, a Trainer's arguments), newest attempt's
     mt_init_attempt: int | None = None # the attempt a script's heartbeat names: it called mt.init (tui/read/follower.py)
     status: Status = field(default_factory=Status, repr=False)   # found: False until status.json is read
     # (t, step) of recent step events, for a wall-clock ETA that includes eval/ckpt pauses
@@ -123,6 +125,8 @@ class RunState:
                 or self.mt_init_attempt == self.attempt:
             return None
         adds = "`run = mt.init()` and `run.step(step, loss=...)` add loss/lr plots, hang and NaN diagnosis, and the c/s keys"
+        if self.state == "failed":  # it may call mt.init further on: the error (the reason) stopped it first
+            return f"the script failed before it called mt.init (one that calls it: {adds}; docs/library.md)"
         if self.is_final:
             return f"this script reported nothing through mt: {adds} (docs/library.md)"
         return f"no step yet: the script has not called mt.init in this attempt (one that never does is still supervised; {adds}: docs/library.md)"
@@ -280,6 +284,8 @@ def reduce_step(st: RunState, ev: Step) -> None:
     """Fold one `step` record into the state: its row, and what only a record carries."""
     reduce_rows(st, (ev.step,), (ev.loss,), (ev.lr,), (ev.grad_norm,), (ev.tokens_per_s,))
     st.step_time_s, st.samples_per_s = ev.step_time_s, ev.samples_per_s
+    if ev.tokens_per_s is None and ev.samples_per_s is None and st.effective_batch and ev.step_time_s:
+        st.samples_per_s = st.effective_batch / ev.step_time_s  # a script that counts no tokens but said its batch
     if ev.mfu is not None:
         st.mfu, st.mfu_estimated = ev.mfu, ev.flops_estimated
     if ev.t is not None:
@@ -293,12 +299,21 @@ def reduce_event(st: RunState, ev: Record) -> None:
     if isinstance(ev, Step):
         reduce_step(st, ev)
     elif isinstance(ev, RunStart):
+        if st.step != ev.start_step:  # resumed before the newest logged step: show what was logged at its own
+            ck = st.last_checkpoint
+            logged = ck.logged if ck is not None and ck.step == ev.start_step and ck.logged else (None, None, None)
+            st.loss, st.lr, st.grad_norm = logged
+            st.tokens_per_s = st.samples_per_s = st.step_time_s = None
         st.attempt = ev.attempt or st.attempt
         st.world_size, st.nnodes, st.effective_batch = ev.world_size, ev.nnodes, ev.effective_batch
         st.tokens_per_step, st.params_total, st.params_active = ev.tokens_per_step, ev.params_total, ev.params_active
         st.device, st.backend, st.precision = ev.device, ev.backend, ev.precision
         st.strategy, st.compile, st.activation_checkpointing = ev.strategy, ev.compile, ev.activation_checkpointing
         st.loss_floor = ev.data_loss_floor
+        if st.script is not None:  # a script's clip and config, said at mt.init (an engine run's are its config.json's)
+            st.grad_clip = ev.grad_clip or None
+            config = ev.raw.get("config")
+            st.args = config if isinstance(config, dict) and config else st.args
         st.max_steps = ev.max_steps or st.max_steps
         st.start_step = ev.start_step
         st.step = st.start_step if st.start_step else st.step
@@ -314,7 +329,8 @@ def reduce_event(st: RunState, ev: Record) -> None:
         st.val_loss, st.val_loss_step = ev.values["val_loss"], ev.step
     elif isinstance(ev, Checkpoint):
         st.last_checkpoint = CheckpointInfo(step=ev.step, path=ev.path, t=ev.t or 0.0, reason=ev.reason,
-                                            request_id=ev.request_id, seconds=ev.seconds, blocking_s=ev.blocking_s)
+                                            request_id=ev.request_id, seconds=ev.seconds, blocking_s=ev.blocking_s,
+                                            logged=(st.loss, st.lr, st.grad_norm) if st.step == ev.step else None)
         note_answer(st.controls, ev)
     elif isinstance(ev, ControlEvent):
         note_answer(st.controls, ev)

@@ -202,7 +202,7 @@ def create_run(preset: Path, over: Overrides, slurm: bool = False) -> Path:
     else:
         shutil.copyfile(preset, paths.preset)
         os.chmod(paths.preset, 0o600)
-    write_json_atomic(paths.config, cfg.to_dict())
+    write_json_atomic(paths.config, cfg.recorded())
     write_status(paths, Status(state="starting", attempt=0, started=time.time(), nproc=cfg.launch.nproc_per_node,
                                nnodes=cfg.launch.nnodes, node_rank=cfg.launch.node_rank,
                                preset=str(preset.resolve())))
@@ -310,7 +310,7 @@ def _resume_locked(run_dir: Path, nproc: int | None, lock: int, from_scratch: bo
     new = _resume_token_cache(run_dir, new)
     if new != cfg:
         cfg = new
-        _write_or_refuse(paths, paths.config, cfg.to_dict())
+        _write_or_refuse(paths, paths.config, cfg.recorded())
     _start_attempt(paths, status, f"resuming from {found.path.name}" if found.path else "starting again from step 0 (--from-scratch)",
                    cfg.launch.nproc_per_node, lock)
 
@@ -324,7 +324,7 @@ def _resume_script(run_dir: Path, cfg: Config, status: Status, nproc: int | None
                           f"run.checkpoint_saved, or the files it named are gone)")
     if nproc is not None and nproc != cfg.launch.nproc_per_node:
         cfg = dataclasses.replace(cfg, launch=dataclasses.replace(cfg.launch, nproc_per_node=nproc))
-        _write_or_refuse(paths, paths.config, cfg.to_dict())
+        _write_or_refuse(paths, paths.config, cfg.recorded())
     status.owner = None  # from here on a supervisor owns it, even if mt.init made it
     _start_attempt(paths, status, f"resuming from {ckpt}" if ckpt else "starting the script again (--from-scratch)",
                    cfg.launch.nproc_per_node, lock)

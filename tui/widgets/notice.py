@@ -29,8 +29,9 @@ def notice_text(st: RunState, log_tail: list[str], failing_rank: int | None) -> 
         t = Text(f"Run {st.state}: {reason}", style="bold red")
         first = next((i for i in reversed(st.incidents)
                       if i.code in FAILURE_CODES and i.status == "open"), None)
-        if first is not None:
-            t.append(f"\nfirst failure: {_plain(first.title)}", style="red")
+        if first is not None:  # the exit incident's error line (tui/diagnose/exit.py classify_log), as --once and --headless say it
+            said = st.first_failure() if st.exit_incident() is not None else None
+            t.append(f"\nfirst failure: {_plain(said or first.title)}", style="red")
         if log_tail:
             who = f"rank{failing_rank}.log" if failing_rank is not None else "log"
             t.append(f"\nlast lines of {who}:", style="red")
