@@ -17,6 +17,9 @@ __all__ = ["Control", "Run", "init"]
 def __getattr__(name: str) -> Any:
     # the library loads on first use: mt's own CLI, supervisor and engine import mt.* modules
     # for the contract and must not pay for it at start-up
+    if name == "init":
+        from mt.start import init
+        return init
     if name in __all__:
         from mt import run
         return getattr(run, name)

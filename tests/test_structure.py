@@ -3,7 +3,6 @@ lines, and the run-directory contract (mt/contract/) at the bottom: stdlib and i
 from __future__ import annotations
 
 import ast
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -126,14 +125,12 @@ def test_each_tui_package_bans_the_packages_above_it_in_the_order_of_docs_map() 
     assert done.returncode == 0, done.stderr
 
 
-def test_the_layer_rule_is_held_by_ruff_against_an_upward_import(tmp_path: Path) -> None:
-    """A module in tui/format/ importing tui/state/ (above it) fails ruff: the rule holds, not just exists."""
+def test_the_layer_rule_is_held_by_ruff_against_an_upward_import() -> None:
+    """A module in tui/format/ importing tui/state/ (above it) fails ruff: the rule holds, not just exists.
+    The module is given on stdin (no file is written where the other tests walk the tree)."""
     root = Path(__file__).resolve().parent.parent
-    probe = root / "tui" / "format" / f"_probe_{os.getpid()}.py"
-    probe.write_text("from tui.state import series\n\nprint(series)\n")
-    try:
-        ruff = Path(sys.executable).parent / "ruff"
-        done = subprocess.run([str(ruff), "check", "--no-cache", "--select", "TID251", str(probe)], capture_output=True, text=True)
-    finally:
-        probe.unlink()
+    ruff = Path(sys.executable).parent / "ruff"
+    done = subprocess.run([str(ruff), "check", "--no-cache", "--select", "TID251", "--stdin-filename",
+                           str(root / "tui" / "format" / "probe.py"), "-"], input="from tui.state import series\n\nprint(series)\n",
+                          capture_output=True, text=True, cwd=root)
     assert done.returncode == 1 and "format is below state" in done.stdout, done.stdout + done.stderr
