@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from mt.contract import door
+from mt.contract.config import Config, ConfigError
 from mt.contract.heartbeat import read_heartbeats
 from mt.contract.jsonl import JsonlTail
 from mt.contract.paths import RunPaths
+from mt.contract.preset import load_config_json
 from mt.contract.status import Status
 from mt.contract.system import clean_sample
 from tui.read.torchrun_log import Failure
@@ -240,7 +242,7 @@ class JobReader:
         self.strays: list[str] = []       # folders under nodes/ that are not the job's: never read
         self.job = Status()               # the job's status.json, read again only when it changed
         self._job_key: tuple[int, int, int] | None = None
-        self._config: dict[str, Any] | None = None
+        self._config: Config | None = None
 
     def nodes(self) -> tuple[list[str], JobBounds]:
         """The job's node folders now and what the job can hold (`strays` is set too)."""
@@ -253,14 +255,15 @@ class JobReader:
     def _bounds(self) -> JobBounds:
         """The job's world and nproc from its status (the supervisor's, the shape in force), else its config."""
         if self._config is None:
-            raw = door.read_json(self.paths.config)
-            self._config = raw if isinstance(raw, dict) else None
-        cfg = self._config or {}
-        launch, train = cfg.get("launch") or {}, cfg.get("train") or {}
-        nproc = self.job.nproc or _positive(launch.get("nproc_per_node"))
-        nnodes = self.job.nnodes or len(self.job.job_nodes) or _positive(launch.get("nnodes"))
+            try:
+                self._config = load_config_json(self.paths.config)
+            except ConfigError:
+                pass   # not written yet, or unreadable: the job's status alone, read again next poll
+        cfg = self._config
+        nproc = self.job.nproc or (cfg.launch.nproc_per_node if cfg else None)
+        nnodes = self.job.nnodes or len(self.job.job_nodes) or (cfg.launch.nnodes if cfg else None)
         # [train] max_steps is the engine's; a script says its own (run_start): only the heartbeat's bound then
-        max_step = None if launch.get("script") else _positive(train.get("max_steps"))
+        max_step = cfg.train.max_steps if cfg and not cfg.launch.script else None
         return JobBounds(nproc * nnodes if nproc and nnodes else None, nproc, max_step)
 
     def poll(self) -> list[NodeView]:
@@ -321,6 +324,3 @@ def every_heartbeat(paths: RunPaths) -> dict[int, dict[str, Any]]:
         out.update(read_heartbeats(paths.on(name), bounds.ranks, bounds.max_step))
     return out
 
-
-def _positive(v: Any) -> int | None:
-    return v if _int(v) is not None and v > 0 else None

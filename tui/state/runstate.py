@@ -127,6 +127,11 @@ class RunState:
         return [i for i in self.incidents if i.status == "open"]
 
     @property
+    def shown_state(self) -> str:
+        """The state to show: tui/read/rundir.py effective_state, from the liveness the reader last saw."""
+        return "lost" if self.supervisor_lost else self.state
+
+    @property
     def is_final(self) -> bool:
         return self.state in FINAL_STATES
 

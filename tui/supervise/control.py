@@ -10,9 +10,11 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mt.contract.config import ConfigError
 from mt.contract.events import CONTROL_ACTIONS
-from mt.contract.jsonl import read_json, write_json_atomic
+from mt.contract.jsonl import write_json_atomic
 from mt.contract.paths import RunPaths
+from mt.contract.preset import load_config_json
 from mt.contract.records import RecordTail
 from mt.contract.status import Status, read_status, write_status
 from tui.read.rundir import NotARunError, liveness, require_run_dir
@@ -50,9 +52,11 @@ def takes_requests(run_dir: Path, status: Status) -> bool:
     from tui.read.nodes import called_mt_init
 
     paths = RunPaths(Path(run_dir))
-    raw = read_json(paths.config)
-    launch = raw.get("launch") if isinstance(raw, dict) else None
-    if not (isinstance(launch, dict) and launch.get("script")) or status.by_script:
+    try:
+        script = load_config_json(paths.config).launch.script
+    except ConfigError:
+        script = ""   # unreadable: taken as the engine's, which reads control/
+    if not script or status.by_script:
         return True  # the engine, or a run mt.init made (its rank 0 is the script, which uses mt)
     return called_mt_init(paths, status.attempt)   # a job's: under nodes/
 
