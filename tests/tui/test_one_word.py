@@ -37,3 +37,40 @@ def test_the_shown_state_is_lost_when_the_supervisor_is_gone(tmp_path: Path) -> 
     st = RunState(run_dir=tmp_path, name="r", state="running", supervisor_lost=True)
     assert st.shown_state == "lost" == run_line("r", st).state
     assert "[lost]" in format_summary(st, now=0.0) and " LOST " in render_header(st, 0.0, 120, 0.0, False).plain
+
+
+def test_one_tolerant_integer_reader(tmp_path: Path) -> None:
+    """status.json, config.json and a node's exit file read a whole number the same way: 3 and 3.0
+    are 3; a fraction, a bool or text is no number."""
+    from mt.contract.events import as_int
+    from mt.contract.jsonl import write_json_atomic
+    from mt.contract.status import read_status
+    from tui.state.runstate import new_state
+
+    assert [as_int(v) for v in (3, 3.0, 2.5, True, "3", float("inf"))] == [3, 3, None, None, None, None]
+    for raw, want in ((7.0, 7), (2.5, None), (True, None)):
+        write_json_atomic(tmp_path / "config.json", {"train": {"max_steps": raw}})
+        write_json_atomic(tmp_path / "status.json", {"state": "running", "attempt": raw})
+        assert (new_state(tmp_path).max_steps, read_status(tmp_path).attempt) == (want, want), raw
+
+
+def test_one_poll_loop_waits_for_a_file_and_gives_up_at_its_deadline(tmp_path: Path) -> None:
+    """poll_until answers as soon as a real process has written the file, and at the deadline with
+    the last answer when nothing comes (the probe still ran at least once)."""
+    import subprocess
+    import sys
+    import time
+
+    from tui.read.wait import poll_until
+
+    flag = tmp_path / "flag"
+    writer = subprocess.Popen([sys.executable, "-c", f"import pathlib; pathlib.Path({str(flag)!r}).write_text('x')"])
+    try:
+        assert poll_until(flag.exists, 60.0, 0.02) is True
+    finally:
+        writer.wait(timeout=60)
+    probes: list[float] = []
+    t0 = time.monotonic()
+    assert poll_until(lambda: probes.append(time.monotonic()) or None, 0.3, 0.05) is None
+    assert time.monotonic() - t0 >= 0.3 and len(probes) >= 2 and probes[-1] - t0 >= 0.3
+    assert poll_until(lambda: 5, 0.0, 1.0, done=lambda v: v > 9) == 5   # a wait of 0 still looks once

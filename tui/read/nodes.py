@@ -18,6 +18,7 @@ from typing import Any, Callable, TypeVar
 
 from mt.contract import door
 from mt.contract.config import Config, ConfigError
+from mt.contract.events import as_int
 from mt.contract.heartbeat import read_heartbeats
 from mt.contract.jsonl import JsonlTail
 from mt.contract.paths import RunPaths
@@ -109,19 +110,15 @@ class NodeView:
         if (st.attempt or 0) < attempt:   # an earlier attempt's failure is explained already
             return None
         rec = next((a for a in st.attempts if a.get("attempt") == attempt), None)
-        if rec is None or _int(rec.get("exit_code")) in (None, 0):
+        if rec is None or as_int(rec.get("exit_code")) in (None, 0):
             return None
-        return NodeExit(self.name, attempt, _int(rec.get("exit_code")), "failed", _failures(rec.get("failures"), self.name))
+        return NodeExit(self.name, attempt, as_int(rec.get("exit_code")), "failed", _failures(rec.get("failures"), self.name))
 
 
 def _failures(raw: Any, node: str) -> list[Failure]:
     """status.json `failures` (or an attempt record's) as Failures on `node`; what is not one is left out."""
-    return [Failure(_int(f.get("rank"), -1), _int(f.get("exit_code")), _int(f.get("pid")), node=node)
+    return [Failure(as_int(f.get("rank"), -1), as_int(f.get("exit_code")), as_int(f.get("pid")), node=node)
             for f in (raw if isinstance(raw, list) else []) if isinstance(f, dict)]
-
-
-def _int(v: Any, default: int | None = None) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else default
 
 
 @dataclass(frozen=True)
@@ -163,7 +160,7 @@ def bounded_status(st: Status, b: JobBounds) -> Status:
 
 
 def _bounded_failures(raw: list[Any], b: JobBounds) -> list[Any]:
-    return b.cut([f for f in raw if isinstance(f, dict) and _int(f.get("rank")) is not None], lambda f: f["rank"])
+    return b.cut([f for f in raw if isinstance(f, dict) and as_int(f.get("rank")) is not None], lambda f: f["rank"])
 
 
 def bounded_sample(sample: dict[str, Any], b: JobBounds) -> dict[str, Any]:

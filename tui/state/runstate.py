@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mt.contract.config import MonitorConfig
-from mt.contract.events import EXIT_CODES, FAILURE_CODES, as_float
+from mt.contract.events import EXIT_CODES, FAILURE_CODES, as_float, as_int
 from mt.contract.jsonl import read_json
 from mt.contract.paths import RunPaths
 from mt.contract.records import Checkpoint, ControlEvent, Eval, Metrics, Record, RunEnd, RunStart, Step
@@ -246,18 +246,10 @@ def new_state(run_dir: Path) -> RunState:
         script = launch.get("script")
         st.script = script if isinstance(script, str) and script else None
         if st.script is None:  # [train] is the engine's; a script says its own max_steps in run_start
-            st.max_steps = _int(train.get("max_steps"))
+            st.max_steps = as_int(train.get("max_steps"))
             clip = as_float(train.get("grad_clip"))
             st.grad_clip = clip if math.isfinite(clip) and clip > 0 else None
     return st
-
-
-def _int(v: Any) -> int | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, int):
-        return v
-    return int(v) if isinstance(v, float) and math.isfinite(v) else None
 
 
 def reduce_step(st: RunState, ev: Step) -> None:
