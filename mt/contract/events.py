@@ -165,6 +165,15 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
+def as_int(value: Any, default: int | None = None) -> int | None:
+    """A whole number read from a run's file (`3`, `3.0`), else `default`: never a bool, a fraction or text."""
+    if isinstance(value, bool):
+        return default
+    if isinstance(value, int):
+        return value
+    return int(value) if isinstance(value, float) and math.isfinite(value) and value == int(value) else default
+
+
 def as_float(value: Any) -> float:
     """A numeric event field as float, turning the "nan"/"inf" strings back into floats."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+NA = "N/A"   # the one word for "not available", in mt's messages and in the viewer (tui/format/fmt.py)
+
 
 def human_bytes(n: int | None) -> str:
-    """1536 -> '1.5 KiB'; None -> 'unknown'."""
+    """1536 -> '1.5 KiB'; None -> NA."""
     if n is None:
-        return "unknown"
+        return NA
     value = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(value) < 1024 or unit == "TiB":
@@ -21,8 +23,8 @@ def human_bytes(n: int | None) -> str:
 
 
 def short_num(x: float | None) -> str:
-    """A number in a sentence, three significant digits: 0.000312, 1.5e+04; 'n/a' when unknown."""
-    return "n/a" if x is None else f"{x:.3g}"
+    """A number in a sentence, three significant digits: 0.000312, 1.5e+04; NA when unknown."""
+    return NA if x is None else f"{x:.3g}"
 
 
 def failure_reason(rank: int, kind: type[BaseException], exc: BaseException) -> str:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Literal
 
+from mt.contract.events import as_int
 from mt.contract.jsonl import read_json, write_json_atomic
 from mt.contract.paths import RunPaths, node_name_ok
 from mt.contract.space import is_disk_full
@@ -144,12 +145,12 @@ class Status:
 
         attempts = get("attempts", lambda v: [a for a in v if isinstance(a, dict)] if isinstance(v, list) else None, [])
         return cls(
-            state=get("state", _state), attempt=get("attempt", _int), supervisor_pid=get("supervisor_pid", _pid),
+            state=get("state", _state), attempt=get("attempt", as_int), supervisor_pid=get("supervisor_pid", _pid),
             torchrun_pid=get("torchrun_pid", _pid), direct=get("direct", _bool),
             worker_pids=get("worker_pids", _pids, {}), started=get("started", _num), ended=get("ended", _num),
-            exit_code=get("exit_code", _int), reason=get("reason", _str), nproc=get("nproc", _int),
-            nnodes=get("nnodes", _int), node_rank=get("node_rank", _int), preset=get("preset", _str),
-            attempts=attempts, restarts_left=get("restarts_left", _int), owner=get("owner", _str),
+            exit_code=get("exit_code", as_int), reason=get("reason", _str), nproc=get("nproc", as_int),
+            nnodes=get("nnodes", as_int), node_rank=get("node_rank", as_int), preset=get("preset", _str),
+            attempts=attempts, restarts_left=get("restarts_left", as_int), owner=get("owner", _str),
             owner_cmdline=get("owner_cmdline", _strs), slurm_job_id=get("slurm_job_id", _job_id),
             node=get("node", lambda v: v if isinstance(v, str) and node_name_ok(v) else None),
             failures=get("failures", _failures, []), slurm_state=get("slurm_state", _str),
@@ -228,14 +229,6 @@ def _bool(v: Any) -> bool | None:
     return v if isinstance(v, bool) else None
 
 
-def _int(v: Any) -> int | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, int):
-        return v
-    return int(v) if isinstance(v, float) and math.isfinite(v) and v == int(v) else None
-
-
 def _num(v: Any) -> float | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
@@ -259,8 +252,8 @@ def _pids(v: Any) -> dict[str, int] | None:
 def _failures(v: Any) -> list[dict[str, Any]] | None:
     if not isinstance(v, list):
         return None
-    return [{k: _int(f.get(k)) for k in ("rank", "exit_code", "pid")}
-            for f in v if isinstance(f, dict) and _int(f.get("rank")) is not None]
+    return [{k: as_int(f.get(k)) for k in ("rank", "exit_code", "pid")}
+            for f in v if isinstance(f, dict) and as_int(f.get("rank")) is not None]
 
 
 def _node_names(v: Any) -> list[str] | None:

@@ -26,7 +26,7 @@ def test_the_lines_and_what_a_file_may_hold_instead() -> None:
     assert anatomy_lines(EVIDENCE) == LINES
     assert anatomy_lines({"why": 3, "anatomy": {}}) == [] and anatomy_lines({"why": WHY, "anatomy": [1]}) == []
     odd = anatomy_lines({"why": WHY, "anatomy": {"1": {"step_s": "x", "data_s": True}, "0": 5}})
-    assert odd == [WHY, "rank 1: step n/a"]
+    assert odd == [WHY, "rank 1: step N/A"]
 
 
 def test_once_and_the_incident_panel_show_them(tmp_path: Path) -> None:

@@ -135,7 +135,7 @@ def test_starting_run_without_events(tmp_path):
     SynthRun(tmp_path).status("starting")
     st = load_run_state(tmp_path)
     assert st.state == "starting" and st.step is None
-    assert "step -/100" in format_summary(st)
+    assert "step N/A/100" in format_summary(st)
 
 
 def test_failing_rank_prefers_the_first_failure_over_the_reason(tmp_path):

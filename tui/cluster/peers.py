@@ -17,6 +17,7 @@ from mt.contract.paths import RunPaths
 from mt.contract.status import Status, read_status
 from tui.cluster.preempt import restart_count
 from tui.read.nodes import JobReader
+from tui.read.wait import poll_until
 
 JOB_START_WAIT_S = 120.0  # a node waits this long for the job's supervisor to start an attempt
 JOB_END_WAIT_S = 60.0     # ... and, once its own part is over, for the job's supervisor to record the end
@@ -36,21 +37,18 @@ class PeerNodes:
     def wait_for_job_attempt(self, attempt: int, timeout_s: float) -> bool:
         """Until the job's supervisor has started `attempt` (its torchrun hosts the rendezvous, and
         starting first gives the first node the lower ranks where nodes share a host name)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def seen() -> str:
             st = read_status(self.paths.root)
             if (st.attempt or 0) > attempt or (st.attempt == attempt and st.torchrun_pid and st.state != "starting"):
-                return True
+                return "started"
             if st.is_final and (st.attempt or 0) >= attempt - 1 and not _before_this_run(st):
-                return False   # the job ended without this attempt
-            time.sleep(_POLL_S)
-        return False
+                return "ended"   # the job ended without this attempt
+            return ""
+        return poll_until(seen, timeout_s, _POLL_S) == "started"
 
     def wait_for_job_end(self, timeout_s: float) -> None:
         """Until the job's status.json is final (or `timeout_s`)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and not read_status(self.paths.root).is_final:
-            time.sleep(_POLL_S)
+        poll_until(lambda: read_status(self.paths.root).is_final, timeout_s, _POLL_S)
 
     def wait_for_attempt_end(self, attempt: int, timeout_s: float, each: Callable[[], bool] = lambda: False) -> None:
         """Until every other node has recorded the end of `attempt` (its failures with it); `each` runs

@@ -20,6 +20,7 @@ from mt.contract.preset import load_config_json
 from mt.contract.records import Checkpoint, Record, RecordTail, Step
 from mt.contract.status import FINAL_STATES, LIVE_STATES, Status, read_status, write_status
 from tui.cluster.slurm import QUERY_TIMEOUT_S, SUBMIT_TIMEOUT_S, SlurmError, Submitted, _slurm, hostnames, queue_state, submit
+from tui.read.wait import poll_until
 
 NODE_FAIL_WINDOW_S = 10.0   # after Slurm's SIGTERM, how long the job's supervisor asks whether a node failed
 NODE_FAIL_ASK_S = 0.3       # ... and how often (scontrol show job: a few ms for slurmctld)
@@ -89,15 +90,11 @@ def cancel_job(run_dir: Path, job_id: str, grace_s: float) -> bool:
             _slurm("scancel", "--signal=USR1", job_id)   # steps only: the batch shell keeps its USR1 trap out of it
             # until the supervisor has heard it (it then records `killed` whatever comes): waiting for
             # `killed` itself would let the job end on its own first, and Slurm record COMPLETED
-            deadline = time.monotonic() + grace_s
-            while time.monotonic() < deadline and not _kill_heard(read_status(run_dir)):
-                time.sleep(0.1)
+            poll_until(lambda: _kill_heard(read_status(run_dir)), grace_s, 0.1)
         _slurm("scancel", job_id)
     except SlurmError:
         return False
-    deadline = time.monotonic() + max(30.0, grace_s)
-    while time.monotonic() < deadline and queue_state(job_id):
-        time.sleep(0.2)
+    poll_until(lambda: not queue_state(job_id), max(30.0, grace_s), 0.2)
     return True
 
 
@@ -276,9 +273,7 @@ def stop_pending(run_dir: Path, timeout_s: float) -> Status | None:
         done = _slurm("scancel", job)
         if done.returncode != 0:
             raise SlurmError(f"scancel {job} failed: {(done.stderr.strip() or done.stdout.strip() or 'no message')}")
-    deadline = time.monotonic() + timeout_s
-    while queue_state(job) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    poll_until(lambda: not queue_state(job), timeout_s, 0.2)
     if read_status(run_dir).state != status.state:   # it started meanwhile: its supervisor recorded the stop
         return read_status(run_dir)
     status.slurm_state = "CANCELLED"

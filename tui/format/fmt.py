@@ -5,12 +5,14 @@ from __future__ import annotations
 import math
 import re
 
+from mt.contract.fmt import NA
+
 _WIDE = 16   # a number printed wider than this (1e308 with ",.0f" is 400 characters) goes to ".4g"
 
 
 def fmt_num(v: float | None, spec: str = ".4g") -> str:
     if v is None:
-        return "N/A"
+        return NA
     if not math.isfinite(v):
         return str(v)
     text = format(v, spec)
@@ -20,7 +22,7 @@ def fmt_num(v: float | None, spec: str = ".4g") -> str:
 def fmt_field(v: object, spec: str = ".0f", unit: str = "") -> str:
     """A value read from a run's file as `fmt_num` prints it, with its unit; `N/A` for anything not a number."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return "N/A"
+        return NA
     return fmt_num(v, spec) + unit
 
 
@@ -41,23 +43,34 @@ def fmt_loss(loss: float | None, floor: float | None) -> str:
 
 def fmt_loss_cell(v: float | None) -> str:
     """A loss in a table (`mt ls`, `mt diff`, the compare view): four decimals, or four significant
-    digits where decimals would hide it (7.456e-05, 1e+308); `-` when there is none."""
+    digits where decimals would hide it (7.456e-05, 1e+308); NA when there is none."""
     if v is None:
-        return "-"
+        return NA
     return fmt_num(v, ".4f" if v == 0 or 1e-3 <= abs(v) < 1e6 else ".4g")
 
 
 def fmt_best(best: float | None, step: int | None, partial: bool = False) -> str:
     """A best loss and its step (`0.9630 @140`); `≤` when only the newest steps were read (the
-    true best may be lower); `-` when there is none."""
+    true best may be lower); NA when there is none."""
     if best is None:
-        return "-"
+        return NA
     return f"{'≤' if partial else ''}{fmt_loss_cell(best)}{'' if step is None else f' @{step}'}"
+
+
+def fmt_step(step: int | None, total: int | None, grouped: bool = False) -> str:
+    """A run's progress `step/total` (`1,200/5,000` when grouped); NA for the part not known."""
+    spec = "," if grouped else ""
+    return f"{NA if step is None else format(step, spec)}/{NA if total is None else format(total, spec)}"
+
+
+def or_na(v: object) -> str:
+    """A value from a run's file as it is, or NA when it is missing (None, 0, empty)."""
+    return str(v) if v else NA
 
 
 def fmt_duration(s: float | None) -> str:
     if s is None or not math.isfinite(s):
-        return "N/A"
+        return NA
     if abs(s) >= 1e9:   # 30 years: a time from elsewhere, not a count of hours to print whole
         return f"{fmt_num(s / 3600, '.3g')}h"
     s = int(round(s))
@@ -75,18 +88,18 @@ def fmt_eta(eta_s: float | None, quiet_s: float | None) -> str:
 
 
 def fmt_s(seconds: float | None) -> str:
-    """Seconds in an incident's sentence: 0.42 s, 12 s, 3.5 min; `n/a` when unknown."""
+    """Seconds in an incident's sentence: 0.42 s, 12 s, 3.5 min; NA when unknown."""
     if seconds is None:
-        return "n/a"
+        return NA
     if seconds < 10:
         return f"{seconds:.2g} s" if seconds < 1 else f"{seconds:.1f} s"
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
 def fmt_ms(seconds: float | None) -> str:
-    """A step's part in a sentence: 130 ms, 4.2 ms, 0.31 ms; `n/a` when unknown."""
+    """A step's part in a sentence: 130 ms, 4.2 ms, 0.31 ms; NA when unknown."""
     if seconds is None:
-        return "n/a"
+        return NA
     ms = seconds * 1000
     return f"{ms:.0f} ms" if ms >= 10 else f"{ms:.2g} ms"
 
@@ -105,7 +118,7 @@ _SUFFIXES = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 def fmt_compact(v: float | None, sig: int = 3) -> str:
     """A number in a few characters for an axis: 8259, 34.6k, 1.2M, 0.25, 3e-4 (`sig` digits)."""
     if v is None:
-        return "N/A"
+        return NA
     if not math.isfinite(v):
         return str(v)
     if v == 0:
@@ -132,8 +145,8 @@ def fmt_mb(n: int) -> str:
 
 
 def fmt_mb_rate(n: int, seconds: float) -> str:
-    """Decimal megabytes a second, one decimal; '-' before any time has passed."""
-    return f"{n / 1e6 / seconds:.1f}" if seconds > 0 else "-"
+    """Decimal megabytes a second, one decimal; NA before any time has passed."""
+    return f"{n / 1e6 / seconds:.1f}" if seconds > 0 else NA
 
 
 def fmt_rate(tokens_per_s: float | None, samples_per_s: float | None) -> str:

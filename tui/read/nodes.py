@@ -17,9 +17,12 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from mt.contract import door
+from mt.contract.config import Config, ConfigError
+from mt.contract.events import as_int
 from mt.contract.heartbeat import read_heartbeats
 from mt.contract.jsonl import JsonlTail
 from mt.contract.paths import RunPaths
+from mt.contract.preset import load_config_json
 from mt.contract.status import Status
 from mt.contract.system import clean_sample
 from tui.read.torchrun_log import Failure
@@ -107,19 +110,15 @@ class NodeView:
         if (st.attempt or 0) < attempt:   # an earlier attempt's failure is explained already
             return None
         rec = next((a for a in st.attempts if a.get("attempt") == attempt), None)
-        if rec is None or _int(rec.get("exit_code")) in (None, 0):
+        if rec is None or as_int(rec.get("exit_code")) in (None, 0):
             return None
-        return NodeExit(self.name, attempt, _int(rec.get("exit_code")), "failed", _failures(rec.get("failures"), self.name))
+        return NodeExit(self.name, attempt, as_int(rec.get("exit_code")), "failed", _failures(rec.get("failures"), self.name))
 
 
 def _failures(raw: Any, node: str) -> list[Failure]:
     """status.json `failures` (or an attempt record's) as Failures on `node`; what is not one is left out."""
-    return [Failure(_int(f.get("rank"), -1), _int(f.get("exit_code")), _int(f.get("pid")), node=node)
+    return [Failure(as_int(f.get("rank"), -1), as_int(f.get("exit_code")), as_int(f.get("pid")), node=node)
             for f in (raw if isinstance(raw, list) else []) if isinstance(f, dict)]
-
-
-def _int(v: Any, default: int | None = None) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else default
 
 
 @dataclass(frozen=True)
@@ -161,7 +160,7 @@ def bounded_status(st: Status, b: JobBounds) -> Status:
 
 
 def _bounded_failures(raw: list[Any], b: JobBounds) -> list[Any]:
-    return b.cut([f for f in raw if isinstance(f, dict) and _int(f.get("rank")) is not None], lambda f: f["rank"])
+    return b.cut([f for f in raw if isinstance(f, dict) and as_int(f.get("rank")) is not None], lambda f: f["rank"])
 
 
 def bounded_sample(sample: dict[str, Any], b: JobBounds) -> dict[str, Any]:
@@ -240,7 +239,7 @@ class JobReader:
         self.strays: list[str] = []       # folders under nodes/ that are not the job's: never read
         self.job = Status()               # the job's status.json, read again only when it changed
         self._job_key: tuple[int, int, int] | None = None
-        self._config: dict[str, Any] | None = None
+        self._config: Config | None = None
 
     def nodes(self) -> tuple[list[str], JobBounds]:
         """The job's node folders now and what the job can hold (`strays` is set too)."""
@@ -253,14 +252,15 @@ class JobReader:
     def _bounds(self) -> JobBounds:
         """The job's world and nproc from its status (the supervisor's, the shape in force), else its config."""
         if self._config is None:
-            raw = door.read_json(self.paths.config)
-            self._config = raw if isinstance(raw, dict) else None
-        cfg = self._config or {}
-        launch, train = cfg.get("launch") or {}, cfg.get("train") or {}
-        nproc = self.job.nproc or _positive(launch.get("nproc_per_node"))
-        nnodes = self.job.nnodes or len(self.job.job_nodes) or _positive(launch.get("nnodes"))
+            try:
+                self._config = load_config_json(self.paths.config)
+            except ConfigError:
+                pass   # not written yet, or unreadable: the job's status alone, read again next poll
+        cfg = self._config
+        nproc = self.job.nproc or (cfg.launch.nproc_per_node if cfg else None)
+        nnodes = self.job.nnodes or len(self.job.job_nodes) or (cfg.launch.nnodes if cfg else None)
         # [train] max_steps is the engine's; a script says its own (run_start): only the heartbeat's bound then
-        max_step = None if launch.get("script") else _positive(train.get("max_steps"))
+        max_step = cfg.train.max_steps if cfg and not cfg.launch.script else None
         return JobBounds(nproc * nnodes if nproc and nnodes else None, nproc, max_step)
 
     def poll(self) -> list[NodeView]:
@@ -321,6 +321,3 @@ def every_heartbeat(paths: RunPaths) -> dict[int, dict[str, Any]]:
         out.update(read_heartbeats(paths.on(name), bounds.ranks, bounds.max_step))
     return out
 
-
-def _positive(v: Any) -> int | None:
-    return v if _int(v) is not None and v > 0 else None

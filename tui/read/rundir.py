@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mt.contract import door
+from mt.contract.fmt import NA
 from mt.contract.paths import RunPaths
 from mt.contract.status import Liveness, Status, judge
 
@@ -54,7 +55,7 @@ def liveness(status: Status) -> Liveness:
 def effective_state(status: Status) -> str:
     """The recorded state, or `lost` when it claims to be live but its supervisor is gone."""
     if status.state is None:
-        return "unknown"
+        return NA
     return "lost" if liveness(status) == "lost" else status.state
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from mt.contract import door
 from mt.contract.events import JSON_ERRORS
 from mt.contract.paths import RunPaths
-from tui.format.fmt import fmt_best, fmt_loss_cell, safe_text
+from tui.format.fmt import NA, fmt_best, fmt_loss_cell, safe_text
 from tui.read.follower import load_run_state
 from tui.state.runstate import RunState
 
@@ -103,7 +103,7 @@ def _world(st: RunState, cfg: dict[str, Any]) -> str:
     nproc, nnodes = launch.get("nproc_per_node"), launch.get("nnodes", 1)
     if isinstance(nproc, int) and isinstance(nnodes, int):
         return f"{nproc * nnodes} (config; not started)"
-    return "-"
+    return NA
 
 
 def diff_text(run_a: Path, run_b: Path) -> str:

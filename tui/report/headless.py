@@ -16,7 +16,7 @@ from mt.contract.incident import IncidentLine
 from mt.contract.paths import RunPaths
 from mt.contract.records import Checkpoint, ControlEvent, Eval, Metrics, Record, RunEnd, RunStart, Step
 from mt.contract.status import CLEAN_STATES, FINAL_STATES, Status, read_status
-from tui.format.fmt import anatomy_lines, at_step, fmt_eta, fmt_num, fmt_rate, fmt_write_time, safe_text, stacks_lines
+from tui.format.fmt import NA, anatomy_lines, at_step, fmt_eta, fmt_num, fmt_rate, fmt_step, fmt_write_time, safe_text, stacks_lines
 from tui.read.follower import PollResult, RunFollower
 from tui.read.nodes import JobReader
 from tui.read.rundir import liveness
@@ -25,9 +25,8 @@ from tui.state.runstate import RunState, apply_status
 
 
 def step_line(st: RunState) -> str:
-    total = "?" if st.max_steps is None else str(st.max_steps)
-    width = len(total)
-    return (f"step {st.step:>{width}}/{total}  loss {fmt_num(st.loss, '.4f')}  lr {fmt_num(st.lr, '.2e')}"
+    width = len(str(st.max_steps)) if st.max_steps is not None else len(NA)
+    return (f"step {fmt_step(st.step, st.max_steps):>{2 * width + 1}}  loss {fmt_num(st.loss, '.4f')}  lr {fmt_num(st.lr, '.2e')}"
             f"  {fmt_rate(st.tokens_per_s, st.samples_per_s)}  ETA {fmt_eta(st.eta_s(), st.quiet_s(time.time()))}")
 
 

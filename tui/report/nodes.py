@@ -1,7 +1,7 @@
 """A job's nodes and their ranks as lines: the dashboard's job panel, `--once` and `--headless`."""
 from __future__ import annotations
 
-from tui.format.fmt import anatomy_text, fmt_duration, fmt_field, fmt_gib, fmt_num, safe_text
+from tui.format.fmt import NA, anatomy_text, fmt_duration, fmt_field, fmt_gib, fmt_num, or_na, safe_text
 from tui.read.nodes import NodeView, RankView
 from tui.state.runstate import RunState
 
@@ -26,10 +26,10 @@ def _rank_cell(rv: RankView, now: float, run: RunState | None) -> tuple[str, str
     """One rank's line under its node, and its style: red exited, yellow a stale heartbeat."""
     age = rv.beat_age(now)
     step = shown_step(rv, run)
-    head = f"  r{rv.rank} step {'-' if step is None else step} hb {fmt_duration(age)}"
+    head = f"  r{rv.rank} step {NA if step is None else step} hb {fmt_duration(age)}"
     if rv.alive is False:
-        return f"{head} pid {rv.pid or '-'} exited", "red"
-    text = f"{head} cpu {fmt_field(rv.cpu_pct, '.0f', '%')} {fmt_gib(rv.rss_bytes)}G pid {rv.pid or '-'}"
+        return f"{head} pid {or_na(rv.pid)} exited", "red"
+    text = f"{head} cpu {fmt_field(rv.cpu_pct, '.0f', '%')} {fmt_gib(rv.rss_bytes)}G pid {or_na(rv.pid)}"
     return text, "yellow" if age is not None and age >= STALE_BEAT_S else ""
 
 
@@ -37,13 +37,13 @@ def _node_head(view: NodeView, ranks: list[RankView], now: float, run: RunState 
     """A node in one line: state, ranks up, step range, oldest heartbeat, host CPU and GPUs."""
     up = sum(1 for r in ranks if r.alive is not False)
     steps = [s for s in (shown_step(r, run) for r in ranks) if s is not None]
-    span = "-" if not steps else str(min(steps)) if min(steps) == max(steps) else f"{min(steps)}-{max(steps)}"
+    span = NA if not steps else str(min(steps)) if min(steps) == max(steps) else f"{min(steps)}-{max(steps)}"
     ages = [a for a in (r.beat_age(now) for r in ranks) if a is not None]
     s = view.sample or {}
     host = s.get("host") or {}
     utils = [g["util_pct"] for g in s.get("gpus") or [] if g.get("util_pct") is not None]
     gpu = f" gpu {fmt_num(sum(utils) / len(utils), '.0f')}%x{len(utils)}" if utils else ""
-    state = view.status.state or "?"
+    state = or_na(view.status.state)
     return (f"{safe_text(view.name)[:14]} {state} {up}/{len(ranks)}r step {span} hb {fmt_duration(max(ages) if ages else None)}"
             f" cpu {fmt_field(host.get('cpu_pct'), '.0f', '%')}{gpu}")
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tui.format.fmt import fmt_best, fmt_duration, fmt_loss_cell, safe_text
+from tui.format.fmt import NA, fmt_best, fmt_duration, fmt_loss_cell, fmt_step, or_na, safe_text
 from tui.read.follower import load_run_state
 from tui.read.nodes import JobReader
 from tui.read.rundir import effective_state, is_run_dir, run_dirs
@@ -53,16 +53,15 @@ def run_row(path: Path, now: float | None = None) -> RunRow:
         # a big run with an index: its tail only (ms, no numpy); its best is then marked partial
         st = load_run_state(path, exact_best=False)
         state = effective_state(st.status) if st.status.found else "(no status)"
-        total = "?" if st.max_steps is None else str(st.max_steps)
         return RunRow(
             name=path.name,
             state=state,
-            attempt=str(st.attempt or "-"),
-            step=f"{'-' if st.step is None else st.step}/{total}",
+            attempt=or_na(st.attempt),
+            step=fmt_step(st.step, st.max_steps),
             loss=fmt_loss_cell(st.loss),
             best=fmt_best(st.best_loss, st.best_loss_step, st.best_loss_partial),
-            started=time.strftime("%Y-%m-%d %H:%M", time.localtime(st.started)) if st.started else "-",
-            duration=fmt_duration(st.elapsed_s(now)) if st.started else "-",
+            started=time.strftime("%Y-%m-%d %H:%M", time.localtime(st.started)) if st.started else NA,
+            duration=fmt_duration(st.elapsed_s(now)) if st.started else NA,
             best_loss=st.best_loss, job_id=st.status.slurm_job_id, path=path,
             slurm=f"{st.status.slurm_job_id} {state}" if st.status.slurm_job_id else "",
         )

@@ -13,7 +13,9 @@ from tui.format.fmt import (
     fmt_num,
     fmt_parallel,
     fmt_rate,
+    fmt_step,
     fmt_write_time,
+    or_na,
     safe_text,
     stacks_lines,
 )
@@ -25,21 +27,19 @@ if TYPE_CHECKING:
 def format_summary(st: "RunState", now: float | None = None) -> str:
     """A few plain-text lines for `mt watch --once`."""
     now = time.time() if now is None else now
-    step = "-" if st.step is None else str(st.step)
-    total = "?" if st.max_steps is None else str(st.max_steps)
     parallel = fmt_parallel(st.strategy, st.compile, st.activation_checkpointing)
     lines = [
-        f"{st.name}  [{'lost' if st.supervisor_lost else st.state}]  attempt {st.attempt}  step {step}/{total}"
+        f"{st.name}  [{st.shown_state}]  attempt {st.attempt}  step {fmt_step(st.step, st.max_steps)}"
         f"  elapsed {fmt_duration(st.elapsed_s(now))}  ETA {fmt_eta(st.eta_s(), st.quiet_s(now))}",
         f"loss {fmt_loss(st.loss, st.loss_floor)}  best {fmt_num(st.best_loss)}"
         f"{'' if st.best_loss_step is None else f' @{st.best_loss_step}'}"
         f"{' (recent steps only)' if st.best_loss_partial else ''}"
         f"  val {fmt_num(st.val_loss)}  lr {fmt_num(st.lr, '.3g')}  grad_norm {fmt_num(st.grad_norm)}"
         f"  {fmt_rate(st.tokens_per_s, st.samples_per_s)}",
-        f"world {st.world_size or '?'} x {st.device or '?'}"
+        f"world {or_na(st.world_size)} x {or_na(st.device)}"
         f"{'  ' + parallel if parallel else ''}"
-        f"  precision {st.precision or '?'}"
-        f"  eff. batch {st.effective_batch or '?'}",
+        f"  precision {or_na(st.precision)}"
+        f"  eff. batch {or_na(st.effective_batch)}",
     ]
     ck = st.last_checkpoint
     lines.append("checkpoint: none" if ck is None else

@@ -16,6 +16,7 @@ from typing import Any
 from mt.contract.jsonl import read_json, write_json_atomic
 from mt.contract.paths import RunPaths, node_name_ok
 from tui.read.rundir import require_run_dir
+from tui.read.wait import poll_until
 from tui.stacks.capture import Capture, capture
 from tui.stacks.verdict import Frame, Place, Verdict, verdict_of_places
 
@@ -118,12 +119,7 @@ def nodes_verdict(run_dir: Path, rid: str) -> NodesVerdict:
 
 def gather(run_dir: Path, rid: str, timeout: float, poll_s: float = 0.2) -> NodesVerdict:
     """Wait until every node has answered request `rid` (or `timeout` seconds), then the verdict."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = nodes_verdict(run_dir, rid)
-        if not found.silent or time.monotonic() >= deadline:
-            return found
-        time.sleep(poll_s)
+    return poll_until(lambda: nodes_verdict(run_dir, rid), timeout, poll_s, done=lambda found: not found.silent)
 
 
 def nodes_record(found: NodesVerdict) -> dict[str, Any]:

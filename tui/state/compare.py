@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tui.format.fmt import fmt_best, fmt_loss_cell, safe_text
+from tui.format.fmt import NA, fmt_best, fmt_loss_cell, fmt_step, safe_text
 from tui.state.runstate import RunState
 
 if TYPE_CHECKING:
@@ -76,14 +76,12 @@ HEADER = RunLine("RUN", "STATE", "STEP", "LOSS", "BEST", "VAL", "TOK/STEP")
 
 def run_line(name: str, st: RunState) -> RunLine:
     """The header row of one run: its state (lost when its supervisor is gone), step, losses."""
-    step = "-" if st.step is None else f"{st.step:,}"
-    total = "?" if st.max_steps is None else f"{st.max_steps:,}"
     return RunLine(
-        name=name, state="lost" if st.supervisor_lost else st.state, step=f"{step}/{total}",
+        name=name, state=st.shown_state, step=fmt_step(st.step, st.max_steps, grouped=True),
         loss=fmt_loss_cell(st.loss),
         best=fmt_best(st.best_loss, st.best_loss_step, st.best_loss_partial),
         val=fmt_loss_cell(st.val_loss),
-        tokens=f"{st.tokens_per_step:,}" if st.tokens_per_step else "-")
+        tokens=f"{st.tokens_per_step:,}" if st.tokens_per_step else NA)
 
 
 def table_rows(lines: list[RunLine]) -> list[list[str]]:

@@ -10,10 +10,10 @@ import re
 from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from mt.contract.config import MonitorConfig
-from mt.contract.events import EXIT_CODES, FAILURE_CODES, as_float
+from mt.contract.events import EXIT_CODES, FAILURE_CODES, as_float, as_int
 from mt.contract.incident import IncidentLine
 from mt.contract.jsonl import read_json
 from mt.contract.paths import RunPaths
@@ -113,6 +113,11 @@ class RunState:
     @property
     def open_incidents(self) -> list[IncidentLine]:
         return [i for i in self.incidents if i.status == "open"]
+
+    @property
+    def shown_state(self) -> str:
+        """The state to show: tui/read/rundir.py effective_state, from the liveness the reader last saw."""
+        return "lost" if self.supervisor_lost else self.state
 
     @property
     def is_final(self) -> bool:
@@ -230,18 +235,10 @@ def new_state(run_dir: Path) -> RunState:
         script = launch.get("script")
         st.script = script if isinstance(script, str) and script else None
         if st.script is None:  # [train] is the engine's; a script says its own max_steps in run_start
-            st.max_steps = _int(train.get("max_steps"))
+            st.max_steps = as_int(train.get("max_steps"))
             clip = as_float(train.get("grad_clip"))
             st.grad_clip = clip if math.isfinite(clip) and clip > 0 else None
     return st
-
-
-def _int(v: Any) -> int | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, int):
-        return v
-    return int(v) if isinstance(v, float) and math.isfinite(v) else None
 
 
 def reduce_rows(st: RunState, step: Sequence[float], loss: Sequence[float | None], lr: Sequence[float | None],

@@ -10,12 +10,15 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mt.contract.config import ConfigError
 from mt.contract.events import CONTROL_ACTIONS
-from mt.contract.jsonl import read_json, write_json_atomic
+from mt.contract.jsonl import write_json_atomic
 from mt.contract.paths import RunPaths
+from mt.contract.preset import load_config_json
 from mt.contract.records import RecordTail
 from mt.contract.status import Status, read_status, write_status
 from tui.read.rundir import NotARunError, liveness, require_run_dir
+from tui.read.wait import poll_until
 from tui.stacks.ranks import own_rank0
 from tui.state.answers import ControlAnswer, note_answer
 
@@ -50,9 +53,11 @@ def takes_requests(run_dir: Path, status: Status) -> bool:
     from tui.read.nodes import called_mt_init
 
     paths = RunPaths(Path(run_dir))
-    raw = read_json(paths.config)
-    launch = raw.get("launch") if isinstance(raw, dict) else None
-    if not (isinstance(launch, dict) and launch.get("script")) or status.by_script:
+    try:
+        script = load_config_json(paths.config).launch.script
+    except ConfigError:
+        script = ""   # unreadable: taken as the engine's, which reads control/
+    if not script or status.by_script:
         return True  # the engine, or a run mt.init made (its rank 0 is the script, which uses mt)
     return called_mt_init(paths, status.attempt)   # a job's: under nodes/
 
@@ -133,12 +138,8 @@ def _unanswered(answer: ControlAnswer, status: str, detail: str | None = None) -
 
 def wait_final(run_dir: Path, timeout: float) -> Status:
     """Wait until status.json shows a final state (or the supervisor is gone); returns it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        status = read_status(Path(run_dir))
-        if liveness(status) in ("final", "lost") or time.monotonic() >= deadline:
-            return status
-        time.sleep(0.2)
+    return poll_until(lambda: read_status(Path(run_dir)), timeout, 0.2,
+                      done=lambda status: liveness(status) in ("final", "lost"))
 
 
 def kill_run(run_dir: Path, grace_s: float = 10.0) -> SignalReport:
@@ -222,12 +223,10 @@ KILL_NOTED_S = 5.0   # how long `mt kill` waits for the supervisor to record the
 def _wait_kill_noted(run_dir: Path, sup: Any, timeout: float) -> None:
     """Until the supervisor has said `kill requested` (or ended): ranks that die before it did
     would read as a crash to the incident rules, which judge dead ranks of a `running` run."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and sup.is_running():
+    def noted() -> bool:
         status = read_status(run_dir)
-        if status.is_final or status.reason == "kill requested":
-            return
-        time.sleep(0.05)
+        return not sup.is_running() or status.is_final or status.reason == "kill requested"
+    poll_until(noted, timeout, 0.05)
 
 
 def kill_summary(result: SignalReport) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from mt.contract.paths import RunPaths
 from tui.cluster.slurm import SlurmError, slurm_node
+from tui.read.wait import poll_until
 from tui.supervise import lock as runlock
 from tui.supervise.procs import daemonize
 from tui.supervise.supervisor import Supervisor
@@ -24,9 +25,7 @@ def await_cancel(sup: Supervisor) -> None:
     """`mt kill` of a Slurm job: USR1 (recorded `killed`, the ranks ended), then scancel. Ending this task
     first would end the job on its own (FAILED or COMPLETED) before scancel lands, so wait for the
     SIGTERM that scancel brings (stop_requested), at most KILL_CANCEL_WAIT_S."""
-    deadline = time.monotonic() + KILL_CANCEL_WAIT_S
-    while not sup.stop_requested and time.monotonic() < deadline:
-        time.sleep(0.1)
+    poll_until(lambda: sup.stop_requested, KILL_CANCEL_WAIT_S, 0.1)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -218,7 +218,7 @@ class DashboardScreen(PlotKeys, Screen[None]):
             # plots after this refresh: a first frame of a huge run shows the header at once
             self.call_after_refresh(self._redraw_plots)
             if self._dirty:
-                ended = st.state if st.state in FINAL_STATES else "lost" if st.supervisor_lost else None
+                ended = st.shown_state if st.state in FINAL_STATES or st.supervisor_lost else None
                 self._system.show(self.watcher.system, ended, now, sampled=not st.status.by_script,
                                   nodes=self.watcher.nodes, run=st)
                 self._incidents.show(st.incidents, now)

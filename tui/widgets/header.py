@@ -4,7 +4,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from tui.format.fmt import fmt_compact, fmt_duration, fmt_eta, fmt_loss, fmt_num, fmt_parallel, fmt_rate, safe_text
+from tui.format.fmt import fmt_compact, fmt_duration, fmt_eta, fmt_loss, fmt_num, fmt_parallel, fmt_rate, fmt_step, or_na, safe_text
 from tui.state.runstate import RunState
 
 STATE_STYLE = {
@@ -25,13 +25,11 @@ def progress_bar(step: int | None, total: int | None, width: int) -> Text:
 def render_header(st: RunState, now: float, width: int, smoothing: float, logy: bool,
                   window: str = "all steps") -> Text:
     """Two or three lines of header text for a state at time `now`."""
-    step = "-" if st.step is None else f"{st.step:,}"
-    total = "?" if st.max_steps is None else f"{st.max_steps:,}"
     pct = f" {100 * st.step / st.max_steps:.0f}%" if st.step and st.max_steps else ""
-    state = "lost" if st.supervisor_lost else st.state
+    state = st.shown_state
     line1 = Text.assemble(
         (safe_text(st.name), "bold"), "  ", (f" {state.upper()} ", STATE_STYLE.get(state, "bold red") + " reverse"),
-        f"  attempt {st.attempt}  step {step}/{total}{pct} ")
+        f"  attempt {st.attempt}  step {fmt_step(st.step, st.max_steps, grouped=True)}{pct} ")
     bar_w = max(0, min(30, width - line1.cell_len - 2))
     line1.append_text(progress_bar(st.step, st.max_steps, bar_w))
     parts = [f"ETA {fmt_eta(st.eta_s(), st.quiet_s(now))}", fmt_rate(st.tokens_per_s, st.samples_per_s)]
@@ -40,9 +38,9 @@ def render_header(st: RunState, now: float, width: int, smoothing: float, logy: 
                      + (" (6N estimate)" if st.mfu_estimated else ""))
     parts.append(f"elapsed {fmt_duration(st.elapsed_s(now))}")
     parallel = fmt_parallel(st.strategy, st.compile, st.activation_checkpointing)
-    parts.append(f"{st.world_size or '?'} × {st.device or '?'}" + (f" {parallel}" if parallel else ""))
-    parts.append(f"{st.precision or '?'}")
-    parts.append(f"eff.batch {st.effective_batch or '?'}")
+    parts.append(f"{or_na(st.world_size)} × {or_na(st.device)}" + (f" {parallel}" if parallel else ""))
+    parts.append(f"{or_na(st.precision)}")
+    parts.append(f"eff.batch {or_na(st.effective_batch)}")
     if st.params_total is not None:
         active = f" ({fmt_compact(st.params_active)} active)" if st.params_active is not None else ""
         parts.append(f"params {fmt_compact(st.params_total)}{active}")

@@ -11,7 +11,7 @@ from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
 from mt.contract.incident import IncidentLine
-from tui.format.fmt import anatomy_lines, fmt_duration, fmt_num, safe_text, stacks_lines
+from tui.format.fmt import NA, anatomy_lines, fmt_duration, fmt_num, safe_text, stacks_lines
 
 MAX_VALUE_CHARS = 300  # an evidence value longer than this (a whole traceback line) is cut
 
@@ -22,8 +22,8 @@ def incident_line(inc: IncidentLine, now: float) -> Text:
     style = SEVERITY_STYLE.get(inc.severity, "")
     t = Text()
     t.append(f"{inc.severity.upper():5} ", style=style)
-    t.append(f"@{inc.step if inc.step is not None else '?'} ")
-    t.append(f"{fmt_duration(now - inc.t) if inc.t else 'N/A'} ago ", style="dim")
+    t.append(f"@{inc.step if inc.step is not None else NA} ")
+    t.append(f"{fmt_duration(now - inc.t) if inc.t else NA} ago ", style="dim")
     t.append(safe_text(inc.title), style="" if inc.status == "open" else "dim strike")
     return t
 

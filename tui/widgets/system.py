@@ -7,7 +7,7 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import Static
 
-from tui.format.fmt import anatomy_text, fmt_duration, fmt_field, fmt_gib, safe_text
+from tui.format.fmt import NA, anatomy_text, fmt_duration, fmt_field, fmt_gib, safe_text
 from tui.read.nodes import NodeView
 from tui.read.watcher import SystemView
 from tui.report.nodes import node_lines
@@ -30,7 +30,7 @@ def sparkline(values: Iterable[Any], width: int = 20) -> str:
 
 def bar(used: Any, total: Any, width: int = 12) -> Text:
     if not isinstance(used, (int, float)) or not isinstance(total, (int, float)) or total <= 0:
-        return Text("N/A".ljust(width), style="dim")
+        return Text(NA.ljust(width), style="dim")
     frac = min(1.0, max(0.0, used / total))
     full = int(round(frac * width))
     style = "red" if frac > 0.95 else "yellow" if frac > 0.8 else "green"
@@ -118,7 +118,7 @@ def render_system(view: SystemView, ended: str | None = None, sampled: bool = Tr
             t.append(f"{gpu_label(g)} ", style="bold")
             if _ranks_on(g):
                 t.append(f"{_ranks_on(g)} ", style="cyan")
-            t.append(f"{safe_text(g.get('name') or 'N/A')[:22]}\n", style="dim")
+            t.append(f"{safe_text(g.get('name') or NA)[:22]}\n", style="dim")
             t.append(f" util {fmt_field(g.get('util_pct'), '>3.0f', '%')} ")
             t.append(sparkline(view.gpu_util.get(idx, ())), style="cyan")
             t.append("\n mem ")
