@@ -5,21 +5,27 @@ too, so each is written once.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 NA = "N/A"   # the one word for "not available", in mt's messages and in the viewer (tui/format/fmt.py)
 
 
-def human_bytes(n: int | None) -> str:
-    """1536 -> '1.5 KiB'; None -> NA."""
+BYTE_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "MB": 10**6}
+
+
+def human_bytes(n: float | None, unit: str | None = None, suffix: bool = True) -> str:
+    """The one byte formatter: 1536 -> '1.5 KiB' (the unit that fits), or in a fixed `unit` ('GiB'; 'MB' is
+    decimal), one decimal; `suffix=False` for a column already labelled; None -> NA."""
     if n is None:
         return NA
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
+    if unit is None:
+        unit = next((u for u in ("B", "KiB", "MiB", "GiB") if abs(n) < 1024 * BYTE_UNITS[u]), "TiB")
+    value = n / BYTE_UNITS[unit]
+    text = format(value, ".0f" if unit == "B" else ".1f") if math.isfinite(value) else str(value)
+    if len(text) > 16:   # a hostile file's 1e308 would be 300 digits wide
+        text = format(value, ".4g")
+    return f"{text} {unit}" if suffix else text
 
 
 def short_num(x: float | None) -> str:

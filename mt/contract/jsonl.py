@@ -34,6 +34,20 @@ MAX_LINE_BYTES = 1 << 20   # a longer line is skipped and counted, never held wh
 _READ_BYTES = 4 << 20
 
 
+class LineBuffer:
+    """Bytes in, complete lines out: the unfinished last line is kept back (`partial`) until its newline
+    comes. The one way a tail of a growing file splits lines (JsonlTail, the log panel's LogTail)."""
+
+    def __init__(self) -> None:
+        self.partial = b""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The lines `data` completes, without their newlines."""
+        lines = (self.partial + data).split(b"\n")
+        self.partial = lines.pop()
+        return lines
+
+
 class JsonlTail:
     """Reads only the new complete lines of a growing JSONL file.
 
@@ -49,7 +63,7 @@ class JsonlTail:
         self.bad_lines = 0
         self.last_bad = ""      # why the newest bad line was skipped
         self.resets = 0
-        self._partial = b""
+        self._lines = LineBuffer()
         self._skipping = False  # inside an over-long line: drop bytes up to its newline
         self._ino = ino
 
@@ -71,7 +85,7 @@ class JsonlTail:
     @property
     def line_offset(self) -> int:
         """Where the next unread line starts: a tail made with it later misses and repeats nothing."""
-        return self.offset - len(self._partial) if not self._skipping else self.offset
+        return self.offset - len(self._lines.partial) if not self._skipping else self.offset
 
     @property
     def ino(self) -> int | None:
@@ -101,7 +115,7 @@ class JsonlTail:
         except FileNotFoundError:
             return
         if self._ino is not None and (st.st_ino != self._ino or st.st_size < self.offset):
-            self.offset, self._partial, self._skipping = 0, b"", False
+            self.offset, self._lines, self._skipping = 0, LineBuffer(), False
             self.resets += 1
         self._ino = st.st_ino
         budget = st.st_size - self.offset if max_bytes is None else min(max_bytes, st.st_size - self.offset)
@@ -128,10 +142,9 @@ class JsonlTail:
             if cut < 0:
                 return
             data, self._skipping = data[cut + 1:], False
-        lines = (self._partial + data).split(b"\n")
-        self._partial = lines.pop()
-        if len(self._partial) > MAX_LINE_BYTES:
-            self._partial, self._skipping = b"", True
+        lines = self._lines.feed(data)
+        if len(self._lines.partial) > MAX_LINE_BYTES:
+            self._lines.partial, self._skipping = b"", True
             self.reject(f"a line over {MAX_LINE_BYTES} bytes")
         for line in lines:
             if len(line) > MAX_LINE_BYTES:
@@ -142,8 +155,8 @@ class JsonlTail:
     def iter_all_lines(self) -> Iterator[bytes]:
         """Every line of the file, the last one too when it lacks only its newline."""
         yield from self.iter_lines()
-        if self._partial.strip():
-            yield self._partial
+        if self._lines.partial.strip():
+            yield self._lines.partial
 
 
 def next_newline(f: BinaryIO, end: int) -> int:

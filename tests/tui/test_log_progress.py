@@ -115,4 +115,4 @@ def test_a_long_running_bar_keeps_only_its_newest_state(tmp_path: Path) -> None:
     assert log.stat().st_size > 150_000 > 30 * PARTIAL_MAX   # far more than is kept
     tail = LogTail(log, start_bytes=1 << 30)
     assert tail.poll() == [] and "long:  60%" in tail.pending() and "3000/5000" in tail.pending()
-    assert len(tail._partial) <= PARTIAL_MAX   # what is kept of the unfinished line: its newest state
+    assert len(tail._lines.partial) <= PARTIAL_MAX   # what is kept of the unfinished line: its newest state

@@ -74,3 +74,34 @@ def test_one_poll_loop_waits_for_a_file_and_gives_up_at_its_deadline(tmp_path: P
     assert poll_until(lambda: probes.append(time.monotonic()) or None, 0.3, 0.05) is None
     assert time.monotonic() - t0 >= 0.3 and len(probes) >= 2 and probes[-1] - t0 >= 0.3
     assert poll_until(lambda: 5, 0.0, 1.0, done=lambda v: v > 9) == 5   # a wait of 0 still looks once
+
+
+def test_one_byte_formatter_fits_its_unit_or_takes_the_one_given() -> None:
+    """human_bytes is the one byte formatter: mt's messages, the GPU panel's GiB, mt prepare's MB."""
+    from tui.format.fmt import fmt_gib, fmt_mb
+
+    assert [human_bytes(n) for n in (0, 1023, 1536, 5 * 2**30, 3 * 2**40)] == ["0 B", "1023 B", "1.5 KiB", "5.0 GiB", "3.0 TiB"]
+    assert human_bytes(12.5 * 2**30, "GiB", suffix=False) == fmt_gib(12.5 * 2**30) == "12.5"
+    assert fmt_mb(1_234_567) == human_bytes(1_234_567, "MB", suffix=False) == "1.2" and fmt_mb_rate(2_000_000, 2.0) == "1.0"
+    assert human_bytes(None) == fmt_gib("12") == fmt_gib(True) == NA
+    assert len(fmt_gib(1e300)) <= 16 and len(human_bytes(1e308)) <= 20   # a hostile file's number stays narrow
+
+
+def test_one_line_buffer_keeps_the_unfinished_line_for_every_tail(tmp_path: Path) -> None:
+    """JsonlTail and the log panel's LogTail split lines with the one LineBuffer: a line is seen once it ends."""
+    from mt.contract.jsonl import JsonlTail, LineBuffer
+    from tui.read.watcher import LogTail
+
+    buf = LineBuffer()
+    assert buf.feed(b"a\nb") == [b"a"] and buf.partial == b"b" and buf.feed(b"c\n") == [b"bc"] and buf.partial == b""
+    events, log = tmp_path / "events.jsonl", tmp_path / "rank0.log"
+    events.write_bytes(b'{"k": 1}\n{"k": ')
+    log.write_bytes(b"first\nsecond half")
+    jt, lt = JsonlTail(events), LogTail(log)
+    assert jt.read_new() == [{"k": 1}] and lt.poll() == ["first"] and lt.pending() == "second half"
+    with events.open("ab") as f:
+        f.write(b'2}\n')
+    with log.open("ab") as f:
+        f.write(b" done\n")
+    assert jt.read_new() == [{"k": 2}] and lt.poll() == ["second half done"] and lt.pending() == ""
+    assert isinstance(jt._lines, LineBuffer) and isinstance(lt._lines, LineBuffer)

@@ -10,7 +10,7 @@ from mt.contract.events import as_float
 from mt.contract.incident import Incident
 from tui.diagnose.findings import Observation
 from tui.diagnose.memory import RuleMemory, StepRec
-from tui.format.fmt import fmt_s
+from tui.format.fmt import fmt_gib, fmt_s
 
 ADVICE_THROUGHPUT = (
     "Compare data_wait_s, step_time_s and GPU utilisation around the drop: a rising data wait "
@@ -152,10 +152,9 @@ def memory_pressure(memory: RuleMemory, obs: Observation, m: MonitorConfig) -> I
     if not full:
         return None
     step = memory.last_step
-    gib = 2**30
-    ranks = ", ".join(f"{obs.who(r)} {max(v):.1%} (allocated {as_float(last[r].get('mem_alloc_bytes')) / gib:.1f}, "
-                      f"reserved {as_float(last[r].get('mem_reserved_bytes')) / gib:.1f} of "
-                      f"{as_float(last[r].get('mem_total_bytes')) / gib:.0f} GiB)" for r, v in sorted(full.items()))
+    ranks = ", ".join(f"{obs.who(r)} {max(v):.1%} (allocated {fmt_gib(last[r].get('mem_alloc_bytes'))}, "
+                      f"reserved {fmt_gib(last[r].get('mem_reserved_bytes'))} of "
+                      f"{fmt_gib(last[r].get('mem_total_bytes'))} GiB)" for r, v in sorted(full.items()))
     detail = (f"the per-step peak of allocated memory (PyTorch's allocator) above {m.memory_pressure_share:.0%} "
               f"of the GPU's memory for the last {fmt_s(m.memory_window_s)}: {ranks}. NVML's used memory is not "
               "judged: it counts the allocator's cache, the CUDA context and NCCL's buffers")

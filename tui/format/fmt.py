@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 
-from mt.contract.fmt import NA
+from mt.contract.fmt import NA, human_bytes
 
 _WIDE = 16   # a number printed wider than this (1e308 with ",.0f" is 400 characters) goes to ".4g"
 
@@ -28,7 +28,8 @@ def fmt_field(v: object, spec: str = ".0f", unit: str = "") -> str:
 
 def fmt_gib(v: object) -> str:
     """A byte count from a run's file in GiB, one decimal (`12.5`); `N/A` for anything not a number."""
-    return fmt_field(v / 2**30 if isinstance(v, (int, float)) and not isinstance(v, bool) else None, ".1f")
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+    return human_bytes(v if ok else None, "GiB", suffix=False)  # type: ignore[arg-type]
 
 
 def at_step(step: int | None) -> str:
@@ -141,12 +142,12 @@ def fmt_compact(v: float | None, sig: int = 3) -> str:
 
 def fmt_mb(n: int) -> str:
     """Bytes as decimal megabytes, one decimal: how `mt prepare` reports text it tokenizes."""
-    return f"{n / 1e6:.1f}"
+    return human_bytes(n, "MB", suffix=False)
 
 
 def fmt_mb_rate(n: int, seconds: float) -> str:
     """Decimal megabytes a second, one decimal; NA before any time has passed."""
-    return f"{n / 1e6 / seconds:.1f}" if seconds > 0 else NA
+    return human_bytes(n / seconds, "MB", suffix=False) if seconds > 0 else NA
 
 
 def fmt_rate(tokens_per_s: float | None, samples_per_s: float | None) -> str:

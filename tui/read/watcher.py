@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from mt.contract import door
 from mt.contract.heartbeat import read_heartbeats
-from mt.contract.jsonl import JsonlTail
+from mt.contract.jsonl import JsonlTail, LineBuffer
 from mt.contract.system import clean_sample
 from tui.format.fmt import terminal_line
 from tui.read.follower import PollResult, RunFollower
@@ -59,7 +59,7 @@ class LogTail:
         self.path = path
         self.lines: deque[str] = deque(maxlen=keep)
         self._offset: int | None = None
-        self._partial = b""
+        self._lines = LineBuffer()
         self._start_bytes = start_bytes
 
     def poll(self) -> list[str]:
@@ -70,7 +70,7 @@ class LogTail:
             return []
         if self._offset is None or size < self._offset:
             self._offset = max(0, size - self._start_bytes)
-            self._partial = b""
+            self._lines = LineBuffer()
             skip_first = self._offset > 0  # landed mid-line
         else:
             skip_first = False
@@ -83,11 +83,11 @@ class LogTail:
         except OSError:     # gone, or refused by the door (a FIFO, a device, a link)
             return []
         self._offset += len(data)
-        parts = (self._partial + data).split(b"\n")
-        self._partial = parts.pop()
-        if len(self._partial) > PARTIAL_MAX and b"\r" in self._partial:
+        parts = self._lines.feed(data)
+        held = self._lines.partial
+        if len(held) > PARTIAL_MAX and b"\r" in held:
             # a progress bar that never ends its line: only its newest state will be shown
-            self._partial = self._partial[self._partial.rindex(b"\r"):]
+            self._lines.partial = held[held.rindex(b"\r"):]
         if skip_first and parts:
             parts = parts[1:]
         # as a terminal shows them: a bar's `\r` rewrites as its last state, cursor moves dropped
@@ -97,9 +97,9 @@ class LogTail:
 
     def pending(self) -> str:
         """The unfinished last line as a terminal shows it now: a running progress bar's state."""
-        if not self._partial:
+        if not self._lines.partial:
             return ""
-        return terminal_line(self._partial.decode("utf-8", "ignore"))[-PENDING_CHARS:]
+        return terminal_line(self._lines.partial.decode("utf-8", "ignore"))[-PENDING_CHARS:]
 
 
 @dataclass
