@@ -24,14 +24,16 @@ def _hung(tmp_path: Path, name: str, *extra: str) -> Path:
 
 
 def _settled(run_dir: Path, wait_s: float = 2.0):
-    """Captures until rank 1 sits in its hang (the script first imports torch and joins the group)."""
+    """Captures until rank 1 sits in its hang and rank 0 waits in the all_reduce (the script first imports torch and
+    joins the group; on a busy machine rank 0 may still be on its way to the collective)."""
     def hung():
         try:
             cap = capture(run_dir, wait_s=wait_s)
         except NoRanksError:  # torchrun has not started them yet
             return None
-        return cap if any(g.ranks == (1,) and g.place.frame.line == HANG_LINE for g in cap.verdict.groups) else None
-    return wait_for(hung, 120, "rank 1 in its hang", every=1.0)
+        lines = {g.ranks: g.place.frame.line for g in cap.verdict.groups if g.place is not None and g.place.frame is not None}
+        return cap if lines.get((1,)) == HANG_LINE and lines.get((0,)) == REDUCE_LINE else None
+    return wait_for(hung, 120, "rank 1 in its hang and rank 0 in the all_reduce", every=1.0)
 
 
 def test_a_script_using_mt_gets_the_faulthandler_path_and_one_without_gets_py_spy(tmp_path):
