@@ -88,18 +88,12 @@ def resolve_config(preset: Path, over: Overrides, slurm: bool = False) -> tuple[
             raise ConfigError(source, "", f"arguments {' '.join(over.script_args)!r} are for a script "
                                           "(mt launch train.py -- ARGS, or [launch] script); this preset runs mt's engine")
         raw["launch"]["script_args"] = list(over.script_args)
-    if over.name is not None:
-        raw["run"]["name"] = over.name
-    if over.runs_dir is not None:
-        raw["run"]["runs_dir"] = over.runs_dir
-    if over.nproc is not None:
-        raw["launch"]["nproc_per_node"] = over.nproc
-    if over.nnodes is not None:
-        raw["launch"]["nnodes"] = over.nnodes
-    if over.node_rank is not None:
-        raw["launch"]["node_rank"] = over.node_rank
-    if over.hang_timeout is not None:
-        raw["monitor"]["hang_timeout_s"] = over.hang_timeout
+    given = {("run", "name"): over.name, ("run", "runs_dir"): over.runs_dir, ("launch", "nproc_per_node"): over.nproc,
+             ("launch", "nnodes"): over.nnodes, ("launch", "node_rank"): over.node_rank,
+             ("monitor", "hang_timeout_s"): over.hang_timeout}
+    for (table, key), value in given.items():
+        if value is not None:   # a flag on the command line wins over the preset
+            raw[table][key] = value
     if not raw["run"]["workdir"]:
         raw["run"]["workdir"] = os.getcwd()   # user factories are found where mt launch runs
     try:
