@@ -82,6 +82,7 @@ class Trainer:
         # ---- position: fresh, or from the newest valid checkpoint --------------------------
         start = start_position(found, cfg, env, self.model, self.wrapped, self.optimizer, self.precision.scaler)
         self.step, self.samples, self.accum, self.resumed_from = start.step, start.samples, start.accum, start.resumed_from
+        self.knobs = start.knobs  # turned by mt set or a rollback; kept in every checkpoint (mt/contract/knobs.py)
         self.start_step = self.step
         self.global_batch = env.world_size * t.micro_batch_size * self.accum
         # tokens exist where a sample has a token dimension (input_ids, or its first integer tensor)
@@ -118,7 +119,7 @@ class Trainer:
         self.heartbeat.beat(self.step)
         while self.step < t.max_steps:
             step = self.step + 1
-            lr = lr_at(step, t)
+            lr = lr_at(step, t) * self.knobs.lr_scale
             set_lr(self.optimizer, lr)
             rng_before = full.capture_rng(self.env.device) if t.on_nan == "stop" else None  # saved if this step is NaN
             self.faults.before_step(step)
@@ -279,6 +280,7 @@ class Trainer:
             "step": self.step, "samples_seen": self.samples, "tokens_seen": self.samples * (self.sample_tokens or 0),
             "world_size": self.env.world_size, "grad_accum_steps": self.accum,
             "micro_batch_size": self.cfg.train.micro_batch_size, "global_batch": self.global_batch, "attempt": self.attempt,
+            "knobs": self.knobs.to_state(),
         }
         self.checkpoints.save(reason, requests.checkpoint + requests.stop, position, rng_override)
 

@@ -3,7 +3,7 @@ init_from's weights, else step 0. The loop calls `choose_start` before wrapping 
 `start_position` after building its optimizer."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from engine.weights import fit_problems, load_into, read_state
 from mt.contract.attempt import ResumeRefused, plan
 from mt.contract.checkpoints import CheckpointError
 from mt.contract.config import Config
+from mt.contract.knobs import Knobs
 from mt.contract.paths import RunPaths
 
 Found = tuple[str, dict[str, Any], list[tuple[str, str]]]
@@ -26,13 +27,14 @@ Found = tuple[str, dict[str, Any], list[tuple[str, str]]]
 
 @dataclass
 class Position:
-    """Where the loop starts: its step, the samples already seen, its accumulation, and the
-    run_start's `resumed_from` (None for a fresh start)."""
+    """Where the loop starts: its step, the samples already seen, its accumulation, the
+    run_start's `resumed_from` (None for a fresh start) and the knobs turned before it."""
 
     step: int
     samples: int
     accum: int
     resumed_from: dict[str, Any] | None
+    knobs: Knobs = field(default_factory=Knobs)
 
 
 def choose_start(cfg: Config, env: DistEnv, paths: RunPaths, events: Any, model: nn.Module,
@@ -78,7 +80,8 @@ def start_position(found: Found | None, cfg: Config, env: DistEnv, model: nn.Mod
     else:  # a rank the checkpoint did not have: fresh but reproducible streams
         seed_everything(cfg.run.seed + env.rank + 1000 * step)
     log(f"resumed from {path} at step {step}: {how.note}")
-    return Position(step, samples, how.grad_accum_steps, {
+    knobs = Knobs.from_state(state.get("knobs"))
+    return Position(step, samples, how.grad_accum_steps, knobs=knobs, resumed_from={
         "path": path, "step": step, "samples_seen": samples, "world_size_before": int(state["world_size"]),
         "grad_accum_before": int(state["grad_accum_steps"]), "grad_accum_now": how.grad_accum_steps,
         "exact": how.exact, "note": how.note, "skipped": skipped})
