@@ -257,6 +257,7 @@ def ls_runs(
 def diff(
     run_a: Annotated[Path, typer.Argument(metavar="RUN_A", help="A run directory.", show_default=False)],
     run_b: Annotated[Path, typer.Argument(metavar="RUN_B", help="Another run directory.", show_default=False)],
+    first_divergence: Annotated[bool, typer.Option("--first-divergence", help="Also the first step whose logged values differ bit for bit, and the checkpoint tensors that differ around it.")] = False,
 ) -> None:
     """Compare two runs: the resolved config keys that differ, world size, final and best loss.
 
@@ -264,11 +265,16 @@ def diff(
 
     \b
         mt diff runs/tiny-cpu-20260101-120000 runs/tiny-cpu-20260101-130000
+        mt diff RUN_A RUN_B --first-divergence
     """
     from tui.read.rundir import NotARunError, require_run_dir
     from tui.report.diff import DiffError, diff_text
 
     try:
-        typer.echo(diff_text(require_run_dir(run_a), require_run_dir(run_b)))
+        text = diff_text(require_run_dir(run_a), require_run_dir(run_b))
+        if first_divergence:
+            from tui.report.divergence import divergence_text
+            text += "\n" + divergence_text(run_a, run_b)
+        typer.echo(text)
     except (NotARunError, DiffError) as e:
         fail(str(e))

@@ -28,12 +28,16 @@ class RunSeries:
     tokens_per_s: "Series" = field(default_factory=_series)
     extra: dict[str, "Series"] = field(default_factory=dict)
     """A script's own metrics (run.step's keyword arguments and run.log's values), by name."""
+    rewinds: list[tuple[float | None, float]] = field(default_factory=list)
+    """(when, step) of each rewind (a new attempt's start, a rollback): what followed `step` before then is gone."""
+    _now: float | None = field(default=None, repr=False)   # the time of the event being folded
 
     def all(self) -> dict[str, "Series"]:
         return {"loss": self.loss, "val_loss": self.val_loss, "lr": self.lr, "grad_norm": self.grad_norm,
                 "tokens_per_s": self.tokens_per_s}
 
     def truncate_after(self, step: float) -> None:
+        self.rewinds.append((self._now, step))
         for s in (*self.all().values(), *self.extra.values()):
             s.truncate_after(step)
 
@@ -44,6 +48,7 @@ class RunSeries:
             self.extra_series(name).replace(s)
         for name in self.extra.keys() - other.extra.keys():
             self.extra[name].clear()
+        self.rewinds = list(other.rewinds)
 
     def extra_series(self, name: str) -> "Series":
         if name not in self.extra:
@@ -60,6 +65,7 @@ class RunSeries:
 
     def add_event(self, ev: Record) -> None:
         """A non-step event: a new attempt drops what followed its checkpoint; an eval adds a point."""
+        self._now = ev.t
         if isinstance(ev, RunStart):
             self.truncate_after(ev.start_step)
         elif isinstance(ev, Eval):
