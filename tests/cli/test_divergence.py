@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.cli.conftest import mt
 from tests.engine.runner import SMALL, events, finish, logs, make_run, run_engine, start
@@ -14,7 +15,7 @@ from tests.engine.runner import SMALL, events, finish, logs, make_run, run_engin
 # 12 steps, a checkpoint every 2, an eval every 4; warmup 4: until step 4 the schedule is the
 # warmup's alone, so "constant" and "cosine" give the same learning rate there and part at step 5
 BASE = {"data": {"val_fraction": 0.1}, "train": {"warmup_steps": 4, "eval_every": 4, "eval_batches": 1},
-        "checkpoint": {"every_steps": 2, "keep_last": 0}}
+        "checkpoint": {"every_steps": 2, "keep_last": 10}}
 
 
 def divergence(a: Path, b: Path) -> list[str]:
@@ -28,8 +29,6 @@ def divergence(a: Path, b: Path) -> list[str]:
 
 def differing_tensors(a: Path, b: Path) -> list[str]:
     """The test's own answer: model.pt's tensors that differ bit for bit, in the file's (the model's) order."""
-    import torch
-
     sa, sb = (torch.load(p / "model.pt", weights_only=True) for p in (a, b))
     return [k for k in sa if not torch.equal(sa[k].reshape(-1).view(torch.uint8), sb[k].reshape(-1).view(torch.uint8))]
 
@@ -45,9 +44,9 @@ def test_same_seed_is_identical_and_a_schedule_change_parts_at_its_step(tmp_path
     same = divergence(runs["a"], runs["a2"])
     assert same == ["identical through step 12 (the last both logged; compared: loss, grad_norm, lr, val_loss "
                     "at 12 steps both logged)"], same
-    # log_every 5 logs steps 5, 10 and the last; evals every 4: compared where both logged
+    # log_every 5 logs steps 5, 10 and the last, evals at 4, 8, 12: compared at 4, 5, 8, 10, 12
     sparse = divergence(runs["a"], runs["sparse"])
-    assert sparse[0].startswith("identical through step 12 (the last both logged;") and "at 6 steps" in sparse[0], sparse
+    assert sparse[0].startswith("identical through step 12 (the last both logged;") and "at 5 steps" in sparse[0], sparse
 
     lines = divergence(runs["a"], runs["const"])
     assert lines[0].startswith("first divergence: step 5 (equal through step 4;"), lines
@@ -66,12 +65,32 @@ def test_same_seed_is_identical_and_a_schedule_change_parts_at_its_step(tmp_path
 
 
 @pytest.mark.slow
+def test_sharded_checkpoints_are_compared_too(tmp_path: Path) -> None:
+    from engine.checkpoint import sharded
+
+    ck = {**BASE["checkpoint"], "format": "sharded"}
+    runs = [make_run(tmp_path, name, SMALL, **{**BASE, "checkpoint": ck, "train": {**BASE["train"], **over}})
+            for name, over in (("a", {}), ("const", {"schedule": "constant"}))]
+    procs = [start(run) for run in runs]
+    for run, proc in zip(runs, procs):
+        assert finish(proc, run) == 0, logs(run)
+    lines = divergence(*runs)
+    assert lines[0].startswith("first divergence: step 5"), lines
+    assert re.fullmatch(r"checkpoint step-4 \(at or before the divergence\): identical \(\d+ tensors\)", lines[2]), lines
+    a, b = (sharded.model_state(r / "checkpoints" / "step-6") for r in runs)
+    want = [k for k in a if not torch.equal(a[k], b[k])]
+    assert want and lines[3].startswith(f"checkpoint step-6 (after the divergence): {len(want)} of {len(a)} tensors differ"), lines
+    assert [line.split()[0] for line in lines[4:4 + min(8, len(want))]] == want[:8], (lines, want)
+
+
+@pytest.mark.slow
 def test_a_resumed_run_is_compared_on_the_steps_it_kept(tmp_path: Path) -> None:
     """Attempt 1 logs a NaN at step 10 and dies at 11; attempt 2 (faults are the first attempt's
     only) goes back to step 8 and logs 9 to 12 clean: the run's own values equal a clean run's."""
     clean = make_run(tmp_path, "clean", SMALL, **BASE)
     proc = start(clean)
-    faulty = make_run(tmp_path, "faulty", SMALL, **BASE, faults={"nan_at_step": 10, "crash_at_step": 11})
+    faulty = make_run(tmp_path, "faulty", SMALL, **{**BASE, "checkpoint": {"every_steps": 4}},
+                      faults={"nan_at_step": 10, "crash_at_step": 11})
     assert run_engine(faulty) != 0
     assert finish(proc, clean) == 0, logs(clean)
     assert run_engine(faulty, attempt=2) == 0, logs(faulty)
@@ -96,7 +115,7 @@ def test_a_resumed_run_is_compared_on_the_steps_it_kept(tmp_path: Path) -> None:
 def test_one_rank_against_two_ranks_of_the_same_global_batch(tmp_path: Path) -> None:
     """"One GPU fine, eight GPUs worse": the same 16 samples a step, on one rank (4 micro-batches
     of 4) and on two (2 each, gloo's all-reduce): where they part, and by how much."""
-    one = make_run(tmp_path, "one", SMALL, **BASE, train={**BASE["train"], "grad_accum_steps": 4})
+    one = make_run(tmp_path, "one", SMALL, **{**BASE, "train": {**BASE["train"], "grad_accum_steps": 4}})
     two = make_run(tmp_path, "two", SMALL, **BASE, launch={"nproc_per_node": 2})
     p1, p2 = start(one), start(two, nproc=2)
     assert finish(p1, one) == 0, logs(one)
