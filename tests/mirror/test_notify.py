@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import statistics
 import time
 from pathlib import Path
@@ -36,9 +37,20 @@ def _incident(root: Path, code: str, t: float, state: str = "open", severity: st
         f.write(json.dumps(line) + "\n")
 
 
-def _hook(root: Path, url: str, **monitor: object) -> NotifyHook:
+def _hook(root: Path, url: str, log: logging.Logger | None = None, **monitor: object) -> NotifyHook:
     cfg = Config(run=RunConfig(name="synth"), monitor=MonitorConfig(notify=[url], **monitor))  # type: ignore[arg-type]
-    return NotifyHook(SynthRun(root).paths, cfg, logging.getLogger("test-notify"))
+    return NotifyHook(SynthRun(root).paths, cfg, log or logging.getLogger("test-notify"))
+
+
+class Lines(logging.Handler):
+    """The records a logger got, as text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{record.levelname} {record.getMessage()}")
 
 
 def _wait_got(rec: Receiver, n: int, what: str, timeout: float = 30) -> list[Got]:
@@ -87,6 +99,26 @@ def test_rate_limit_rollbacks_and_the_end(tmp_path: Path) -> None:
     assert "final loss 5.0000, best loss 5.0000 @5" in end
     assert end.endswith("(the rate limit, or a slow service): rollback x1.")   # the fourth: over the minute's cap of 3
     assert got[0].payload["type"] == "warning" and got[3].payload["type"] == "success"
+
+
+def test_a_failed_send_is_logged_never_raised(tmp_path: Path) -> None:
+    """A service that refuses the connection: the tick returns at once, the failure is a log line with apprise's reason."""
+    root = tmp_path / "run"
+    SynthRun(root)
+    with socket.socket() as s:   # a port nobody listens on once this socket is closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log, lines = logging.getLogger("test-notify-refused"), Lines()
+    log.addHandler(lines)
+    hook = _hook(root, f"json://127.0.0.1:{port}/mt", log)
+    st = read_status(root)
+    _incident(root, "crash", time.time(), severity="error")
+    hook.poll(st, [])
+    wait_for(lambda: any("failed" in line for line in lines.lines), 30, "the failure logged")
+    hook.close()
+    (failed,) = [line for line in lines.lines if "failed" in line]
+    assert failed.startswith(f"WARNING notification crash to json://127.0.0.1:{port}/mt failed after ")
+    assert "Connection error" in failed and " - WARNING - " not in failed, failed
 
 
 @pytest.mark.parametrize("how", ["--detach", "--slurm"])

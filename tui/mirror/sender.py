@@ -104,7 +104,7 @@ class Sender:
         for server in self.servers:
             began = time.time()
             # apprise says why a send failed only in its log: catch it for the supervisor's
-            with apprise.LogCapture(level=logging.WARNING) as said:
+            with apprise.LogCapture(level=logging.WARNING, fmt="%(message)s") as said:
                 ok = server.notify(body=body, title=title, notify_type=notice.level)
             if ok:
                 self.sent += 1
