@@ -39,4 +39,7 @@ def check_extras(cfg: Config, source: str) -> None:
     if cfg.monitor.notify:   # apprise parses each URL now: a bad one is refused before anything starts
         from tui.mirror.sender import instantiate
 
-        instantiate(cfg.monitor.notify, source)
+        try:
+            instantiate(cfg.monitor.notify, source)
+        except ImportError:
+            raise ConfigError(source, "monitor.notify", extra_hint("apprise")) from None

@@ -44,13 +44,8 @@ def _apprise() -> Any:
 
 
 def instantiate(urls: list[str], source: str, key: str = "monitor.notify") -> list[Any]:
-    """Each URL as an apprise service; ConfigError naming the one apprise cannot use, or the missing extra."""
-    try:
-        apprise = _apprise()
-    except ImportError:
-        from tui.mirror import extra_hint
-
-        raise ConfigError(source, key, extra_hint("apprise")) from None
+    """Each URL as an apprise service; ConfigError naming the one apprise cannot use (ImportError without apprise)."""
+    apprise = _apprise()
     servers = []
     for i, url in enumerate(urls):
         server = apprise.Apprise.instantiate(url) if url.strip() else None
@@ -108,7 +103,9 @@ class Sender:
                 ok = server.notify(body=body, title=title, notify_type=notice.level)
             if ok:
                 self.sent += 1
-                self.log.info("notified %s of %s in %.2f s", shown(server), notice.kind, time.time() - began)
+                now = time.time()
+                self.log.info("notified %s of %s in %.2f s, %.2f s after it happened", shown(server), notice.kind,
+                              now - began, now - notice.t if notice.t else float("nan"))
             else:
                 why = " ".join(said.getvalue().split())[-400:] or "no reason given"
                 self.log.warning("notification %s to %s failed after %.1f s: %s", notice.kind, shown(server),
