@@ -233,6 +233,15 @@ class MonitorConfig:
     wandb: dict[str, Any] = field(default_factory=dict)
     """Mirror the run into one W&B run: { project = "...", entity = "...", mode = "offline" } (offline unless
     mode says otherwise; also name, group); needs the wandb extra. Empty: no mirror."""
+    notify: list[str] = _c([])
+    """Apprise URLs (`ntfy://topic`, `slack://...`, `mailto://...`, `json://host/path`) the supervisor tells of
+    incidents, automatic rollbacks and the run's end; needs the notify extra. Empty: no notifications."""
+    notify_severity: Literal["info", "warn", "error"] = "warn"
+    """The lowest incident severity that notifies."""
+    notify_repeat_s: float = _c(300.0, ge=0)
+    """An incident kind notifies at most once per this many seconds (the rest is summed up in the next one)."""
+    notify_per_minute: int = _c(6, ge=1)
+    """At most this many notifications a minute (the run's end always goes)."""
 
 
 @dataclass

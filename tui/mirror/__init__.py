@@ -10,7 +10,7 @@ import importlib.util
 
 from mt.contract.config import Config, ConfigError
 
-EXTRAS = {"tensorboard": "tensorboard", "pyarrow": "parquet", "wandb": "wandb"}  # module -> the extra that installs it
+EXTRAS = {"tensorboard": "tensorboard", "pyarrow": "parquet", "wandb": "wandb", "apprise": "notify"}  # module -> the extra that installs it
 
 
 def missing_extra(module: str) -> bool:
@@ -26,7 +26,8 @@ def extra_hint(module: str) -> str:
 
 
 def check_extras(cfg: Config, source: str) -> None:
-    """A [monitor] mirror whose package is missing is refused at launch, naming the key and the extra."""
+    """A [monitor] mirror or notify whose package is missing, or a notify URL apprise refuses, is refused at
+    launch, naming the key (and the extra)."""
     if cfg.monitor.tensorboard and missing_extra("tensorboard"):
         raise ConfigError(source, "monitor.tensorboard", extra_hint("tensorboard"))
     if cfg.monitor.wandb:
@@ -35,3 +36,10 @@ def check_extras(cfg: Config, source: str) -> None:
         check_wandb(cfg.monitor.wandb, source)
         if missing_extra("wandb"):
             raise ConfigError(source, "monitor.wandb", extra_hint("wandb"))
+    if cfg.monitor.notify:   # apprise parses each URL now: a bad one is refused before anything starts
+        from tui.mirror.sender import instantiate
+
+        try:
+            instantiate(cfg.monitor.notify, source)
+        except ImportError:
+            raise ConfigError(source, "monitor.notify", extra_hint("apprise")) from None

@@ -36,6 +36,7 @@ from tui.cluster.peers import JOB_END_WAIT_S, JOB_START_WAIT_S, PEER_WAIT_S, Pee
 from tui.cluster.preempt import JobEnd
 from tui.cluster.slurm import hostnames, node_addr, slurm_launch, slurm_node
 from tui.mirror.mirror import MirrorHook
+from tui.mirror.notify import NotifyHook
 from tui.read.nodes import JobReader
 from tui.read.procs import rank_processes, run_processes
 from tui.read.torchrun_log import worker_exit_code
@@ -166,6 +167,7 @@ class Supervisor:
             self.log.warning("%s", lost.detail)
             self.incidents.note(lost, "the attempt it concerns had ended")
         self.mirrors = MirrorHook(self.paths, self.cfg, self.log, self.events.line_offset)  # [monitor] tensorboard, wandb
+        self.notify = NotifyHook(self.paths, self.cfg, self.log)   # [monitor] notify: a thread of its own
         try:
             if refused := node_device_problem(self.cfg, self.under_slurm):
                 return self.finish("failed", 1, exit_code=None, reason=refused)
@@ -204,6 +206,7 @@ class Supervisor:
             if not self.is_job:  # srun's --kill-on-bad-exit must not end the job's supervisor mid-record
                 self.peers.wait_for_job_end(JOB_END_WAIT_S)
             self.mirrors.close()
+            self.notify.close()
 
     def failure_reason(self, rc: int, worker_rc: int | None, run_end: RunEnd | None) -> str:
         return self.hung or attempt_failure(self.cfg, self.paths, rc, worker_rc, run_end, self.peers.killed_elsewhere(self.status.attempt))
@@ -380,6 +383,7 @@ class Supervisor:
             return
         self.incidents.poll(self.status, news, [] if sample is None else [sample], self.ranks)
         self.mirrors.poll(news, (self.events.line_offset, self.events.ino))
+        self.notify.poll(self.status, news)
 
     def reap_leftovers(self) -> None:
         """After torchrun is gone, no worker of this run may survive it (orphans after SIGKILL)."""
