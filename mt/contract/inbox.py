@@ -13,6 +13,7 @@ from typing import Any
 
 from mt.contract import door
 from mt.contract.events import CONTROL_ACTIONS
+from mt.contract.knobs import KnobError, check
 
 
 @dataclass
@@ -21,6 +22,8 @@ class Request:
     action: str
     t: float
     path: Path
+    settings: dict[str, float | int] = field(default_factory=dict)
+    """`set`: the knobs it turns, each checked (mt/contract/knobs.py)."""
 
 
 @dataclass
@@ -131,7 +134,20 @@ def _parse_request(raw: Any, path: Path) -> Request | str:
     t = raw.get("t", 0.0)
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
         return f"t must be a number (seconds since the epoch), got {str(t)[:64]!r}"
-    return Request(rid, action, float(t), path)
+    settings = _settings(raw.get("settings")) if action == "set" else {}
+    if isinstance(settings, str):
+        return settings
+    return Request(rid, action, float(t), path, settings)
+
+
+def _settings(raw: Any) -> dict[str, float | int] | str:
+    """A `set` request's knobs, each checked, or why they are not knobs."""
+    if not isinstance(raw, dict) or not raw:
+        return "a set request carries settings: a JSON object of knob -> value"
+    try:
+        return {str(key): check(str(key), value) for key, value in raw.items()}
+    except KnobError as e:
+        return str(e)
 
 
 class StopSignals:
