@@ -53,7 +53,8 @@ class ControlInbox:
         # may take many polls): each is returned once, or one request would be accepted and saved again
         self._taken: set[str] = set()
 
-    def poll(self) -> Polled:
+    def poll(self, refuse: dict[str, str] | None = None) -> Polled:
+        """New requests, oldest first; `refuse`: actions this reader cannot take -> why (rejected, moved out)."""
         out = Polled()
         try:
             entries = [e for e in os.scandir(self.dir)
@@ -69,6 +70,8 @@ class ControlInbox:
             req = _parse_request(raw, path) if why is None else None
             if isinstance(req, str):
                 why, req = req, None
+            elif refuse and req is not None and req.action in refuse:
+                why, req = refuse[req.action], None
             if req is None:
                 rid = raw.get("id") if isinstance(raw, dict) and isinstance(raw.get("id"), str) else path.stem
                 action = raw.get("action") if isinstance(raw, dict) else None
