@@ -85,7 +85,7 @@ SCHEMA: dict[str, tuple[Field, ...]] = {
         _num("data_loss_floor", False, nonneg=True, soft=True),  # a finite number >= 0, else dropped
         _free("pid", "int", False), _free("source", "str", False), _free("script", "str", False),
         _num("grad_clip", False, nonneg=True, soft=True),  # a script's clip norm (mt.init grad_clip): the grad-norm plot's line
-        Field("knobs", "list", "strings", False, soft=True),  # the knobs `mt set` may turn in this attempt (mt's engine: all)
+        Field("knobs", "list", "strings", False),  # the knobs `mt set` may turn in this attempt (mt's engine: all)
     ),
     "step": (
         _whole("step", key=True), _whole("epoch"), _num("loss"), _num("lr", nonneg=True), _num("grad_norm", nonneg=True),

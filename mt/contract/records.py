@@ -59,6 +59,7 @@ class RunStart(Event):
     activation_checkpointing: bool = False
     compile: bool = False                # the model ran torch.compile'd
     grad_clip: float | None = None       # a script's clip norm (the engine's is its config's train.grad_clip)
+    knobs: tuple[str, ...] | None = None  # the knobs `mt set` may turn (mt's engine: all; a script: none)
     kind: ClassVar[str] = "run_start"
 
 
