@@ -13,7 +13,7 @@ from engine.dist import DistEnv
 from engine.metrics import StepMemory, memory
 
 # the columns of the row each rank contributes: device values first, then the host's
-_LOSS, _NORM, _FOUND_INF, _SCALE, _GROWTH, _STOP, _CKPT, _MEM, _PEAK = range(9)
+_LOSS, _NORM, _FOUND_INF, _SCALE, _GROWTH, _STOP, _CKPT, _MEM, _PEAK, _KNOB = range(10)
 _ON_DEVICE = 5  # loss, grad norm and fp16's scaler state (found inf, scale, growth tracker) stay on the device
 
 
@@ -31,10 +31,11 @@ class Agreed:
     found_inf: bool = False  # fp16: some rank's unscaled gradients overflowed (the scaler skips the step)
     scale: float | None = None  # fp16: the loss scale this step used
     growth: int = 0  # fp16: the scaler's growth tracker before this step
+    knob: bool = False  # rank 0 took a `set` request: its settings are broadcast after this step (engine/knobs.py)
 
 
 def agree(env: DistEnv, loss_local: torch.Tensor, stop: bool, checkpoint: bool,
-          grad_norm: torch.Tensor | None = None, scaler_state: torch.Tensor | None = None) -> Agreed:
+          grad_norm: torch.Tensor | None = None, scaler_state: torch.Tensor | None = None, knob: bool = False) -> Agreed:
     """Collective: this rank's mean loss, gradient norm, fp16 scaler state (found inf, scale, growth
     tracker) and wishes in, the agreed answers out; one read from the device."""
     own = memory(env.device)
@@ -45,7 +46,7 @@ def agree(env: DistEnv, loss_local: torch.Tensor, stop: bool, checkpoint: bool,
                                (grad_norm if grad_norm is not None else torch.full((), math.nan, device=env.device))
                                .detach().to(torch.float64)])
     state = scaler_state if scaler_state is not None else torch.zeros(3, device=env.device)
-    host = torch.tensor([float(stop), float(checkpoint), mem, peak], dtype=torch.float64)
+    host = torch.tensor([float(stop), float(checkpoint), mem, peak, float(knob)], dtype=torch.float64)
     if env.device.type == "cuda":  # pinned, so the copy up is queued on the stream instead of blocking the host
         host = host.pin_memory()
     row = torch.cat([device_part, state.to(torch.float64), host.to(env.device, non_blocking=True)])
@@ -78,4 +79,5 @@ def _answers(table: list[list[float]], rank: int) -> Agreed:
         found_inf=any(r[_FOUND_INF] for r in table),
         scale=mine[_SCALE] if fp16 else None,
         growth=int(mine[_GROWTH]),
+        knob=any(r[_KNOB] for r in table),
     )

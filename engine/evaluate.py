@@ -31,11 +31,12 @@ class Evaluator:
                  precision: Precision, what: str) -> None:
         self.cfg, self.env, self.splits, self.par, self.model, self.precision, self.what = (
             cfg, env, splits, par, model, precision, what)
+        self.every = cfg.train.eval_every  # the eval_every knob's value in force (engine/knobs.py)
 
     def due(self, step: int) -> bool:
         """Every eval_every steps and at the last one; never without eval_every or a validation split."""
-        t = self.cfg.train
-        return bool(t.eval_every) and self.splits.val is not None and (step % t.eval_every == 0 or step == t.max_steps)
+        every = self.every
+        return bool(every) and self.splits.val is not None and (step % every == 0 or step == self.cfg.train.max_steps)
 
     def run(self) -> float:
         with eager_eval(self.cfg), torch.no_grad():

@@ -23,6 +23,7 @@ from engine.dist import DistEnv, log, seed_everything
 from engine.evaluate import Evaluator
 from engine.faults import Faults
 from engine.kinds import kind_of
+from engine.knobs import TAKES, Tuner
 from engine.metrics import FlopCount, device_name, git_commit, gpu_identity, peak_flops
 from engine.model import count_params
 from engine.optim import build_optimizer, lr_at, set_lr
@@ -83,6 +84,8 @@ class Trainer:
         start = start_position(found, cfg, env, self.model, self.wrapped, self.optimizer, self.precision.scaler)
         self.step, self.samples, self.accum, self.resumed_from = start.step, start.samples, start.accum, start.resumed_from
         self.knobs = start.knobs  # turned by mt set or a rollback; kept in every checkpoint (mt/contract/knobs.py)
+        self.tuner = Tuner(self.knobs, cfg, env, self.events, self.inbox, {"precision": self.precision, "evaluator": self.evaluator,
+                           "checkpointer": self.checkpoints, "step_rules": self.step_rules})  # the values in force
         self.start_step = self.step
         self.global_batch = env.world_size * t.micro_batch_size * self.accum
         # tokens exist where a sample has a token dimension (input_ids, or its first integer tensor)
@@ -95,14 +98,18 @@ class Trainer:
         self.peak = peak_flops(env.device, t.precision)
         self.gpu = gpu_identity(env.device) if env.device.type == "cuda" else None
 
-        stall_at = self.faults.stall_at(self.step, self.samples, self.global_batch)
-        self.sampler = GlobalOrderSampler(len(splits.train), cfg.run.seed, env.rank, env.world_size, self.samples, stall_at)
-        pin = env.device.type == "cuda" and pin_batches(self._first_sample(), env.device)  # only CPU tensors pin
-        loader = build_loader(splits, self.sampler, t.micro_batch_size, cfg, env.rank, pin)
-        self.batches = iter(loader)
+        self.pin = env.device.type == "cuda" and pin_batches(self._first_sample(), env.device)  # only CPU tensors pin
+        self._open_data()
         self.trace: list[list[int]] | None = [] if cfg.debug.trace_samples else None
         self.trace_path = paths.root / "trace" / f"rank{env.rank}.jsonl"
         self.syncs = SyncCounter() if cfg.debug.count_syncs else None  # host-device syncs per step (debug)
+
+    def _open_data(self) -> None:
+        """The sampler and loader from the samples position on, as a resume would (a skip reopens them)."""
+        cfg, env = self.cfg, self.env
+        stall_at = self.faults.stall_at(self.step, self.samples, self.global_batch)
+        self.sampler = GlobalOrderSampler(len(self.splits.train), cfg.run.seed, env.rank, env.world_size, self.samples, stall_at)
+        self.batches = iter(build_loader(self.splits, self.sampler, cfg.train.micro_batch_size, cfg, env.rank, self.pin))
 
     def _first_sample(self) -> Any:
         """The first training sample, read without moving any RNG stream (a dataset may draw from them)."""
@@ -138,7 +145,7 @@ class Trainer:
             stop = self.signals.received is not None or bool(requests.stop)
             self.clock.lap("agree_in")
             agreed = agree(self.env, loss_local, stop, bool(requests.checkpoint), grad_norm_t,
-                           self.precision.scaler_state(self.optimizer))  # the step's one read from the device
+                           self.precision.scaler_state(self.optimizer), self.tuner.asked)  # the step's one read from the device
             self.clock.lap("agree_out")
             if self.gpu is not None and agreed.own is not None:   # this rank's GPU and allocator, in its heartbeat
                 own = agreed.own
@@ -171,6 +178,8 @@ class Trainer:
                 self.heartbeat.beat(step, "eval")
                 self.events.emit("eval", step=step, val_loss=self.evaluator.run())
             reason = self.checkpoints.due(step, agreed.stop, agreed.checkpoint)
+            if agreed.knob:  # before the save: the checkpoint of this step keeps them
+                self._turn_knobs(step)
             if reason:
                 self._save(reason, requests)
             if agreed.stop:
@@ -223,7 +232,7 @@ class Trainer:
         """The step event every log_every steps and at the last; the incidents rank 0's rules see in it, every step."""
         step = fields["step"]
         self._note_recompiles(step, fields)
-        if step % self.cfg.train.log_every == 0 or step == self.cfg.train.max_steps:
+        if step % self.tuner.log_every == 0 or step == self.cfg.train.max_steps:
             self.events.emit("step", **fields)
             self.recompiled = 0
         if self.step_rules is not None:
@@ -269,9 +278,16 @@ class Trainer:
         for rid, action, why in polled.rejected:
             self.events.emit("control", **event_fields.control_answer(rid, action, "rejected", why))
         for req in polled.requests:
-            (found.stop if req.action == "stop" else found.checkpoint).append(req)
+            {"stop": found.stop, "checkpoint": found.checkpoint, "set": self.tuner.pending}[req.action].append(req)
             self.events.emit("control", **event_fields.accepted(req.id, req.action, self.step + 1))
         return found
+
+    def _turn_knobs(self, step: int) -> None:
+        """Collective: this step's settings, from the next step on; a skip moves the data position."""
+        skip = self.tuner.apply(step).skip_batches
+        if skip:
+            self.samples += skip * self.global_batch
+            self._open_data()
 
     def _save(self, reason: Reason, requests: Requests, rng_override: dict | None = None) -> None:
         """Collective: this step's checkpoint, written (or started in the background) by the checkpointer."""
@@ -290,7 +306,7 @@ class Trainer:
         tps = self.tokens_per_step * per_s if self.tokens_per_step else None
         fields = {
             "step": step, "epoch": self.sampler.epoch_of(self.samples - 1), "loss": agreed.loss, "lr": lr,
-            "grad_norm": grad_norm, "clipped": bool(self.cfg.train.grad_clip and grad_norm > self.cfg.train.grad_clip),
+            "grad_norm": grad_norm, "clipped": bool(self.precision.grad_clip and grad_norm > self.precision.grad_clip),
             "tokens_per_s": tps, "step_time_s": step_time, "data_wait_s": data_wait,
             "samples_seen": self.samples, "tokens_seen": self.samples * self.sample_tokens if self.sample_tokens else None,
             "skipped": skipped, "mem_alloc_bytes": agreed.mem, "mem_peak_bytes": agreed.peak,
@@ -320,7 +336,7 @@ class Trainer:
             micro_batch_size=cfg.train.micro_batch_size, seq_len=self.sample_tokens, flops_per_token=self.flops_per_token,
             params_active=self.n_active, model=self.model_name, strategy=self.wrapped.strategy,
             activation_checkpointing=cfg.train.activation_checkpointing, compile=cfg.train.compile,
-            peak_flops=self.peak, data_loss_floor=self.splits.loss_floor, pid=os.getpid(),
+            peak_flops=self.peak, data_loss_floor=self.splits.loss_floor, pid=os.getpid(), knobs=list(TAKES),
         ))
         log(f"run_start attempt {self.attempt}: {self.n_params} params, world {env.world_size} on {env.device}, "
             f"global batch {self.global_batch}{f' x {self.sample_tokens} tokens' if self.sample_tokens else ' samples'}"
@@ -328,6 +344,7 @@ class Trainer:
 
     def _end(self, status: str, reason: str) -> int:
         self.checkpoints.collect(wait=True)  # a write in flight is finished (and reported) first
+        self.tuner.reject_pending(f"the run ended ({status}) at step {self.step} before applying it")
         self.events.emit("run_end", step=self.step, status=status, reason=reason)
         log(f"run_end {status}: {reason}")
         return 0

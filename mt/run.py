@@ -38,6 +38,7 @@ _KNOWN = ("loss", "lr", "grad_norm", "tokens")
 # step events this often: a key press is seen within it, the viewer polls about as often
 _TICK_S = 0.25
 _WHOLE_MAX = INT_MAX  # a step the parser takes (mt/contract/events.py `whole`): 0 <= step < 2**63
+_REFUSED = {"set": "the script reads no knobs: mt set turns the knobs of mt's own engine (docs/library.md)"}
 
 
 @dataclass(frozen=True)
@@ -288,7 +289,7 @@ class Run:
         with self._lock:
             if self._finished or not self._started:
                 return
-            polled = self._inbox.poll() if self._inbox is not None else Polled()
+            polled = self._inbox.poll(_REFUSED) if self._inbox is not None else Polled()
             self._flush()  # the answers follow the steps before them
             self._asked += polled.requests  # taken even if their answers cannot be written
             with self.failures.guard(self.paths.events):

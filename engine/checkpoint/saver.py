@@ -36,6 +36,7 @@ class Checkpointer:
         self.cfg, self.env, self.paths, self.events, self.inbox, self.faults = cfg, env, paths, events, inbox, faults
         self.par, self.model, self.optimizer, self.scaler = par, model, optimizer, scaler
         self.writer: sharded.ShardedWriter | None = None  # made at the first sharded checkpoint
+        self.every = cfg.checkpoint.every_steps  # the checkpoint_every knob's value in force (engine/knobs.py)
 
     def due(self, step: int, stop: bool, requested: bool) -> Reason | None:
         """Whether `step` (just taken) saves, and why: a stop first, then the last step, a request
@@ -46,7 +47,7 @@ class Checkpointer:
             return "final"
         if requested:
             return "request"
-        every = self.cfg.checkpoint.every_steps
+        every = self.every
         return "interval" if every and step % every == 0 else None
 
     def save(self, reason: Reason, reqs: list[Request], position: dict[str, Any], rng_override: dict | None = None) -> None:

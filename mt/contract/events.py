@@ -28,7 +28,7 @@ INCIDENT_CODES = (
 )
 EXIT_CODES = ("crash", "oom", "nccl_timeout")  # incidents that say how a rank ended
 FAILURE_CODES = (*EXIT_CODES, "hang")  # incidents that name the rank that failed first
-CONTROL_ACTIONS = ("checkpoint", "stop")
+CONTROL_ACTIONS = ("checkpoint", "stop", "set")  # set: knobs (mt/contract/knobs.py), its `settings` in the request
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +85,7 @@ SCHEMA: dict[str, tuple[Field, ...]] = {
         _num("data_loss_floor", False, nonneg=True, soft=True),  # a finite number >= 0, else dropped
         _free("pid", "int", False), _free("source", "str", False), _free("script", "str", False),
         _num("grad_clip", False, nonneg=True, soft=True),  # a script's clip norm (mt.init grad_clip): the grad-norm plot's line
+        Field("knobs", "list", "strings", False),  # the knobs `mt set` may turn in this attempt (mt's engine: all)
     ),
     "step": (
         _whole("step", key=True), _whole("epoch"), _num("loss"), _num("lr", nonneg=True), _num("grad_norm", nonneg=True),
@@ -111,6 +112,9 @@ SCHEMA: dict[str, tuple[Field, ...]] = {
     ),
     "control": (_text("request_id", key=True), _text("action"), _text("status", key=True), _text("detail")),
     "run_end": (_whole("step"), _text("status", key=True), _text("reason")),
+    # a knob turned (mt set, a rollback): `step` the first step it applies to; `request` the request's id or null
+    "knob": (_whole("step", key=True), _text("key", key=True), _num("value"), _num("previous"),
+             _text("by"), _text("request")),
 }
 assert all(f.rule in RULES for fields in SCHEMA.values() for f in fields)
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from mt.contract import door
 from mt.contract.events import CONTROL_ACTIONS
+from mt.contract.knobs import KnobError, check
 
 
 @dataclass
@@ -21,6 +22,8 @@ class Request:
     action: str
     t: float
     path: Path
+    settings: dict[str, float | int] = field(default_factory=dict)
+    """`set`: the knobs it turns, each checked (mt/contract/knobs.py)."""
 
 
 @dataclass
@@ -50,7 +53,8 @@ class ControlInbox:
         # may take many polls): each is returned once, or one request would be accepted and saved again
         self._taken: set[str] = set()
 
-    def poll(self) -> Polled:
+    def poll(self, refuse: dict[str, str] | None = None) -> Polled:
+        """New requests, oldest first; `refuse`: actions this reader cannot take -> why (rejected, moved out)."""
         out = Polled()
         try:
             entries = [e for e in os.scandir(self.dir)
@@ -66,6 +70,8 @@ class ControlInbox:
             req = _parse_request(raw, path) if why is None else None
             if isinstance(req, str):
                 why, req = req, None
+            elif refuse and req is not None and req.action in refuse:
+                why, req = refuse[req.action], None
             if req is None:
                 rid = raw.get("id") if isinstance(raw, dict) and isinstance(raw.get("id"), str) else path.stem
                 action = raw.get("action") if isinstance(raw, dict) else None
@@ -131,7 +137,20 @@ def _parse_request(raw: Any, path: Path) -> Request | str:
     t = raw.get("t", 0.0)
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
         return f"t must be a number (seconds since the epoch), got {str(t)[:64]!r}"
-    return Request(rid, action, float(t), path)
+    settings = _settings(raw.get("settings")) if action == "set" else {}
+    if isinstance(settings, str):
+        return settings
+    return Request(rid, action, float(t), path, settings)
+
+
+def _settings(raw: Any) -> dict[str, float | int] | str:
+    """A `set` request's knobs, each checked, or why they are not knobs."""
+    if not isinstance(raw, dict) or not raw:
+        return "a set request carries settings: a JSON object of knob -> value"
+    try:
+        return {str(key): check(str(key), value) for key, value in raw.items()}
+    except KnobError as e:
+        return str(e)
 
 
 class StopSignals:

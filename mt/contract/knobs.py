@@ -43,6 +43,19 @@ def parse_setting(text: str) -> tuple[str, float | int]:
     return key, check(key, raw)
 
 
+def parse_settings(texts: list[str]) -> dict[str, float | int]:
+    """Several `KEY=VALUE`, each checked, no key twice; KnobError names the first that is wrong."""
+    settings: dict[str, float | int] = {}
+    for text in texts:
+        key, value = parse_setting(text)
+        if key in settings:
+            raise KnobError(f"{key}: given twice")
+        settings[key] = value
+    if not settings:
+        raise KnobError(f"no setting: expected KEY=VALUE (keys: {', '.join(SPECS)})")
+    return settings
+
+
 def check(key: str, raw: Any) -> float | int:
     """The value of `key` from a string or number, within its bounds; KnobError names what is wrong."""
     spec = SPECS.get(key)

@@ -59,6 +59,7 @@ class RunStart(Event):
     activation_checkpointing: bool = False
     compile: bool = False                # the model ran torch.compile'd
     grad_clip: float | None = None       # a script's clip norm (the engine's is its config's train.grad_clip)
+    knobs: tuple[str, ...] | None = None  # the knobs `mt set` may turn (mt's engine: all; a script: none)
     kind: ClassVar[str] = "run_start"
 
 
@@ -139,6 +140,19 @@ class RunEnd(Event):
     kind: ClassVar[str] = "run_end"
 
 
+@dataclass(slots=True, kw_only=True)
+class Knob(Event):
+    """A knob turned (`mt set`, a rollback): its value from `step` on."""
+
+    step: int
+    key: str
+    value: float | None = None
+    previous: float | None = None
+    by: str | None = None
+    request: str | None = None
+    kind: ClassVar[str] = "knob"
+
+
 @dataclass(slots=True)
 class Unknown(Event):
     """A well-formed event of a kind this version does not know: skipped, not counted."""
@@ -146,7 +160,7 @@ class Unknown(Event):
     name: str
 
 
-Record = Union[RunStart, Step, Eval, Metrics, Checkpoint, IncidentLine, ControlEvent, RunEnd, Unknown]
+Record = Union[RunStart, Step, Eval, Metrics, Checkpoint, IncidentLine, ControlEvent, RunEnd, Knob, Unknown]
 
 
 def _int(raw: dict[str, Any], key: str, lo: int = 0, required: bool = False) -> int | None:
@@ -269,7 +283,7 @@ def _from_schema(cls: type[Event], raw: dict[str, Any], t: float | None) -> Any:
     return cls(t=t, raw=raw, **kw)
 
 
-_BUILT = (RunStart, Step, Eval, Metrics, Checkpoint, ControlEvent, RunEnd)   # all but the incident
+_BUILT = (RunStart, Step, Eval, Metrics, Checkpoint, ControlEvent, RunEnd, Knob)   # all but the incident
 _HELD = {cls: frozenset(f.name for f in fields(cls)) - {"t", "raw"} for cls in _BUILT}
 _PARSERS: dict[str, Callable[[dict[str, Any], float | None], Any]] = {
     **{cls.kind: (lambda raw, t, cls=cls: _from_schema(cls, raw, t)) for cls in _BUILT}, "incident": _incident,

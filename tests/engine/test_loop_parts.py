@@ -110,12 +110,12 @@ def test_one_rank_agrees_as_the_gathered_row_would(group_of_one, loss):
     # one rank skips the collective: its answers must be the all_gather path's on the same input
     local = torch.tensor(loss, dtype=torch.float64)
     norm = torch.tensor(1.5)
-    alone = agree(CPU, local, stop=True, checkpoint=False, grad_norm=norm)
-    row = torch.tensor([loss, 1.5, 0, 0, 0, 1.0, 0.0, alone.mem, alone.peak], dtype=torch.float64)
+    alone = agree(CPU, local, stop=True, checkpoint=False, grad_norm=norm, knob=True)
+    row = torch.tensor([loss, 1.5, 0, 0, 0, 1.0, 0.0, alone.mem, alone.peak, 1.0], dtype=torch.float64)
     gathered = _gathered(CPU, row)
     assert alone.grad_norm == gathered.grad_norm == 1.5
     assert isinstance(alone, Agreed) and alone.nonfinite == gathered.nonfinite == (not math.isfinite(loss))
-    assert (alone.stop, alone.checkpoint) == (gathered.stop, gathered.checkpoint) == (True, False)
+    assert (alone.stop, alone.checkpoint, alone.knob) == (gathered.stop, gathered.checkpoint, gathered.knob) == (True, False, True)
     assert alone.loss == gathered.loss or (math.isnan(alone.loss) and math.isnan(gathered.loss))
     assert (alone.mem, alone.peak) == (gathered.mem, gathered.peak)
 

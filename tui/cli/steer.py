@@ -1,4 +1,4 @@
-"""`mt ckpt`, `mt stop`, `mt kill`, `mt stacks`: acting on a live run from outside."""
+"""`mt ckpt`, `mt set`, `mt stop`, `mt kill`, `mt stacks`: acting on a live run from outside."""
 from __future__ import annotations
 
 import sys
@@ -13,13 +13,13 @@ from tui.cli.common import RUN_FAILED, RunDirArg, app, fail
 if TYPE_CHECKING:
     from tui.state.answers import ControlAnswer
 
-def _ask(run_dir: Path, action: str, timeout: float) -> tuple[str, ControlAnswer]:
+def _ask(run_dir: Path, action: str, timeout: float, settings: dict[str, float | int] | None = None) -> tuple[str, ControlAnswer]:
     """Send a control request and wait for the engine's answer; a run that cannot take one fails."""
     from tui.read.rundir import NotARunError
     from tui.supervise.control import ControlError, send_request, wait_answer
 
     try:
-        request_id = send_request(run_dir, action)
+        request_id = send_request(run_dir, action, settings)
     except (NotARunError, ControlError) as e:
         fail(str(e))
     return request_id, wait_answer(run_dir, request_id, timeout)
@@ -38,6 +38,36 @@ def ckpt(
         mt ckpt runs/tiny-cpu-20260101-120000
     """
     request_id, answer = _ask(run_dir, "checkpoint", timeout)
+    if answer.status == "timeout":
+        fail(f"{run_dir}: no answer to {request_id} within {timeout:g} s", RUN_FAILED)
+    from tui.format.fmt import safe_text
+    from tui.report.runs import answer_line
+
+    typer.echo(safe_text(answer_line(answer)))
+    if answer.status != "done":
+        raise typer.Exit(RUN_FAILED)
+
+
+@app.command(name="set")
+def set_knobs(
+    run_dir: RunDirArg,
+    settings: Annotated[list[str], typer.Argument(metavar="KEY=VALUE...", help="lr_scale, grad_clip, eval_every, checkpoint_every, log_every, skip_batches.", show_default=False)],
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for the engine's answer.")] = 120.0,
+) -> None:
+    """Turn knobs of a live run: every rank applies them from the same step; checkpoints keep them.
+
+    skip_batches=N skips the next N batches of the data order once. Example:
+
+    \b
+        mt set runs/tiny-cpu-20260101-120000 lr_scale=0.5 skip_batches=20
+    """
+    from mt.contract.knobs import KnobError, parse_settings
+
+    try:
+        checked = parse_settings(settings)   # every one checked before anything is written
+    except KnobError as e:
+        fail(f"mt set: {e}")
+    request_id, answer = _ask(run_dir, "set", timeout, checked)
     if answer.status == "timeout":
         fail(f"{run_dir}: no answer to {request_id} within {timeout:g} s", RUN_FAILED)
     from tui.format.fmt import safe_text

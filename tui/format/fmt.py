@@ -162,6 +162,15 @@ def fmt_parallel(strategy: str | None, compiled: bool, activation_checkpointing:
     return " + ".join(p for p, on in ((strategy, bool(strategy)), ("compile", compiled), ("act. ckpt", activation_checkpointing)) if on)
 
 
+_KNOB_TEXT = {"lr_scale": "lr×{:g}", "grad_clip": "clip {:g}", "eval_every": "eval/{:g}",
+              "checkpoint_every": "ckpt/{:g}", "log_every": "log/{:g}"}
+
+
+def fmt_knobs(knobs: dict[str, float]) -> str:
+    """Turned knobs in a few characters each, e.g. "lr×0.5 clip 1"; "" when none is turned."""
+    return " ".join(_KNOB_TEXT.get(k, k + " {:g}").format(v) for k, v in knobs.items() if not (k == "lr_scale" and v == 1))
+
+
 # C0 and C1 controls (ESC starts every terminal sequence; CSI is \x9b on its own) and the bidi
 # overrides that reorder what a line seems to say
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")

@@ -9,6 +9,7 @@ from tui.format.fmt import (
     at_step,
     fmt_duration,
     fmt_eta,
+    fmt_knobs,
     fmt_loss,
     fmt_num,
     fmt_parallel,
@@ -39,7 +40,8 @@ def format_summary(st: "RunState", now: float | None = None) -> str:
         f"world {or_na(st.world_size)} x {or_na(st.device)}"
         f"{'  ' + parallel if parallel else ''}"
         f"  precision {or_na(st.precision)}"
-        f"  eff. batch {or_na(st.effective_batch)}",
+        f"  eff. batch {or_na(st.effective_batch)}"
+        f"{'  knobs ' + fmt_knobs(st.knobs) if fmt_knobs(st.knobs) else ''}",
     ]
     ck = st.last_checkpoint
     lines.append("checkpoint: none" if ck is None else

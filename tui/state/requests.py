@@ -29,7 +29,7 @@ def refusal(action: str, state: str, supervisor_lost: bool = False) -> Note | No
     if state in FINAL_STATES:
         what = "no rank to capture" if action == "stacks" else f"nothing to {action}"
         return Note(f"the run is {state}: {what}", "warning")
-    if state == "stopping" and action in ("checkpoint", "stop"):
+    if state == "stopping" and action in ("checkpoint", "stop", "set"):
         return Note(f"the run is already stopping: cannot {action}", "warning")
     return None
 
@@ -60,6 +60,9 @@ class RequestBook:
             return Note(f"{ev.action} rejected: {ev.detail}", "error")
         if ev.status == "accepted" and ev.action == "stop":
             return Note("stop accepted: final checkpoint, then the ranks exit")
+        if ev.status == "done" and ev.action == "set":
+            self.pending.pop(ev.request_id, None)
+            return Note(f"set {ev.detail}", title="knobs")
         if ev.status == "done" and ev.action != "checkpoint":
             self.pending.pop(ev.request_id, None)
         return None

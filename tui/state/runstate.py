@@ -17,7 +17,7 @@ from mt.contract.events import EXIT_CODES, FAILURE_CODES, as_float, as_int
 from mt.contract.incident import IncidentLine
 from mt.contract.jsonl import read_json
 from mt.contract.paths import RunPaths
-from mt.contract.records import Checkpoint, ControlEvent, Eval, Metrics, Record, RunEnd, RunStart, Step
+from mt.contract.records import Checkpoint, ControlEvent, Eval, Knob, Metrics, Record, RunEnd, RunStart, Step
 from mt.contract.status import FINAL_STATES, Status
 from tui.state.answers import ControlAnswer, note_answer
 
@@ -95,6 +95,7 @@ class RunState:
     # each incident as the line that opened it (an engine event or the supervisor's), its own copy: updated in place, open until closed
     incidents: list[IncidentLine] = field(default_factory=list)
     controls: dict[str, ControlAnswer] = field(default_factory=dict)
+    knobs: dict[str, float] = field(default_factory=dict)  # lasting knobs turned (knob events): the header's "lr×0.5"
     bad_lines: int = 0                 # lines no reader may use (docs/events.md)
     bad_reason: str = ""               # why the newest of them was skipped
     supervisor_lost: bool = False      # status says live but its supervisor process is gone
@@ -333,6 +334,8 @@ def reduce_event(st: RunState, ev: Record) -> None:
         note_answer(st.controls, ev)
     elif isinstance(ev, IncidentLine):
         add_incident(st, ev, source="engine")
+    elif isinstance(ev, Knob) and ev.value is not None and ev.key != "skip_batches":  # a skip is once, not a setting
+        st.knobs[ev.key] = ev.value
     elif isinstance(ev, RunEnd):
         st.run_end_status, st.run_end_reason = ev.status, ev.reason or None
         if not st.status.found and ev.status in FINAL_STATES:

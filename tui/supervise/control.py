@@ -68,20 +68,36 @@ def not_reporting_line(run_dir: Path, action: str) -> str:
             "(`run = mt.init()`, then `run.step(step, ...)` in its loop; docs/library.md)")
 
 
-def send_request(run_dir: Path, action: str) -> str:
+def takes_knobs(run_dir: Path, status: Status) -> bool:
+    """Whether the run reads knobs: mt's engine takes every one (its run_start's `knobs`); a script reads none."""
+    try:
+        script = load_config_json(RunPaths(Path(run_dir)).config).launch.script
+    except ConfigError:
+        script = ""   # unreadable: taken as the engine's, which answers a set itself
+    return not script and not status.by_script
+
+
+def send_request(run_dir: Path, action: str, settings: dict[str, float | int] | None = None) -> str:
     """Write `control/<id>.json` atomically for the engine to pick up; returns the request id.
 
-    NotReporting when nobody would read it (a script that has not called run.step)."""
+    `settings`: a `set` request's knobs, already checked (mt/contract/knobs.py). NotReporting when
+    nobody would read it (a script that has not called run.step); ControlError for a set to a script."""
     if action not in CONTROL_ACTIONS:
         raise ControlError(f"unknown action {action!r} (known: {', '.join(CONTROL_ACTIONS)})")
     run_dir = Path(run_dir)
     status = _require_live(run_dir)
+    if action == "set" and not takes_knobs(run_dir, status):
+        raise ControlError(f"{run_dir}: the run's script reads no knobs: mt set turns the knobs of mt's own engine "
+                           "(a script changes its own settings; docs/library.md)")
     if not takes_requests(run_dir, status):
         raise NotReporting(not_reporting_line(run_dir, action))
     request_id = f"{action[:4]}-{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:8]}"
     paths = RunPaths(run_dir)
     paths.control.mkdir(mode=0o700, exist_ok=True)
-    write_json_atomic(paths.control / f"{request_id}.json", {"id": request_id, "action": action, "t": time.time()})
+    request: dict[str, Any] = {"id": request_id, "action": action, "t": time.time()}
+    if settings:
+        request["settings"] = dict(settings)
+    write_json_atomic(paths.control / f"{request_id}.json", request)
     return request_id
 
 

@@ -23,6 +23,7 @@ from tui.state.layout import MIN_H, MIN_W, Tabs, choose_layout, strip_items
 from tui.state.pacing import Pacing
 from tui.state.requests import Note, RequestBook, refusal
 from tui.state.window import XWindow, narrow, next_window, widen
+from tui.view.knobkeys import KNOB_BINDING, KnobKeys
 from tui.view.messages import ControlAsked, ControlDone
 from tui.view.plotkeys import HELP_BINDING, SMOOTHING_BINDINGS, PlotKeys
 from tui.widgets.curve import Curve
@@ -36,11 +37,10 @@ from tui.widgets.system import SystemPanel
 from tui.widgets.tabstrip import TabStrip
 
 PANELS = {1: "#plot-loss", 2: "#system", 3: "#incident-list", 4: "#logs", 5: "#plots-small"}
-LAYOUTS = ("too-small", "tabs", "side-tabs", "full")
-LOCK_WAIT_S = 0.05           # a poll holds the watcher's lock for ms; a bulk load reads without it
+LAYOUTS, LOCK_WAIT_S = ("too-small", "tabs", "side-tabs", "full"), 0.05  # a poll holds the watcher's lock for ms; a bulk load reads without it
 
 
-class DashboardScreen(PlotKeys, Screen[None]):
+class DashboardScreen(KnobKeys, PlotKeys, Screen[None]):
     """Shows one run as its watcher has read it and decides its control requests; the App follows
     the run and runs the workers (kill, resume, stacks) this screen asks for."""
 
@@ -49,6 +49,7 @@ class DashboardScreen(PlotKeys, Screen[None]):
         Binding("s", "stop", "Stop", id="stop", tooltip="Graceful stop with a final checkpoint"),
         Binding("k", "kill", "Kill", id="kill", tooltip="Terminate every process of the run (asks first)"),
         Binding("r", "resume", "Resume", id="resume", tooltip="New attempt from the newest checkpoint"),
+        KNOB_BINDING,
         *SMOOTHING_BINDINGS,
         Binding("t", "toggle_throughput", "Tok/s", id="throughput",
                 tooltip="Plot tokens/s in place of the learning rate (and back)"),

@@ -4,7 +4,19 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from tui.format.fmt import fmt_compact, fmt_duration, fmt_eta, fmt_loss, fmt_num, fmt_parallel, fmt_rate, fmt_step, or_na, safe_text
+from tui.format.fmt import (
+    fmt_compact,
+    fmt_duration,
+    fmt_eta,
+    fmt_knobs,
+    fmt_loss,
+    fmt_num,
+    fmt_parallel,
+    fmt_rate,
+    fmt_step,
+    or_na,
+    safe_text,
+)
 from tui.state.runstate import RunState
 
 STATE_STYLE = {
@@ -44,6 +56,8 @@ def render_header(st: RunState, now: float, width: int, smoothing: float, logy: 
     if st.params_total is not None:
         active = f" ({fmt_compact(st.params_active)} active)" if st.params_active is not None else ""
         parts.append(f"params {fmt_compact(st.params_total)}{active}")
+    if fmt_knobs(st.knobs):
+        parts.append(f"knobs {fmt_knobs(st.knobs)}")
     ck = st.last_checkpoint
     parts.append("ckpt none" if ck is None else f"ckpt @{ck.step} ({fmt_duration(ck.age_s(now))} ago)")
     line2 = Text("  ".join(parts))
