@@ -237,6 +237,54 @@ def newest(root: Path, verified: Verified = "sha256", check: Callable[[Path, dic
     return Newest(None, {}, damaged)
 
 
+@dataclass(frozen=True)
+class Best:
+    """A checkpoint among the best kept: its step, folder, and its number of `metric`."""
+
+    step: int
+    path: Path
+    metric: str
+    value: float
+
+
+def best_field(metric: str, mode: str, value: float, keep: int) -> dict[str, Any]:
+    """The manifest's `best` (docs/checkpoints.md): the checkpoint's number of `metric` (the eval at
+    its own step), whether lower or higher is better, and how many best ones the run keeps."""
+    return {"metric": metric, "mode": mode, "value": value, "keep": keep}
+
+
+def rank_best(scored: list[tuple[int, float]], mode: str, keep: int) -> list[int]:
+    """The steps of the best `keep` of (step, value), best first; on a tie the earlier step (best first)."""
+    sign = -1.0 if mode == "max" else 1.0
+    finite = [(s, v) for s, v in scored if v == v and abs(v) != float("inf")]
+    return [s for s, _ in sorted(finite, key=lambda sv: (sign * sv[1], sv[0]))[:max(0, keep)]]
+
+
+def best(root: Path) -> list[Best]:
+    """The best checkpoints under root, best first, from their manifests alone (sizes verified): the
+    newest manifest with a `best` field says the metric, the mode and how many; a restart or a
+    resume derives the same marking, and retention never deletes them."""
+    rule: tuple[str, str, int] | None = None
+    scored: dict[int, tuple[Path, float]] = {}
+    for step, path in folders(root):
+        try:
+            field_ = verify(path, hashes=False).get("best")
+        except CheckpointError:
+            continue
+        if not isinstance(field_, dict):
+            continue
+        metric, mode, value, keep = (field_.get(k) for k in ("metric", "mode", "value", "keep"))
+        if not (isinstance(metric, str) and mode in ("min", "max") and isinstance(value, (int, float))
+                and isinstance(keep, int) and not isinstance(value, bool)):
+            continue
+        rule = rule or (metric, mode, keep)
+        if (metric, mode) == rule[:2]:
+            scored[step] = (path, float(value))
+    if rule is None:
+        return []
+    return [Best(s, scored[s][0], rule[0], scored[s][1]) for s in rank_best([(s, v) for s, (_, v) in scored.items()], rule[1], rule[2])]
+
+
 def reported(events: Path, chunk: int = 1 << 20) -> Path | None:
     """The newest checkpoint a `checkpoint` event names that still exists (a script's own format,
     or an engine folder): events.jsonl read backwards, so a long run costs only its tail."""

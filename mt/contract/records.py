@@ -113,6 +113,8 @@ class Checkpoint(Event):
     # every request this checkpoint answers (two in one step: both); not written: request_id's
     request_ids: tuple[str, ...] = None  # type: ignore[assignment]
     blocking_s: float | None = None      # how long the loop waited (checkpoint.async: staging only)
+    best: dict[str, float] | None = None  # the best checkpoints kept after it ({step: value}, best first)
+    best_metric: str | None = None
     kind: ClassVar[str] = "checkpoint"
 
     def __post_init__(self) -> None:
