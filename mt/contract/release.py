@@ -9,6 +9,8 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
+from mt.contract.events import number  # the one reader of a number a line holds
+
 OPS: dict[str, Callable[[float, float], bool]] = {
     "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq,
 }
@@ -60,10 +62,13 @@ def requirement_error(text: str) -> str | None:
 
 
 def eval_numbers(event: dict) -> dict[str, float]:
-    """The numbers of an `eval` event by name: `val_loss` and each of its `metrics` (non-numbers left out)."""
+    """The numbers of an `eval` event by name: `val_loss` and each of its `metrics` ("nan" read as NaN;
+    what is not a number left out)."""
     found: dict[str, float] = {}
     metrics = event.get("metrics")
     for name, value in [("val_loss", event.get("val_loss")), *(metrics.items() if isinstance(metrics, dict) else ())]:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            found[str(name)] = float(value)
+        try:
+            found[str(name)] = number(value, str(name))
+        except (TypeError, ValueError):
+            continue
     return found
