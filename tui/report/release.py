@@ -2,8 +2,8 @@
 
 The gate (each refusal one line, nothing written): the requirements (`[release] require` and
 `--require`) on the eval at the released step; the checkpoint intact (every byte against its
-manifest); no non-finite loss and no open error incident at or before its step, unless a `rollback`
-went back before it. The weights are written by `python -P -m engine.release` (torch lives there),
+manifest); no non-finite loss and no open error incident at or before its step, unless the run went
+back before it afterwards (a `rollback` event, or a resume from an earlier checkpoint). The weights are written by `python -P -m engine.release` (torch lives there),
 the rest here, all into a temporary folder beside DIR renamed into place at the end.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from mt.contract.config import Config, ConfigError
 from mt.contract.jsonl import read_events
 from mt.contract.paths import RunPaths
 from mt.contract.preset import load_config_json
-from mt.contract.records import Eval, Step, parse_event
+from mt.contract.records import Eval, RunStart, Step, parse_event
 from mt.contract.release import Requirement, eval_numbers, parse_requirement
 from tui.read.follower import load_run_state
 from tui.read.rundir import is_run_dir
@@ -73,34 +73,34 @@ def choose(root: Path, step: int | None) -> tuple[Path, str]:
 
 def read_at(paths: RunPaths, step: int) -> AtStep:
     """The eval numbers and samples at `step`, and what precedes it that forbids a release."""
-    at, bad_steps, rollbacks = AtStep(), [], []
+    at = AtStep()
+    backs: list[tuple[float, int]] = []    # (when, to which step) the run went back: a rollback, or a resume
+    problems: list[tuple[float, int, str]] = []
     for raw in read_events(paths.events) if paths.events.exists() else []:
-        kind = raw.get("kind")
-        if kind == "rollback":
-            rollbacks.append(raw)
+        kind, t = raw.get("kind"), raw.get("t") if isinstance(raw.get("t"), (int, float)) else 0.0
+        if kind == "rollback" and isinstance(raw.get("to_step"), int):
+            backs.append((t, raw["to_step"]))
             continue
         if kind == "sample" and raw.get("step") == step:
             at.samples = [s for s in at.samples if s.get("index") != raw.get("index")] + [raw]   # the newest of each prompt
             continue
         rec = parse_event(raw)
-        if isinstance(rec, Eval) and rec.step == step:
+        if isinstance(rec, RunStart) and (rec.attempt or 1) > 1:
+            backs.append((t, rec.start_step))
+        elif isinstance(rec, Eval) and rec.step == step:
             at.numbers, at.evaluated = eval_numbers(raw), raw
         elif isinstance(rec, Step) and rec.step <= step and rec.loss is not None and not math.isfinite(rec.loss):
-            bad_steps.append(rec.step)
-    at.blockers += [f"non-finite loss at step {s}" for s in sorted(set(bad_steps)) if not _rolled_back(s, rollbacks)]
+            problems.append((t, rec.step, f"a non-finite loss at step {rec.step}"))
     for inc in load_run_state(paths.root).incidents:
         if inc.step is not None and inc.step > step:
             continue
         at.incidents.append({"step": inc.step, "code": inc.code, "severity": inc.severity, "status": inc.status,
                              "title": inc.title, "detail": inc.detail, "source": inc.source, "t": inc.t})
-        if inc.status == "open" and inc.severity == "error" and not _rolled_back(inc.step, rollbacks):
-            at.blockers.append(f"open error incident {inc.code} at step {inc.step}: {inc.title}")
+        if inc.status == "open" and inc.severity == "error":
+            problems.append((inc.event_t or inc.t or 0.0, inc.step or 0, f"an open error incident {inc.code} at step {inc.step}"))
+    # a problem the run went back before (a rollback, or a resume from an earlier checkpoint) is not in these weights
+    at.blockers = [why for t, s, why in problems if not any(bt > t and to < s for bt, to in backs)]
     return at
-
-
-def _rolled_back(step: int | None, rollbacks: list[dict[str, Any]]) -> bool:
-    """Whether a rollback went back to a checkpoint before `step` (its weights then never saw that step)."""
-    return step is not None and any(isinstance(r.get("to_step"), int) and r["to_step"] < step for r in rollbacks)
 
 
 def requirements(cfg: Config, extra: list[str]) -> list[Requirement]:
@@ -131,7 +131,7 @@ def release(run_dir: Path, step: int | None = None, to: Path | None = None, requ
     s = int(manifest.get("step", checkpoints.step_of(folder.name) or 0))
     at = read_at(paths, s)
     if at.blockers:
-        raise ReleaseError(f"{folder.name}: {at.blockers[0]} precedes it and no rollback went back before it; {NOTHING}")
+        raise ReleaseError(f"{folder.name}: {at.blockers[0]} precedes it and the run did not go back before it (no rollback or resume to an earlier step); {NOTHING}")
     for req in reqs:
         unmet = req.unmet(at.numbers)
         if unmet is not None:
