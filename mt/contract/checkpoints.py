@@ -13,7 +13,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Iterator, Literal
 
 from mt.contract import door
 from mt.contract.events import JSON_ERRORS
@@ -288,6 +288,11 @@ def best(root: Path) -> list[Best]:
 def reported(events: Path, chunk: int = 1 << 20) -> Path | None:
     """The newest checkpoint a `checkpoint` event names that still exists (a script's own format,
     or an engine folder): events.jsonl read backwards, so a long run costs only its tail."""
+    return next((Path(rec.path) for rec in reported_events(events, chunk) if rec.path and os.path.exists(rec.path)), None)
+
+
+def reported_events(events: Path, chunk: int = 1 << 20) -> Iterator[Any]:
+    """Every `checkpoint` event of events.jsonl as a typed record, newest first (read backwards in chunks)."""
     from mt.contract.records import Checkpoint, parse_event  # the typed parser: only for a script's run
 
     try:
@@ -305,8 +310,7 @@ def reported(events: Path, chunk: int = 1 << 20) -> Path | None:
                     if b'"checkpoint"' not in line:
                         continue
                     rec = parse_event(line)
-                    if isinstance(rec, Checkpoint) and rec.path and os.path.exists(rec.path):
-                        return Path(rec.path)
+                    if isinstance(rec, Checkpoint):
+                        yield rec
     except OSError:     # missing, or refused by the door (a FIFO, a device, a link)
-        pass
-    return None
+        return

@@ -115,6 +115,7 @@ class Checkpoint(Event):
     blocking_s: float | None = None      # how long the loop waited (checkpoint.async: staging only)
     best: dict[str, float] | None = None  # the best checkpoints kept after it ({step: value}, best first)
     best_metric: str | None = None
+    metrics: dict[str, float] | None = None  # a script's own numbers at it (run.checkpoint_saved(metrics=...))
     kind: ClassVar[str] = "checkpoint"
 
     def __post_init__(self) -> None:
