@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from pathlib import Path
 
 import pytest
 
 from mt.contract import checkpoints
 from tests.engine.runner import events, make_run, run_engine
+from tui.read.follower import load_run_state
 from tui.report.runs import run_summary, runs_table
+from tui.widgets.header import render_header
 
 EVERY = 10
 STEPS = 150
@@ -66,6 +69,7 @@ def test_best_checkpoint_survives_keep_last_and_a_kill_and_resume(tmp_path: Path
     assert f"best checkpoint: @{step} val_loss" in run_summary(run)
     table = runs_table(tmp_path)
     assert "BEST CKPT" in table and f"@{step} val_loss" in table
+    assert f"best ckpt @{step}" in render_header(load_run_state(run), time.time(), 240, 0.0, False).plain   # the dashboard's
 
 
 @pytest.mark.slow
