@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,7 +21,8 @@ from typing import Any
 
 from mt.contract import checkpoints
 from mt.contract.config import Config, ConfigError
-from mt.contract.jsonl import read_events
+from mt.contract.events import parse_line
+from mt.contract.jsonl import JsonlTail
 from mt.contract.paths import RunPaths
 from mt.contract.preset import load_config_json
 from mt.contract.records import Eval, RunStart, Step, parse_event
@@ -29,6 +31,8 @@ from tui.read.follower import load_run_state
 from tui.read.rundir import is_run_dir
 
 NOTHING = "nothing was written"
+_STEP = re.compile(rb'\{"v":\d+,"t":[^,]*,"kind":"step",')   # a step line's envelope, as every writer writes it
+_NON_FINITE = re.compile(rb'"loss":"(nan|inf|-inf)"')         # how events.dumps writes a non-finite loss
 
 
 class ReleaseError(ValueError):
@@ -76,7 +80,12 @@ def read_at(paths: RunPaths, step: int) -> AtStep:
     at = AtStep()
     backs: list[tuple[float, int]] = []    # (when, to which step) the run went back: a rollback, or a resume
     problems: list[tuple[float, int, str]] = []
-    for raw in read_events(paths.events) if paths.events.exists() else []:
+    for line in JsonlTail(paths.events).iter_all_lines() if paths.events.exists() else ():
+        if _STEP.match(line) and not _NON_FINITE.search(line):
+            continue   # a step with a finite loss (most of a big run's lines): not parsed
+        raw = parse_line(line)
+        if raw is None:
+            continue
         kind, t = raw.get("kind"), raw.get("t") if isinstance(raw.get("t"), (int, float)) else 0.0
         if kind == "rollback" and isinstance(raw.get("to_step"), int):
             backs.append((t, raw["to_step"]))
@@ -139,13 +148,14 @@ def release(run_dir: Path, step: int | None = None, to: Path | None = None, requ
     out = Path(to) if to is not None else run_dir / "release" / folder.name
     if out.exists() or out.is_symlink():
         raise ReleaseError(f"{out}: already exists; {NOTHING}")
-    if to is None:
-        out.parent.mkdir(exist_ok=True)
-    if not out.parent.is_dir():
-        raise ReleaseError(f"{out.parent}: no such folder; {NOTHING}")
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    try:
+        if to is None:
+            out.parent.mkdir(exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    except OSError as e:
+        raise ReleaseError(f"{out}: cannot write the release: {e}; {NOTHING}") from None
     try:
         weights = _weights(python, run_dir, folder, tmp)
         _describe(tmp, cfg, run_dir, folder, s, chosen, manifest, at, reqs, weights)
