@@ -8,6 +8,7 @@ background write that failed (never a half checkpoint: that one is removed, neve
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Literal
 
@@ -88,11 +89,14 @@ class Checkpointer:
 
     def _best_meta(self, step: int) -> dict[str, Any]:
         """The manifest's `best` field: the eval at this very step (the loop evaluates before it saves);
-        a checkpoint without one, or without its number of best_metric, is no candidate."""
+        a checkpoint without one, or without its number of best_metric, is no candidate (value null)."""
         c = self.cfg.checkpoint
-        ev = self.events.last.get("eval") if c.keep_best else None
+        if not c.keep_best:
+            return {}
+        ev = self.events.last.get("eval")
         value = eval_numbers(ev).get(c.best_metric) if ev is not None and ev.get("step") == step else None
-        return {} if value is None else {"best": checkpoints.best_field(c.best_metric, c.best_mode, value, c.keep_best)}
+        value = value if value is not None and math.isfinite(value) else None   # a NaN eval is no candidate
+        return {"best": checkpoints.best_field(c.best_metric, c.best_mode, value, c.keep_best)}
 
     def _best_event(self) -> dict[str, Any]:
         """The checkpoint event's `best` and `best_metric`: the best ones on disk after this save, best first."""

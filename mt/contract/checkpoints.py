@@ -247,9 +247,9 @@ class Best:
     value: float
 
 
-def best_field(metric: str, mode: str, value: float, keep: int) -> dict[str, Any]:
+def best_field(metric: str, mode: str, value: float | None, keep: int) -> dict[str, Any]:
     """The manifest's `best` (docs/checkpoints.md): the checkpoint's number of `metric` (the eval at
-    its own step), whether lower or higher is better, and how many best ones the run keeps."""
+    its own step; None: no candidate), whether lower or higher is better, and how many the run keeps."""
     return {"metric": metric, "mode": mode, "value": value, "keep": keep}
 
 
@@ -262,8 +262,8 @@ def rank_best(scored: list[tuple[int, float]], mode: str, keep: int) -> list[int
 
 def best(root: Path) -> list[Best]:
     """The best checkpoints under root, best first, from their manifests alone (sizes verified): the
-    newest manifest with a `best` field says the metric, the mode and how many; a restart or a
-    resume derives the same marking, and retention never deletes them."""
+    newest manifest says the metric, the mode and how many (none without a `best` field: keep_best is
+    0 now), so a restart or a resume derives the same marking; retention never deletes them."""
     rule: tuple[str, str, int] | None = None
     scored: dict[int, tuple[Path, float]] = {}
     for step, path in folders(root):
@@ -271,14 +271,13 @@ def best(root: Path) -> list[Best]:
             field_ = verify(path, hashes=False).get("best")
         except CheckpointError:
             continue
-        if not isinstance(field_, dict):
-            continue
-        metric, mode, value, keep = (field_.get(k) for k in ("metric", "mode", "value", "keep"))
-        if not (isinstance(metric, str) and mode in ("min", "max") and isinstance(value, (int, float))
-                and isinstance(keep, int) and not isinstance(value, bool)):
-            continue
-        rule = rule or (metric, mode, keep)
-        if (metric, mode) == rule[:2]:
+        metric, mode, value, keep = (field_.get(k) for k in ("metric", "mode", "value", "keep")) if isinstance(field_, dict) else (None,) * 4
+        ruled = isinstance(metric, str) and mode in ("min", "max") and isinstance(keep, int) and not isinstance(keep, bool)
+        if rule is None:
+            if not ruled:
+                return []
+            rule = (metric, mode, keep)
+        if ruled and (metric, mode) == rule[:2] and isinstance(value, (int, float)) and not isinstance(value, bool):
             scored[step] = (path, float(value))
     if rule is None:
         return []

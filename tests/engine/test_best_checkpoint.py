@@ -84,3 +84,10 @@ def test_best_by_an_eval_number_that_is_higher_when_better(tmp_path: Path) -> No
     last = events(run, "checkpoint")[-1]
     assert list(last["best"]) == [str(s) for s in top]   # best first
     assert json.loads((run / "checkpoints" / f"step-{top[0]}" / "manifest.json").read_text())["best"]["mode"] == "max"
+    # resumed with keep_best = 0 (and 10 more steps): the next save's manifest has no `best`, so none is kept
+    config = json.loads((run / "config.json").read_text())
+    config["checkpoint"]["keep_best"], config["train"]["max_steps"] = 0, STEPS + EVERY
+    (run / "config.json").write_text(json.dumps(config))
+    assert run_engine(run, attempt=2) == 0, (run / "launcher-2.log").read_text()
+    assert on_disk(run) == [STEPS + EVERY] and checkpoints.best(run / "checkpoints") == []
+    assert "best" not in events(run, "checkpoint")[-1]
