@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,12 @@ def test_a_non_finite_loss_before_it_refuses_until_the_run_went_back_before_it(t
     run = trained(tmp_path, faults={"nan_at_step": 6}, checkpoint={"every_steps": 2, "keep_last": 10, "keep_best": 0})
     assert any(e["step"] == 6 and e["loss"] == "nan" for e in events(run, "step"))
     assert "a non-finite loss at step 6" in refused(run, "--to", tmp_path / "out", where=tmp_path)
+    # a rollback to step 4 written after step 12's checkpoint does not clean that checkpoint's history
+    late = shutil.copytree(run, tmp_path / "late")
+    with open(late / "events.jsonl", "a") as f:   # the rollback event's shape (the rollback helper's contract)
+        f.write(json.dumps({"v": 1, "t": time.time(), "kind": "rollback", "step": 12, "to_step": 4, "skip_batches": 0,
+                            "lr_scale": 1.0, "why": "test", "by": "user", "count": 1}) + "\n")
+    assert "a non-finite loss at step 6" in refused(late, "--to", tmp_path / "out", where=tmp_path)
     released = mt("release", run, "--step", 4, "--to", tmp_path / "before")    # before the NaN: fine
     assert released.returncode == 0, released.stderr
     # back before it: the checkpoints after step 4 removed, a resume from step 4 retrains 5..12 (no NaN now)

@@ -25,7 +25,7 @@ from mt.contract.events import parse_line
 from mt.contract.jsonl import JsonlTail
 from mt.contract.paths import RunPaths
 from mt.contract.preset import load_config_json
-from mt.contract.records import Eval, RunStart, Step, parse_event
+from mt.contract.records import Checkpoint, Eval, RunStart, Step, parse_event
 from mt.contract.release import Requirement, eval_numbers, parse_requirement
 from tui.read.follower import load_run_state
 from tui.read.rundir import is_run_dir
@@ -80,6 +80,7 @@ def read_at(paths: RunPaths, step: int) -> AtStep:
     at = AtStep()
     backs: list[tuple[float, int]] = []    # (when, to which step) the run went back: a rollback, or a resume
     problems: list[tuple[float, int, str]] = []
+    saved_t = math.inf    # when this step's checkpoint was written (its newest event): later lines are another timeline
     for line in JsonlTail(paths.events).iter_all_lines() if paths.events.exists() else ():
         if _STEP.match(line) and not _NON_FINITE.search(line):
             continue   # a step with a finite loss (most of a big run's lines): not parsed
@@ -96,6 +97,8 @@ def read_at(paths: RunPaths, step: int) -> AtStep:
         rec = parse_event(raw)
         if isinstance(rec, RunStart) and (rec.attempt or 1) > 1:
             backs.append((t, rec.start_step))
+        elif isinstance(rec, Checkpoint) and rec.step == step:
+            saved_t = t
         elif isinstance(rec, Eval) and rec.step == step:
             at.numbers, at.evaluated = eval_numbers(raw), raw
         elif isinstance(rec, Step) and rec.step <= step and rec.loss is not None and not math.isfinite(rec.loss):
@@ -107,8 +110,10 @@ def read_at(paths: RunPaths, step: int) -> AtStep:
                              "title": inc.title, "detail": inc.detail, "source": inc.source, "t": inc.t})
         if inc.status == "open" and inc.severity == "error":
             problems.append((inc.event_t or inc.t or 0.0, inc.step or 0, f"an open error incident {inc.code} at step {inc.step}"))
-    # a problem the run went back before (a rollback, or a resume from an earlier checkpoint) is not in these weights
-    at.blockers = [why for t, s, why in problems if not any(bt > t and to < s for bt, to in backs)]
+    # in these weights: a problem before the checkpoint was written, unless the run went back before its
+    # step in between (a rollback, or a resume from an earlier checkpoint)
+    at.blockers = [why for t, s, why in problems
+                   if t <= saved_t and not any(t < bt <= saved_t and to < s for bt, to in backs)]
     return at
 
 
