@@ -81,6 +81,7 @@ def read_at(paths: RunPaths, step: int) -> AtStep:
     backs: list[tuple[float, int]] = []    # (when, to which step) the run went back: a rollback, or a resume
     problems: list[tuple[float, int, str]] = []
     saved_t = math.inf    # when this step's checkpoint was written (its newest event): later lines are another timeline
+    found: list[tuple[float, dict[str, Any]]] = []   # this step's evals and samples, each with when it was written
     for line in JsonlTail(paths.events).iter_all_lines() if paths.events.exists() else ():
         if _STEP.match(line) and not _NON_FINITE.search(line):
             continue   # a step with a finite loss (most of a big run's lines): not parsed
@@ -92,7 +93,7 @@ def read_at(paths: RunPaths, step: int) -> AtStep:
             backs.append((t, raw["to_step"]))
             continue
         if kind == "sample" and raw.get("step") == step:
-            at.samples = [s for s in at.samples if s.get("index") != raw.get("index")] + [raw]   # the newest of each prompt
+            found.append((t, raw))
             continue
         rec = parse_event(raw)
         if isinstance(rec, RunStart) and (rec.attempt or 1) > 1:
@@ -100,9 +101,16 @@ def read_at(paths: RunPaths, step: int) -> AtStep:
         elif isinstance(rec, Checkpoint) and rec.step == step:
             saved_t = t
         elif isinstance(rec, Eval) and rec.step == step:
-            at.numbers, at.evaluated = eval_numbers(raw), raw
+            found.append((t, raw))
         elif isinstance(rec, Step) and rec.step <= step and rec.loss is not None and not math.isfinite(rec.loss):
             problems.append((t, rec.step, f"a non-finite loss at step {rec.step}"))
+    for t, raw in found:   # the newest eval, and the newest sample of each prompt, written before the checkpoint
+        if t > saved_t:
+            continue
+        if raw.get("kind") == "eval":
+            at.numbers, at.evaluated = eval_numbers(raw), raw
+        else:
+            at.samples = [s for s in at.samples if s.get("index") != raw.get("index")] + [raw]
     for inc in load_run_state(paths.root).incidents:
         if inc.step is not None and inc.step > step:
             continue
