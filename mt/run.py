@@ -29,6 +29,7 @@ from mt.contract.inbox import ControlInbox, Polled, Request, StopSignals
 from mt.contract.paths import RunPaths
 from mt.facts import Facts
 from mt.failsafe import WriteFailures
+from mt.scored import ScriptBest
 from mt.stepbatch import StepBatch
 from mt.values import as_number, as_whole, plain, step_number
 
@@ -114,6 +115,7 @@ class Run:
         self._step_rules: Any = None
         self._nan_open = False
         self._steps = StepBatch()  # step events not written yet
+        self._best = ScriptBest(paths.events)  # the numbers of the checkpoints it reports (checkpoint_saved(metrics=...))
         self._lock = threading.RLock()  # the thread's tick against the training thread's own writes
         self._heartbeat.beat(0, "start")
 
@@ -173,20 +175,22 @@ class Run:
         with self.failures.guard(self.paths.events):
             self._events.emit("metrics", step=at, values=values)
 
-    def checkpoint_saved(self, path: str | os.PathLike[str], step: int | None = None) -> None:
+    def checkpoint_saved(self, path: str | os.PathLike[str], step: int | None = None, *, metrics: Mapping[str, float] | None = None,
+                         best_metric: str = "val_loss", best_mode: str = "min", keep_best: int = 1) -> None:
         """The script saved a checkpoint at `path`: answer the requests waiting for one, and let
-        later attempts find it in `resume_from`."""
+        later attempts find it in `resume_from`; with `metrics`, the best `keep_best` by `best_metric` are marked."""
         if self._events is None:
             return
         at = as_whole(step if step is not None else (self._step or 0), "step")
         where = Path(path).absolute()
         self._ensure_started(at)
         self._flush()
+        best = self._best.fields(at, where, metrics, best_metric, best_mode, keep_best) if metrics else {}  # checked first
         reqs, self._pending = self._pending, []  # what a step took: one asked later waits for a save after it
         reason = "stop" if self._stopping else "request" if reqs else "script"
         with self.failures.guard(self.paths.events):
             self._events.emit("checkpoint", **event_fields.checkpoint(at, str(where), tree_size(where), None, reason,
-                                                                     [r.id for r in reqs]))
+                                                                     [r.id for r in reqs]), **best)
         for req in reqs:
             with self.failures.guard(self.paths.events):
                 self._events.emit("control", **event_fields.saved(req.id, req.action, at, where))

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mt.contract import door, fmt, space
-from mt.contract.checkpoints import FORMAT, FORMAT_VERSION, folder_name, folders, step_of
+from mt.contract.checkpoints import FORMAT, FORMAT_VERSION, best, folder_name, folders, step_of
 
 
 @dataclass
@@ -120,10 +120,12 @@ def make_room(root: Path, step: int, keep_last: int) -> space.Room:
 
 
 def prune(root: Path, keep_last: int, newest: Path) -> list[Path]:
-    """Delete checkpoints older than the newest `keep_last` up to `newest`; never `newest` itself."""
+    """Delete checkpoints older than the newest `keep_last` up to `newest`; never `newest` itself,
+    nor the best ones `[checkpoint] keep_best` keeps (their manifests say which)."""
     newest_step = step_of(newest.name) or 0
+    kept = {b.path for b in best(root)}
     older = [p for s, p in folders(root) if p != newest and s < newest_step]
-    doomed = older[max(0, keep_last - 1):]
+    doomed = [p for p in older[max(0, keep_last - 1):] if p not in kept]
     for p in doomed:
         shutil.rmtree(p, ignore_errors=True)
     return doomed

@@ -8,6 +8,7 @@ background write that failed (never a half checkpoint: that one is removed, neve
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Literal
 
@@ -23,6 +24,7 @@ from mt.contract import checkpoints
 from mt.contract.config import Config
 from mt.contract.inbox import ControlInbox, Request
 from mt.contract.paths import RunPaths
+from mt.contract.release import eval_numbers
 from mt.contract.space import DiskFullError
 from mt.rules import checkpoint_failed_incident, disk_full_incident
 
@@ -61,7 +63,7 @@ class Checkpointer:
         dist.all_gather_object(rngs, rng, group=self.env.host_group)  # on the host: no GPU staging
         train_state = {**position, "rng": rngs}
         meta = {"world_size": self.env.world_size, "global_batch": position["global_batch"],
-                "samples_seen": position["samples_seen"], "reason": reason}
+                "samples_seen": position["samples_seen"], "reason": reason, **self._best_meta(step)}
         if self.cfg.checkpoint_format == "sharded":
             self._save_sharded(step, reason, reqs, train_state, meta, t0)
         else:
@@ -85,6 +87,24 @@ class Checkpointer:
         # the others wait for rank 0's write on the host group, whose timeout no checkpoint size reaches
         # (the default group's pg_timeout_s would end them while a large checkpoint is still being written)
         dist.barrier(group=self.env.host_group)
+
+    def _best_meta(self, step: int) -> dict[str, Any]:
+        """The manifest's `best` field: the eval at this very step (the loop evaluates before it saves);
+        a checkpoint without one, or without its number of best_metric, is no candidate (value null)."""
+        c = self.cfg.checkpoint
+        if not c.keep_best:
+            return {}
+        ev = self.events.last.get("eval")
+        value = eval_numbers(ev).get(c.best_metric) if ev is not None and ev.get("step") == step else None
+        value = value if value is not None and math.isfinite(value) else None   # a NaN eval is no candidate
+        return {"best": checkpoints.best_field(c.best_metric, c.best_mode, value, c.keep_best)}
+
+    def _best_event(self) -> dict[str, Any]:
+        """The checkpoint event's `best` and `best_metric`: the best ones on disk after this save, best first."""
+        if not self.cfg.checkpoint.keep_best:
+            return {}
+        found = checkpoints.best(self.paths.checkpoints)
+        return {"best": {str(b.step): b.value for b in found}, "best_metric": self.cfg.checkpoint.best_metric}
 
     def collect(self, wait: bool) -> None:
         """Report a background write that has completed (wait: block until the one in flight has)."""
@@ -138,7 +158,8 @@ class Checkpointer:
         """Rank 0: the checkpoint event (written and renamed into place) and the answers to its requests."""
         waited = min(blocking_s, saved.seconds)
         self.events.emit("checkpoint", **event_fields.checkpoint(step, str(saved.path), saved.bytes, round(saved.seconds, 4), reason,
-                                                                [r.id for r in reqs], blocking_s=round(waited, 4)))
+                                                                [r.id for r in reqs], blocking_s=round(waited, 4)),
+                         **self._best_event())
         for req in reqs:
             self.events.emit("control", **event_fields.saved(req.id, req.action, step, saved.path))
             self._done(req)

@@ -13,7 +13,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Iterator, Literal
 
 from mt.contract import door
 from mt.contract.events import JSON_ERRORS
@@ -237,9 +237,61 @@ def newest(root: Path, verified: Verified = "sha256", check: Callable[[Path, dic
     return Newest(None, {}, damaged)
 
 
+@dataclass(frozen=True)
+class Best:
+    """A checkpoint among the best kept: its step, folder, and its number of `metric`."""
+
+    step: int
+    path: Path
+    metric: str
+    value: float
+
+
+def best_field(metric: str, mode: str, value: float | None, keep: int) -> dict[str, Any]:
+    """The manifest's `best` (docs/checkpoints.md): the checkpoint's number of `metric` (the eval at
+    its own step; None: no candidate), whether lower or higher is better, and how many the run keeps."""
+    return {"metric": metric, "mode": mode, "value": value, "keep": keep}
+
+
+def rank_best(scored: list[tuple[int, float]], mode: str, keep: int) -> list[int]:
+    """The steps of the best `keep` of (step, value), best first; on a tie the earlier step (best first)."""
+    sign = -1.0 if mode == "max" else 1.0
+    finite = [(s, v) for s, v in scored if v == v and abs(v) != float("inf")]
+    return [s for s, _ in sorted(finite, key=lambda sv: (sign * sv[1], sv[0]))[:max(0, keep)]]
+
+
+def best(root: Path) -> list[Best]:
+    """The best checkpoints under root, best first, from their manifests alone (sizes verified): the
+    newest manifest says the metric, the mode and how many (none without a `best` field: keep_best is
+    0 now), so a restart or a resume derives the same marking; retention never deletes them."""
+    rule: tuple[str, str, int] | None = None
+    scored: dict[int, tuple[Path, float]] = {}
+    for step, path in folders(root):
+        try:
+            field_ = verify(path, hashes=False).get("best")
+        except CheckpointError:
+            continue
+        metric, mode, value, keep = (field_.get(k) for k in ("metric", "mode", "value", "keep")) if isinstance(field_, dict) else (None,) * 4
+        ruled = isinstance(metric, str) and mode in ("min", "max") and isinstance(keep, int) and not isinstance(keep, bool)
+        if rule is None:
+            if not ruled:
+                return []
+            rule = (metric, mode, keep)
+        if ruled and (metric, mode) == rule[:2] and isinstance(value, (int, float)) and not isinstance(value, bool):
+            scored[step] = (path, float(value))
+    if rule is None:
+        return []
+    return [Best(s, scored[s][0], rule[0], scored[s][1]) for s in rank_best([(s, v) for s, (_, v) in scored.items()], rule[1], rule[2])]
+
+
 def reported(events: Path, chunk: int = 1 << 20) -> Path | None:
     """The newest checkpoint a `checkpoint` event names that still exists (a script's own format,
     or an engine folder): events.jsonl read backwards, so a long run costs only its tail."""
+    return next((Path(rec.path) for rec in reported_events(events, chunk) if rec.path and os.path.exists(rec.path)), None)
+
+
+def reported_events(events: Path, chunk: int = 1 << 20) -> Iterator[Any]:
+    """Every `checkpoint` event of events.jsonl as a typed record, newest first (read backwards in chunks)."""
     from mt.contract.records import Checkpoint, parse_event  # the typed parser: only for a script's run
 
     try:
@@ -257,8 +309,7 @@ def reported(events: Path, chunk: int = 1 << 20) -> Path | None:
                     if b'"checkpoint"' not in line:
                         continue
                     rec = parse_event(line)
-                    if isinstance(rec, Checkpoint) and rec.path and os.path.exists(rec.path):
-                        return Path(rec.path)
+                    if isinstance(rec, Checkpoint):
+                        yield rec
     except OSError:     # missing, or refused by the door (a FIFO, a device, a link)
-        pass
-    return None
+        return

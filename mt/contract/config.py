@@ -166,6 +166,17 @@ class CheckpointConfig:
     rank writes its shards; auto: sharded under train.strategy = "fsdp", full under ddp."""
     async_: bool = field(default=False, metadata={"toml": "async"})  # `async` is a Python keyword
     """The loop waits only while the state is copied to CPU; the write finishes in the background (sharded only)."""
+    keep_best: int = _c(0, ge=0)
+    """The best N checkpoints by best_metric (the eval at their own step) are never deleted by keep_last; 0: none."""
+    best_metric: str = "val_loss"
+    """The eval's `val_loss`, or a name of its `metrics` (`[eval] factory`)."""
+    best_mode: Literal["min", "max"] = "min"
+
+
+@dataclass
+class ReleaseConfig:
+    require: list[str] = _c([])
+    """What `mt release` requires at the released step, each `NAME OP NUMBER` (mt/contract/release.py)."""
 
 
 @dataclass
@@ -315,6 +326,7 @@ class Config:
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
+    release: ReleaseConfig = field(default_factory=ReleaseConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """The preset's tables as TOML spells them (a field named for a keyword keeps its TOML key)."""

@@ -24,6 +24,7 @@ class EventWriter:
         self._torn = False  # a rolled-back write's fragment could not be removed
         self._index = open_index(self.path) if index else None
         self._lock = threading.Lock()  # a script's heartbeat thread may write too: line and index stay paired
+        self.last: dict[str, dict[str, Any]] = {}  # the newest event of each kind written (the checkpointer reads the eval's)
 
     def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
         event = make_event(kind, **fields)
@@ -32,6 +33,7 @@ class EventWriter:
             end = self._append(line)
             if self._index is not None:
                 self._index.add(event, end)
+        self.last[kind] = event
         return event
 
     def emit_lines(self, lines: list[bytes], rows: list[tuple[float, ...] | None]) -> None:
@@ -84,6 +86,9 @@ def _end_torn_line(fd: int) -> None:
 
 class NullEventWriter:
     """What ranks other than 0 get: the same interface, doing nothing."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, dict[str, Any]] = {}  # nothing is written: nothing is remembered
 
     def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
         return make_event(kind, **fields)

@@ -102,6 +102,8 @@ SCHEMA: dict[str, tuple[Field, ...]] = {
     "checkpoint": (
         _whole("step", key=True), _text("path"), _whole("bytes"), _num("seconds", nonneg=True), _text("reason"),
         _text("request_id"), Field("request_ids", "list", "strings", False), _num("blocking_s", False, nonneg=True),
+        Field("best", "object", "values", False), _text("best_metric", False),  # the best kept ([checkpoint] keep_best)
+        Field("metrics", "object", "values", False),  # a script's numbers at that checkpoint (run.checkpoint_saved)
     ),
     "incident": (
         _whole("step"), _text("code", key=True), Field("severity", "str", "choice", choices=SEVERITIES),

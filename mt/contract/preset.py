@@ -17,6 +17,7 @@ from typing import Any, Literal
 from mt.contract import door
 from mt.contract.config import Config, ConfigError
 from mt.contract.events import JSON_ERRORS
+from mt.contract.release import requirement_error
 
 _RULE_TEXT = {"gt": "> {}", "ge": ">= {}", "lt": "< {}", "le": "<= {}"}
 _RULE_TEST = {
@@ -200,6 +201,9 @@ def _check(cfg: Config, source: str) -> None:
         raise ConfigError(source, "faults.hang_rank", f"must be < world size ({cfg.world_size})")
     if cfg.faults.slow_rank >= cfg.world_size and cfg.faults.slow_step_s:
         raise ConfigError(source, "faults.slow_rank", f"must be < world size ({cfg.world_size})")
+    for i, text in enumerate(cfg.release.require):
+        if (bad := requirement_error(text)) is not None:
+            raise ConfigError(source, f"release.require[{i}]", bad)
     _check_slurm(cfg, source)
 
 

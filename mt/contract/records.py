@@ -114,6 +114,9 @@ class Checkpoint(Event):
     # every request this checkpoint answers (two in one step: both); not written: request_id's
     request_ids: tuple[str, ...] = None  # type: ignore[assignment]
     blocking_s: float | None = None      # how long the loop waited (checkpoint.async: staging only)
+    best: dict[str, float] | None = None  # the best checkpoints kept after it ({step: value}, best first)
+    best_metric: str | None = None
+    metrics: dict[str, float] | None = None  # a script's own numbers at it (run.checkpoint_saved(metrics=...))
     kind: ClassVar[str] = "checkpoint"
 
     def __post_init__(self) -> None:

@@ -175,7 +175,7 @@ def plan_room(root: Path, step: int | None, keep_last: int, extra: int = 0) -> R
     intact checkpoint (every byte verified, as the engine picks: kept until the new one is on
     disk); `extra`: bytes needed besides."""
     # the listing is loaded only when room is planned: a script's `import mt` needs space.py, not this
-    from mt.contract.checkpoints import folders, intact
+    from mt.contract.checkpoints import best, folders, intact
 
     older = [p for s, p in folders(root) if step is None or s < step]
     last = next((b for b in map(checkpoint_bytes, older) if b is not None), None)
@@ -186,7 +186,8 @@ def plan_room(root: Path, step: int | None, keep_last: int, extra: int = 0) -> R
     if free >= needed:
         return Room(free, needed)
     keep = next((p for p in older if intact(p)), None)
-    doomed = [p for p in older[keep_last - 1:] if p != keep]
+    kept = {keep} | {b.path for b in best(root)}  # the best ones keep_best keeps are never retention's
+    doomed = [p for p in older[keep_last - 1:] if p not in kept]
     gained = sum(disk_usage(p) for p in doomed)
     return Room(free, needed, doomed, free + gained >= needed, len(older) - len(doomed))
 

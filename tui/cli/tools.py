@@ -1,4 +1,4 @@
-"""`mt prepare`, `mt doctor` and `mt export`: tokenizing text for a run, checking this machine, a run's history for other tools."""
+"""`mt prepare`, `mt doctor`, `mt export` and `mt release`: tokenizing text for a run, checking this machine, a run's history for other tools, a checkpoint for downstream use."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -72,3 +72,28 @@ def export(
             typer.echo(line)
     except ExportError as e:
         fail(str(e))
+
+
+@app.command()
+def release(
+    run_dir: RunDirArg,
+    step: Annotated[Optional[int], typer.Option("--step", metavar="S", help="Release checkpoint step-S (default: the best kept, else the newest intact).", show_default=False)] = None,
+    to: Annotated[Optional[Path], typer.Option("--to", metavar="DIR", help="Write the release here, a new folder (default: RUN_DIR/release/step-S).", show_default=False)] = None,
+    require: Annotated[Optional[list[str]], typer.Option("--require", metavar="\"NAME OP NUMBER\"", help="Refuse unless the eval at that step meets it, e.g. \"val_loss < 2.0\" (OP: < <= > >= ==); repeatable; beside [release] require.", show_default=False)] = None,
+) -> None:
+    """Write a checkpoint of RUN_DIR as a folder loadable without mt: safetensors weights, config, eval, samples, incidents.
+
+    Refused (exit 2, nothing written) when a requirement is not met at that step, the checkpoint is
+    not intact, or a non-finite loss or an open error incident precedes it without a rollback. Example:
+
+    \b
+        mt release runs/tiny-cpu-20260101-120000 --require "val_loss < 2.0" --to release/
+    """
+    from tui.report.release import ReleaseError
+    from tui.report.release import release as write_release
+
+    try:
+        done = write_release(run_dir, step, to, require or [])
+    except ReleaseError as e:
+        fail(str(e))
+    typer.echo(f"released step {done.step} ({done.chosen}) to {done.path}: {', '.join(done.files)}")

@@ -58,6 +58,12 @@ def fmt_best(best: float | None, step: int | None, partial: bool = False) -> str
     return f"{'≤' if partial else ''}{fmt_loss_cell(best)}{'' if step is None else f' @{step}'}"
 
 
+def fmt_best_checkpoints(metric: str | None, best: dict[int, float]) -> str:
+    """The best checkpoints kept, best first (`@40 val_loss 1.234, @60 1.301`); "" when there is none."""
+    shown = [f"@{s} {fmt_num(v)}" for s, v in best.items()]
+    return f"{shown[0].replace(' ', f' {metric or NA} ', 1)}{''.join(', ' + x for x in shown[1:])}" if shown else ""
+
+
 def fmt_step(step: int | None, total: int | None, grouped: bool = False) -> str:
     """A run's progress `step/total` (`1,200/5,000` when grouped); NA for the part not known."""
     spec = "," if grouped else ""

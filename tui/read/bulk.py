@@ -14,7 +14,7 @@ from typing import Iterator
 import numpy as np
 
 from mt.contract import door
-from mt.contract.checkpoints import newest
+from mt.contract.checkpoints import best, newest
 from mt.contract.jsonl import MAX_LINE_BYTES, next_newline
 from mt.contract.paths import RunPaths
 from mt.contract.records import Record, Rejected, RunStart, Step, parse_event
@@ -168,6 +168,8 @@ def _quick(run_dir: Path, tail_bytes: int | None, keep_series: bool) -> tuple[Ru
     state.best_loss_partial = tail_start > 0
     if state.last_checkpoint is None and win_start > 0:
         state.last_checkpoint = newest_checkpoint_dir(paths)
+        kept = best(paths.checkpoints)   # the best kept, from their manifests as the engine marks them
+        state.best_checkpoints, state.best_metric = {b.step: b.value for b in kept}, kept[0].metric if kept else None
     return state, end, series
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tui.format.fmt import NA, fmt_best, fmt_duration, fmt_loss_cell, fmt_step, or_na, safe_text
+from tui.format.fmt import NA, fmt_best, fmt_best_checkpoints, fmt_duration, fmt_loss_cell, fmt_step, or_na, safe_text
 from tui.read.follower import load_run_state
 from tui.read.nodes import JobReader
 from tui.read.rundir import effective_state, is_run_dir, run_dirs
@@ -33,6 +33,8 @@ class RunRow:
     best: str = "-"
     started: str = "-"
     duration: str = "-"
+    best_ckpt: str = ""
+    """The best checkpoints kept ([checkpoint] keep_best), best first; a column only when a row has one."""
     slurm: str = ""
     """A Slurm run's job id and Slurm's state for it (`1234 PENDING (JobHeldUser)`); "" for any other."""
     best_loss: float | None = None   # what --sort loss orders by; not a column
@@ -63,6 +65,7 @@ def run_row(path: Path, now: float | None = None) -> RunRow:
             started=time.strftime("%Y-%m-%d %H:%M", time.localtime(st.started)) if st.started else NA,
             duration=fmt_duration(st.elapsed_s(now)) if st.started else NA,
             best_loss=st.best_loss, job_id=st.status.slurm_job_id, path=path,
+            best_ckpt=fmt_best_checkpoints(st.best_metric, st.best_checkpoints),
             slurm=f"{st.status.slurm_job_id} {state}" if st.status.slurm_job_id else "",
         )
     except Exception as e:  # noqa: BLE001 - one broken run directory must not break `mt ls`
@@ -86,8 +89,8 @@ def runs_table(runs_dir: Path, sort: str = "started") -> str:
     rows = sorted_rows([run_row(p) for p in run_dirs(runs_dir)], sort)
     if not rows:
         return f"no runs in {runs_dir}"
-    columns = COLUMNS + (("slurm",) if with_slurm_states(rows) else ())
-    header = RunRow("NAME", "STATE", "ATTEMPT", "STEP", "LOSS", "BEST", "STARTED", "DURATION", "SLURM")
+    columns = COLUMNS + (("best_ckpt",) if any(r.best_ckpt for r in rows) else ()) + (("slurm",) if with_slurm_states(rows) else ())
+    header = RunRow("NAME", "STATE", "ATTEMPT", "STEP", "LOSS", "BEST", "STARTED", "DURATION", best_ckpt="BEST CKPT", slurm="SLURM")
     table = [{c: safe_text(getattr(r, c)) for c in columns} for r in (header, *rows)]   # a folder's name is anyone's
     widths = {c: max(len(r[c]) for r in table) for c in columns}
     return "\n".join("  ".join(r[c].ljust(widths[c]) for c in columns).rstrip() for r in table)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from tui.format.fmt import (
     anatomy_lines,
     at_step,
+    fmt_best_checkpoints,
     fmt_duration,
     fmt_eta,
     fmt_knobs,
@@ -47,6 +48,8 @@ def format_summary(st: "RunState", now: float | None = None) -> str:
     lines.append("checkpoint: none" if ck is None else
                  f"checkpoint: step {ck.step} ({fmt_duration(ck.age_s(now))} ago"
                  f"{'; ' + fmt_write_time(ck.seconds, ck.blocking_s) if ck.seconds is not None else ''})  {ck.path}")
+    if st.best_checkpoints:   # [checkpoint] keep_best: never deleted by keep_last
+        lines.append(f"best checkpoint{'s' * (len(st.best_checkpoints) > 1)}: {fmt_best_checkpoints(st.best_metric, st.best_checkpoints)}")
     if st.incidents:   # every incident of the run, from the engine or the supervisor, open or closed
         lines.append(f"incidents: {len(st.open_incidents)} open, {len(st.incidents) - len(st.open_incidents)} closed")
         for inc in st.incidents:

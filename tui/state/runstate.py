@@ -92,6 +92,8 @@ class RunState:
     run_end_reason: str | None = None
     last_event_t: float | None = None
     last_checkpoint: CheckpointInfo | None = None
+    best_checkpoints: dict[int, float] = field(default_factory=dict)  # [checkpoint] keep_best's, best first
+    best_metric: str | None = None
     # each incident as the line that opened it (an engine event or the supervisor's), its own copy: updated in place, open until closed
     incidents: list[IncidentLine] = field(default_factory=list)
     controls: dict[str, ControlAnswer] = field(default_factory=dict)
@@ -330,6 +332,9 @@ def reduce_event(st: RunState, ev: Record) -> None:
                                             request_id=ev.request_id, seconds=ev.seconds, blocking_s=ev.blocking_s,
                                             logged=(st.loss, st.lr, st.grad_norm) if st.step == ev.step else None)
         note_answer(st.controls, ev)
+        if ev.best is not None:   # the best kept after this save, read off the manifests by the engine
+            st.best_checkpoints = {int(s): v for s, v in ev.best.items() if s.isdigit()}
+            st.best_metric = ev.best_metric
     elif isinstance(ev, ControlEvent):
         note_answer(st.controls, ev)
     elif isinstance(ev, IncidentLine):

@@ -60,6 +60,8 @@ def render_header(st: RunState, now: float, width: int, smoothing: float, logy: 
         parts.append(f"knobs {fmt_knobs(st.knobs)}")
     ck = st.last_checkpoint
     parts.append("ckpt none" if ck is None else f"ckpt @{ck.step} ({fmt_duration(ck.age_s(now))} ago)")
+    if st.best_checkpoints:   # the best one kept ([checkpoint] keep_best)
+        parts.append(f"best ckpt @{next(iter(st.best_checkpoints))}")
     line2 = Text("  ".join(parts))
     line3 = Text.assemble(
         f"loss {fmt_loss(st.loss, st.loss_floor)}  best {fmt_num(st.best_loss)}  val {fmt_num(st.val_loss)}"
