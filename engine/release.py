@@ -33,11 +33,13 @@ def write_weights(cfg: Config, state: dict[str, torch.Tensor], out: Path) -> lis
     """The weights into `out` (an existing empty folder); the names of the files written."""
     from safetensors.torch import save_file
 
-    if cfg.model.kind == "hf":
-        from engine.kinds import kind_of
+    from engine.kinds import kind_of
+
+    kind = kind_of(cfg)
+    if kind.saves_pretrained:
         from engine.weights import fit_problems
 
-        model = kind_of(cfg).build(cfg)
+        model = kind.build(cfg)
         problems = fit_problems(model, state, "the checkpoint")
         if problems:
             raise checkpoints.CheckpointError(f"the checkpoint does not fit the run's model: {'; '.join(problems)}")

@@ -27,6 +27,8 @@ class ModelKind(Protocol):
     meta_build: bool
     # flops_per_token is the model's exact count; else an estimate torch's counter replaces at the first step
     exact_flops: bool
+    # a release is the model's own save_pretrained folder (HF); else its state dict as model.safetensors
+    saves_pretrained: bool
 
     def build(self, cfg: Config) -> nn.Module:
         """The model, on the default device (the meta device inside the caller's `torch.device("meta")`)."""

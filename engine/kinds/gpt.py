@@ -13,6 +13,7 @@ from mt.contract.config import Config
 class GptKind:
     meta_build = True
     exact_flops = True
+    saves_pretrained = False
 
     def build(self, cfg: Config) -> nn.Module:
         return GPT(cfg.model)

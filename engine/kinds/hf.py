@@ -16,6 +16,7 @@ from mt.contract.config import HF_OFFLINE, Config
 class HfKind:
     meta_build = True
     exact_flops = False  # counted by torch at the first step (engine/metrics.py FlopCount)
+    saves_pretrained = True
 
     def build(self, cfg: Config) -> nn.Module:
         return build_hf_model(cfg)

@@ -14,6 +14,7 @@ from mt.contract.config import Config
 class PythonKind:
     meta_build = False  # a factory's own code may need real tensors: every rank builds it
     exact_flops = False  # counted by torch at the first step (engine/metrics.py FlopCount)
+    saves_pretrained = False
 
     def build(self, cfg: Config) -> nn.Module:
         return build_model(cfg)
