@@ -1,0 +1,116 @@
+"""[eval] prompts and factory in real runs: samples decoded with the run's own tokenizer, the same
+after a crash and resume, the training untouched by them; a factory's numbers in the eval event,
+a failing factory an incident while the run goes on."""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.corpus import write_corpus
+from tests.engine.runner import events, make_run, run_engine
+
+BYTES_MODEL = {"vocab_size": 256, "dropout": 0.1}  # dropout: the training draws from the global RNG every step
+PROMPTS = {"prompts": ["hello", "The "], "max_new_tokens": 8, "temperature": 1.0}
+
+
+def _samples(run: Path) -> dict[tuple[int, int], dict[str, Any]]:
+    return {(e["step"], e["index"]): e for e in events(run, "sample")}
+
+
+def _losses(run: Path) -> dict[int, float]:
+    return {e["step"]: e["loss"] for e in events(run, "step")}
+
+
+@pytest.mark.slow
+def test_samples_repeat_after_a_crash_and_resume_and_leave_the_training_as_it_was(tmp_path: Path) -> None:
+    train = {"max_steps": 8, "eval_every": 4}
+    data = {"val_fraction": 0.1}
+    full = make_run(tmp_path, "full", model=BYTES_MODEL, data=data, train=train, eval=PROMPTS)
+    assert run_engine(full) == 0
+    crashed = make_run(tmp_path, "crashed", model=BYTES_MODEL, data=data, train=train, eval=PROMPTS,
+                       checkpoint={"every_steps": 4}, faults={"crash_at_step": 6})
+    assert run_engine(crashed) != 0
+    assert run_engine(crashed, attempt=2) == 0
+    plain = make_run(tmp_path, "plain", model=BYTES_MODEL, data=data, train=train)
+    assert run_engine(plain) == 0
+
+    got = _samples(full)
+    assert sorted(got) == [(4, 0), (4, 1), (8, 0), (8, 1)]
+    for (step, i), e in got.items():
+        assert e["prompt"] == PROMPTS["prompts"][i] and e["tokens"] == 8 and isinstance(e["text"], str)
+    assert got[(4, 0)]["text"] != got[(8, 0)]["text"]  # sampled at temperature 1: another step, another draw
+    again = _samples(crashed)  # step 4 by the first attempt, step 8 by the resumed one
+    assert {k: e["text"] for k, e in again.items()} == {k: e["text"] for k, e in got.items()}
+    # the samples drew from a forked RNG: every step's loss is the one a run without prompts had
+    assert _losses(full) == _losses(plain) and len(_losses(full)) == 8
+    assert [e["step"] for e in events(full, "eval")] == [4, 8]
+
+
+@pytest.mark.slow
+def test_samples_decode_with_the_runs_tokenizer_file(tmp_path: Path) -> None:
+    tokenizers = pytest.importorskip("tokenizers")
+    text = write_corpus(tmp_path / "corpus.txt", 40_000)
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.train([str(text)], tokenizers.trainers.BpeTrainer(vocab_size=300, special_tokens=["[UNK]"]))
+    tok.decoder = tokenizers.decoders.BPEDecoder()
+    tok_path = tmp_path / "tok.json"
+    tok.save(str(tok_path))
+    ids = tok.encode(text.read_text()).ids
+    cache = tmp_path / "tokens.bin"
+    np.asarray(ids, dtype=np.uint16).tofile(cache)
+    run = make_run(tmp_path, "run", model={"vocab_size": 320, "seq_len": 32},
+                   data={"source": "text", "path": str(text), "tokenizer": str(tok_path), "token_cache": str(cache)},
+                   train={"max_steps": 4, "eval_every": 4},
+                   eval={"prompts": ["the"], "max_new_tokens": 6, "temperature": 0.0})
+    assert run_engine(run) == 0
+    (sample,) = events(run, "sample")
+    assert sample["step"] == 4 and sample["tokens"] == 6 and sample["text"]
+    # the tokenizer's decoding of 6 of its pieces: text it reads back to itself, in the corpus' letters
+    got = sample["text"]
+    assert tok.decode(tok.encode(got).ids) == got and len(tok.encode(got).ids) <= 6, got
+    assert set(got) <= set(text.read_text()) and "\ufffd" not in got, got  # not bytes: pieces decode whole
+
+
+FACTORY = '''
+    import torch
+
+    def accuracy(model, step):
+        x = torch.zeros(1, 4, dtype=torch.long)
+        return {"accuracy": 1.0 / step, "mean_logit": float(model(x).mean()), "step_seen": step}
+
+    def broken(model, step):
+        if step == 4:
+            raise RuntimeError("the held-out set is gone")
+        return {"ok": 1.0}
+
+    def not_numbers(model, step):
+        return ["accuracy", 0.5]
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fn", ["accuracy", "broken", "not_numbers"])
+def test_the_factory_numbers_go_in_the_eval_event_and_a_failing_one_is_an_incident(tmp_path: Path, fn: str) -> None:
+    (tmp_path / "my_eval.py").write_text(textwrap.dedent(FACTORY))
+    run = make_run(tmp_path, "run", model={"vocab_size": 256}, data={"val_fraction": 0.1},
+                   run={"name": "t", "seed": 7, "workdir": str(tmp_path)},
+                   train={"max_steps": 8, "eval_every": 4}, eval={"factory": f"my_eval:{fn}"})
+    assert run_engine(run) == 0  # the run goes on whatever the factory does
+    evals = {e["step"]: e for e in events(run, "eval")}
+    assert sorted(evals) == [4, 8] and all(e["val_loss"] > 0 for e in evals.values())
+    incidents = [e for e in events(run, "incident") if e["code"] == "eval_failed"]
+    if fn == "accuracy":
+        assert evals[4]["metrics"]["accuracy"] == 0.25 and evals[8]["metrics"]["step_seen"] == 8
+        assert isinstance(evals[8]["metrics"]["mean_logit"], float) and not incidents
+    elif fn == "broken":
+        assert "metrics" not in evals[4] and evals[8]["metrics"] == {"ok": 1.0}
+        (inc,) = incidents
+        assert inc["step"] == 4 and "my_eval:broken" in inc["detail"] and "the held-out set is gone" in inc["detail"]
+    else:
+        assert all("metrics" not in e for e in evals.values()) and len(incidents) == 2
+        assert "my_eval:not_numbers" in incidents[0]["detail"] and "not a dict" in incidents[0]["detail"]
