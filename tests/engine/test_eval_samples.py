@@ -114,3 +114,87 @@ def test_the_factory_numbers_go_in_the_eval_event_and_a_failing_one_is_an_incide
     else:
         assert all("metrics" not in e for e in evals.values()) and len(incidents) == 2
         assert "my_eval:not_numbers" in incidents[0]["detail"] and "not a dict" in incidents[0]["detail"]
+
+
+def _bpe(text: Path, vocab: int) -> Any:
+    """A small byte-level BPE trained offline on `text`."""
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    tok.train([str(text)], tokenizers.trainers.BpeTrainer(
+        vocab_size=vocab, initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet()))
+    return tok
+
+
+@pytest.mark.slow
+def test_an_hf_model_samples_with_its_own_folders_tokenizer(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+    from tests.engine.usercode import GPT2, hf_base
+
+    tok = _bpe(write_corpus(tmp_path / "corpus.txt", 40_000), 300)
+    folder = tmp_path / "tiny-gpt2"
+    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(folder)
+    AutoModelForCausalLM.from_config(AutoConfig.for_model(**{**GPT2, "vocab_size": tok.get_vocab_size()})).save_pretrained(folder)
+    run = make_run(tmp_path, "run", hf_base({"path": str(folder)}), train={"max_steps": 2, "eval_every": 2},
+                   checkpoint={"every_steps": 2}, eval={"prompts": ["Kalo mi"], "max_new_tokens": 5, "temperature": 0.0})
+    assert run_engine(run) == 0
+    (sample,) = events(run, "sample")
+    assert sample["prompt"] == "Kalo mi" and sample["tokens"] == 5
+    # the same greedy continuation, by hand: the step-2 weights, the folder's tokenizer
+    hf_tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    model.load_state_dict(torch.load(run / "checkpoints" / "step-2" / "model.pt", map_location="cpu"))
+    ids = torch.tensor([hf_tok.encode("Kalo mi", add_special_tokens=False)])
+    out = model.eval().generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=5, do_sample=False, pad_token_id=0)
+    assert sample["text"] == hf_tok.decode(out[0, ids.shape[1]:]) and len(ids[0]) < len("Kalo mi")  # BPE pieces, not bytes
+
+
+GENERATES = '''
+    import torch
+    from torch import nn
+    import torch.nn.functional as F
+
+
+    class Bigram(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = nn.Embedding(256, 256)
+
+        def forward(self, x, y):
+            return F.cross_entropy(self.table(x).view(-1, 256), y.reshape(-1))
+
+        def generate(self, idx, max_new_tokens, temperature=1.0):
+            for _ in range(max_new_tokens):
+                probs = F.softmax(self.table(idx[:, -1]) / max(temperature, 1e-3), dim=-1)
+                idx = torch.cat([idx, torch.multinomial(probs, 1)], dim=1)
+            return idx
+
+
+    class Mute(Bigram):
+        generate = None
+
+
+    def build(generates=True):
+        return Bigram() if generates else Mute()
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("generates", [True, False])
+def test_a_factory_model_samples_through_its_own_generate(tmp_path: Path, generates: bool) -> None:
+    (tmp_path / "bigram.py").write_text(textwrap.dedent(GENERATES))
+    run = make_run(tmp_path, "run", model={"kind": "python", "factory": "bigram:build", "args": {"generates": generates},
+                                           "vocab_size": 256},
+                   run={"name": "t", "seed": 7, "workdir": str(tmp_path)}, train={"max_steps": 2, "eval_every": 2},
+                   eval={"prompts": ["ab"], "max_new_tokens": 4})
+    assert run_engine(run) == 0
+    failed = [e for e in events(run, "incident") if e["code"] == "eval_failed"]
+    if generates:
+        (sample,) = events(run, "sample")
+        assert sample["tokens"] == 4 and not failed
+    else:  # no generate: an incident saying so, no sample, the run done
+        assert not events(run, "sample") and len(failed) == 1 and "has no generate" in failed[0]["detail"]
