@@ -25,6 +25,7 @@ from tui.state.requests import Note, RequestBook, refusal
 from tui.state.window import XWindow, narrow, next_window, widen
 from tui.view.messages import ControlAsked, ControlDone
 from tui.view.plotkeys import HELP_BINDING, SMOOTHING_BINDINGS, PlotKeys
+from tui.view.samplekeys import SAMPLES_BINDING, SampleKeys
 from tui.widgets.curve import Curve
 from tui.widgets.dialogs import ConfirmScreen
 from tui.widgets.header import RunHeader
@@ -40,7 +41,7 @@ LAYOUTS = ("too-small", "tabs", "side-tabs", "full")
 LOCK_WAIT_S = 0.05           # a poll holds the watcher's lock for ms; a bulk load reads without it
 
 
-class DashboardScreen(PlotKeys, Screen[None]):
+class DashboardScreen(PlotKeys, SampleKeys, Screen[None]):
     """Shows one run as its watcher has read it and decides its control requests; the App follows
     the run and runs the workers (kill, resume, stacks) this screen asks for."""
 
@@ -74,7 +75,7 @@ class DashboardScreen(PlotKeys, Screen[None]):
                 tooltip="The lr / tokens/s / metric and grad-norm plots (a tab of their own at 80×24)"),
         Binding("tab", "next_tab", "Next tab", show=False, id="next-tab", priority=True, key_display="Tab",
                 tooltip="Next tab where panels are tabs (small terminals); next widget elsewhere"),
-        HELP_BINDING,
+        SAMPLES_BINDING, HELP_BINDING,
         Binding("q", "app.quit", "Quit", id="quit", tooltip="Close the viewer; the run keeps going"),
     ]
 
