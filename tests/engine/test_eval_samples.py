@@ -107,6 +107,15 @@ def test_the_factory_numbers_go_in_the_eval_event_and_a_failing_one_is_an_incide
     if fn == "accuracy":
         assert evals[4]["metrics"]["accuracy"] == 0.25 and evals[8]["metrics"]["step_seen"] == 8
         assert isinstance(evals[8]["metrics"]["mean_logit"], float) and not incidents
+        from tui.read.bulk import bulk_read
+        for how in ("index", "scan"):   # the engine's index holds val_loss only: an eval with metrics is read from its line
+            if how == "scan":
+                (run / "events.idx").unlink()
+            res = bulk_read(run)
+            assert (res.from_index > 0) == (how == "index"), how
+            x, y = res.series.extra["eval/accuracy"].arrays()
+            assert x.tolist() == [4, 8] and y.tolist() == [0.25, 0.125], how
+            assert res.state.evals.metrics == evals[8]["metrics"] and res.state.val_loss == evals[8]["val_loss"], how
     elif fn == "broken":
         assert "metrics" not in evals[4] and evals[8]["metrics"] == {"ok": 1.0}
         (inc,) = incidents
