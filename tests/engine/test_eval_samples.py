@@ -207,3 +207,17 @@ def test_a_factory_model_samples_through_its_own_generate(tmp_path: Path, genera
         assert sample["tokens"] == 4 and not failed
     else:  # no generate: an incident saying so, no sample, the run done
         assert not events(run, "sample") and len(failed) == 1 and "has no generate" in failed[0]["detail"]
+
+
+@pytest.mark.slow
+def test_two_ranks_under_ddp_and_fsdp_write_the_same_samples_once(tmp_path: Path) -> None:
+    """ddp: rank 0 alone generates while rank 1 waits in the eval's all_reduce; fsdp: both ranks run
+    the sharded model's forwards, rank 0 writes. Same weights, same seeds: the same samples."""
+    got = {}
+    for strategy in ("ddp", "fsdp"):
+        run = make_run(tmp_path, strategy, model={"vocab_size": 256}, data={"val_fraction": 0.1},
+                       train={"max_steps": 4, "eval_every": 2, "strategy": strategy}, eval=PROMPTS)
+        assert run_engine(run, nproc=2) == 0
+        got[strategy] = {k: e["text"] for k, e in _samples(run).items()}
+        assert sorted(got[strategy]) == [(2, 0), (2, 1), (4, 0), (4, 1)]  # once each: rank 0's
+    assert got["ddp"] == got["fsdp"]
