@@ -18,9 +18,8 @@ from engine.dist import DistEnv, log
 from engine.factory import UserCodeError, add_workdir, call_factory, check_args, import_callable
 from mt.contract.config import Config
 from mt.contract.eventlog import EventWriter, NullEventWriter
+from mt.contract.events import SAMPLE_TEXT_MAX
 from mt.contract.incident import Incident
-
-SAMPLE_TEXT_MAX = 4000  # characters of a sample's text kept in its event (a line stays far below the reader's limit)
 
 
 class Codec(Protocol):

@@ -30,6 +30,7 @@ INCIDENT_CODES = (
 EXIT_CODES = ("crash", "oom", "nccl_timeout")  # incidents that say how a rank ended
 FAILURE_CODES = (*EXIT_CODES, "hang")  # incidents that name the rank that failed first
 CONTROL_ACTIONS = ("checkpoint", "stop")
+SAMPLE_TEXT_MAX = 4000  # characters of a sample's text an event keeps (a line stays far below MAX_LINE_BYTES)
 
 
 @dataclass(frozen=True, slots=True)
