@@ -82,15 +82,31 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean cross-entropy of next-token prediction; idx and targets are (B, T)."""
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Mean cross-entropy of next-token prediction; idx and targets are (B, T). Without targets: the
+        last position's logits (B, V), which `generate` calls through the module so FSDP's hooks run."""
         B, T = idx.shape
         pos = torch.arange(T, device=idx.device)
         x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # (B, T, C)
         for block in self.blocks:
             x = block(x)
+        if targets is None:
+            return self.head(self.ln_f(x[:, -1])).float()
         logits = self.head(self.ln_f(x))  # (B, T, V)
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0) -> torch.Tensor:
+        """idx (B, T) continued by max_new_tokens tokens, each sampled at `temperature` (0: the likeliest)
+        from the global RNG, over the last seq_len tokens (no key/value cache: evals are short)."""
+        for _ in range(max_new_tokens):
+            logits = self(idx[:, -self.cfg.seq_len:])
+            if temperature > 0:
+                nxt = torch.multinomial(F.softmax(logits / temperature, dim=-1), 1)
+            else:
+                nxt = logits.argmax(dim=-1, keepdim=True)
+            idx = torch.cat([idx, nxt], dim=1)
+        return idx
 
 
 def count_params(model: nn.Module) -> tuple[int, int]:

@@ -76,7 +76,8 @@ class Trainer:
         self.precision = Precision(cfg, env, self.wrapped)  # autocast; fp16's scaler, sharded under fsdp
         self.checkpoints = Checkpointer(cfg, env, paths, self.events, self.inbox, self.faults, self.wrapped, self.model,
                                         self.optimizer, self.precision.scaler)
-        self.evaluator = Evaluator(cfg, env, splits, self.wrapped, self.model, self.precision, self.model_name)
+        self.evaluator = Evaluator(cfg, env, splits, self.wrapped, self.model, self.precision, self.model_name,
+                                   self.events)
         self.recompiles = parallel.Recompiles() if t.compile else None
         self.recompiled = 0  # recompiles since the last step event
 
@@ -176,7 +177,10 @@ class Trainer:
             # ---- the components decide whether they act at this step
             if self.evaluator.due(step):
                 self.heartbeat.beat(step, "eval")
-                self.events.emit("eval", step=step, val_loss=self.evaluator.run())
+                fields, samples = self.evaluator.run(step)
+                self.events.emit("eval", step=step, **fields)
+                for sample in samples:  # [eval] prompts' continuations (engine/samples.py)
+                    self.events.emit("sample", step=step, **sample)
             reason = self.checkpoints.due(step, agreed.stop, agreed.checkpoint)
             if agreed.knob:  # before the save: the checkpoint of this step keeps them
                 self._turn_knobs(step)

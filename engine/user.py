@@ -145,6 +145,9 @@ def check(cfg: Config) -> dict[str, Any]:
         check_args(fn, cfg.data.collate, "data.collate", [])
     elif found.model is not None and sample is not None and (problem := batch_mismatch(found.model, sample)):
         raise UserCodeError("model.factory", problem)  # the default collate keeps a sample's dict or tuple
+    if cfg.eval.factory:
+        from engine.samples import eval_factory
+        eval_factory(cfg)  # imports and binds (model, step)
     modules = [sys.modules[m] for m in set(sys.modules) - before]
     return {"files": depends_on(modules) + found.files, "model_vocab": found.vocab}
 

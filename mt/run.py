@@ -22,7 +22,7 @@ from mt.agree import Agreement
 from mt.contract import builders as event_fields
 from mt.contract.anatomy import StepAnatomy
 from mt.contract.eventlog import EventWriter
-from mt.contract.events import INT_MAX
+from mt.contract.events import INT_MAX, SAMPLE_TEXT_MAX
 from mt.contract.fmt import failure_reason, tree_size
 from mt.contract.heartbeat import BackgroundHeartbeat
 from mt.contract.inbox import ControlInbox, Polled, Request, StopSignals
@@ -174,6 +174,19 @@ class Run:
         self._flush()
         with self.failures.guard(self.paths.events):
             self._events.emit("metrics", step=at, values=values)
+
+    def sample(self, prompt: str, text: str, step: int | None = None, index: int = 0, tokens: int | None = None) -> None:
+        """What the model generated after `prompt` at `step` (default: the last step): a `sample` event from rank 0
+        (each text cut at SAMPLE_TEXT_MAX characters)."""
+        if self._events is None:
+            return
+        if not isinstance(prompt, str) or not isinstance(text, str):
+            raise TypeError(f"run.sample: prompt and text must be strings, got {type(prompt).__name__} and {type(text).__name__}")
+        at, i = as_whole(step if step is not None else (self._step or 0), "step"), as_whole(index, "index")
+        self._ensure_started(at)
+        self._flush()
+        with self.failures.guard(self.paths.events):
+            self._events.emit("sample", step=at, index=i, prompt=prompt[:SAMPLE_TEXT_MAX], text=text[:SAMPLE_TEXT_MAX], tokens=None if tokens is None else as_whole(tokens, "tokens"))
 
     def checkpoint_saved(self, path: str | os.PathLike[str], step: int | None = None, *, metrics: Mapping[str, float] | None = None,
                          best_metric: str = "val_loss", best_mode: str = "min", keep_best: int = 1) -> None:

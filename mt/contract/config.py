@@ -158,6 +158,19 @@ class TrainConfig:
 
 
 @dataclass
+class EvalConfig:
+    """What each eval adds to the validation loss (docs/presets.md#eval); when it runs: [train] eval_every."""
+
+    prompts: list[str] = _c([])
+    """Continued at each eval by the model (mt's GPT, an HF model, a factory model with `generate`): `sample` events."""
+    max_new_tokens: int = _c(32, ge=1, le=4096)
+    temperature: float = _c(1.0, ge=0)
+    """0: greedy; else sampled from a generator seeded by (run.seed, step), so a resume repeats them."""
+    factory: str = ""
+    """module:callable, `fn(model, step) -> {name: number}` at each eval: the eval event's metrics."""
+
+
+@dataclass
 class CheckpointConfig:
     every_steps: int = _c(0, ge=0)
     keep_last: int = _c(3, ge=1)
@@ -322,6 +335,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)

@@ -99,6 +99,8 @@ def kind_code(rec: Record | Rejected) -> int:
         return KIND_BAD
     if isinstance(rec, Step) and not rec.is_row:
         return KIND_OTHER  # a script's own metrics live only in the line: readers parse it
+    if isinstance(rec, Eval) and rec.metrics:
+        return KIND_OTHER  # so do [eval] factory's: an index record holds val_loss only
     return KIND_CODES.get(rec.kind, KIND_OTHER)  # metrics, and kinds this version does not know
 
 

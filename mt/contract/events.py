@@ -25,10 +25,12 @@ INCIDENT_CODES = (
     "checkpoint_failed",  # a background (checkpoint.async) write failed: removed, never renamed into place
     "recompile",  # torch.compile compiled a graph again mid-run (a guard failed: shape, grad mode, ...)
     "stop_cut_short",  # Slurm ended an attempt before its stop's checkpoint landed: steps lost
+    "eval_failed",  # [eval] factory raised or returned no {name: number}, or a sample could not be generated: the run goes on
 )
 EXIT_CODES = ("crash", "oom", "nccl_timeout")  # incidents that say how a rank ended
 FAILURE_CODES = (*EXIT_CODES, "hang")  # incidents that name the rank that failed first
 CONTROL_ACTIONS = ("checkpoint", "stop", "set")  # set: knobs (mt/contract/knobs.py), its `settings` in the request
+SAMPLE_TEXT_MAX = 4000  # characters of a sample's text an event keeps (a line stays far below MAX_LINE_BYTES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +99,9 @@ SCHEMA: dict[str, tuple[Field, ...]] = {
         _free("flops_estimated", "bool", False),  # free: the index's fast path reads a step; only true is true
         Field("extra", "object", "values", False),  # a script's run.step(**metrics)
     ),
-    "eval": (_whole("step", key=True), _num("val_loss")),
+    "eval": (_whole("step", key=True), _num("val_loss"),
+             Field("metrics", "object", "values", False)),  # [eval] factory's {name: number}
+    "sample": (_whole("step", key=True), _whole("index"), _text("prompt"), _text("text"), _whole("tokens")),  # [eval] prompts
     "metrics": (_whole("step", key=True), Field("values", "object", "values")),  # a script's run.log()
     "checkpoint": (
         _whole("step", key=True), _text("path"), _whole("bytes"), _num("seconds", nonneg=True), _text("reason"),

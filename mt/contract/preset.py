@@ -165,11 +165,17 @@ def _check(cfg: Config, source: str) -> None:
         raise ConfigError(source, "model.n_head", f"must divide model.d_model ({m.d_model}), got {m.n_head}")
     for key, spec, needed in (("model.factory", m.factory, m.kind == "python"),
                               ("data.factory", cfg.data.factory, cfg.data.source == "python"),
-                              ("data.collate", cfg.data.collate, False)):
+                              ("data.collate", cfg.data.collate, False),
+                              ("eval.factory", cfg.eval.factory, False)):
         if needed and not spec:
             raise ConfigError(source, key, "required (module:callable, e.g. \"my_models:build\")")
         if spec and not _SPEC.match(spec):
             raise ConfigError(source, key, f"expected module:callable (e.g. \"my_models:build\"), got {_show(spec)}")
+    if any(not p for p in cfg.eval.prompts):
+        raise ConfigError(source, "eval.prompts", "a prompt is empty: each one is text the model continues")
+    if cfg.eval.prompts and m.kind != "hf" and not cfg.data.tokenizer and m.vocab_size < 256:
+        raise ConfigError(source, "eval.prompts", f"prompts are read as bytes (no data.tokenizer), so model.vocab_size "
+                          f"must be >= 256, got {m.vocab_size}")
     if t.min_lr > t.lr:
         raise ConfigError(source, "train.min_lr", f"must be <= train.lr ({t.lr}), got {t.min_lr}")
     if t.warmup_steps > t.max_steps:

@@ -91,7 +91,20 @@ class Step(Event):
 class Eval(Event):
     step: int
     val_loss: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)  # [eval] factory's named numbers
     kind: ClassVar[str] = "eval"
+
+
+@dataclass(slots=True, kw_only=True)
+class Sample(Event):
+    """One [eval] prompt's continuation at an eval: `text` is what the model wrote after `prompt`."""
+
+    step: int
+    index: int | None = None
+    prompt: str = ""
+    text: str = ""
+    tokens: int | None = None
+    kind: ClassVar[str] = "sample"
 
 
 @dataclass(slots=True, kw_only=True)
@@ -163,7 +176,7 @@ class Unknown(Event):
     name: str
 
 
-Record = Union[RunStart, Step, Eval, Metrics, Checkpoint, IncidentLine, ControlEvent, RunEnd, Knob, Unknown]
+Record = Union[RunStart, Step, Eval, Sample, Metrics, Checkpoint, IncidentLine, ControlEvent, RunEnd, Knob, Unknown]
 
 
 def _int(raw: dict[str, Any], key: str, lo: int = 0, required: bool = False) -> int | None:
@@ -286,7 +299,7 @@ def _from_schema(cls: type[Event], raw: dict[str, Any], t: float | None) -> Any:
     return cls(t=t, raw=raw, **kw)
 
 
-_BUILT = (RunStart, Step, Eval, Metrics, Checkpoint, ControlEvent, RunEnd, Knob)   # all but the incident
+_BUILT = (RunStart, Step, Eval, Sample, Metrics, Checkpoint, ControlEvent, RunEnd, Knob)   # all but the incident
 _HELD = {cls: frozenset(f.name for f in fields(cls)) - {"t", "raw"} for cls in _BUILT}
 _PARSERS: dict[str, Callable[[dict[str, Any], float | None], Any]] = {
     **{cls.kind: (lambda raw, t, cls=cls: _from_schema(cls, raw, t)) for cls in _BUILT}, "incident": _incident,

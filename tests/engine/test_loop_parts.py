@@ -17,6 +17,7 @@ from engine.faults import Faults
 from engine.parallel import Parallel
 from engine.precision import Precision
 from mt.contract.config import FaultsConfig
+from mt.contract.eventlog import NullEventWriter
 from mt.contract.preset import config_from_dict
 
 from .runner import SMALL, merge
@@ -43,7 +44,7 @@ def test_checkpoint_reason_first_match_wins():
 def test_eval_runs_every_eval_every_steps_and_at_the_last_and_never_without_a_val_split():
     def steps(val: object, every: int) -> list[int]:
         ev = Evaluator(_cfg(train={"max_steps": 12, "eval_every": every}), CPU, SimpleNamespace(val=val), None, None,
-                       None, "the GPT")
+                       None, "the GPT", NullEventWriter())
         return [s for s in range(1, 13) if ev.due(s)]
 
     assert steps([1], 5) == [5, 10, 12]

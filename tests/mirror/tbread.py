@@ -40,8 +40,11 @@ def expected(events_path: Path) -> dict[str, dict[int, float]]:
                     out.setdefault(tag, {})[ev["step"]] = f32(ev[key])
             for k, v in (ev.get("extra") or {}).items():
                 out.setdefault(f"metrics/{k}", {})[ev["step"]] = f32(v)
-        elif ev["kind"] == "eval" and ev.get("val_loss") is not None:
-            out.setdefault("val/loss", {})[ev["step"]] = f32(ev["val_loss"])
+        elif ev["kind"] == "eval":
+            if ev.get("val_loss") is not None:
+                out.setdefault("val/loss", {})[ev["step"]] = f32(ev["val_loss"])
+            for k, v in (ev.get("metrics") or {}).items():   # [eval] factory's
+                out.setdefault(f"metrics/eval/{k}", {})[ev["step"]] = f32(v)
         elif ev["kind"] == "metrics":
             for k, v in ev["values"].items():
                 out.setdefault(f"metrics/{k}", {})[ev["step"]] = f32(v)

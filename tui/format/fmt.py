@@ -277,3 +277,15 @@ def fmt_ranks(ranks: list[int]) -> str:
             runs.append([r])
     parts = [f"{g[0]}-{g[-1]}" if len(g) >= 3 else ", ".join(map(str, g)) for g in runs]
     return f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(parts)}"
+
+
+def fmt_sample(prompt: str, text: str, limit: int | None = None) -> str:
+    """A generated sample as one line: its prompt, then what the model wrote after it (a newline shown as ⏎,
+    control characters escaped); `limit` cuts it to that many characters."""
+    line = f"{safe_text(prompt.replace(chr(10), '⏎'))} ▸ {safe_text(text.replace(chr(10), '⏎'))}"
+    return line if limit is None or len(line) <= limit else line[: max(limit - 1, 0)] + "…"
+
+
+def fmt_values(values: dict[str, float], limit: int = 8) -> str:
+    """Named numbers as `name 0.25  other 3.1` (the first `limit` of them)."""
+    return "  ".join(f"{safe_text(k)} {fmt_num(v, '.4g')}" for k, v in list(values.items())[:limit])

@@ -19,9 +19,9 @@ from mt.contract import door
 from mt.contract.config import Config
 from mt.contract.jsonl import JsonlTail, write_json_atomic
 from mt.contract.paths import RunPaths
-from mt.contract.records import Eval, Metrics, RecordTail, RunStart, Step, parse_incident
+from mt.contract.records import Eval, Metrics, RecordTail, RunStart, Sample, Step, parse_incident
 from mt.contract.system import clean_sample
-from tui.mirror.points import incident_text, sample_values, step_values
+from tui.mirror.points import incident_text, sample_text, sample_values, step_values
 
 STATE_VERSION = 1
 _MAX_BYTES = 8 << 20  # read per poll: a long history catches up over several ticks, never in one stall
@@ -129,6 +129,11 @@ class Mirror:
                 if fresh:
                     self.sink.scalars(rec.step, rec.t or time.time(), fresh, train_step=isinstance(rec, Step))
                     st.written.update(dict.fromkeys(fresh, rec.step))
+            elif isinstance(rec, Sample):
+                tag, text = sample_text(rec)
+                if rec.step > st.written.get(tag, -1):  # once per prompt and step, as a scalar is
+                    self.sink.text(rec.step, rec.t or time.time(), tag, text, train_step=True)
+                    st.written[tag] = rec.step
 
     def _attempt(self, rec: RunStart) -> None:
         """An attempt from an older checkpoint redoes the steps after it: purge them from the log."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from mt.contract.incident import IncidentLine
-from mt.contract.records import Eval, Metrics, Step
+from mt.contract.records import Eval, Metrics, Sample, Step
 
 # a step's plotted fields and their tags (the dashboard's series)
 STEP_TAGS = {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm", "tokens_per_s": "train/tokens_per_s"}
@@ -26,6 +26,7 @@ def step_values(rec: Step | Eval | Metrics) -> dict[str, float]:
     elif isinstance(rec, Eval):
         if rec.val_loss is not None:
             out["val/loss"] = rec.val_loss
+        out.update({f"metrics/eval/{k}": v for k, v in rec.metrics.items()})  # [eval] factory's
     else:
         out.update({f"metrics/{k}": v for k, v in rec.values.items()})
     return out
@@ -51,3 +52,13 @@ def incident_text(inc: IncidentLine) -> str:
     parts = [f"**[{inc.severity}] {inc.title}** ({inc.code}, {inc.status}{step})"]
     parts += [p for p in (inc.detail, inc.advice and f"Advice: {inc.advice}") if p]
     return "\n\n".join(parts)
+
+
+def sample_text(rec: Sample) -> tuple[str, str]:
+    """A generated sample as (tag, markdown): `samples/<index>`, the prompt in bold, then what the model wrote."""
+    return f"samples/{rec.index}", f"**{_md(rec.prompt)}**{_md(rec.text)}"
+
+
+def _md(text: str) -> str:
+    """Text shown as it is in markdown: its special characters escaped, newlines kept as line breaks."""
+    return "".join("\\" + ch if ch in "\\`*_{}[]<>()#+-.!|" else ch for ch in text).replace("\n", "  \n")

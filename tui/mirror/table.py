@@ -1,4 +1,4 @@
-"""`mt export --csv / --parquet`: every step, eval, metrics, system sample and incident as one table.
+"""`mt export --csv / --parquet`: every step, eval, generated sample, metrics, system sample and incident as one table.
 
 One row per line of the run directory (no sampling), a `kind` column saying which; the columns a
 kind lacks are empty. Columns: docs/cli.md#mt-export.
@@ -11,13 +11,14 @@ from typing import Any
 
 from mt.contract.jsonl import JsonlTail
 from mt.contract.paths import RunPaths
-from mt.contract.records import Eval, Metrics, RecordTail, RunStart, Step, parse_incident
+from mt.contract.records import Eval, Metrics, RecordTail, RunStart, Sample, Step, parse_incident
 from mt.contract.system import clean_sample
 from tui.format.fmt import safe_text
 from tui.mirror.points import sample_values
 
 STEP_FIELDS = ("loss", "lr", "grad_norm", "tokens_per_s", "step_time_s", "data_wait_s", "mfu", "samples_per_s")
 INCIDENT_FIELDS = ("code", "severity", "status", "source", "title", "detail", "advice")
+SAMPLE_FIELDS = ("index", "prompt", "text", "tokens")  # a generated sample's ([eval] prompts)
 FIXED = ("kind", "t", "attempt", "step", *STEP_FIELDS, "val_loss")
 
 
@@ -32,7 +33,11 @@ def run_rows(paths: RunPaths) -> tuple[list[str], list[dict[str, Any]]]:
             rows.append({"kind": "step", "t": rec.t, "attempt": attempt, "step": rec.step,
                          **{k: getattr(rec, k) for k in STEP_FIELDS}, **_named(rec.extra)})
         elif isinstance(rec, Eval):
-            rows.append({"kind": "eval", "t": rec.t, "attempt": attempt, "step": rec.step, "val_loss": rec.val_loss})
+            rows.append({"kind": "eval", "t": rec.t, "attempt": attempt, "step": rec.step, "val_loss": rec.val_loss,
+                         **_named({f"eval/{k}": v for k, v in rec.metrics.items()})})
+        elif isinstance(rec, Sample):
+            rows.append({"kind": "sample", "t": rec.t, "attempt": attempt, "step": rec.step,
+                         **{k: getattr(rec, k) for k in SAMPLE_FIELDS}})
         elif isinstance(rec, Metrics):
             rows.append({"kind": "metrics", "t": rec.t, "attempt": attempt, "step": rec.step, **_named(rec.values)})
     for raw in JsonlTail(paths.system).iter_new():
@@ -43,7 +48,8 @@ def run_rows(paths: RunPaths) -> tuple[list[str], list[dict[str, Any]]]:
         rows.append({"kind": "incident", "t": inc.t, "step": inc.step, **{k: getattr(inc, k) for k in INCIDENT_FIELDS}})
     seen = {k for row in rows for k in row}
     extra = sorted(k for k in seen if k.startswith("metrics/")) + sorted(k for k in seen if "/" in k and not k.startswith("metrics/"))
-    return [*FIXED, *extra, *INCIDENT_FIELDS], rows
+    samples = [*SAMPLE_FIELDS] if any(row["kind"] == "sample" for row in rows) else []
+    return [*FIXED, *extra, *INCIDENT_FIELDS, *samples], rows
 
 
 def _named(values: dict[str, float]) -> dict[str, float]:
@@ -76,7 +82,8 @@ def write_parquet(path: Path, columns: list[str], rows: list[dict[str, Any]]) ->
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    types = {"kind": pa.string(), "attempt": pa.int64(), "step": pa.int64(), **dict.fromkeys(INCIDENT_FIELDS, pa.string())}
+    types = {"kind": pa.string(), "attempt": pa.int64(), "step": pa.int64(), **dict.fromkeys(INCIDENT_FIELDS, pa.string()),
+             "index": pa.int64(), "tokens": pa.int64(), "prompt": pa.string(), "text": pa.string()}
     schema = pa.schema([(c, types.get(c, pa.float64())) for c in columns])
     table = pa.Table.from_pylist([{c: row.get(c) for c in columns} for row in rows], schema=schema)
     pq.write_table(table, str(path))

@@ -60,8 +60,10 @@ class TensorBoardSink:
         """A system sample, as sample number n."""
         self._add(self.system, n, wall, values)
 
-    def text(self, n: int, wall: float, tag: str, text: str) -> None:
-        self.system.add_event(Event(wall_time=wall, step=n, summary=text_pb(tag, text)))
+    def text(self, n: int, wall: float, tag: str, text: str, train_step: bool = False) -> None:
+        """An incident at system sample n, or (`train_step`) a generated sample at training step n."""
+        writer = self.train if train_step else self.system
+        writer.add_event(Event(wall_time=wall, step=n, summary=text_pb(tag, text)))
 
     def rollback(self, step: int, wall: float) -> None:
         """Readers drop every training point at `step` or later written before this (an attempt

@@ -128,9 +128,10 @@ class WandbSink:
             self.step = max(self.step, 0)
             self._put(self.step, {f"system/{k}": v for k, v in values.items()})
 
-    def text(self, n: int, wall: float, tag: str, text: str) -> None:
-        """An incident: its markdown as a string value at the newest step (a row of W&B's history)."""
-        self.step = max(self.step, 0)
+    def text(self, n: int, wall: float, tag: str, text: str, train_step: bool = False) -> None:
+        """An incident (or, `train_step`, a generated sample at step n): its markdown as a string value at the
+        newest step (a row of W&B's history)."""
+        self.step = max(self.step, n if train_step else 0)
         self._put(self.step, {tag: text})
 
     def rollback(self, step: int, wall: float) -> None:

@@ -14,9 +14,22 @@ from typing import Callable, TextIO
 
 from mt.contract.incident import IncidentLine
 from mt.contract.paths import RunPaths
-from mt.contract.records import Checkpoint, ControlEvent, Eval, Metrics, Record, RunEnd, RunStart, Step
+from mt.contract.records import Checkpoint, ControlEvent, Eval, Metrics, Record, RunEnd, RunStart, Sample, Step
 from mt.contract.status import CLEAN_STATES, FINAL_STATES, Status, read_status
-from tui.format.fmt import NA, anatomy_lines, at_step, fmt_eta, fmt_num, fmt_rate, fmt_step, fmt_write_time, safe_text, stacks_lines
+from tui.format.fmt import (
+    NA,
+    anatomy_lines,
+    at_step,
+    fmt_eta,
+    fmt_num,
+    fmt_rate,
+    fmt_sample,
+    fmt_step,
+    fmt_values,
+    fmt_write_time,
+    safe_text,
+    stacks_lines,
+)
 from tui.read.follower import PollResult, RunFollower
 from tui.read.nodes import JobReader
 from tui.read.rundir import liveness
@@ -38,7 +51,9 @@ def event_line(ev: Record) -> str | None:
             return f"attempt {ev.attempt} started{frm}"
         return f"attempt {ev.attempt} started: world {ev.world_size} x {ev.device}, {ev.params_total:,} params{frm}"
     if isinstance(ev, Eval):
-        return f"eval  step {ev.step}  val_loss {fmt_num(ev.val_loss, '.4f')}"
+        return f"eval  step {ev.step}  val_loss {fmt_num(ev.val_loss, '.4f')}" + (f"  {fmt_values(ev.metrics)}" if ev.metrics else "")
+    if isinstance(ev, Sample):
+        return f"sample  step {ev.step}  [{ev.index}] {fmt_sample(ev.prompt, ev.text, 160)}"
     if isinstance(ev, Metrics):
         return f"metrics  step {ev.step}  " + "  ".join(f"{k} {fmt_num(v, '.4g')}" for k, v in list(ev.values.items())[:8])
     if isinstance(ev, Checkpoint):

@@ -15,7 +15,9 @@ from tui.format.fmt import (
     fmt_num,
     fmt_parallel,
     fmt_rate,
+    fmt_sample,
     fmt_step,
+    fmt_values,
     fmt_write_time,
     or_na,
     safe_text,
@@ -44,6 +46,7 @@ def format_summary(st: "RunState", now: float | None = None) -> str:
         f"  eff. batch {or_na(st.effective_batch)}"
         f"{'  knobs ' + fmt_knobs(st.knobs) if fmt_knobs(st.knobs) else ''}",
     ]
+    lines += eval_lines(st)
     ck = st.last_checkpoint
     lines.append("checkpoint: none" if ck is None else
                  f"checkpoint: step {ck.step} ({fmt_duration(ck.age_s(now))} ago"
@@ -65,3 +68,14 @@ def format_summary(st: "RunState", now: float | None = None) -> str:
         why = f" (newest: {st.bad_reason})" if st.bad_reason else ""
         lines.append(f"skipped {st.bad_lines} unreadable event line(s){why}")
     return safe_text("\n".join(lines), lines=True)   # names, titles, reasons and paths are the run's
+
+
+def eval_lines(st: "RunState", width: int = 160) -> list[str]:
+    """The newest eval's factory numbers and generated samples ([eval]), one line each."""
+    ev = st.evals
+    lines = [f"eval @{ev.metrics_step}: {fmt_values(ev.metrics)}"] if ev.metrics else []
+    samples = ev.newest()
+    if samples:
+        lines.append(f"samples @{ev.step}:")
+        lines += [f"  [{s.index}] {fmt_sample(s.prompt, s.text, width)}" for s in samples]
+    return lines

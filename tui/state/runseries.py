@@ -70,6 +70,8 @@ class RunSeries:
             self.truncate_after(ev.start_step)
         elif isinstance(ev, Eval):
             self.val_loss.append(ev.step, _f(ev.val_loss))
+            for name, v in ev.metrics.items():  # [eval] factory's numbers, plotted like a script's own
+                self.extra_series(f"eval/{name}").append(ev.step, v)
         elif isinstance(ev, Metrics):
             for name, v in ev.values.items():
                 (self.val_loss if name == "val_loss" else self.extra_series(name)).append(ev.step, v)

@@ -17,9 +17,10 @@ from mt.contract.events import EXIT_CODES, FAILURE_CODES, as_float, as_int
 from mt.contract.incident import IncidentLine
 from mt.contract.jsonl import read_json
 from mt.contract.paths import RunPaths
-from mt.contract.records import Checkpoint, ControlEvent, Eval, Knob, Metrics, Record, RunEnd, RunStart, Step
+from mt.contract.records import Checkpoint, ControlEvent, Eval, Knob, Metrics, Record, RunEnd, RunStart, Sample, Step
 from mt.contract.status import FINAL_STATES, Status
 from tui.state.answers import ControlAnswer, note_answer
+from tui.state.samples import EvalOutputs
 
 if TYPE_CHECKING:
     from tui.state.runseries import RunSeries
@@ -63,6 +64,7 @@ class RunState:
     best_history: list[tuple[int | None, float]] = field(default_factory=list, repr=False)
     val_loss: float | None = None
     val_loss_step: int | None = None
+    evals: EvalOutputs = field(default_factory=EvalOutputs)   # the newest eval's samples and factory numbers
     lr: float | None = None
     grad_norm: float | None = None
     grad_clip: float | None = None
@@ -325,6 +327,9 @@ def reduce_event(st: RunState, ev: Record) -> None:
             st.state = "running"
     elif isinstance(ev, Eval):
         st.val_loss, st.val_loss_step = ev.val_loss, ev.step
+        st.evals.add(ev)
+    elif isinstance(ev, Sample):
+        st.evals.add(ev)
     elif isinstance(ev, Metrics) and "val_loss" in ev.values:
         st.val_loss, st.val_loss_step = ev.values["val_loss"], ev.step
     elif isinstance(ev, Checkpoint):

@@ -34,7 +34,7 @@ class UserCheck:
 
 def needs_check(cfg: Config) -> bool:
     """Only a preset naming user code or an HF model has anything to import."""
-    return cfg.model.kind != "gpt" or cfg.data.source == "python" or bool(cfg.data.collate)
+    return cfg.model.kind != "gpt" or cfg.data.source == "python" or bool(cfg.data.collate) or bool(cfg.eval.factory)
 
 
 def cache_dir(runs_dir: str | Path) -> Path:
@@ -45,7 +45,7 @@ def cache_dir(runs_dir: str | Path) -> Path:
 def cache_key(cfg: Config) -> str:
     raw = cfg.to_dict()
     data = {k: v for k, v in raw["data"].items() if k not in ("token_cache", "token_dtype")}  # set by the launch
-    what = {"format": CACHE_FORMAT, "model": raw["model"], "data": data, "workdir": cfg.run.workdir,
+    what = {"format": CACHE_FORMAT, "model": raw["model"], "data": data, "eval": cfg.eval.factory, "workdir": cfg.run.workdir,
             "python": sys.executable, "pythonpath": os.environ.get("PYTHONPATH", "")}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:32]
 
@@ -109,6 +109,8 @@ def checked_key(cfg: Config) -> str:
     must not hear of one)."""
     if cfg.model.kind == "python":
         return "model.factory"
+    if cfg.model.kind == "gpt" and cfg.eval.factory and cfg.data.source != "python" and not cfg.data.collate:
+        return "eval.factory"
     if cfg.model.kind == "hf":
         return "model.hf"
     return "data.factory" if cfg.data.source == "python" else "data.collate"

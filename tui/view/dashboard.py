@@ -25,7 +25,9 @@ from tui.state.requests import Note, RequestBook, refusal
 from tui.state.window import XWindow, narrow, next_window, widen
 from tui.view.knobkeys import KNOB_BINDING, KnobKeys
 from tui.view.messages import ControlAsked, ControlDone
+from tui.view.panelkeys import FOCUS_BINDINGS
 from tui.view.plotkeys import HELP_BINDING, SMOOTHING_BINDINGS, PlotKeys
+from tui.view.samplekeys import SAMPLES_BINDING, SampleKeys
 from tui.widgets.curve import Curve
 from tui.widgets.dialogs import ConfirmScreen
 from tui.widgets.header import RunHeader
@@ -40,7 +42,7 @@ PANELS = {1: "#plot-loss", 2: "#system", 3: "#incident-list", 4: "#logs", 5: "#p
 LAYOUTS, LOCK_WAIT_S = ("too-small", "tabs", "side-tabs", "full"), 0.05  # a poll holds the watcher's lock for ms; a bulk load reads without it
 
 
-class DashboardScreen(KnobKeys, PlotKeys, Screen[None]):
+class DashboardScreen(KnobKeys, PlotKeys, SampleKeys, Screen[None]):
     """Shows one run as its watcher has read it and decides its control requests; the App follows
     the run and runs the workers (kill, resume, stacks) this screen asks for."""
 
@@ -64,18 +66,10 @@ class DashboardScreen(KnobKeys, PlotKeys, Screen[None]):
         Binding("g", "next_rank", "Next log", id="next-rank", tooltip="Show the next rank's log"),
         Binding("p", "stacks", "Stacks", show=False, id="stacks",
                 tooltip="Capture every rank's stack now (RUN/stacks/) and show the verdict"),
-        Binding("1", "focus_panel(1)", "Plots", show=False, id="focus-1",
-                tooltip="Focus the plots (in a small terminal: show the loss plot)"),
-        Binding("2", "focus_panel(2)", "System", show=False, id="focus-2",
-                tooltip="Focus the system panel (in a small terminal: show it)"),
-        Binding("3", "focus_panel(3)", "Incidents", show=False, id="focus-3",
-                tooltip="Focus the incidents (up/down selects one, its detail below)"),
-        Binding("4", "focus_panel(4)", "Logs", show=False, id="focus-4", tooltip="Focus the logs"),
-        Binding("5", "focus_panel(5)", "Small plots", show=False, id="focus-5",
-                tooltip="The lr / tokens/s / metric and grad-norm plots (a tab of their own at 80×24)"),
+        *FOCUS_BINDINGS,
         Binding("tab", "next_tab", "Next tab", show=False, id="next-tab", priority=True, key_display="Tab",
                 tooltip="Next tab where panels are tabs (small terminals); next widget elsewhere"),
-        HELP_BINDING,
+        SAMPLES_BINDING, HELP_BINDING,
         Binding("q", "app.quit", "Quit", id="quit", tooltip="Close the viewer; the run keeps going"),
     ]
 
