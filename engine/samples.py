@@ -16,6 +16,7 @@ from torch import nn
 
 from engine.dist import DistEnv, log
 from engine.factory import UserCodeError, add_workdir, call_factory, check_args, import_callable
+from engine.kinds import kind_of
 from mt.contract.config import Config
 from mt.contract.eventlog import EventWriter, NullEventWriter
 from mt.contract.events import SAMPLE_TEXT_MAX
@@ -71,7 +72,7 @@ _HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", 
 
 def codec_for(cfg: Config) -> Codec:
     """The run's own tokenizer: an HF model folder's, else [data] tokenizer's file, else bytes."""
-    path = str(cfg.model.hf.get("path") or "") if cfg.model.kind == "hf" else ""
+    path = kind_of(cfg).tokenizer_folder(cfg)
     if path and any(os.path.exists(os.path.join(path, f)) for f in _HF_TOKENIZER_FILES):
         return HfTokenizer(path)
     if cfg.data.tokenizer:
@@ -163,17 +164,7 @@ class EvalExtras:
         """The new token ids after `ids`, by the model's own generate (mt's GPT, an HF model or a factory model's)."""
         e, model = self.cfg.eval, self.model
         idx = torch.tensor([ids], dtype=torch.long, device=self.env.device)
-        if self.cfg.model.kind == "hf":
-            sampled = e.temperature > 0
-            pad = getattr(model.config, "eos_token_id", None)
-            out = model.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=e.max_new_tokens,
-                                 do_sample=sampled, temperature=e.temperature if sampled else None, top_k=None,
-                                 top_p=None, pad_token_id=pad if isinstance(pad, int) else 0, use_cache=True)
-        else:
-            gen = getattr(model, "generate", None)
-            if not callable(gen):
-                raise TypeError(f"{type(model).__name__} has no generate(idx, max_new_tokens, temperature)")
-            out = gen(idx, e.max_new_tokens, temperature=e.temperature)
+        out = kind_of(self.cfg).generate(model, idx, e.max_new_tokens, e.temperature)
         return [int(i) for i in out[0, len(ids):].tolist()]
 
     def _failed(self, step: int, what: str, detail: str) -> None:

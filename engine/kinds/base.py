@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import torch
 from torch import nn
 
 from engine.factory import UserCodeError
@@ -57,6 +58,22 @@ class ModelKind(Protocol):
     def check(self, cfg: Config) -> Checked:
         """What `mt launch` checks of the model before anything starts (UserCodeError names the key)."""
         ...
+
+    def generate(self, model: nn.Module, idx: torch.Tensor, max_new_tokens: int, temperature: float) -> torch.Tensor:
+        """`idx` followed by the model's new tokens ([eval] prompts; temperature 0: greedy)."""
+        ...
+
+    def tokenizer_folder(self, cfg: Config) -> str:
+        """A folder with the model's own tokenizer files, or "" (samples decode with it first)."""
+        ...
+
+
+def own_generate(model: nn.Module, idx: torch.Tensor, max_new_tokens: int, temperature: float) -> torch.Tensor:
+    """mt's GPT's or a factory model's own `generate(idx, max_new_tokens, temperature=...)`."""
+    gen = getattr(model, "generate", None)
+    if not callable(gen):
+        raise TypeError(f"{type(model).__name__} has no generate(idx, max_new_tokens, temperature)")
+    return gen(idx, max_new_tokens, temperature=temperature)
 
 
 def blocks_named(model: nn.Module, names: set[str], key: str) -> list[nn.Module]:

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 
-from engine.kinds.base import Checked
+from engine.kinds.base import Checked, own_generate
 from engine.model import GPT, flops_per_token
 from mt.contract.config import Config
 
@@ -35,3 +36,9 @@ class GptKind:
 
     def check(self, cfg: Config) -> Checked:
         return Checked()  # mt/contract/preset.py checked its shape
+
+    def generate(self, model: nn.Module, idx: torch.Tensor, max_new_tokens: int, temperature: float) -> torch.Tensor:
+        return own_generate(model, idx, max_new_tokens, temperature)
+
+    def tokenizer_folder(self, cfg: Config) -> str:
+        return ""

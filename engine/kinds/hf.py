@@ -40,6 +40,16 @@ class HfKind:
         vocab, files = check_hf(cfg)
         return Checked(vocab=vocab, files=files)
 
+    def generate(self, model: nn.Module, idx: torch.Tensor, max_new_tokens: int, temperature: float) -> torch.Tensor:
+        sampled = temperature > 0
+        pad = getattr(model.config, "eos_token_id", None)
+        return model.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=max_new_tokens,  # type: ignore[operator]
+                              do_sample=sampled, temperature=temperature if sampled else None, top_k=None,
+                              top_p=None, pad_token_id=pad if isinstance(pad, int) else 0, use_cache=True)
+
+    def tokenizer_folder(self, cfg: Config) -> str:
+        return str(cfg.model.hf.get("path") or "")
+
 
 class CausalLM(Dataset):
     """Token windows as a Hugging Face causal LM takes them: input_ids and labels (it shifts them)."""

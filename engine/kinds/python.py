@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from engine.factory import UserCodeError, call_factory, check_args, import_callable
-from engine.kinds.base import Checked, blocks_named
+from engine.kinds.base import Checked, blocks_named, own_generate
 from mt.contract.config import Config
 
 
@@ -44,6 +44,12 @@ class PythonKind:
         except UserCodeError:
             return Checked(model=build_model(cfg))
 
+    def generate(self, model: nn.Module, idx: torch.Tensor, max_new_tokens: int, temperature: float) -> torch.Tensor:
+        return own_generate(model, idx, max_new_tokens, temperature)
+
+    def tokenizer_folder(self, cfg: Config) -> str:
+        return ""
+
 
 def build_model(cfg: Config) -> nn.Module:
     """`[model] factory(**args)`, checked to be an nn.Module."""
@@ -54,4 +60,3 @@ def build_model(cfg: Config) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise UserCodeError("model.factory", f"{m.factory} returned a {type(model).__name__}, not a torch.nn.Module")
     return model
-
