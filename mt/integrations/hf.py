@@ -31,12 +31,16 @@ class MtCallback(LazyRun, TrainerCallback):
         # what the Trainer knows goes into run_start (written at the first step): the header's facts, and
         # its arguments as the run's config (`mt diff` compares them)
         device = getattr(args, "device", None)
+        params = list(kwargs["model"].parameters()) if kwargs.get("model") is not None else None
         self._run = mt.init(
             config={k: v for k, v in args.to_dict().items() if isinstance(v, (str, int, float, bool)) or v is None},
             max_steps=state.max_steps or None, precision=precision_of(args),
             device=None if device is None or device.type == "cuda" else device.type,  # a GPU: mt asks CUDA its name
             effective_batch=args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size,
-            grad_clip=args.max_grad_norm or None)
+            grad_clip=args.max_grad_norm or None,
+            # a peft (LoRA) model trains a few of them: the header says how many of how many
+            params_total=sum(p.numel() for p in params) if params else None,
+            params_trainable=sum(p.numel() for p in params if p.requires_grad) if params else None)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # every rank, every optimizer step: heartbeat and agreement; the numbers come with on_log
@@ -61,8 +65,9 @@ class MtCallback(LazyRun, TrainerCallback):
             or getattr(state, "num_input_tokens_seen", None) or None
         tokens = total - self._tokens if total is not None and self._tokens is not None and total >= self._tokens else None
         self._tokens = total
+        epoch = logs.get("epoch", getattr(state, "epoch", None))   # the Trainer's fractional epoch (1.25)
         self.run.record(state.global_step, loss=logs.get("loss"), lr=logs.get("learning_rate"), grad_norm=logs.get("grad_norm"),
-                        tokens=tokens, **extra)
+                        tokens=tokens, epoch=epoch if isinstance(epoch, (int, float)) and epoch >= 0 else None, **extra)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.run.checkpoint_saved(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"), state.global_step)

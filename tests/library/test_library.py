@@ -254,11 +254,12 @@ def test_the_batched_step_lines_and_index_rows_equal_the_generic_writers() -> No
              (11, t, 0.5, 1.0, 1e-3, -math.nan, -5000.0, None), (12, t, 0.1, 1.0, None, 0.5, 10.0, {"acc": 0.5}),
              (-1, t, 0.1, 1.0, 0.1, 0.5, 10.0, None), (13, 5.0, 0.1, 1.0, 0.1, 0.5, 10.0, {"v": math.nan})]
     batch, seen, expect = StepBatch(), 0.0, []
-    for step, at, dt, loss, lr, gn, tokens, extra in cases:
-        batch.note((step, at, dt, loss, lr, gn, tokens, extra, 1))
+    for i, (step, at, dt, loss, lr, gn, tokens, extra) in enumerate(cases):
+        epoch = (None, 1.25, 2.0)[i % 3]   # a script's own, or a Trainer's fractional one
+        batch.note((step, at, dt, loss, lr, gn, tokens, extra, 1, epoch))
         if tokens is not None:
             seen += tokens
-        fields = {"t": at, "step": step, "epoch": None, "loss": loss, "lr": lr, "grad_norm": gn, "clipped": None,
+        fields = {"t": at, "step": step, "epoch": epoch, "loss": loss, "lr": lr, "grad_norm": gn, "clipped": None,
                   "tokens_per_s": tokens / dt if tokens and dt else None, "step_time_s": dt, "data_wait_s": None,
                   "samples_seen": None, "tokens_seen": int(seen) if tokens is not None else None, "skipped": False,
                   "mem_alloc_bytes": None, "mem_peak_bytes": None, **({"extra": extra} if extra else {})}

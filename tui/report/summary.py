@@ -8,10 +8,12 @@ from tui.format.fmt import (
     anatomy_lines,
     at_step,
     fmt_duration,
+    fmt_epoch,
     fmt_eta,
     fmt_loss,
     fmt_num,
     fmt_parallel,
+    fmt_params,
     fmt_rate,
     fmt_step,
     fmt_write_time,
@@ -30,7 +32,7 @@ def format_summary(st: "RunState", now: float | None = None) -> str:
     parallel = fmt_parallel(st.strategy, st.compile, st.activation_checkpointing)
     lines = [
         f"{st.name}  [{st.shown_state}]  attempt {st.attempt}  step {fmt_step(st.step, st.max_steps)}"
-        f"  elapsed {fmt_duration(st.elapsed_s(now))}  ETA {fmt_eta(st.eta_s(), st.quiet_s(now))}",
+        f"{fmt_epoch(st.epoch, '  epoch ')}  elapsed {fmt_duration(st.elapsed_s(now))}  ETA {fmt_eta(st.eta_s(), st.quiet_s(now))}",
         f"loss {fmt_loss(st.loss, st.loss_floor)}  best {fmt_num(st.best_loss)}"
         f"{'' if st.best_loss_step is None else f' @{st.best_loss_step}'}"
         f"{' (recent steps only)' if st.best_loss_partial else ''}"
@@ -39,7 +41,8 @@ def format_summary(st: "RunState", now: float | None = None) -> str:
         f"world {or_na(st.world_size)} x {or_na(st.device)}"
         f"{'  ' + parallel if parallel else ''}"
         f"  precision {or_na(st.precision)}"
-        f"  eff. batch {or_na(st.effective_batch)}",
+        f"  eff. batch {or_na(st.effective_batch)}"
+        f"{'' if st.params_total is None else '  ' + fmt_params(st.params_total, st.params_trainable, st.params_active)}",
     ]
     ck = st.last_checkpoint
     lines.append("checkpoint: none" if ck is None else
