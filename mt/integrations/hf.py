@@ -26,11 +26,13 @@ class MtCallback(LazyRun, TrainerCallback):
     `resume_from`: the newest checkpoint folder, for `trainer.train(resume_from_checkpoint=...)`."""
 
     _tokens: float | None = None  # the token total the previous log said (this attempt)
+    _tokens_at_start = 0.0        # the Trainer's own total where this attempt began (restored on resume)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # what the Trainer knows goes into run_start (written at the first step): the header's facts, and
         # its arguments as the run's config (`mt diff` compares them)
         device = getattr(args, "device", None)
+        self._tokens_at_start = getattr(state, "num_input_tokens_seen", 0) or 0
         params = list(kwargs["model"].parameters()) if kwargs.get("model") is not None else None
         self._run = mt.init(
             config={k: v for k, v in args.to_dict().items() if isinstance(v, (str, int, float, bool)) or v is None},
@@ -61,9 +63,12 @@ class MtCallback(LazyRun, TrainerCallback):
             return  # the end-of-training summary
         extra = {k: v for k, v in logs.items()
                  if k not in (*_SKIP, *_OWN) and isinstance(v, (int, float)) and not isinstance(v, bool)}
-        total = next((logs[k] for k in _COUNTS if isinstance(logs.get(k), (int, float))), None) \
-            or getattr(state, "num_input_tokens_seen", None) or None
-        tokens = total - self._tokens if total is not None and self._tokens is not None and total >= self._tokens else None
+        key = next((k for k in _COUNTS if isinstance(logs.get(k), (int, float))), None)
+        total = logs[key] if key else getattr(state, "num_input_tokens_seen", None) or None
+        # the first log of an attempt counts from where the total began: TRL's num_tokens from 0 in each
+        # process, the Trainer's from what its checkpoint restored
+        before = self._tokens if self._tokens is not None else 0 if key == "num_tokens" else self._tokens_at_start
+        tokens = total - before if total is not None and total >= before else None
         self._tokens = total
         epoch = logs.get("epoch", getattr(state, "epoch", None))   # the Trainer's fractional epoch (1.25)
         self.run.record(state.global_step, loss=logs.get("loss"), lr=logs.get("learning_rate"), grad_norm=logs.get("grad_norm"),

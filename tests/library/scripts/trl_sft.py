@@ -1,6 +1,7 @@
 """TRL's SFTTrainer with a peft LoRA adapter on a tiny GPT-2 and word tokenizer made here (no hub), through MtCallback.
 
 `trl_sft.py make DIR` saves the model and tokenizer (save_pretrained); `trl_sft.py DIR OUT STEPS SLEEP` trains them."""
+import json
 import sys
 import time
 
@@ -35,7 +36,7 @@ class Slow(TrainerCallback):
 
 g = torch.Generator().manual_seed(0)   # texts of 6..23 words: TRL's num_tokens differs from step to step
 texts = [" ".join(WORDS[j] for j in torch.randint(len(WORDS), (int(torch.randint(6, 24, (1,), generator=g)),), generator=g))
-         for _ in range(48)]
+         for _ in range(32)]   # 8 steps an epoch
 tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir)
 model = AutoModelForCausalLM.from_pretrained(model_dir)
 args = SFTConfig(output_dir=out, max_steps=steps, per_device_train_batch_size=4, logging_steps=1, save_strategy="no",
@@ -45,3 +46,5 @@ mt_cb = MtCallback()
 trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_dict({"text": texts}), processing_class=tokenizer,
                      peft_config=lora, callbacks=[Slow(), mt_cb])
 trainer.train(resume_from_checkpoint=mt_cb.resume_from)
+# TRL's own token totals by step (this attempt's), for the test to hold mt's tokens to
+print("num_tokens", json.dumps({h["step"]: h["num_tokens"] for h in trainer.state.log_history if "num_tokens" in h}))

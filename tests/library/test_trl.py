@@ -1,0 +1,81 @@
+"""TRL's SFTTrainer with a peft LoRA adapter under mt, against the real packages: a tiny GPT-2 and word
+tokenizer saved with save_pretrained in tmp_path, a `datasets.Dataset.from_dict`, no hub."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cli.conftest import events, mt, status, wait_for
+
+pytestmark = pytest.mark.slow
+SCRIPT = Path(__file__).parent / "scripts" / "trl_sft.py"
+STEPS = 16            # 32 texts, 4 a step: an epoch is 8 steps
+# every Hugging Face download would go through this proxy, which refuses: a run that reached for the
+# network would fail (mt's workers also run with HF_HUB_OFFLINE=1)
+NO_NET = {"HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9", "NO_PROXY": ""}
+
+
+def _losses(run_dir: Path) -> dict[int, float]:
+    return {e["step"]: e["loss"] for e in events(run_dir, "step")}
+
+
+def _trl_tokens(run_dir: Path) -> list[dict[int, int]]:
+    """TRL's own num_tokens by step, as the script printed them at the end of each attempt."""
+    log = (run_dir / "logs" / "rank0.log").read_text()
+    return [{int(k): v for k, v in json.loads(ln.split(" ", 1)[1]).items()} for ln in log.splitlines() if ln.startswith("num_tokens ")]
+
+
+def test_trl_sft_with_lora_shows_its_tokens_epoch_and_trainable_share_and_resumes_exactly(tmp_path: Path) -> None:
+    pytest.importorskip("trl")
+    pytest.importorskip("peft")
+    model = tmp_path / "model"
+    made = subprocess.run([sys.executable, SCRIPT, "make", model], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    runs = tmp_path / "runs"
+    ref = mt("launch", SCRIPT, "--nproc", "1", "--runs-dir", runs / "ref", "--headless", "--every", "0",
+             "--", model, tmp_path / "ref-out", STEPS, "0", cwd=tmp_path, env=NO_NET)
+    assert ref.returncode == 0, ref.stdout + ref.stderr
+    ref_dir = next((runs / "ref").iterdir())
+    start = events(ref_dir, "run_start")[0]
+    # LoRA on the one c_attn (32 -> 96) at r=4: A 4x32 + B 96x4 = 512 of the model's parameters train
+    assert start["params_trainable"] == 512 < start["params_total"], start
+    assert f"{start['params_total']:,} params (512 trainable)" in ref.stdout, ref.stdout
+    steps = events(ref_dir, "step")
+    assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
+    assert [s["epoch"] for s in steps] == [s / 8 for s in range(1, STEPS + 1)], steps    # the Trainer's fractional epoch
+    assert "step 12/16  epoch 1.5  loss" in ref.stdout, ref.stdout
+    # TRL's num_tokens are the tokens: mt's running total is TRL's at every step, and a rate from the second on
+    trl = _trl_tokens(ref_dir)[0]
+    assert [s["tokens_seen"] for s in steps] == [trl[s["step"]] for s in steps], (steps, trl)
+    assert all(s["tokens_per_s"] > 0 for s in steps[1:]) and "tok/s N/A" not in ref.stdout.splitlines()[-3], ref.stdout
+    once = mt("watch", ref_dir, "--once").stdout
+    assert "epoch 2  elapsed" in once and "(512 trainable)" in once, once
+
+    launch = mt("launch", SCRIPT, "--nproc", "1", "--runs-dir", runs / "cut", "--detach",
+                "--", model, tmp_path / "cut-out", STEPS, "0.3", cwd=tmp_path, env=NO_NET)
+    assert launch.returncode == 0, launch.stderr
+    run_dir = Path(launch.stdout.strip().splitlines()[-1])
+    try:
+        wait_for(lambda: len(events(run_dir, "step")) >= 2, 120, "SFT steps")
+        ckpt = mt("ckpt", run_dir, "--timeout", "60")
+        assert ckpt.returncode == 0, ckpt.stdout + ckpt.stderr
+        saved = events(run_dir, "checkpoint")[-1]
+        assert saved["reason"] == "request" and (Path(saved["path"]) / "adapter_model.safetensors").is_file(), saved
+        wait_for(lambda: len(events(run_dir, "step")) >= 9, 120, "the second epoch")   # a mid-epoch resume
+        stop = mt("stop", run_dir, "--timeout", "60")
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        stopped_at = events(run_dir, "run_end")[-1]["step"]
+        assert 9 <= stopped_at < STEPS and events(run_dir, "checkpoint")[-1]["reason"] == "stop"
+        res = mt("resume", run_dir, "--detach")
+        assert res.returncode == 0, res.stderr
+        wait_for(lambda: status(run_dir).get("state") in ("completed", "failed"), 180, "the resumed attempt to end")
+    finally:
+        mt("kill", run_dir)
+    assert status(run_dir)["state"] == "completed", status(run_dir)
+    assert [e["start_step"] for e in events(run_dir, "run_start")] == [0, stopped_at]
+    assert _losses(run_dir) == _losses(ref_dir)   # every logged loss, bit for bit
+    assert [s["epoch"] for s in events(run_dir, "step")][-1] == 2.0
