@@ -36,29 +36,13 @@ def test_trl_sft_with_lora_shows_its_tokens_epoch_and_trainable_share_and_resume
     made = subprocess.run([sys.executable, SCRIPT, "make", model], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert made.returncode == 0, made.stderr
     runs = tmp_path / "runs"
-    ref = mt("launch", SCRIPT, "--nproc", "1", "--runs-dir", runs / "ref", "--headless", "--every", "0",
+    # the uninterrupted run and the one cut by a stop, side by side (each is one process)
+    ref = mt("launch", SCRIPT, "--nproc", "1", "--runs-dir", runs / "ref", "--detach",
              "--", model, tmp_path / "ref-out", STEPS, "0", cwd=tmp_path, env=NO_NET)
-    assert ref.returncode == 0, ref.stdout + ref.stderr
-    ref_dir = next((runs / "ref").iterdir())
-    start = events(ref_dir, "run_start")[0]
-    # LoRA on the one c_attn (32 -> 96) at r=4: A 4x32 + B 96x4 = 512 of the model's parameters train
-    assert start["params_trainable"] == 512 < start["params_total"], start
-    assert f"{start['params_total']:,} params (512 trainable)" in ref.stdout, ref.stdout
-    steps = events(ref_dir, "step")
-    assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
-    assert [s["epoch"] for s in steps] == [s / 8 for s in range(1, STEPS + 1)], steps    # the Trainer's fractional epoch
-    assert "step 12/16  epoch 1.5  loss" in ref.stdout, ref.stdout
-    # TRL's num_tokens are the tokens: mt's running total is TRL's at every step, and a rate from the second on
-    trl = _trl_tokens(ref_dir)[0]
-    assert [s["tokens_seen"] for s in steps] == [trl[s["step"]] for s in steps], (steps, trl)
-    assert all(s["tokens_per_s"] > 0 for s in steps[1:]) and "tok/s N/A" not in ref.stdout.splitlines()[-3], ref.stdout
-    once = mt("watch", ref_dir, "--once").stdout
-    assert "epoch 2  elapsed" in once and "(512 trainable)" in once, once
-
     launch = mt("launch", SCRIPT, "--nproc", "1", "--runs-dir", runs / "cut", "--detach",
                 "--", model, tmp_path / "cut-out", STEPS, "0.3", cwd=tmp_path, env=NO_NET)
-    assert launch.returncode == 0, launch.stderr
-    run_dir = Path(launch.stdout.strip().splitlines()[-1])
+    assert ref.returncode == 0 and launch.returncode == 0, ref.stderr + launch.stderr
+    ref_dir, run_dir = (Path(res.stdout.strip().splitlines()[-1]) for res in (ref, launch))
     try:
         wait_for(lambda: len(events(run_dir, "step")) >= 2, 120, "SFT steps")
         ckpt = mt("ckpt", run_dir, "--timeout", "60")
@@ -70,12 +54,27 @@ def test_trl_sft_with_lora_shows_its_tokens_epoch_and_trainable_share_and_resume
         assert stop.returncode == 0, stop.stdout + stop.stderr
         stopped_at = events(run_dir, "run_end")[-1]["step"]
         assert 9 <= stopped_at < STEPS and events(run_dir, "checkpoint")[-1]["reason"] == "stop"
-        res = mt("resume", run_dir, "--detach")
-        assert res.returncode == 0, res.stderr
-        wait_for(lambda: status(run_dir).get("state") in ("completed", "failed"), 180, "the resumed attempt to end")
+        resumed = mt("resume", run_dir, "--headless", "--every", "0")
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        wait_for(lambda: status(ref_dir).get("state") in ("completed", "failed"), 120, "the uninterrupted run to end")
     finally:
         mt("kill", run_dir)
-    assert status(run_dir)["state"] == "completed", status(run_dir)
+        mt("kill", ref_dir)
+    assert status(run_dir)["state"] == status(ref_dir)["state"] == "completed", (status(run_dir), status(ref_dir))
     assert [e["start_step"] for e in events(run_dir, "run_start")] == [0, stopped_at]
     assert _losses(run_dir) == _losses(ref_dir)   # every logged loss, bit for bit
-    assert [s["epoch"] for s in events(run_dir, "step")][-1] == 2.0
+
+    start = events(ref_dir, "run_start")[0]
+    # LoRA on the one c_attn (32 -> 96) at r=4: A 4x32 + B 96x4 = 512 of the model's parameters train
+    assert start["params_trainable"] == 512 < start["params_total"], start
+    assert f"{start['params_total']:,} params (512 trainable), resuming from step {stopped_at}" in resumed.stdout, resumed.stdout
+    steps = events(ref_dir, "step")
+    assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
+    assert [s["epoch"] for s in steps] == [s / 8 for s in range(1, STEPS + 1)], steps    # the Trainer's fractional epoch
+    assert "step 12/16  epoch 1.5  loss" in resumed.stdout and "tok/s N/A" not in resumed.stdout.splitlines()[-3], resumed.stdout
+    # TRL's num_tokens are the tokens: mt's running total is TRL's at every step, and a rate from the second on
+    trl = _trl_tokens(ref_dir)[0]
+    assert [s["tokens_seen"] for s in steps] == [trl[s["step"]] for s in steps], (steps, trl)
+    assert all(s["tokens_per_s"] > 0 for s in steps[1:])
+    once = mt("watch", ref_dir, "--once").stdout
+    assert "step 16/16  epoch 2  elapsed" in once and "(512 trainable)" in once and "tok/s N/A" not in once, once
