@@ -29,12 +29,18 @@ def _trl_tokens(run_dir: Path) -> list[dict[int, int]]:
     return [{int(k): v for k, v in json.loads(ln.split(" ", 1)[1]).items()} for ln in log.splitlines() if ln.startswith("num_tokens ")]
 
 
-def test_trl_sft_with_lora_shows_its_tokens_epoch_and_trainable_share_and_resumes_exactly(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model and tokenizer, saved once for the module's runs (a process of its own: seconds of imports)."""
     pytest.importorskip("trl")
     pytest.importorskip("peft")
-    model = tmp_path / "model"
-    made = subprocess.run([sys.executable, SCRIPT, "make", model], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    path = tmp_path_factory.mktemp("trl") / "model"
+    made = subprocess.run([sys.executable, SCRIPT, "make", path], capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stderr
+    return path
+
+
+def test_trl_sft_with_lora_shows_its_tokens_epoch_and_trainable_share_and_resumes_exactly(tmp_path: Path, model: Path) -> None:
     runs = tmp_path / "runs"
     # the uninterrupted run and the one cut by a stop, side by side (each is one process)
     ref = mt("launch", SCRIPT, "--nproc", "1", "--runs-dir", runs / "ref", "--detach",
@@ -78,3 +84,17 @@ def test_trl_sft_with_lora_shows_its_tokens_epoch_and_trainable_share_and_resume
     assert all(s["tokens_per_s"] > 0 for s in steps[1:])
     once = mt("watch", ref_dir, "--once").stdout
     assert "step 16/16  epoch 2  elapsed" in once and "(512 trainable)" in once and "tok/s N/A" not in once, once
+
+
+def test_trl_dpo_with_lora_reports_its_loss_rewards_tokens_and_epoch(tmp_path: Path, model: Path) -> None:
+    res = mt("launch", SCRIPT, "--nproc", "1", "--runs-dir", tmp_path / "runs", "--headless", "--every", "0",
+             "--", "dpo", model, tmp_path / "dpo-out", 4, cwd=tmp_path, env=NO_NET)
+    assert res.returncode == 0, res.stdout + res.stderr
+    run_dir = Path(next(ln for ln in res.stdout.splitlines() if ln.startswith("run dir: ")).split(": ", 1)[1])
+    start, steps = events(run_dir, "run_start")[0], events(run_dir, "step")
+    assert start["params_trainable"] == 512 < start["params_total"], start   # the adapter trains; the base is the reference
+    assert [s["step"] for s in steps] == [1, 2, 3, 4] and [s["epoch"] for s in steps] == [0.125, 0.25, 0.375, 0.5], steps
+    # DPO's loss starts at log 2 (policy = reference), its rewards are the step's extras, TRL's num_tokens its tokens
+    assert abs(steps[0]["loss"] - 0.6931) < 1e-3 and all("rewards/margins" in s["extra"] for s in steps), steps
+    assert all(s["tokens_per_s"] > 0 for s in steps[1:]) and steps[-1]["tokens_seen"] > steps[0]["tokens_seen"] > 0, steps
+    assert "step 4/4  epoch 0.5  loss" in res.stdout, res.stdout

@@ -1,6 +1,8 @@
-"""TRL's SFTTrainer with a peft LoRA adapter on a tiny GPT-2 and word tokenizer made here (no hub), through MtCallback.
+"""TRL's SFTTrainer (or DPOTrainer) with a peft LoRA adapter on a tiny GPT-2 and word tokenizer made here (no hub),
+through MtCallback.
 
-`trl_sft.py make DIR` saves the model and tokenizer (save_pretrained); `trl_sft.py DIR OUT STEPS SLEEP` trains them."""
+`trl_sft.py make DIR` saves the model and tokenizer (save_pretrained); `trl_sft.py DIR OUT STEPS SLEEP` trains them
+with SFT, `trl_sft.py dpo DIR OUT STEPS` with DPO (the adapter-less model is the reference)."""
 import json
 import sys
 import time
@@ -10,7 +12,7 @@ from datasets import Dataset
 from peft import LoraConfig
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast, TrainerCallback
-from trl import SFTConfig, SFTTrainer
+from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
 
 from mt.integrations.hf import MtCallback
 
@@ -26,7 +28,9 @@ if sys.argv[1] == "make":
                                bos_token_id=1, eos_token_id=1, pad_token_id=0)).save_pretrained(sys.argv[2])
     sys.exit(0)
 
-model_dir, out, steps, sleep = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+dpo = sys.argv[1] == "dpo"
+model_dir, out, steps = sys.argv[1 + dpo], sys.argv[2 + dpo], int(sys.argv[3 + dpo])
+sleep = 0.0 if dpo else float(sys.argv[4])
 
 
 class Slow(TrainerCallback):
@@ -39,10 +43,18 @@ texts = [" ".join(WORDS[j] for j in torch.randint(len(WORDS), (int(torch.randint
          for _ in range(32)]   # 8 steps an epoch
 tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir)
 model = AutoModelForCausalLM.from_pretrained(model_dir)
-args = SFTConfig(output_dir=out, max_steps=steps, per_device_train_batch_size=4, logging_steps=1, save_strategy="no",
-                 report_to=[], use_cpu=True, disable_tqdm=True, learning_rate=1e-2, max_length=32, seed=0)
+args = (DPOConfig if dpo else SFTConfig)(output_dir=out, max_steps=steps, per_device_train_batch_size=4, logging_steps=1,
+                                         save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, learning_rate=1e-2,
+                                         max_length=32, seed=0)
 lora = LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn"], fan_in_fan_out=True, lora_dropout=0.0, task_type="CAUSAL_LM")
 mt_cb = MtCallback()
+if dpo:   # a prompt's first half, and two continuations: its own second half preferred to another text's
+    half = [t.split() for t in texts]
+    pairs = {"prompt": [" ".join(w[:len(w) // 2]) for w in half], "chosen": [" " + " ".join(w[len(w) // 2:]) for w in half],
+             "rejected": [" " + " ".join(w[len(w) // 2:]) for w in half[1:] + half[:1]]}
+    DPOTrainer(model=model, args=args, train_dataset=Dataset.from_dict(pairs),
+               processing_class=tokenizer, peft_config=lora, callbacks=[mt_cb]).train(resume_from_checkpoint=mt_cb.resume_from)
+    sys.exit(0)
 trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_dict({"text": texts}), processing_class=tokenizer,
                      peft_config=lora, callbacks=[Slow(), mt_cb])
 trainer.train(resume_from_checkpoint=mt_cb.resume_from)
