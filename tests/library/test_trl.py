@@ -1,18 +1,22 @@
-"""TRL's SFTTrainer with a peft LoRA adapter under mt, against the real packages: a tiny GPT-2 and word
-tokenizer saved with save_pretrained in tmp_path, a `datasets.Dataset.from_dict`, no hub."""
+"""TRL's SFTTrainer (examples/trl/train.py) and DPOTrainer with a peft LoRA adapter under mt, against the real
+packages: a tiny GPT-2 and word tokenizer saved with save_pretrained in a tmp folder, a `datasets.Dataset.from_dict`, no hub."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.cli.conftest import events, mt, status, wait_for
+from mt.contract.config import HF_OFFLINE
+from tests.cli.conftest import REPO, events, mt, status, wait_for
+from tui.format.fmt import fmt_epoch
 
 pytestmark = pytest.mark.slow
-SCRIPT = Path(__file__).parent / "scripts" / "trl_sft.py"
+SCRIPT = Path(__file__).parent / "scripts" / "trl_tiny.py"
+EXAMPLE = REPO / "examples" / "trl" / "train.py"
 STEPS = 16            # 32 texts, 4 a step: an epoch is 8 steps
 # every Hugging Face download would go through this proxy, which refuses: a run that reached for the
 # network would fail (mt's workers also run with HF_HUB_OFFLINE=1)
@@ -23,10 +27,10 @@ def _losses(run_dir: Path) -> dict[int, float]:
     return {e["step"]: e["loss"] for e in events(run_dir, "step")}
 
 
-def _trl_tokens(run_dir: Path) -> list[dict[int, int]]:
-    """TRL's own num_tokens by step, as the script printed them at the end of each attempt."""
-    log = (run_dir / "logs" / "rank0.log").read_text()
-    return [{int(k): v for k, v in json.loads(ln.split(" ", 1)[1]).items()} for ln in log.splitlines() if ln.startswith("num_tokens ")]
+def _trl_tokens(checkpoint: Path) -> dict[int, int]:
+    """TRL's own num_tokens by step, as the Trainer's checkpoint keeps its log history."""
+    history = json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]
+    return {h["step"]: h["num_tokens"] for h in history if "num_tokens" in h}
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +39,8 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("trl")
     pytest.importorskip("peft")
     path = tmp_path_factory.mktemp("trl") / "model"
-    made = subprocess.run([sys.executable, SCRIPT, "make", path], capture_output=True, text=True, timeout=120)
+    made = subprocess.run([sys.executable, SCRIPT, "make", path], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **HF_OFFLINE, **NO_NET})
     assert made.returncode == 0, made.stderr
     return path
 
@@ -43,14 +48,16 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_trl_sft_with_lora_shows_its_tokens_epoch_and_trainable_share_and_resumes_exactly(tmp_path: Path, model: Path) -> None:
     runs = tmp_path / "runs"
     # the uninterrupted run and the one cut by a stop, side by side (each is one process)
-    ref = mt("launch", SCRIPT, "--nproc", "1", "--runs-dir", runs / "ref", "--detach",
-             "--", model, tmp_path / "ref-out", STEPS, "0", cwd=tmp_path, env=NO_NET)
-    launch = mt("launch", SCRIPT, "--nproc", "1", "--runs-dir", runs / "cut", "--detach",
-                "--", model, tmp_path / "cut-out", STEPS, "0.3", cwd=tmp_path, env=NO_NET)
+    sft = ["--model", model, "--data", model / "data.jsonl", "--steps", STEPS, "--lr", "1e-2", "--lora-r", "4", "--max-length", "32"]
+    ref = mt("launch", EXAMPLE, "--nproc", "1", "--runs-dir", runs / "ref", "--detach",
+             "--", *sft, "--out", tmp_path / "ref-out", cwd=tmp_path, env=NO_NET)
+    launch = mt("launch", EXAMPLE, "--nproc", "1", "--runs-dir", runs / "cut", "--detach",
+                "--", *sft, "--out", tmp_path / "cut-out", "--sleep", "0.3", cwd=tmp_path, env=NO_NET)
     assert ref.returncode == 0 and launch.returncode == 0, ref.stderr + launch.stderr
     ref_dir, run_dir = (Path(res.stdout.strip().splitlines()[-1]) for res in (ref, launch))
     try:
-        wait_for(lambda: len(events(run_dir, "step")) >= 2, 120, "SFT steps")
+        wait_for(lambda: len(events(run_dir, "step")) >= 2 or status(run_dir).get("state") == "failed", 120, "SFT steps")
+        assert status(run_dir)["state"] == "running", (run_dir / "logs" / "rank0.log").read_text()[-2000:]
         ckpt = mt("ckpt", run_dir, "--timeout", "60")
         assert ckpt.returncode == 0, ckpt.stdout + ckpt.stderr
         saved = events(run_dir, "checkpoint")[-1]
@@ -77,10 +84,14 @@ def test_trl_sft_with_lora_shows_its_tokens_epoch_and_trainable_share_and_resume
     steps = events(ref_dir, "step")
     assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
     assert [s["epoch"] for s in steps] == [s / 8 for s in range(1, STEPS + 1)], steps    # the Trainer's fractional epoch
-    assert "step 12/16  epoch 1.5  loss" in resumed.stdout and "tok/s N/A" not in resumed.stdout.splitlines()[-3], resumed.stdout
-    # TRL's num_tokens are the tokens: mt's running total is TRL's at every step, and a rate from the second on
-    trl = _trl_tokens(ref_dir)[0]
-    assert [s["tokens_seen"] for s in steps] == [trl[s["step"]] for s in steps], (steps, trl)
+    after = stopped_at + 1   # the resumed attempt's first step, its fractional epoch as the headless line prints it
+    assert f"step {after}/16  {fmt_epoch(after / 8)}  loss" in resumed.stdout and "step 16/16  epoch 2  loss" in resumed.stdout, resumed.stdout
+    assert "tok/s N/A" not in resumed.stdout.splitlines()[-3], resumed.stdout
+    # TRL's num_tokens are the tokens: mt's running total is TRL's at every step (its log in the stop's
+    # checkpoint), and a rate from the second on
+    trl = _trl_tokens(Path(events(run_dir, "checkpoint")[-1]["path"]))
+    first = events(run_dir, "step")[:stopped_at]   # the stopped attempt's
+    assert [s["tokens_seen"] for s in first] == [trl[s["step"]] for s in first] and len(trl) == stopped_at, (first, trl)
     assert all(s["tokens_per_s"] > 0 for s in steps[1:])
     once = mt("watch", ref_dir, "--once").stdout
     assert "step 16/16  epoch 2  elapsed" in once and "(512 trainable)" in once and "tok/s N/A" not in once, once
