@@ -1,6 +1,7 @@
 """Hugging Face `Trainer` under mt: `Trainer(..., callbacks=[MtCallback()])`.
 
-Loss, learning rate and grad norm go to the dashboard; `c` / `mt ckpt` set `should_save`, `s` /
+Loss, learning rate, grad norm, the fractional epoch and tokens (TRL's `num_tokens`) go to the dashboard,
+with the model's parameters and those that train (a peft adapter's); `c` / `mt ckpt` set `should_save`, `s` /
 `mt stop` / SIGTERM set `should_save` and `should_training_stop`; every folder the Trainer saves
 is reported, so a resumed attempt continues with `trainer.train(resume_from_checkpoint=cb.resume_from)`.
 """
