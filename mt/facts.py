@@ -1,7 +1,7 @@
 """What a script says about its run at `mt.init(...)`: precision, device, batch, clip (the header's facts).
 
 The engine knows these from its preset; a script (or a framework's adapter: the Hugging Face
-Trainer's arguments) says them, else the header shows `?`. Checked at the call: a wrong value is
+Trainer's arguments and model) says them, else the header shows N/A. Checked at the call: a wrong value is
 the script's own error (TypeError / ValueError naming it). docs/library.md.
 """
 from __future__ import annotations
@@ -22,6 +22,8 @@ class Facts:
     effective_batch: int | None = None  # samples per optimizer step over every rank (micro batch x accumulation x world)
     tokens_per_step: int | None = None  # tokens per optimizer step over every rank
     grad_clip: float | None = None      # the clip norm: the grad-norm plot's red line
+    params_total: int | None = None     # the model's parameters, and those the optimizer trains (fewer: LoRA)
+    params_trainable: int | None = None
 
     @staticmethod
     def of(**said: Any) -> Facts:
@@ -37,6 +39,11 @@ class Facts:
             out[name] = None if v is None else as_whole(v, name)
             if out[name] == 0:
                 raise ValueError(f"mt: {name} must be > 0, got 0")
+        for name in ("params_total", "params_trainable"):
+            v = said.get(name)
+            out[name] = None if v is None else as_whole(v, name)
+        if out["params_trainable"] is not None and out["params_total"] is not None and out["params_trainable"] > out["params_total"]:
+            raise ValueError(f"mt: params_trainable {out['params_trainable']} is more than params_total {out['params_total']}")
         clip = as_number(said.get("grad_clip"), "grad_clip", nonneg=True, finite=True)
         out["grad_clip"] = clip if clip else None  # 0: no clipping, no line
         return Facts(**out)

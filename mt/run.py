@@ -121,10 +121,10 @@ class Run:
 
     # ---- every optimizer step -----------------------------------------------------------
     def step(self, step: int, *, loss: float | None = None, lr: float | None = None, grad_norm: float | None = None,
-             tokens: int | None = None, data_s: float | None = None, **metrics: float) -> Control:
+             tokens: int | None = None, data_s: float | None = None, epoch: float | None = None, **metrics: float) -> Control:
         """Record optimizer step `step` (rank 0 writes it), beat this rank's heartbeat and say
         whether to checkpoint or stop now: one tiny collective keeps every rank in agreement.
-        `data_s`: the seconds this step waited for its batch (the heartbeat's step anatomy)."""
+        `data_s`: the seconds this step waited for its batch (the heartbeat's step anatomy); `epoch`: 2, or 1.25."""
         now = time.perf_counter()
         if data_s is not None and not (type(data_s) is float and 0.0 <= data_s < math.inf):
             data_s = as_number(data_s, "data_s", nonneg=True, finite=True)
@@ -139,9 +139,11 @@ class Run:
         if not (type(grad_norm) is float and grad_norm >= 0.0) and grad_norm is not None:
             grad_norm = step_number(grad_norm, "grad_norm")
         extra = {k: as_number(v, k) for k, v in metrics.items()} if metrics else None
+        if epoch is not None:
+            epoch = as_number(epoch, "epoch", nonneg=True, finite=True)
         ctl, tokens_all = self._sync(step, tokens)
         self._emit_step(self._step or 0, None if self._last_t is None else now - self._last_t, 1,
-                        loss, lr, grad_norm, tokens_all, extra)
+                        loss, lr, grad_norm, tokens_all, extra, epoch)
         self._last_t, self._agreed_s = now, time.perf_counter() - now
         return ctl
 
@@ -151,18 +153,19 @@ class Run:
         return self._sync(step, None)[0]
 
     def record(self, step: int, *, loss: float | None = None, lr: float | None = None, grad_norm: float | None = None,
-               tokens: int | None = None, **metrics: float) -> None:
+               tokens: int | None = None, epoch: float | None = None, **metrics: float) -> None:
         """Rank 0 records step `step`'s numbers, checked as `step` checks them (on every rank);
         `tokens`: the count over every rank of the steps since the previous record (nothing is summed
         here). The time since that record, over the steps between, is the step time."""
         at = as_whole(step, "step")
         values = (step_number(loss, "loss"), step_number(lr, "lr"), step_number(grad_norm, "grad_norm"),
                   as_number(tokens, "tokens", nonneg=True, finite=True))
+        said_epoch = as_number(epoch, "epoch", nonneg=True, finite=True)
         now = time.perf_counter()
         before, self._recorded = self._recorded, (at, now)
         steps = at - before[0] if before is not None and at > before[0] else 0
         self._emit_step(at, now - before[1] if steps else None, max(1, steps), *values,
-                        {k: as_number(v, k) for k, v in metrics.items()} or None)
+                        {k: as_number(v, k) for k, v in metrics.items()} or None, said_epoch)
 
     def log(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         """Extra metrics (an eval, say) at `step` (default: the last step); rank 0 writes them."""
@@ -271,7 +274,8 @@ class Run:
         return ctl, tokens
 
     def _emit_step(self, step: int, dt: float | None, n: int, loss: float | None, lr: float | None,
-                   grad_norm: float | None, tokens: float | None, extra: Mapping[str, float] | None) -> None:
+                   grad_norm: float | None, tokens: float | None, extra: Mapping[str, float] | None,
+                   epoch: float | None = None) -> None:
         """Rank 0: note the step (values already checked; `dt` the time of the `n` steps it closes) for the
         next batched write; other ranks write nothing."""
         if self._events is None:
@@ -280,7 +284,7 @@ class Run:
             self._ensure_started(step - 1)
         if tokens is None and self.facts.tokens_per_step is not None:
             tokens = float(self.facts.tokens_per_step * n)  # the script said how many a step has
-        self._steps.note((step, time.time(), dt, loss, lr, grad_norm, tokens, extra, n))
+        self._steps.note((step, time.time(), dt, loss, lr, grad_norm, tokens, extra, n, epoch))
 
     def _decide(self, step: int, tokens: float | None) -> tuple[Control, float | None]:
         """Control (rank 0) and the agreement of every rank: checkpoint now, stop, tokens summed."""
@@ -366,7 +370,8 @@ class Run:
                 run_id=self.dir.name, attempt=self.attempt, world_size=self.world_size,
                 local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size)),
                 device=self.facts.device or self._agree.device_name(), backend=self._agree.backend(),
-                precision=self.facts.precision, config=plain(self.config), params_total=None, params_trainable=None,
+                precision=self.facts.precision, config=plain(self.config),
+                params_total=self.facts.params_total, params_trainable=self.facts.params_trainable,
                 tokens_per_step=self.facts.tokens_per_step, effective_batch=self.facts.effective_batch, static_mem_bytes=None,
                 start_step=max(0, start_step), max_steps=self.max_steps,
                 resumed_from={"path": str(self.resume_from)} if self.resume_from else None,

@@ -20,12 +20,14 @@ _LIVE: dict[int, Run] = {}
 
 def init(config: Mapping[str, Any] | None = None, *, name: str | None = None, runs_dir: str | os.PathLike[str] = "runs",
          max_steps: int | None = None, precision: str | None = None, device: str | None = None,
-         effective_batch: int | None = None, tokens_per_step: int | None = None, grad_clip: float | None = None) -> Run:
+         effective_batch: int | None = None, tokens_per_step: int | None = None, grad_clip: float | None = None,
+         params_total: int | None = None, params_trainable: int | None = None) -> Run:
     """Join this process's mt run (under `mt launch`), or make one under `runs_dir` (plain python/torchrun).
 
     Call it on every rank; with several ranks outside `mt launch`, after init_process_group."""
     facts = Facts.of(precision=precision, device=device, effective_batch=effective_batch,
-                     tokens_per_step=tokens_per_step, grad_clip=grad_clip)
+                     tokens_per_step=tokens_per_step, grad_clip=grad_clip, params_total=params_total,
+                     params_trainable=params_trainable)
     if max_steps is None and config:
         guess = next((config[k] for k in ("max_steps", "max_iters") if k in config), None)
         max_steps = guess if isinstance(guess, int) and not isinstance(guess, bool) and guess > 0 else None

@@ -14,7 +14,7 @@ from mt.contract.events import SCHEMA, SCHEMA_VERSION, T_MAX, T_MIN, dumps
 
 # what a script knows of a step, in the order drain fills them; every other required field is
 # engine-only and always null (docs/events.md, "step")
-_SCRIPT = {"step": "%d", "loss": "%s", "lr": "%s", "grad_norm": "%s", "tokens_per_s": "%s", "step_time_s": "%s",
+_SCRIPT = {"step": "%d", "epoch": "%s", "loss": "%s", "lr": "%s", "grad_norm": "%s", "tokens_per_s": "%s", "step_time_s": "%s",
            "tokens_seen": "%s", "skipped": "false"}
 # the line of a script's step, from the schema's required step fields in their order (made once)
 _LINE = ('{"v":%d,"t":%%s,"kind":"step",' % SCHEMA_VERSION
@@ -37,10 +37,10 @@ def _nonneg(x: float | None) -> bool:
     return x is None or not x < 0  # NaN included: the index keeps it, as the parser does
 
 
-# (step, t, dt, loss, lr, grad_norm, tokens, extra, n): dt and tokens are those of the n steps this one closes
-# (run.record's, between two of the framework's logs; run.step's: 1)
+# (step, t, dt, loss, lr, grad_norm, tokens, extra, n, epoch): dt and tokens are those of the n steps this one
+# closes (run.record's, between two of the framework's logs; run.step's: 1); epoch as the script said it
 Noted = tuple[int, float, "float | None", "float | None", "float | None", "float | None", "float | None",
-              "Mapping[str, float] | None", int]
+              "Mapping[str, float] | None", int, "float | None"]
 
 
 class StepBatch:
@@ -49,7 +49,7 @@ class StepBatch:
 
     def __init__(self) -> None:
         self._noted: deque[Noted] = deque()  # appends and pops are thread-safe (the heartbeat thread flushes too)
-        # note((step, t, dt, loss, lr, grad_norm, tokens, extra, n)): the deque's own append, one C call
+        # note((step, t, dt, loss, lr, grad_norm, tokens, extra, n, epoch)): the deque's own append, one C call
         self.note: Callable[[Noted], None] = self._noted.append
         self.tokens_seen = 0.0
 
@@ -63,7 +63,7 @@ class StepBatch:
         rows: list[tuple[float, ...] | None] = []
         fields: list[dict[str, Any]] = []
         while self._noted:
-            step, t, dt, loss, lr, grad_norm, tokens, extra, n = self._noted.popleft()
+            step, t, dt, loss, lr, grad_norm, tokens, extra, n, epoch = self._noted.popleft()
             seen = None
             if tokens is not None:
                 self.tokens_seen += tokens
@@ -71,7 +71,7 @@ class StepBatch:
             tps = tokens / dt if tokens and dt else None
             if n != 1 and dt is not None:
                 dt /= n  # the step's own time
-            lines.append((_LINE % (repr(t), step, _json(loss), _json(lr), _json(grad_norm), _json(tps), _json(dt),
+            lines.append((_LINE % (repr(t), step, _json(epoch), _json(loss), _json(lr), _json(grad_norm), _json(tps), _json(dt),
                                    "null" if seen is None else seen,
                                    ',"extra":' + dumps(dict(extra)) if extra else "")).encode())
             plain = (not extra and 0 <= step < _STEP_MAX and T_MIN <= t <= T_MAX and _nonneg(lr) and _nonneg(grad_norm)

@@ -60,9 +60,11 @@ def encode(rec: Record | Rejected, end: int) -> bytes:
 _STEP_RULES = {f.rule for f in SCHEMA["step"]}
 assert _STEP_RULES <= {"whole", "number", "values", "free"} and not any(f.lo for f in SCHEMA["step"]), \
     f"step_record cannot judge {_STEP_RULES}"
-_REAL = tuple(f.name for f in SCHEMA["step"] if f.rule == "number" and not f.nonneg)
-_NONNEG = tuple(f.name for f in SCHEMA["step"] if f.rule == "number" and f.nonneg)
-_WHOLE = tuple(f.name for f in SCHEMA["step"] if f.rule == "whole" and f.name != "step")
+# a soft field's odd value is dropped, never the line's: nothing for the fast path to judge (the engine's whole epoch)
+_JUDGED = tuple(f for f in SCHEMA["step"] if not f.soft)
+_REAL = tuple(f.name for f in _JUDGED if f.rule == "number" and not f.nonneg)
+_NONNEG = tuple(f.name for f in _JUDGED if f.rule == "number" and f.nonneg)
+_WHOLE = tuple(f.name for f in _JUDGED if f.rule == "whole" and f.name != "step")
 _TABLES = tuple(f.name for f in SCHEMA["step"] if f.rule == "values")
 _NAN = float("nan")
 

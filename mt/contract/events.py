@@ -76,7 +76,7 @@ SCHEMA: dict[str, tuple[Field, ...]] = {
     "run_start": (
         _free("run_id", "str"), _whole("attempt", lo=1), _whole("world_size", lo=1), _whole("nnodes", lo=1),
         _text("device"), _text("backend"), _text("precision"), _free("config", "object"), _whole("params_total"),
-        _free("params_trainable", "int"), _whole("tokens_per_step"), _whole("effective_batch"),
+        Field("params_trainable", "int", "whole", soft=True), _whole("tokens_per_step"), _whole("effective_batch"),
         _free("static_mem_bytes", "int"), _whole("start_step"), _whole("max_steps"), _free("resumed_from", "object"),
         _free("torch_version", "str"), _free("git_commit", "str"),
         _free("grad_accum_steps", "int", False), _free("micro_batch_size", "int", False), _free("seq_len", "int", False),
@@ -90,7 +90,7 @@ SCHEMA: dict[str, tuple[Field, ...]] = {
         Field("knobs", "list", "strings", False),  # the knobs `mt set` may turn in this attempt (mt's engine: all)
     ),
     "step": (
-        _whole("step", key=True), _whole("epoch"), _num("loss"), _num("lr", nonneg=True), _num("grad_norm", nonneg=True),
+        _whole("step", key=True), _num("epoch", nonneg=True, soft=True), _num("loss"), _num("lr", nonneg=True), _num("grad_norm", nonneg=True),
         _free("clipped", "bool"), _num("tokens_per_s", nonneg=True), _num("step_time_s", nonneg=True),
         _num("data_wait_s", nonneg=True), _whole("samples_seen"), _whole("tokens_seen"), _free("skipped", "bool"),
         _whole("mem_alloc_bytes"), _whole("mem_peak_bytes"),

@@ -49,6 +49,7 @@ class RunStart(Event):
     backend: str | None = None
     precision: str | None = None
     params_total: int | None = None
+    params_trainable: int | None = None  # fewer than params_total: a frozen base (LoRA)
     params_active: int | None = None     # a mixture of experts: what one token uses
     tokens_per_step: int | None = None
     effective_batch: int | None = None
@@ -66,6 +67,7 @@ class RunStart(Event):
 @dataclass(slots=True, kw_only=True)
 class Step(Event):
     step: int
+    epoch: float | None = None             # whole from the engine, fractional from a Trainer (1.25)
     loss: float | None = None
     lr: float | None = None
     grad_norm: float | None = None

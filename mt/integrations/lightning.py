@@ -79,7 +79,8 @@ class MtCallback(LazyRun, Callback):
                  if v is not None and k not in (*_OWN, *_LOSS) and not k.startswith(_EVAL) and not k.endswith("_epoch")}
         optimizers = trainer.optimizers
         lr = _number(optimizers[0].param_groups[0].get("lr")) if optimizers else None
-        ctl = self.run.step(step, loss=loss, lr=lr, **extra)  # every rank: the same step, one agreement
+        extra.pop("epoch", None)   # a logged epoch is Lightning's own count: the step's epoch below
+        ctl = self.run.step(step, loss=loss, lr=lr, epoch=trainer.current_epoch, **extra)  # every rank: one agreement
         if ctl.checkpoint or ctl.stop:
             self._save(trainer, step)
         if ctl.stop:

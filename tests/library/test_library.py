@@ -254,11 +254,12 @@ def test_the_batched_step_lines_and_index_rows_equal_the_generic_writers() -> No
              (11, t, 0.5, 1.0, 1e-3, -math.nan, -5000.0, None), (12, t, 0.1, 1.0, None, 0.5, 10.0, {"acc": 0.5}),
              (-1, t, 0.1, 1.0, 0.1, 0.5, 10.0, None), (13, 5.0, 0.1, 1.0, 0.1, 0.5, 10.0, {"v": math.nan})]
     batch, seen, expect = StepBatch(), 0.0, []
-    for step, at, dt, loss, lr, gn, tokens, extra in cases:
-        batch.note((step, at, dt, loss, lr, gn, tokens, extra, 1))
+    for i, (step, at, dt, loss, lr, gn, tokens, extra) in enumerate(cases):
+        epoch = (None, 1.25, 2.0)[i % 3]   # a script's own, or a Trainer's fractional one
+        batch.note((step, at, dt, loss, lr, gn, tokens, extra, 1, epoch))
         if tokens is not None:
             seen += tokens
-        fields = {"t": at, "step": step, "epoch": None, "loss": loss, "lr": lr, "grad_norm": gn, "clipped": None,
+        fields = {"t": at, "step": step, "epoch": epoch, "loss": loss, "lr": lr, "grad_norm": gn, "clipped": None,
                   "tokens_per_s": tokens / dt if tokens and dt else None, "step_time_s": dt, "data_wait_s": None,
                   "samples_seen": None, "tokens_seen": int(seen) if tokens is not None else None, "skipped": False,
                   "mem_alloc_bytes": None, "mem_peak_bytes": None, **({"extra": extra} if extra else {})}
@@ -404,17 +405,24 @@ def test_the_public_halves_of_a_step_sync_every_step_and_record_the_numbers_apar
 FACTS = """
 import time
 import mt
-for bad in (dict(precision=""), dict(effective_batch=0), dict(effective_batch=2.5), dict(grad_clip=-1.0), dict(device=3)):
+for bad in (dict(precision=""), dict(effective_batch=0), dict(effective_batch=2.5), dict(grad_clip=-1.0), dict(device=3),
+            dict(params_total=10, params_trainable=11), dict(params_trainable="5")):
     try:
         mt.init(**bad)
     except (TypeError, ValueError) as e:
         print(type(e).__name__, e)
 run = mt.init(config={"lr": 0.1}, precision="bf16", tokens_per_step=512)
-again = mt.init(config={"lr": 0.2, "layers": 2}, effective_batch=16, grad_clip=1.0, device="cpu")  # an adapter's words, before the first step
+again = mt.init(config={"lr": 0.2, "layers": 2}, effective_batch=16, grad_clip=1.0, device="cpu",  # an adapter's words, before the first step
+                params_total=1000, params_trainable=24)
 print(again is run)
 for step in range(1, 4):
     time.sleep(0.05)
-    run.step(step, loss=1.0 / step)
+    run.step(step, loss=1.0 / step, epoch=step / 2)
+for bad in (-1.0, float("nan"), "1"):
+    try:
+        run.step(4, epoch=bad)
+    except (TypeError, ValueError) as e:
+        print(type(e).__name__, e)
 mt.init(precision="fp16")  # after run_start: nothing changes
 run.finish()
 """
@@ -428,14 +436,18 @@ def test_mt_init_says_the_runs_precision_device_batch_tokens_and_clip(tmp_path: 
     assert proc.stdout.splitlines() == [
         "TypeError mt: precision must be non-empty text, got str ''", "ValueError mt: effective_batch must be > 0, got 0",
         "TypeError mt: effective_batch must be a whole number, got float", "ValueError mt: grad_clip -1 is negative",
-        "TypeError mt: device must be non-empty text, got int 3", "True"]
+        "TypeError mt: device must be non-empty text, got int 3", "ValueError mt: params_trainable 11 is more than params_total 10",
+        "TypeError mt: params_trainable must be a whole number, got str", "True", "ValueError mt: epoch -1 is negative",
+        "ValueError mt: epoch nan is not finite", "TypeError mt: epoch must be a number, got str '1'"]
     [run_dir] = (tmp_path / "runs").iterdir()
     start = events(run_dir, "run_start")[0]
     assert (start["precision"], start["device"], start["effective_batch"], start["tokens_per_step"], start["grad_clip"]) == \
         ("bf16", "cpu", 16, 512, 1.0)
+    assert (start["params_total"], start["params_trainable"]) == (1000, 24)
     assert start["config"] == {"lr": 0.2, "layers": 2} and schema_errors(start) == []
     steps = events(run_dir, "step")
     assert [s["tokens_seen"] for s in steps] == [512, 1024, 1536]   # tokens_per_step counts a step given none
+    assert [s["epoch"] for s in steps] == [0.5, 1.0, 1.5]   # the script's own, as it said it
     assert all(abs(s["tokens_per_s"] * s["step_time_s"] - 512) < 1e-6 for s in steps[1:]), steps
     config = json.loads((run_dir / "config.json").read_text())
     assert set(config) == {"run", "launch", "monitor", "slurm"}, config   # the engine's tables are not this run's

@@ -35,6 +35,7 @@ def test_the_lightning_callback_saves_on_c_stops_on_s_and_resumes_at_the_next_st
         step = events(run_dir, "step")[-1]
         # the loss it returned, the optimizer's lr, and what training_step logged
         assert step["loss"] > 0 and step["lr"] == 0.05 and step["extra"]["abs_err"] > 0, step
+        assert step["epoch"] == 0 and "epoch" not in step["extra"], step   # Lightning's whole epoch (256 steps each)
         ckpt = mt("ckpt", run_dir, "--timeout", "60")
         assert ckpt.returncode == 0, ckpt.stdout + ckpt.stderr
         saved = events(run_dir, "checkpoint")[-1]

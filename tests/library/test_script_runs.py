@@ -285,11 +285,17 @@ def test_a_trainer_run_says_its_precision_device_batch_clip_and_tokens_and_diffs
     assert (start["precision"], start["device"], start["effective_batch"], start["grad_clip"]) == ("fp32", "cpu", 8, 0.5)
     steps = events(dirs[0], "step")
     assert [s["step"] for s in steps] == list(range(1, 7))
+    # the Trainer's fractional epoch, as it logs it: 256 samples, 8 a step, so step 6 is epoch 0.1875
+    assert [s["epoch"] for s in steps] == [s / 32 for s in range(1, 7)], steps
+    params = start["params_total"]
+    assert params > 0 and start["params_trainable"] == params   # all trained: the header says no "trainable"
     # the Trainer counts 8 x 32 tokens a step: from the second log on, each step's time and rate
     assert all(s["tokens_per_s"] > 0 and s["step_time_s"] > 0 for s in steps[1:]), steps
     assert all(abs(s["tokens_per_s"] * s["step_time_s"] - 256) < 1e-6 * 256 for s in steps[1:]), steps
     once = mt("watch", dirs[0], "--once").stdout
     assert "world 1 x cpu  precision fp32  eff. batch 8" in once and "tok/s N/A" not in once, once
+    assert "step 6/6  epoch 0.19  elapsed" in once and "trainable" not in once, once
+    assert "epoch 0.19  loss" in res.stdout, res.stdout   # the last headless step line (the second run's)
     from tui.read.follower import load_run_state
     assert load_run_state(dirs[0]).grad_clip == 0.5   # the grad-norm plot's red line
     config = json.loads((dirs[0] / "config.json").read_text())

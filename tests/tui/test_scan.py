@@ -324,10 +324,10 @@ def test_mt_ls_reads_a_big_indexed_run_from_the_index_tail_without_numpy(tmp_pat
     indexed(r.root)
     ref = reference(r.root).state
     code = ("import sys; from pathlib import Path; from tui.report.runs import run_row; row = run_row(Path(sys.argv[1])); "
-            "print(row.step, row.loss, row.attempt, 'numpy' in sys.modules)")
+            "print(row.step, row.loss, row.attempt, 'numpy' in sys.modules, sep='|')")
     out = subprocess.run([sys.executable, "-c", code, str(r.root)], capture_output=True, text=True, check=True,
-                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__)))).stdout.split()
-    assert out == [f"{ref.step}/20000", f"{ref.loss:.4f}", str(ref.attempt), "False"]
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__)))).stdout.strip().split("|")
+    assert out == [f"{ref.step}/20000 ep 0", f"{ref.loss:.4f}", str(ref.attempt), "False"]   # the newest line's epoch
 
 
 def test_lines_from_elsewhere_never_break_any_reader(tmp_path):

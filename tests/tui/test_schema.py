@@ -173,11 +173,11 @@ def test_the_scanner_regex_takes_what_the_parser_takes_and_nothing_it_rejects() 
 
 
 def test_the_script_step_batch_indexes_only_lines_the_parser_takes() -> None:
-    bases = (7, T, 0.5, 2.5, 1e-3, 0.5, 1024.0, None, 1)
+    bases = (7, T, 0.5, 2.5, 1e-3, 0.5, 1024.0, None, 1, 1.25)
     odd: dict[int, list[Any]] = {0: [0, 1 << 53, (1 << 63) - 1, 1 << 63, -1], 1: [5.0, 5e9, math.nan],
                                  2: [None, 0.0, -1.0, math.inf], 3: [None, math.nan, math.inf, -math.inf, -2.0],
                                  4: [None, 0.0, -1.0, math.nan, math.inf], 5: [None, -1.0, math.nan],
-                                 6: [None, 0.0, -5.0, 1e300], 7: [{"acc": 1.0}, {"acc": math.nan}, {}]}
+                                 6: [None, 0.0, -5.0, 1e300], 7: [{"acc": 1.0}, {"acc": math.nan}, {}], 9: [None, 0.0, 3.0]}
     batch, cases = StepBatch(), []
     for i, values in odd.items():
         for v in values:

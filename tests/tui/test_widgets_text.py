@@ -129,3 +129,23 @@ def test_system_numbers_print_as_fmt_num_does_everywhere_else():
     assert f"util {fmt_num(1e300, '>3.0f')}%" in text and len(max(text.splitlines(), key=len)) < 80
     assert "host mem " in text and " N/A/N/A GiB" in text
     assert fmt_field(1e300, ">3.0f", "%") == "1e+300%" and fmt_gib(True) == "N/A" == fmt_field("12")
+
+
+def test_a_trainers_fractional_epoch_and_a_lora_models_trainable_share_in_every_view(tmp_path):
+    """The header, --once, mt ls's step cell and the headless step line say `epoch 1.25` and how
+    many of the parameters train; unknown ones say nothing."""
+    from tui.report.headless import step_line
+    from tui.report.summary import format_summary
+    from tui.state.runstate import RunState
+    from tui.widgets.header import render_header
+
+    st = RunState(run_dir=tmp_path, name="sft", step=40, max_steps=100, epoch=1.25, params_total=124_000, params_trainable=1_536)
+    header = render_header(st, 0.0, 160, 0.6, False).plain
+    once = format_summary(st, 0.0)
+    assert "step 40/100 40%  epoch 1.25 " in header and "params 124k (1536 trainable)" in header, header
+    assert "step 40/100  epoch 1.25  elapsed" in once and "params 124k (1536 trainable)" in once, once
+    assert "epoch 1.25  loss" in step_line(st)
+    st.epoch, st.params_trainable = 1 / 3, 124_000   # all of them train: no share shown
+    assert "epoch 0.33 " in render_header(st, 0.0, 160, 0.6, False).plain and "trainable" not in format_summary(st, 0.0)
+    st.epoch = None
+    assert "epoch" not in render_header(st, 0.0, 160, 0.6, False).plain + format_summary(st, 0.0) + step_line(st)

@@ -70,6 +70,21 @@ def fmt_step(step: int | None, total: int | None, grouped: bool = False) -> str:
     return f"{NA if step is None else format(step, spec)}/{NA if total is None else format(total, spec)}"
 
 
+def fmt_epoch(epoch: float | None, prefix: str = "epoch ") -> str:
+    """`epoch 2` (the engine's whole one) or `epoch 1.25` (a Trainer's, two decimals as it prints them); "" unknown."""
+    if epoch is None or not math.isfinite(epoch):
+        return ""
+    text = f"{epoch:.2f}".rstrip("0").rstrip(".") if epoch < 1e9 else fmt_num(epoch)
+    return prefix + text
+
+
+def fmt_params(total: int | None, trainable: int | None = None, active: int | None = None) -> str:
+    """`params 124k`, with `(1.5k trainable)` under a frozen base (LoRA) and `(12M active)` for a mixture of experts."""
+    trains = f" ({fmt_compact(trainable)} trainable)" if trainable is not None and total is not None and trainable < total else ""
+    acts = f" ({fmt_compact(active)} active)" if active is not None else ""
+    return f"params {fmt_compact(total)}{acts}{trains}"
+
+
 def or_na(v: object) -> str:
     """A value from a run's file as it is, or NA when it is missing (None, 0, empty)."""
     return str(v) if v else NA

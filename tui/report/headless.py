@@ -20,6 +20,7 @@ from tui.format.fmt import (
     NA,
     anatomy_lines,
     at_step,
+    fmt_epoch,
     fmt_eta,
     fmt_num,
     fmt_rate,
@@ -39,7 +40,7 @@ from tui.state.runstate import RunState, apply_status
 
 def step_line(st: RunState) -> str:
     width = len(str(st.max_steps)) if st.max_steps is not None else len(NA)
-    return (f"step {fmt_step(st.step, st.max_steps):>{2 * width + 1}}  loss {fmt_num(st.loss, '.4f')}  lr {fmt_num(st.lr, '.2e')}"
+    return (f"step {fmt_step(st.step, st.max_steps):>{2 * width + 1}}{fmt_epoch(st.epoch, '  epoch ')}  loss {fmt_num(st.loss, '.4f')}  lr {fmt_num(st.lr, '.2e')}"
             f"  {fmt_rate(st.tokens_per_s, st.samples_per_s)}  ETA {fmt_eta(st.eta_s(), st.quiet_s(time.time()))}")
 
 
@@ -49,7 +50,9 @@ def event_line(ev: Record) -> str | None:
         frm = f", resuming from step {ev.start_step}" if ev.start_step else ""
         if ev.params_total is None:
             return f"attempt {ev.attempt} started{frm}"
-        return f"attempt {ev.attempt} started: world {ev.world_size} x {ev.device}, {ev.params_total:,} params{frm}"
+        frozen = ev.params_trainable is not None and ev.params_trainable < ev.params_total
+        trains = f" ({ev.params_trainable:,} trainable)" if frozen else ""
+        return f"attempt {ev.attempt} started: world {ev.world_size} x {ev.device}, {ev.params_total:,} params{trains}{frm}"
     if isinstance(ev, Eval):
         return f"eval  step {ev.step}  val_loss {fmt_num(ev.val_loss, '.4f')}" + (f"  {fmt_values(ev.metrics)}" if ev.metrics else "")
     if isinstance(ev, Sample):

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tui.format.fmt import NA, fmt_best, fmt_best_checkpoints, fmt_duration, fmt_loss_cell, fmt_step, or_na, safe_text
+from tui.format.fmt import NA, fmt_best, fmt_best_checkpoints, fmt_duration, fmt_epoch, fmt_loss_cell, fmt_step, or_na, safe_text
 from tui.read.follower import load_run_state
 from tui.read.nodes import JobReader
 from tui.read.rundir import effective_state, is_run_dir, run_dirs
@@ -59,7 +59,7 @@ def run_row(path: Path, now: float | None = None) -> RunRow:
             name=path.name,
             state=state,
             attempt=or_na(st.attempt),
-            step=fmt_step(st.step, st.max_steps),
+            step=fmt_step(st.step, st.max_steps) + fmt_epoch(st.epoch, " ep "),
             loss=fmt_loss_cell(st.loss),
             best=fmt_best(st.best_loss, st.best_loss_step, st.best_loss_partial),
             started=time.strftime("%Y-%m-%d %H:%M", time.localtime(st.started)) if st.started else NA,

@@ -9,11 +9,13 @@ from tui.format.fmt import (
     at_step,
     fmt_best_checkpoints,
     fmt_duration,
+    fmt_epoch,
     fmt_eta,
     fmt_knobs,
     fmt_loss,
     fmt_num,
     fmt_parallel,
+    fmt_params,
     fmt_rate,
     fmt_sample,
     fmt_step,
@@ -34,7 +36,7 @@ def format_summary(st: "RunState", now: float | None = None) -> str:
     parallel = fmt_parallel(st.strategy, st.compile, st.activation_checkpointing)
     lines = [
         f"{st.name}  [{st.shown_state}]  attempt {st.attempt}  step {fmt_step(st.step, st.max_steps)}"
-        f"  elapsed {fmt_duration(st.elapsed_s(now))}  ETA {fmt_eta(st.eta_s(), st.quiet_s(now))}",
+        f"{fmt_epoch(st.epoch, '  epoch ')}  elapsed {fmt_duration(st.elapsed_s(now))}  ETA {fmt_eta(st.eta_s(), st.quiet_s(now))}",
         f"loss {fmt_loss(st.loss, st.loss_floor)}  best {fmt_num(st.best_loss)}"
         f"{'' if st.best_loss_step is None else f' @{st.best_loss_step}'}"
         f"{' (recent steps only)' if st.best_loss_partial else ''}"
@@ -44,6 +46,7 @@ def format_summary(st: "RunState", now: float | None = None) -> str:
         f"{'  ' + parallel if parallel else ''}"
         f"  precision {or_na(st.precision)}"
         f"  eff. batch {or_na(st.effective_batch)}"
+        f"{'' if st.params_total is None else '  ' + fmt_params(st.params_total, st.params_trainable, st.params_active)}",
         f"{'  knobs ' + fmt_knobs(st.knobs) if fmt_knobs(st.knobs) else ''}",
     ]
     lines += eval_lines(st)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tui.format.fmt import NA, fmt_best, fmt_loss_cell, fmt_step, safe_text
+from tui.format.fmt import NA, fmt_best, fmt_epoch, fmt_loss_cell, fmt_step, safe_text
 from tui.state.runstate import RunState
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ HEADER = RunLine("RUN", "STATE", "STEP", "LOSS", "BEST", "VAL", "TOK/STEP")
 def run_line(name: str, st: RunState) -> RunLine:
     """The header row of one run: its state (lost when its supervisor is gone), step, losses."""
     return RunLine(
-        name=name, state=st.shown_state, step=fmt_step(st.step, st.max_steps, grouped=True),
+        name=name, state=st.shown_state, step=fmt_step(st.step, st.max_steps, grouped=True) + fmt_epoch(st.epoch, " ep "),
         loss=fmt_loss_cell(st.loss),
         best=fmt_best(st.best_loss, st.best_loss_step, st.best_loss_partial),
         val=fmt_loss_cell(st.val_loss),

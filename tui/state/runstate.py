@@ -68,6 +68,7 @@ class RunState:
     lr: float | None = None
     grad_norm: float | None = None
     grad_clip: float | None = None
+    epoch: float | None = None         # the newest step's: whole (engine) or fractional (a Trainer's 1.25)
     tokens_per_s: float | None = None
     samples_per_s: float | None = None
     step_time_s: float | None = None
@@ -85,6 +86,7 @@ class RunState:
     tokens_per_step: int | None = None
     params_total: int | None = None
     params_active: int | None = None
+    params_trainable: int | None = None
     loss_floor: float | None = None    # run_start data_loss_floor (synthetic data): the best loss possible
     started: float | None = None
     ended: float | None = None
@@ -285,7 +287,7 @@ def _row_step(x: float) -> int | None:
 def reduce_step(st: RunState, ev: Step) -> None:
     """Fold one `step` record into the state: its row, and what only a record carries."""
     reduce_rows(st, (ev.step,), (ev.loss,), (ev.lr,), (ev.grad_norm,), (ev.tokens_per_s,))
-    st.step_time_s, st.samples_per_s = ev.step_time_s, ev.samples_per_s
+    st.step_time_s, st.samples_per_s, st.epoch = ev.step_time_s, ev.samples_per_s, ev.epoch
     if ev.tokens_per_s is None and ev.samples_per_s is None and st.effective_batch and ev.step_time_s:
         st.samples_per_s = st.effective_batch / ev.step_time_s  # a script that counts no tokens but said its batch
     if ev.mfu is not None:
@@ -305,10 +307,11 @@ def reduce_event(st: RunState, ev: Record) -> None:
             ck = st.last_checkpoint
             logged = ck.logged if ck is not None and ck.step == ev.start_step and ck.logged else (None, None, None)
             st.loss, st.lr, st.grad_norm = logged
-            st.tokens_per_s = st.samples_per_s = st.step_time_s = None
+            st.tokens_per_s = st.samples_per_s = st.step_time_s = st.epoch = None
         st.attempt = ev.attempt or st.attempt
         st.world_size, st.nnodes, st.effective_batch = ev.world_size, ev.nnodes, ev.effective_batch
         st.tokens_per_step, st.params_total, st.params_active = ev.tokens_per_step, ev.params_total, ev.params_active
+        st.params_trainable = ev.params_trainable
         st.device, st.backend, st.precision = ev.device, ev.backend, ev.precision
         st.strategy, st.compile, st.activation_checkpointing = ev.strategy, ev.compile, ev.activation_checkpointing
         st.loss_floor = ev.data_loss_floor

@@ -5,13 +5,14 @@ from rich.text import Text
 from textual.widgets import Static
 
 from tui.format.fmt import (
-    fmt_compact,
     fmt_duration,
+    fmt_epoch,
     fmt_eta,
     fmt_knobs,
     fmt_loss,
     fmt_num,
     fmt_parallel,
+    fmt_params,
     fmt_rate,
     fmt_step,
     or_na,
@@ -38,6 +39,7 @@ def render_header(st: RunState, now: float, width: int, smoothing: float, logy: 
                   window: str = "all steps") -> Text:
     """Two or three lines of header text for a state at time `now`."""
     pct = f" {100 * st.step / st.max_steps:.0f}%" if st.step and st.max_steps else ""
+    pct += fmt_epoch(st.epoch, "  epoch ")
     state = st.shown_state
     line1 = Text.assemble(
         (safe_text(st.name), "bold"), "  ", (f" {state.upper()} ", STATE_STYLE.get(state, "bold red") + " reverse"),
@@ -54,8 +56,7 @@ def render_header(st: RunState, now: float, width: int, smoothing: float, logy: 
     parts.append(f"{or_na(st.precision)}")
     parts.append(f"eff.batch {or_na(st.effective_batch)}")
     if st.params_total is not None:
-        active = f" ({fmt_compact(st.params_active)} active)" if st.params_active is not None else ""
-        parts.append(f"params {fmt_compact(st.params_total)}{active}")
+        parts.append(fmt_params(st.params_total, st.params_trainable, st.params_active))
     if fmt_knobs(st.knobs):
         parts.append(f"knobs {fmt_knobs(st.knobs)}")
     ck = st.last_checkpoint
