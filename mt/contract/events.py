@@ -25,6 +25,7 @@ INCIDENT_CODES = (
     "checkpoint_failed",  # a background (checkpoint.async) write failed: removed, never renamed into place
     "recompile",  # torch.compile compiled a graph again mid-run (a guard failed: shape, grad mode, ...)
     "stop_cut_short",  # Slurm ended an attempt before its stop's checkpoint landed: steps lost
+    "rolled_back",  # a rollback was made (mt rollback, on_nan/on_spike = "rollback"): what, from where, by whom
 )
 EXIT_CODES = ("crash", "oom", "nccl_timeout")  # incidents that say how a rank ended
 FAILURE_CODES = (*EXIT_CODES, "hang")  # incidents that name the rank that failed first
@@ -111,6 +112,10 @@ SCHEMA: dict[str, tuple[Field, ...]] = {
     ),
     "control": (_text("request_id", key=True), _text("action"), _text("status", key=True), _text("detail")),
     "run_end": (_whole("step"), _text("status", key=True), _text("reason")),
+    "rollback": (  # docs/events.md#rollback: the run went back to to_step's checkpoint
+        _whole("step"), _whole("to_step", key=True), _whole("skip_batches"), _num("lr_scale", nonneg=True), _text("why"),
+        Field("by", "str", "choice", choices=("user", "on_nan", "on_spike")), _whole("count", lo=1),
+    ),
 }
 assert all(f.rule in RULES for fields in SCHEMA.values() for f in fields)
 

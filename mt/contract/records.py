@@ -139,6 +139,20 @@ class RunEnd(Event):
     kind: ClassVar[str] = "run_end"
 
 
+@dataclass(slots=True, kw_only=True)
+class RollbackEvent(Event):
+    """A `rollback` event: the run went back to `to_step`'s checkpoint (docs/events.md#rollback)."""
+
+    step: int | None = None
+    to_step: int
+    skip_batches: int | None = None
+    lr_scale: float | None = None
+    why: str = ""
+    by: str = ""
+    count: int | None = None
+    kind: ClassVar[str] = "rollback"
+
+
 @dataclass(slots=True)
 class Unknown(Event):
     """A well-formed event of a kind this version does not know: skipped, not counted."""
@@ -146,7 +160,7 @@ class Unknown(Event):
     name: str
 
 
-Record = Union[RunStart, Step, Eval, Metrics, Checkpoint, IncidentLine, ControlEvent, RunEnd, Unknown]
+Record = Union[RunStart, Step, Eval, Metrics, Checkpoint, IncidentLine, ControlEvent, RunEnd, RollbackEvent, Unknown]
 
 
 def _int(raw: dict[str, Any], key: str, lo: int = 0, required: bool = False) -> int | None:
@@ -269,7 +283,7 @@ def _from_schema(cls: type[Event], raw: dict[str, Any], t: float | None) -> Any:
     return cls(t=t, raw=raw, **kw)
 
 
-_BUILT = (RunStart, Step, Eval, Metrics, Checkpoint, ControlEvent, RunEnd)   # all but the incident
+_BUILT = (RunStart, Step, Eval, Metrics, Checkpoint, ControlEvent, RunEnd, RollbackEvent)   # all but the incident
 _HELD = {cls: frozenset(f.name for f in fields(cls)) - {"t", "raw"} for cls in _BUILT}
 _PARSERS: dict[str, Callable[[dict[str, Any], float | None], Any]] = {
     **{cls.kind: (lambda raw, t, cls=cls: _from_schema(cls, raw, t)) for cls in _BUILT}, "incident": _incident,

@@ -1,0 +1,67 @@
+"""Rollbacks made by the engine (mt/contract/rollback.py, engine/checkpoint/rollback.py): on_nan =
+"rollback" ends the attempt, the next continues from the checkpoint before the bad step with the
+batches skipped, and a rolled-back run killed and resumed equals an uninterrupted one bit for bit."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mt.contract import rollback
+from mt.contract.paths import RunPaths
+
+from .runner import events, final_weights, finish, kill_tree, logs, make_run, run_engine, start, steps_by_attempt, wait_for
+
+# global batch 8 (1 rank x 4 x 2): checkpoints every 2 steps, a NaN injected at step 5 of attempt 1
+NAN = {"train": {"max_steps": 12, "on_nan": "rollback"}, "checkpoint": {"every_steps": 2}, "faults": {"nan_at_step": 5}}
+
+
+def _rolled_back_once(run) -> None:
+    """Attempt 1 meets the NaN at step 5 and ends asking for a rollback to step 4."""
+    assert run_engine(run) == 0, logs(run)
+    assert events(run, "run_end")[-1]["status"] == rollback.RUN_END
+    req = rollback.read_request(RunPaths(run))
+    assert req is not None and (req.step, req.to_step, req.skip_batches, req.by, req.count) == (5, 4, 1, "on_nan", 1)
+
+
+@pytest.mark.slow
+def test_on_nan_rollback_continues_from_the_checkpoint_before_with_the_batches_skipped(tmp_path):
+    run = make_run(tmp_path, **NAN)
+    _rolled_back_once(run)
+    assert run_engine(run, attempt=2) == 0, logs(run)
+    [rb] = events(run, "rollback")
+    assert (rb["step"], rb["to_step"], rb["skip_batches"], rb["lr_scale"], rb["by"], rb["count"]) == (5, 4, 1, 1.0, "on_nan", 1)
+    assert any(e["code"] == "rolled_back" for e in events(run, "incident"))
+    steps = steps_by_attempt(run)[2]
+    assert [s["step"] for s in steps] == list(range(5, 13))
+    # the position moved past the skipped batch: step 5 ends at (4 + 1 skipped + 1) x 8 samples
+    assert steps[0]["samples_seen"] == 48 and all(math.isfinite(s["loss"]) for s in steps)
+    assert events(run, "run_end")[-1]["status"] == "completed"
+    # the request is spent once a checkpoint holds it; the next start removes it
+    assert rollback.held(RunPaths(run).checkpoints, 1)
+
+
+@pytest.mark.slow
+def test_a_rolled_back_run_killed_and_resumed_equals_an_uninterrupted_one_bitwise(tmp_path):
+    pace = {"faults": {**NAN["faults"], "step_sleep_s": 0.2}}
+    whole = make_run(tmp_path, "whole", **{**NAN, **pace})
+    _rolled_back_once(whole)
+    assert run_engine(whole, attempt=2) == 0, logs(whole)
+
+    cut = make_run(tmp_path, "cut", **{**NAN, **pace})
+    _rolled_back_once(cut)
+    # killed twice: once around the rollback's first steps (maybe before a checkpoint holds it), once later
+    for attempt, at in ((2, 5), (3, 8)):
+        proc = start(cut, attempt=attempt)
+        wait_for(lambda a=attempt, s=at: any(e["step"] >= s for e in steps_by_attempt(cut).get(a, [])), 180,
+                 f"attempt {attempt} at step {at}")
+        kill_tree(proc.pid)
+        proc.wait()
+    assert finish(start(cut, attempt=4), cut) == 0, logs(cut)
+    assert len(events(cut, "rollback")) >= 1  # attempt 2 made it; attempt 3 again only if 2 died before a checkpoint held it
+    assert {e["count"] for e in events(cut, "rollback")} == {1}
+    a, b = final_weights(whole), final_weights(cut)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    last = {s["step"]: s["loss"] for s in steps_by_attempt(whole)[2]}
+    assert all(s["loss"] == last[s["step"]] for s in steps_by_attempt(cut)[4])
