@@ -40,6 +40,12 @@ def begin(paths: RunPaths, env: DistEnv) -> Rollback | None:
     return Rollback.parse(box[0])
 
 
+def settle(paths: RunPaths, env: DistEnv, rb: Rollback | None) -> None:
+    """At an attempt's end: the request removed once a checkpoint holds it (rank 0)."""
+    if rb is not None and env.is_main and contract.held(paths.checkpoints, rb.count):
+        contract.clear_request(paths)
+
+
 def apply(rb: Rollback, start: Position, global_batch: int) -> None:
     """The resumed position moved: `skip_batches` global batches further in the data order, the
     lr knob set, the count kept (every checkpoint after this holds all three)."""

@@ -1,0 +1,62 @@
+"""`mt rollback`: checked before anything is touched, then a stopped or live run continues from an
+earlier checkpoint with batches skipped and its learning rate scaled (docs/cli.md#mt-rollback)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.cli.conftest import events, mt, run_dir_from, status, wait_for, write_preset
+
+
+def _snapshot(run_dir: Path) -> tuple:
+    """What a refused rollback must leave as it was: the checkpoints, events, status, no request."""
+    ckpts = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    return ckpts, (run_dir / "events.jsonl").stat().st_size, status(run_dir)["state"], (run_dir / "rollback.json").exists()
+
+
+@pytest.mark.slow
+def test_rollback_of_a_finished_run_skips_batches_and_scales_the_lr(tmp_path: Path, runs: Path) -> None:
+    preset = write_preset(tmp_path / "p.toml", runs, launch={"nproc_per_node": 1},
+                          train={"max_steps": 16, "warmup_steps": 1}, checkpoint={"every_steps": 4, "keep_last": 5})
+    first = mt("launch", preset, "--headless")
+    run_dir = run_dir_from(first.stdout)
+    assert status(run_dir)["state"] == "completed", first.stdout + first.stderr
+    before = _snapshot(run_dir)
+    # bad input: one line, exit 2, nothing changed
+    for args, says in ((["--to", "3"], "no intact checkpoint at or before step 3"), (["--lr-scale", "0"], "--lr-scale"),
+                       (["--lr-scale", "nan"], "--lr-scale"), (["--skip-batches", "-1"], "--skip-batches")):
+        res = mt("rollback", run_dir, *args, "--detach")
+        assert res.returncode == 2 and says in res.stderr and len(res.stderr.strip().splitlines()) == 1, (args, res.stderr)
+        assert _snapshot(run_dir) == before, args
+
+    old = {e["step"]: e for e in events(run_dir, "step")}
+    res = mt("rollback", run_dir, "--to", "10", "--skip-batches", "3", "--lr-scale", "0.5", "--headless")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "rolling back to the checkpoint of step 8" in res.stdout
+    [rb] = events(run_dir, "rollback")
+    assert (rb["step"], rb["to_step"], rb["skip_batches"], rb["lr_scale"], rb["by"], rb["count"]) == (16, 8, 3, 0.5, "user", 1)
+    new = [e for e in events(run_dir, "step") if e["t"] > rb["t"]]
+    assert [e["step"] for e in new] == list(range(9, 17))
+    batch = old[1]["samples_seen"]
+    assert new[0]["samples_seen"] == (8 + 3 + 1) * batch  # 3 global batches skipped, the order otherwise kept
+    assert all(e["lr"] == pytest.approx(0.5 * old[e["step"]]["lr"], rel=1e-12) for e in new)
+    assert sorted(p.name for p in (run_dir / "checkpoints" / "abandoned").iterdir()) == ["1-step-12", "1-step-16"]
+    assert status(run_dir)["state"] == "completed" and not (run_dir / "rollback.json").exists()  # spent: removed
+
+
+@pytest.mark.slow
+def test_rollback_of_a_live_run_stops_it_and_goes_back_before_its_nan(tmp_path: Path, runs: Path) -> None:
+    preset = write_preset(tmp_path / "p.toml", runs, launch={"nproc_per_node": 1},
+                          train={"max_steps": 40, "warmup_steps": 1, "on_nan": "skip"},
+                          checkpoint={"every_steps": 4, "keep_last": 5}, faults={"nan_at_step": 6, "step_sleep_s": 0.3})
+    run_dir = run_dir_from(mt("launch", preset, "--detach").stdout)
+    wait_for(lambda: any(e["step"] >= 10 for e in events(run_dir, "step")), 180, "step 10")
+    res = mt("rollback", run_dir, "--headless", timeout=400)
+    assert res.returncode == 0, res.stdout + res.stderr
+    [rb] = events(run_dir, "rollback")
+    # the default: the newest checkpoint before the NaN (step 4), every batch through it skipped (5 and 6)
+    assert (rb["to_step"], rb["skip_batches"], rb["by"]) == (4, 2, "user") and "nan_loss at step 6" in rb["why"]
+    assert any(e["reason"] == "stop" for e in events(run_dir, "checkpoint"))  # the live run stopped first
+    assert "1-step-8" in {p.name for p in (run_dir / "checkpoints" / "abandoned").iterdir()}
+    assert status(run_dir)["state"] == "completed"
