@@ -43,6 +43,26 @@ def test_rollback_of_a_finished_run_skips_batches_and_scales_the_lr(tmp_path: Pa
     assert all(e["lr"] == pytest.approx(0.5 * old[e["step"]]["lr"], rel=1e-12) for e in new)
     assert sorted(p.name for p in (run_dir / "checkpoints" / "abandoned").iterdir()) == ["1-step-12", "1-step-16"]
     assert status(run_dir)["state"] == "completed" and not (run_dir / "rollback.json").exists()  # spent: removed
+    _viewers_show_the_rollback(run_dir, runs, {e["step"]: e["loss"] for e in new})
+
+
+def _viewers_show_the_rollback(run_dir: Path, runs: Path, kept: dict[int, float]) -> None:
+    """The abandoned steps 9..16 are not the run's in the plots (live follow and a big run's bulk
+    read alike), a red mark stands at step 8, and mt ls / --once say the run was rolled back."""
+    from tui.read.follower import RunFollower
+    from tui.state.runseries import MARK_ROLLBACK
+
+    follower = RunFollower(run_dir)
+    follower.poll()
+    for series in (follower.series, follower.bulk().series):
+        x, y = series.loss.arrays()
+        assert x.tolist() == list(range(1, 17))
+        assert {int(s): v for s, v in zip(x.tolist(), y.tolist()) if s > 8} == kept
+        assert [a.tolist() for a in series.marks.arrays()] == [[8.0], [MARK_ROLLBACK]]
+    assert follower.state.rollbacks == 1
+    once = mt("watch", run_dir, "--once")
+    assert "rolled back from step 16 to step 8 (to step 10 (mt rollback --to); by user): 3 batches skipped, lr x0.5" in once.stdout
+    assert "completed, rolled back 1x" in mt("ls", runs).stdout
 
 
 @pytest.mark.slow

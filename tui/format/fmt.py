@@ -262,3 +262,14 @@ def fmt_ranks(ranks: list[int]) -> str:
             runs.append([r])
     parts = [f"{g[0]}-{g[-1]}" if len(g) >= 3 else ", ".join(map(str, g)) for g in runs]
     return f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(parts)}"
+
+
+def fmt_rollback(step: int | None, to_step: int | None, skip: int | None, lr_scale: float | None, why: str, by: str,
+                 count: int | None) -> str:
+    """A `rollback` event in one line (headless, --once, the dashboard's notice)."""
+    def n(v: int | None) -> str:  # 0 is a step and a skip: not "not available"
+        return NA if v is None else str(v)
+
+    lr = "" if lr_scale is None or lr_scale == 1.0 else f", lr x{lr_scale:g}"
+    return (f"rolled back from step {n(step)} to step {n(to_step)} ({why or 'no reason given'}; by {by or NA}):"
+            f" {n(skip)} batches skipped{lr} (rollback {n(count)})")

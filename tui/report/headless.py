@@ -14,9 +14,21 @@ from typing import Callable, TextIO
 
 from mt.contract.incident import IncidentLine
 from mt.contract.paths import RunPaths
-from mt.contract.records import Checkpoint, ControlEvent, Eval, Metrics, Record, RunEnd, RunStart, Step
+from mt.contract.records import Checkpoint, ControlEvent, Eval, Metrics, Record, RollbackEvent, RunEnd, RunStart, Step
 from mt.contract.status import CLEAN_STATES, FINAL_STATES, Status, read_status
-from tui.format.fmt import NA, anatomy_lines, at_step, fmt_eta, fmt_num, fmt_rate, fmt_step, fmt_write_time, safe_text, stacks_lines
+from tui.format.fmt import (
+    NA,
+    anatomy_lines,
+    at_step,
+    fmt_eta,
+    fmt_num,
+    fmt_rate,
+    fmt_rollback,
+    fmt_step,
+    fmt_write_time,
+    safe_text,
+    stacks_lines,
+)
 from tui.read.follower import PollResult, RunFollower
 from tui.read.nodes import JobReader
 from tui.read.rundir import liveness
@@ -50,6 +62,8 @@ def event_line(ev: Record) -> str | None:
         return f"control {ev.action} {ev.status}: {ev.detail}".rstrip(": ")
     if isinstance(ev, RunEnd):
         return f"run ended {at_step(ev.step)}: {ev.status} ({ev.reason})"
+    if isinstance(ev, RollbackEvent):
+        return fmt_rollback(ev.step, ev.to_step, ev.skip_batches, ev.lr_scale, ev.why, ev.by, ev.count)
     return None
 
 

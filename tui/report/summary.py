@@ -13,6 +13,7 @@ from tui.format.fmt import (
     fmt_num,
     fmt_parallel,
     fmt_rate,
+    fmt_rollback,
     fmt_step,
     fmt_write_time,
     or_na,
@@ -45,6 +46,9 @@ def format_summary(st: "RunState", now: float | None = None) -> str:
     lines.append("checkpoint: none" if ck is None else
                  f"checkpoint: step {ck.step} ({fmt_duration(ck.age_s(now))} ago"
                  f"{'; ' + fmt_write_time(ck.seconds, ck.blocking_s) if ck.seconds is not None else ''})  {ck.path}")
+    if st.rollback is not None:
+        rb = st.rollback
+        lines.append(fmt_rollback(rb.step, rb.to_step, rb.skip_batches, rb.lr_scale, rb.why, rb.by, st.rollbacks))
     if st.incidents:   # every incident of the run, from the engine or the supervisor, open or closed
         lines.append(f"incidents: {len(st.open_incidents)} open, {len(st.incidents) - len(st.open_incidents)} closed")
         for inc in st.incidents:

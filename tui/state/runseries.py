@@ -28,10 +28,12 @@ class RunSeries:
     tokens_per_s: "Series" = field(default_factory=_series)
     extra: dict[str, "Series"] = field(default_factory=dict)
     """A script's own metrics (run.step's keyword arguments and run.log's values), by name."""
+    marks: "Series" = field(default_factory=_series)
+    """Vertical marks, x = step: MARK_ROLLBACK where a rollback went back to, MARK_KNOB where a knob applies."""
 
     def all(self) -> dict[str, "Series"]:
         return {"loss": self.loss, "val_loss": self.val_loss, "lr": self.lr, "grad_norm": self.grad_norm,
-                "tokens_per_s": self.tokens_per_s}
+                "tokens_per_s": self.tokens_per_s, "marks": self.marks}
 
     def truncate_after(self, step: float) -> None:
         for s in (*self.all().values(), *self.extra.values()):
@@ -61,12 +63,20 @@ class RunSeries:
     def add_event(self, ev: Record) -> None:
         """A non-step event: a new attempt drops what followed its checkpoint; an eval adds a point."""
         if isinstance(ev, RunStart):
-            self.truncate_after(ev.start_step)
+            self.truncate_after(ev.start_step)   # a rollback's abandoned steps too: its run_start is at to_step
+        elif ev.kind in MARK_KINDS:
+            step = ev.raw.get("to_step" if ev.kind == "rollback" else "step")
+            if isinstance(step, int) and not isinstance(step, bool):
+                self.marks.append(step, MARK_KINDS[ev.kind])
         elif isinstance(ev, Eval):
             self.val_loss.append(ev.step, _f(ev.val_loss))
         elif isinstance(ev, Metrics):
             for name, v in ev.values.items():
                 (self.val_loss if name == "val_loss" else self.extra_series(name)).append(ev.step, v)
+
+
+MARK_ROLLBACK, MARK_KNOB = 0.0, 1.0
+MARK_KINDS = {"rollback": MARK_ROLLBACK, "knob": MARK_KNOB}  # the knob event is the knobs' (docs/events.md)
 
 
 def _f(v: float | None) -> float:

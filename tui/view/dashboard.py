@@ -107,7 +107,7 @@ class DashboardScreen(PlotKeys, Screen[None]):
             with Vertical(id="plots"):
                 yield MetricPlot("loss: train (cyan, raw grey), val (orange)", "loss", [
                     Curve("train", series.loss, "cyan"),
-                    Curve("val", series.val_loss, "orange", smooth=False)], id="plot-loss")
+                    Curve("val", series.val_loss, "orange", smooth=False), Curve("marks", series.marks, "red", vertical=True)], id="plot-loss")
                 with Horizontal(id="plots-small"):
                     # a script may report neither: its steps are then gaps, not a row of red x's
                     yield MetricPlot("learning rate", "lr", [Curve("lr", series.lr, "green", smooth=False, marks_bad=False)],
