@@ -25,6 +25,7 @@ from tui.state.requests import Note, RequestBook, refusal
 from tui.state.window import XWindow, narrow, next_window, widen
 from tui.view.messages import ControlAsked, ControlDone
 from tui.view.plotkeys import HELP_BINDING, SMOOTHING_BINDINGS, PlotKeys
+from tui.view.rollbackkey import ROLLBACK_BINDING, RollbackKey
 from tui.widgets.curve import Curve
 from tui.widgets.dialogs import ConfirmScreen
 from tui.widgets.header import RunHeader
@@ -40,7 +41,7 @@ LAYOUTS = ("too-small", "tabs", "side-tabs", "full")
 LOCK_WAIT_S = 0.05           # a poll holds the watcher's lock for ms; a bulk load reads without it
 
 
-class DashboardScreen(PlotKeys, Screen[None]):
+class DashboardScreen(PlotKeys, RollbackKey, Screen[None]):
     """Shows one run as its watcher has read it and decides its control requests; the App follows
     the run and runs the workers (kill, resume, stacks) this screen asks for."""
 
@@ -48,7 +49,7 @@ class DashboardScreen(PlotKeys, Screen[None]):
         Binding("c", "checkpoint", "Checkpoint", id="checkpoint", tooltip="Save a checkpoint now"),
         Binding("s", "stop", "Stop", id="stop", tooltip="Graceful stop with a final checkpoint"),
         Binding("k", "kill", "Kill", id="kill", tooltip="Terminate every process of the run (asks first)"),
-        Binding("r", "resume", "Resume", id="resume", tooltip="New attempt from the newest checkpoint"),
+        Binding("r", "resume", "Resume", id="resume", tooltip="New attempt from the newest checkpoint"), ROLLBACK_BINDING,
         *SMOOTHING_BINDINGS,
         Binding("t", "toggle_throughput", "Tok/s", id="throughput",
                 tooltip="Plot tokens/s in place of the learning rate (and back)"),
