@@ -18,6 +18,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Mapping
 
+from mt import rolledback
 from mt.agree import Agreement
 from mt.contract import builders as event_fields
 from mt.contract.anatomy import StepAnatomy
@@ -84,6 +85,8 @@ class Run:
         self._recorded: tuple[int, float] | None = None  # run.record's previous (step, time): the steps between are timed
         self.owned = start.owned and usable
         self.resume_from: Path | None = None
+        # a rollback (`mt rollback`): skip this many batches after resume_from; lr_scale (None: keep yours) from there on
+        self.skip_batches, self.lr_scale, self.rollback = 0, None, None
         self.failures = start.failures  # mt's writes that failed: said once, never raised into the loop
         self._events: EventWriter | None = None
         self._inbox: ControlInbox | None = None
@@ -186,6 +189,8 @@ class Run:
         with self.failures.guard(self.paths.events):
             self._events.emit("checkpoint", **event_fields.checkpoint(at, str(where), tree_size(where), None, reason,
                                                                      [r.id for r in reqs]))
+        rolledback.spent(self.paths, self.rollback)
+        self.rollback = None
         for req in reqs:
             with self.failures.guard(self.paths.events):
                 self._events.emit("control", **event_fields.saved(req.id, req.action, at, where))
@@ -356,6 +361,8 @@ class Run:
                 script=sys.argv[0] if sys.argv else None, pid=os.getpid(),
                 **({"grad_clip": self.facts.grad_clip} if self.facts.grad_clip is not None else {}),
             ))
+            if self.rollback is not None:
+                rolledback.announce(self._events, self.rollback)
 
     def _describe(self, config: Mapping[str, Any] | None, facts: Facts, max_steps: int | None) -> None:
         """A later mt.init's words (an adapter's, once its framework knows them): they count until run_start is written."""

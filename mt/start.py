@@ -44,8 +44,10 @@ def init(config: Mapping[str, Any] | None = None, *, name: str | None = None, ru
         usable = made is not None
         paths, attempt, owned = made if made is not None else RunPaths(Path(runs_dir).absolute()), 1, True
     run = Run(_Start(paths, rank, world, attempt, config, max_steps, owned, usable, failures, facts))
-    from mt.contract.checkpoints import reported
-    run.resume_from = reported(paths.events) if usable else None
+    from mt.rolledback import resume_point
+    run.resume_from, run.rollback = resume_point(paths, usable)  # a pending `mt rollback`: an earlier checkpoint
+    if run.rollback is not None:
+        run.skip_batches, run.lr_scale = run.rollback.skip_batches, run.rollback.lr_scale
     run._previous_hook = sys.excepthook
     sys.excepthook = run._excepthook
     atexit.register(run._flush)  # a script that ends without run.finish() keeps its last steps

@@ -240,6 +240,13 @@ def newest(root: Path, verified: Verified = "sha256", check: Callable[[Path, dic
 def reported(events: Path, chunk: int = 1 << 20) -> Path | None:
     """The newest checkpoint a `checkpoint` event names that still exists (a script's own format,
     or an engine folder): events.jsonl read backwards, so a long run costs only its tail."""
+    found = reported_at(events, None, chunk)
+    return found[0] if found else None
+
+
+def reported_at(events: Path, at_most: int | None, chunk: int = 1 << 20) -> tuple[Path, int] | None:
+    """(path, step) of the newest reported checkpoint that still exists, of a step at or before
+    `at_most` (None: any); newest in file order, so a rollback's new timeline wins over the old one."""
     from mt.contract.records import Checkpoint, parse_event  # the typed parser: only for a script's run
 
     try:
@@ -257,8 +264,9 @@ def reported(events: Path, chunk: int = 1 << 20) -> Path | None:
                     if b'"checkpoint"' not in line:
                         continue
                     rec = parse_event(line)
-                    if isinstance(rec, Checkpoint) and rec.path and os.path.exists(rec.path):
-                        return Path(rec.path)
+                    if isinstance(rec, Checkpoint) and rec.path and os.path.exists(rec.path) \
+                            and (at_most is None or rec.step <= at_most):
+                        return Path(rec.path), rec.step
     except OSError:     # missing, or refused by the door (a FIFO, a device, a link)
         pass
     return None

@@ -8,11 +8,12 @@ from pathlib import Path
 
 from mt.contract import knobs
 from mt.contract import rollback as contract
-from mt.contract.checkpoints import folders
+from mt.contract.checkpoints import reported_at
 from mt.contract.config import ConfigError
+from mt.contract.events import INT_MAX
 from mt.contract.paths import RunPaths
 from mt.contract.preset import load_config_json
-from mt.contract.records import IncidentLine, RecordTail, Step
+from mt.contract.records import IncidentLine, RecordTail, RollbackEvent, Step
 from mt.contract.rollback import Rollback
 from mt.contract.status import read_status
 from tui.read.rundir import liveness, require_run_dir
@@ -32,17 +33,31 @@ class Seen:
 
     reached: int
     bad: tuple[int, str] | None
+    rollbacks: int = 0   # the newest rollback event's count
 
 
 def seen(paths: RunPaths) -> Seen:
     """One pass over events.jsonl (through the door, as every reader)."""
-    reached, bad = 0, None
+    reached, bad, count = 0, None, 0
     for rec in RecordTail(paths.events).iter_new():
         if isinstance(rec, Step):
             reached = max(reached, rec.step)
         elif isinstance(rec, IncidentLine) and rec.code in BAD_STEPS and rec.step is not None:
             bad = (rec.step, rec.code)
-    return Seen(reached, bad)
+        elif isinstance(rec, RollbackEvent):
+            count = max(count, rec.count or 0)
+    return Seen(reached, bad, count)
+
+
+def _checkpoints(paths: RunPaths, script: bool, at_most: int) -> tuple[list[int], str]:
+    """The steps of the checkpoints at or before `at_most` a rollback could use, newest first (the
+    engine's intact folders; a script's newest reported one that exists), and why none, if none."""
+    if script:
+        found = reported_at(paths.events, at_most)
+        return ([found[1]] if found else []), " (the script reported none that still exists)"
+    target = contract.at_or_before(paths.checkpoints, at_most)
+    damaged = f" ({len(target.damaged)} damaged: {target.damaged[0].message})" if target.damaged else ""
+    return ([target.step] if target.step is not None else []), damaged
 
 
 def plan(run_dir: Path, to: int | None, skip: int | None, lr_scale: float | None) -> Rollback:
@@ -57,9 +72,7 @@ def plan(run_dir: Path, to: int | None, skip: int | None, lr_scale: float | None
         cfg = load_config_json(paths.config)
     except ConfigError as e:
         raise RollbackError(str(e)) from None
-    if cfg.launch.script:
-        raise RollbackError(f"{run_dir}: a script's run: roll it back from the script (docs/library.md#rollback); "
-                            f"mt rollback continues preset runs")
+    script = bool(cfg.launch.script)
     if lr_scale is not None:
         try:
             lr_scale = float(knobs.check("lr_scale", lr_scale))
@@ -70,22 +83,21 @@ def plan(run_dir: Path, to: int | None, skip: int | None, lr_scale: float | None
     if to is not None and to < 0:
         raise RollbackError(f"--to: expected a step >= 0, got {to}")
     s = seen(paths)
-    reached = max([s.reached, *(st for st, _ in folders(paths.checkpoints)[:1])])
+    newest = _checkpoints(paths, script, INT_MAX)[0]
+    reached = max(s.reached, *newest[:1])
     if to is not None:
         limit, why = to, f"to step {to} (mt rollback --to)"
     elif s.bad is not None:
         limit, why = s.bad[0] - 1, f"{s.bad[1]} at step {s.bad[0]}"
     else:
-        newest = folders(paths.checkpoints)
-        limit, why = (newest[0][0] - 1 if newest else -1), "the newest checkpoint but one (no NaN or spike incident)"
-    target = contract.at_or_before(paths.checkpoints, limit)
-    if target.step is None:
-        damaged = f" ({len(target.damaged)} damaged: {target.damaged[0].message})" if target.damaged else ""
-        raise RollbackError(f"{run_dir}: no intact checkpoint at or before step {limit} to roll back to{damaged}; "
+        limit, why = (newest[0] - 1 if newest else -1), "the newest checkpoint but one (no NaN or spike incident)"
+    steps, none_why = _checkpoints(paths, script, limit)
+    if not steps:
+        raise RollbackError(f"{run_dir}: no intact checkpoint at or before step {limit} to roll back to{none_why}; "
                             f"nothing was changed")
     bad_step = s.bad[0] if s.bad is not None and to is None else reached
-    batches = skip if skip is not None else contract.skip_for(cfg.train.rollback_skip_batches, bad_step, target.step)
-    return Rollback(reached, target.step, batches, lr_scale, why, "user", contract.newest_count(paths) + 1)
+    batches = skip if skip is not None else contract.skip_for(cfg.train.rollback_skip_batches, bad_step, steps[0])
+    return Rollback(reached, steps[0], batches, lr_scale, why, "user", max(contract.newest_count(paths), s.rollbacks) + 1)
 
 
 def roll_back(run_dir: Path, rb: Rollback, stop_timeout: float = 300.0) -> str:
