@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.conftest import events, mt, run_dir_from, status, wait_for, write_preset
+from tests.cli.conftest import events, incidents, mt, run_dir_from, status, wait_for, write_preset
 
 
 def _snapshot(run_dir: Path) -> tuple:
@@ -80,3 +80,17 @@ def test_rollback_of_a_live_run_stops_it_and_goes_back_before_its_nan(tmp_path: 
     assert any(e["reason"] == "stop" for e in events(run_dir, "checkpoint"))  # the live run stopped first
     assert "1-step-8" in {p.name for p in (run_dir / "checkpoints" / "abandoned").iterdir()}
     assert status(run_dir)["state"] == "completed"
+
+
+@pytest.mark.slow
+def test_on_nan_rollback_under_the_supervisor_starts_the_next_attempt_without_spending_a_restart(tmp_path: Path, runs: Path) -> None:
+    preset = write_preset(tmp_path / "p.toml", runs, launch={"nproc_per_node": 1, "max_restarts": 0},
+                          train={"max_steps": 12, "warmup_steps": 1, "on_nan": "rollback"},
+                          checkpoint={"every_steps": 4}, faults={"nan_at_step": 6})
+    res = mt("launch", preset, "--headless")
+    run_dir = run_dir_from(res.stdout)
+    st = status(run_dir)
+    assert res.returncode == 0 and st["state"] == "completed" and st["attempt"] == 2, res.stdout + res.stderr
+    assert "run ended at step 5: rolled_back (rolling back to step 4 after a non-finite loss at step 6)" in res.stdout
+    assert "rolled back from step 6 to step 4 (non-finite loss; by on_nan): 2 batches skipped (rollback 1)" in res.stdout
+    assert not any(incidents(run_dir, code) for code in ("crash", "oom", "nccl_timeout"))  # an end on purpose

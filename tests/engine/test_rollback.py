@@ -11,7 +11,7 @@ import torch
 from mt.contract import rollback
 from mt.contract.paths import RunPaths
 
-from .runner import events, final_weights, finish, kill_tree, logs, make_run, run_engine, start, steps_by_attempt, wait_for
+from .runner import REPO, events, final_weights, finish, kill_tree, logs, make_run, run_engine, start, steps_by_attempt, wait_for
 
 # global batch 8 (1 rank x 4 x 2): checkpoints every 2 steps, a NaN injected at step 5 of attempt 1
 NAN = {"train": {"max_steps": 12, "on_nan": "rollback"}, "checkpoint": {"every_steps": 2}, "faults": {"nan_at_step": 5}}
@@ -65,3 +65,41 @@ def test_a_rolled_back_run_killed_and_resumed_equals_an_uninterrupted_one_bitwis
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     last = {s["step"]: s["loss"] for s in steps_by_attempt(whole)[2]}
     assert all(s["loss"] == last[s["step"]] for s in steps_by_attempt(cut)[4])
+
+
+@pytest.mark.parametrize(("over", "says"), [
+    ({"train": {"rollback_budget": 0}}, "the rollback budget is spent (train.rollback_budget = 0)"),
+    ({"checkpoint": {"every_steps": 0}}, "no checkpoint before step 5 to roll back to"),
+])
+def test_a_nan_that_cannot_roll_back_stops_the_run_saying_why(tmp_path, over, says):
+    run = make_run(tmp_path, **{**NAN, "train": {**NAN["train"], **over.get("train", {})},
+                                "checkpoint": {**NAN["checkpoint"], **over.get("checkpoint", {})}})
+    assert run_engine(run) == 0, logs(run)
+    end = events(run, "run_end")[-1]
+    assert end["status"] == "stopped" and end["step"] == 4 and says in end["reason"], end
+    assert "train.on_nan = \"rollback\"" in end["reason"] and not (run / "rollback.json").exists()
+    assert events(run, "checkpoint")[-1]["reason"] == "stop"  # the last good state, as on_nan = "stop" keeps it
+
+
+@pytest.mark.slow
+def test_on_spike_rollback_goes_back_before_a_mislabelled_sample_and_skips_it(tmp_path):
+    from bench.poisoned import order
+
+    # global batch 8: order position 195 is the 4th sample of step 25; checkpoints every 5 steps
+    poison = order(4096, 7, [195])
+    run = make_run(tmp_path, run={"workdir": str(REPO / "bench")},
+                   model={"kind": "python", "factory": "poisoned:model", "args": {"hidden": 32}},
+                   data={"source": "python", "factory": "poisoned:build",
+                         "args": {"n": 4096, "poison": poison, "kind": "spike", "val_n": 0}},
+                   train={"max_steps": 40, "micro_batch_size": 8, "grad_accum_steps": 1, "lr": 1e-2, "on_spike": "rollback"},
+                   checkpoint={"every_steps": 5, "keep_last": 10}, monitor={"spike_min_history": 10})
+    assert run_engine(run) == 0, logs(run)
+    assert events(run, "run_end")[-1]["status"] == rollback.RUN_END, logs(run)
+    assert [e["step"] for e in events(run, "incident") if e["code"] == "loss_spike"] == [25]
+    assert run_engine(run, attempt=2) == 0, logs(run)
+    [rb] = events(run, "rollback")
+    assert (rb["step"], rb["to_step"], rb["skip_batches"], rb["by"]) == (25, 20, 5, "on_spike")
+    again = steps_by_attempt(run)[2]
+    assert again[0]["step"] == 21 and again[0]["samples_seen"] == (20 + 5 + 1) * 8 and again[-1]["step"] == 40
+    assert [e["step"] for e in events(run, "incident") if e["code"] == "loss_spike"] == [25]  # not met again
+    assert {p.name for p in (run / "checkpoints" / "abandoned").iterdir()} == {"1-step-25", "1-step-26"}
