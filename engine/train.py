@@ -345,7 +345,7 @@ class Trainer:
 
     def _end(self, status: str, reason: str) -> int:
         self.checkpoints.collect(wait=True)  # a write in flight is finished (and reported) first
-        rollbacks.settle(self.paths, self.env, self.rollback)
+        rollbacks.settle(self.paths, self.env)
         self.events.emit("run_end", step=self.step, status=status, reason=reason)
         log(f"run_end {status}: {reason}")
         return 0

@@ -40,9 +40,11 @@ def begin(paths: RunPaths, env: DistEnv) -> Rollback | None:
     return Rollback.parse(box[0])
 
 
-def settle(paths: RunPaths, env: DistEnv, rb: Rollback | None) -> None:
-    """At an attempt's end: the request removed once a checkpoint holds it (rank 0)."""
-    if rb is not None and env.is_main and contract.held(paths.checkpoints, rb.count):
+def settle(paths: RunPaths, env: DistEnv) -> None:
+    """At an attempt's end (rank 0): the pending request removed once a checkpoint holds it; never
+    one this attempt has just written for the next (on_nan), which no checkpoint holds yet."""
+    pending = contract.read_request(paths) if env.is_main else None
+    if pending is not None and contract.held(paths.checkpoints, pending.count):
         contract.clear_request(paths)
 
 

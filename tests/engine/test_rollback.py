@@ -103,3 +103,25 @@ def test_on_spike_rollback_goes_back_before_a_mislabelled_sample_and_skips_it(tm
     assert again[0]["step"] == 21 and again[0]["samples_seen"] == (20 + 5 + 1) * 8 and again[-1]["step"] == 40
     assert [e["step"] for e in events(run, "incident") if e["code"] == "loss_spike"] == [25]  # not met again
     assert {p.name for p in (run / "checkpoints" / "abandoned").iterdir()} == {"1-step-25", "1-step-26"}
+
+
+POISONED = {"run": {"workdir": str(REPO / "bench")},
+            "model": {"kind": "python", "factory": "poisoned:model", "args": {"hidden": 32}},
+            "train": {"max_steps": 40, "micro_batch_size": 8, "grad_accum_steps": 1, "lr": 1e-2, "on_nan": "rollback"},
+            "checkpoint": {"every_steps": 5, "keep_last": 10}}
+
+
+@pytest.mark.slow
+def test_each_nan_of_a_poisoned_dataset_is_rolled_back_once_and_never_met_again(tmp_path):
+    from bench.poisoned import order
+
+    # global batch 8: two inf samples at order positions 90 and 178 (steps 12 and 23; after the
+    # first rollback skipped 2 batches, step 21)
+    run = make_run(tmp_path, **POISONED, data={"source": "python", "factory": "poisoned:build",
+                                              "args": {"n": 4096, "poison": order(4096, 7, [90, 178]), "val_n": 0}})
+    for attempt in (1, 2, 3):
+        assert run_engine(run, attempt=attempt) == 0, logs(run)
+    assert [e["step"] for e in events(run, "incident") if e["code"] == "nan_loss"] == [12, 21]
+    assert [(e["step"], e["to_step"], e["skip_batches"], e["count"]) for e in events(run, "rollback")] == [(12, 10, 2, 1), (21, 20, 1, 2)]
+    assert [e["status"] for e in events(run, "run_end")] == [rollback.RUN_END, rollback.RUN_END, "completed"]
+    assert not (run / "rollback.json").exists()
