@@ -18,7 +18,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Mapping
 
-from mt import rolledback
 from mt.agree import Agreement
 from mt.contract import builders as event_fields
 from mt.contract.anatomy import StepAnatomy
@@ -30,6 +29,8 @@ from mt.contract.inbox import ControlInbox, Polled, Request, StopSignals
 from mt.contract.paths import RunPaths
 from mt.facts import Facts
 from mt.failsafe import WriteFailures
+from mt.rolledback import announce as announce_rollback
+from mt.rolledback import spent as rollback_spent
 from mt.stepbatch import StepBatch
 from mt.values import as_number, as_whole, plain, step_number
 
@@ -189,7 +190,7 @@ class Run:
         with self.failures.guard(self.paths.events):
             self._events.emit("checkpoint", **event_fields.checkpoint(at, str(where), tree_size(where), None, reason,
                                                                      [r.id for r in reqs]))
-        rolledback.spent(self.paths, self.rollback)
+        rollback_spent(self.paths, self.rollback)
         self.rollback = None
         for req in reqs:
             with self.failures.guard(self.paths.events):
@@ -362,7 +363,7 @@ class Run:
                 **({"grad_clip": self.facts.grad_clip} if self.facts.grad_clip is not None else {}),
             ))
             if self.rollback is not None:
-                rolledback.announce(self._events, self.rollback)
+                announce_rollback(self._events, self.rollback)
 
     def _describe(self, config: Mapping[str, Any] | None, facts: Facts, max_steps: int | None) -> None:
         """A later mt.init's words (an adapter's, once its framework knows them): they count until run_start is written."""
