@@ -96,8 +96,7 @@ ADVICE = {
         "Look at raw loss, grad norm and lr around this step: a spike with a grad-norm jump is an "
         "optimisation instability, one without is often a bad batch. First lower the peak lr or "
         "lengthen warmup, keep grad clipping on (1.0), check the data shard that fed this step; "
-        "if it recurs, roll back to the checkpoint before the spike and skip that data (`b` in the "
-        "dashboard, `mt rollback RUN`, or train.on_spike = \"rollback\")."
+        "if it recurs, resume from the last checkpoint before the spike and skip that data."
     ),
     "grad_explosion": (
         "Watch grad norm against lr and loss: exploding norms usually come before a loss spike or "
@@ -124,8 +123,7 @@ ADVICE = {
     "nan_loss": (
         "Check the data shard holding these sample indices (corrupt or extreme inputs), then lower "
         "lr or add warmup, check fp16 loss scaling (prefer bf16), keep grad clipping on; resume "
-        "from the last checkpoint if the weights are already non-finite, or roll back past these samples "
-        "(`b` in the dashboard, `mt rollback RUN`, or train.on_nan = \"rollback\")."
+        "from the last checkpoint if the weights are already non-finite."
     ),
 }
 

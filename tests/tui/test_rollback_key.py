@@ -45,3 +45,15 @@ async def test_b_on_a_nan_asks_first_and_yes_rolls_back_before_it(tmp_path: Path
     [rb] = wait_for(lambda: events(run_dir, "rollback"), 120, "the rollback event")
     assert (rb["to_step"], rb["skip_batches"], rb["by"]) == (4, 2, "user") and "nan_loss at step 6" in rb["why"]
     wait_for(lambda: status(run_dir)["state"] == "completed", 180, "the rolled-back run to complete")
+
+
+def test_the_incident_panel_offers_b_under_a_nan_or_spike_and_nowhere_else() -> None:
+    from mt.contract.incident import IncidentLine
+    from mt.rules import nan_incident
+    from tui.widgets.incidents import incident_detail
+
+    nan = nan_incident(7, 1e-3, float("nan"), float("nan"), [3, 9], "skip")
+    shown = str(incident_detail(IncidentLine(**nan.fields())))
+    assert "b: roll back past it: continue from the checkpoint before step 7" in shown
+    other = IncidentLine("recompile", "warn", 7, "Recompiled at step 7", "", "advice", {})
+    assert "roll back" not in str(incident_detail(other))

@@ -9,10 +9,10 @@ from textual.binding import Binding
 from tui.format.fmt import safe_text
 from tui.view.messages import ControlAsked
 from tui.widgets.dialogs import ConfirmScreen
+from tui.widgets.incidents import ROLLBACK_CODES
 
 ROLLBACK_BINDING = Binding("b", "rollback", "Roll back", id="rollback",
                            tooltip="After a NaN or loss spike: continue from the checkpoint before it, skipping that data (asks first)")
-BAD_CODES = ("nan_loss", "loss_spike")
 
 
 class RollbackKey:
@@ -20,7 +20,7 @@ class RollbackKey:
 
     def action_rollback(self: Any) -> None:
         st = self.watcher.follower.state
-        bad = next((i for i in reversed(st.incidents) if i.code in BAD_CODES and i.step is not None), None)
+        bad = next((i for i in reversed(st.incidents) if i.code in ROLLBACK_CODES and i.step is not None), None)
         if bad is None:
             self.say("b rolls back past a NaN or loss spike incident, and this run has none; "
                      "`mt rollback RUN --to STEP` goes back to any checkpoint", "warning")
