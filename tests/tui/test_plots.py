@@ -283,3 +283,22 @@ def test_rollback_and_knob_marks_are_vertical_lines_at_their_steps_in_the_window
     last = rendered([Curve("train", s, "cyan"), Curve("marks", marks, "red", vertical=True)], XWindow("steps", 80))
     plain_last = rendered([Curve("train", s, "cyan")], XWindow("steps", 80))
     assert len(full_columns(last) - full_columns(plain_last)) == 1  # steps 120..200: only step 150's
+
+
+def test_the_marks_come_from_rollback_and_knob_events_and_a_new_attempt_drops_those_after_its_start():
+    from mt.contract.events import dumps
+    from mt.contract.records import parse_event
+    from tui.state.runseries import MARK_KNOB, MARK_ROLLBACK, RunSeries
+
+    def ev(kind: str, **fields):
+        return parse_event(dumps({"v": 1, "t": 1.8e9, "kind": kind, **fields}))
+
+    series = RunSeries()
+    series.add_event(ev("knob", step=30, key="lr_scale", value=0.5, previous=1.0, by="user", request=None))
+    series.add_event(ev("knob", step=70, key="grad_clip", value=0.5, previous=1.0, by="user", request=None))
+    series.add_event(ev("run_start", **{f: None for f in ("run_id", "config", "resumed_from", "torch_version", "git_commit",
+                                                         "device", "backend", "precision")},
+                        attempt=2, world_size=1, nnodes=1, params_total=1, tokens_per_step=1, effective_batch=1,
+                        static_mem_bytes=1, params_trainable=1, start_step=40, max_steps=100))
+    series.add_event(ev("rollback", step=75, to_step=40, skip_batches=35, lr_scale=1.0, why="x", by="user", count=1))
+    assert [a.tolist() for a in series.marks.arrays()] == [[30.0, 40.0], [MARK_KNOB, MARK_ROLLBACK]]

@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from mt.contract.records import Eval, Metrics, Record, RunStart, Step
+from mt.contract.records import Eval, Metrics, Record, RunStart, Step, Unknown
 
 if TYPE_CHECKING:
     from tui.state.series import Series
@@ -64,10 +64,10 @@ class RunSeries:
         """A non-step event: a new attempt drops what followed its checkpoint; an eval adds a point."""
         if isinstance(ev, RunStart):
             self.truncate_after(ev.start_step)   # a rollback's abandoned steps too: its run_start is at to_step
-        elif ev.kind in MARK_KINDS:
-            step = ev.raw.get("to_step" if ev.kind == "rollback" else "step")
+        elif (kind := ev.name if isinstance(ev, Unknown) else ev.kind) in MARK_KINDS:  # knob: Unknown until its record
+            step = ev.raw.get("to_step" if kind == "rollback" else "step")
             if isinstance(step, int) and not isinstance(step, bool):
-                self.marks.append(step, MARK_KINDS[ev.kind])
+                self.marks.append(step, MARK_KINDS[kind])
         elif isinstance(ev, Eval):
             self.val_loss.append(ev.step, _f(ev.val_loss))
         elif isinstance(ev, Metrics):
