@@ -29,12 +29,14 @@ def rollback(
     """
     from tui.format.fmt import safe_text
     from tui.read.rundir import NotARunError
+    from tui.report.headless import resume_point
     from tui.supervise.rollback import RollbackError, plan, roll_back
 
+    since = resume_point(run_dir)   # --headless prints from here: the stop (if live), then the new attempt
     try:
         rb = plan(run_dir, to, skip_batches, lr_scale)
         line = roll_back(run_dir, rb, timeout)
     except (NotARunError, RollbackError) as e:
         fail(str(e))
     typer.echo(safe_text(line))
-    _attach(run_dir.resolve(), detach, headless)
+    _attach(run_dir.resolve(), detach, headless, since=since)
