@@ -17,26 +17,27 @@ from .runner import REPO, events, final_weights, finish, kill_tree, logs, make_r
 NAN = {"train": {"max_steps": 12, "on_nan": "rollback"}, "checkpoint": {"every_steps": 2}, "faults": {"nan_at_step": 5}}
 
 
-def _rolled_back_once(run) -> None:
+def _rolled_back_once(run, nproc: int = 1) -> None:
     """Attempt 1 meets the NaN at step 5 and ends asking for a rollback to step 4."""
-    assert run_engine(run) == 0, logs(run)
+    assert run_engine(run, nproc) == 0, logs(run)
     assert events(run, "run_end")[-1]["status"] == rollback.RUN_END
     req = rollback.read_request(RunPaths(run))
     assert req is not None and (req.step, req.to_step, req.skip_batches, req.by, req.count) == (5, 4, 1, "on_nan", 1)
 
 
 @pytest.mark.slow
-def test_on_nan_rollback_continues_from_the_checkpoint_before_with_the_batches_skipped(tmp_path):
+@pytest.mark.parametrize("nproc", [1, 2])  # 2: rank 0 decides and every rank learns it (broadcasts at the NaN and at the start)
+def test_on_nan_rollback_continues_from_the_checkpoint_before_with_the_batches_skipped(tmp_path, nproc):
     run = make_run(tmp_path, **NAN)
-    _rolled_back_once(run)
-    assert run_engine(run, attempt=2) == 0, logs(run)
+    _rolled_back_once(run, nproc)
+    assert run_engine(run, nproc, attempt=2) == 0, logs(run)
     [rb] = events(run, "rollback")
     assert (rb["step"], rb["to_step"], rb["skip_batches"], rb["lr_scale"], rb["by"], rb["count"]) == (5, 4, 1, 1.0, "on_nan", 1)
     assert any(e["code"] == "rolled_back" for e in events(run, "incident"))
     steps = steps_by_attempt(run)[2]
     assert [s["step"] for s in steps] == list(range(5, 13))
-    # the position moved past the skipped batch: step 5 ends at (4 + 1 skipped + 1) x 8 samples
-    assert steps[0]["samples_seen"] == 48 and all(math.isfinite(s["loss"]) for s in steps)
+    # the position moved past the skipped batch: step 5 ends at (4 + 1 skipped + 1) global batches (8 a rank)
+    assert steps[0]["samples_seen"] == 6 * 8 * nproc and all(math.isfinite(s["loss"]) for s in steps)
     assert events(run, "run_end")[-1]["status"] == "completed"
     # the request is spent once a checkpoint holds it; the next start removes it
     assert rollback.held(RunPaths(run).checkpoints, 1)
@@ -82,27 +83,32 @@ def test_a_nan_that_cannot_roll_back_stops_the_run_saying_why(tmp_path, over, sa
 
 
 @pytest.mark.slow
-def test_on_spike_rollback_goes_back_before_a_mislabelled_sample_and_skips_it(tmp_path):
+@pytest.mark.parametrize("nproc", [1, 2])  # 2: the mislabelled sample is rank 1's; rank 0's rules see the agreed loss
+def test_on_spike_rollback_goes_back_before_a_mislabelled_sample_and_skips_it(tmp_path, nproc):
     from bench.poisoned import order
 
-    # global batch 8: order position 195 is the 4th sample of step 25; checkpoints every 5 steps
+    # order position 195: step 25 at a global batch of 8 (one rank), 13 at 16; checkpoints every 5 steps
     poison = order(4096, 7, [195])
+    bad = 195 // (8 * nproc) + 1
+    back = (bad - 1) // 5 * 5
     run = make_run(tmp_path, run={"workdir": str(REPO / "bench")},
                    model={"kind": "python", "factory": "poisoned:model", "args": {"hidden": 32}},
                    data={"source": "python", "factory": "poisoned:build",
                          "args": {"n": 4096, "poison": poison, "kind": "spike", "val_n": 0}},
                    train={"max_steps": 40, "micro_batch_size": 8, "grad_accum_steps": 1, "lr": 1e-2, "on_spike": "rollback"},
                    checkpoint={"every_steps": 5, "keep_last": 10}, monitor={"spike_min_history": 10})
-    assert run_engine(run) == 0, logs(run)
+    assert run_engine(run, nproc) == 0, logs(run)
     assert events(run, "run_end")[-1]["status"] == rollback.RUN_END, logs(run)
-    assert [e["step"] for e in events(run, "incident") if e["code"] == "loss_spike"] == [25]
-    assert run_engine(run, attempt=2) == 0, logs(run)
+    assert [e["step"] for e in events(run, "incident") if e["code"] == "loss_spike"] == [bad]
+    assert run_engine(run, nproc, attempt=2) == 0, logs(run)
     [rb] = events(run, "rollback")
-    assert (rb["step"], rb["to_step"], rb["skip_batches"], rb["by"]) == (25, 20, 5, "on_spike")
+    assert (rb["step"], rb["to_step"], rb["skip_batches"], rb["by"]) == (bad, back, bad - back, "on_spike")
     again = steps_by_attempt(run)[2]
-    assert again[0]["step"] == 21 and again[0]["samples_seen"] == (20 + 5 + 1) * 8 and again[-1]["step"] == 40
-    assert [e["step"] for e in events(run, "incident") if e["code"] == "loss_spike"] == [25]  # not met again
-    assert {p.name for p in (run / "checkpoints" / "abandoned").iterdir()} == {"1-step-25", "1-step-26"}
+    assert again[0]["step"] == back + 1 and again[0]["samples_seen"] == (bad + 1) * 8 * nproc and again[-1]["step"] == 40
+    assert [e["step"] for e in events(run, "incident") if e["code"] == "loss_spike"] == [bad]  # not met again
+    # set aside: the stop checkpoint of the step after the spike, and the spike step's own interval one
+    assert {p.name for p in (run / "checkpoints" / "abandoned").iterdir()} == \
+        {f"1-step-{bad + 1}"} | ({f"1-step-{bad}"} if bad % 5 == 0 else set())
 
 
 POISONED = {"run": {"workdir": str(REPO / "bench")},
