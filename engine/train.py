@@ -15,6 +15,7 @@ import torch.distributed as dist
 from engine import parallel
 from engine.anatomy import StepClock
 from engine.checkpoint import full
+from engine.checkpoint import rollback as rollbacks
 from engine.checkpoint.resume import choose_start, start_position
 from engine.checkpoint.saver import Checkpointer, Reason
 from engine.consensus import Agreed, agree
@@ -68,6 +69,7 @@ class Trainer:
         self.n_params, self.n_trainable = count_params(self.model)
         active = getattr(self.model, "active_params", None)
         self.n_active = int(active()) if callable(active) else None
+        self.rollback = rollbacks.begin(paths, env)  # a pending rollback: the checkpoints after it set aside first
         found = choose_start(cfg, env, paths, self.events, self.model, load_device)  # init_from: loaded now, whole
         self.wrapped = parallel.wrap(self.model, cfg, env)  # ddp (none on one rank) or fsdp; activation checkpointing
         self.heartbeat.anatomy = StepAnatomy()  # this rank's step parts, in its heartbeat (engine/anatomy.py)
@@ -83,6 +85,9 @@ class Trainer:
 
         # ---- position: fresh, or from the newest valid checkpoint --------------------------
         start = start_position(found, cfg, env, self.model, self.wrapped, self.optimizer, self.precision.scaler)
+        if self.rollback is not None:  # skip its batches, set its lr knob
+            rollbacks.apply(self.rollback, start, env.world_size * t.micro_batch_size * start.accum)
+        self.rollbacks, self.spike_rollback = start.rollbacks, False  # made so far; on_spike's, planned for the next step
         self.step, self.samples, self.accum, self.resumed_from = start.step, start.samples, start.accum, start.resumed_from
         self.knobs = start.knobs  # turned by mt set or a rollback; kept in every checkpoint (mt/contract/knobs.py)
         self.tuner = Tuner(self.knobs, cfg, env, self.events, self.inbox, {"precision": self.precision, "evaluator": self.evaluator,
@@ -124,12 +129,14 @@ class Trainer:
         """Run to max_steps or until asked to stop; returns the process exit code."""
         t = self.cfg.train
         self._emit_run_start()
+        if self.rollback is not None:
+            rollbacks.announce(self.events, self.rollback, self.step, self.knobs.lr_scale)
         self.heartbeat.beat(self.step)
         while self.step < t.max_steps:
             step = self.step + 1
             lr = lr_at(step, t) * self.knobs.lr_scale
             set_lr(self.optimizer, lr)
-            rng_before = full.capture_rng(self.env.device) if t.on_nan == "stop" else None  # saved if this step is NaN
+            rng_before = full.capture_rng(self.env.device) if t.on_nan != "skip" else None  # saved if this step is NaN
             self.faults.before_step(step)
             requests = self._poll_control()
             self.checkpoints.collect(wait=False)  # a background write that completed is reported now
@@ -143,7 +150,7 @@ class Trainer:
             self.clock.lap("backward")
             self._take_flop_count()
             grad_norm_t = self.precision.unscale_and_clip(self.optimizer, self.model.parameters())
-            stop = self.signals.received is not None or bool(requests.stop)
+            stop = self.signals.received is not None or bool(requests.stop) or self.spike_rollback
             self.clock.lap("agree_in")
             agreed = agree(self.env, loss_local, stop, bool(requests.checkpoint), grad_norm_t,
                            self.precision.scaler_state(self.optimizer), self.tuner.asked)  # the step's one read from the device
@@ -155,10 +162,14 @@ class Trainer:
             nonfinite = agreed.nonfinite or self.precision.nonfinite(grad_norm)
             if nonfinite:
                 self._report_nan(step, lr, grad_norm, agreed.loss, micro_losses)
-                if t.on_nan == "stop":
+                rolled, why = rollbacks.after_nan(self.paths, self.env, step, self.rollbacks, t) \
+                    if t.on_nan == "rollback" else (False, "non-finite loss with train.on_nan = \"stop\"")
+                if rolled:  # the next attempt continues from the checkpoint before this step
+                    return self._end(rollbacks.RUN_END, why)
+                if t.on_nan != "skip":
                     self.optimizer.zero_grad(set_to_none=True)
                     self._save("stop", requests, rng_override=rng_before)
-                    return self._end("stopped", "non-finite loss with train.on_nan = \"stop\"")
+                    return self._end("stopped", why)
 
             # ---- the optimizer step (fp16's scaler may skip it), then what the step reports
             skipped, scale = self.precision.step(self.optimizer, nonfinite, agreed.found_inf, agreed.scale, agreed.growth)
@@ -186,6 +197,8 @@ class Trainer:
                 self._turn_knobs(step)
             if reason:
                 self._save(reason, requests)
+            if agreed.stop and self.spike_rollback and self.env.is_main:  # rank 0 alone writes run_end
+                return self._end(rollbacks.RUN_END, "rolling back after a loss spike (train.on_spike = \"rollback\")")
             if agreed.stop:
                 return self._end("stopped", f"{self.signals.name} received" if self.signals.received else "stop requested")
         return self._end("completed", f"reached max_steps = {t.max_steps}")
@@ -242,6 +255,10 @@ class Trainer:
         if self.step_rules is not None:
             for incident in self.step_rules.observe(fields):
                 self.events.emit("incident", **incident.event_fields())
+                if incident.code == "loss_spike" and self.cfg.train.on_spike == "rollback" and not self.spike_rollback:
+                    # rank 0 alone sees it: the next step's agreement carries it to every rank as a stop
+                    planned = rollbacks.plan(self.paths, step, self.rollbacks, self.cfg.train, "on_spike", "loss spike")
+                    self.spike_rollback = not isinstance(planned, str)
 
     def _note_recompiles(self, step: int, fields: dict[str, Any]) -> None:
         """A compiled run's step says how often it recompiled; a recompile is an incident with torch's reason."""
@@ -300,7 +317,7 @@ class Trainer:
             "step": self.step, "samples_seen": self.samples, "tokens_seen": self.samples * (self.sample_tokens or 0),
             "world_size": self.env.world_size, "grad_accum_steps": self.accum,
             "micro_batch_size": self.cfg.train.micro_batch_size, "global_batch": self.global_batch, "attempt": self.attempt,
-            "knobs": self.knobs.to_state(),
+            "knobs": self.knobs.to_state(), "rollbacks": self.rollbacks,
         }
         self.checkpoints.save(reason, requests.checkpoint + requests.stop, position, rng_override)
 
@@ -349,6 +366,7 @@ class Trainer:
     def _end(self, status: str, reason: str) -> int:
         self.checkpoints.collect(wait=True)  # a write in flight is finished (and reported) first
         self.tuner.reject_pending(f"the run ended ({status}) at step {self.step} before applying it")
+        rollbacks.settle(self.paths, self.env)
         self.events.emit("run_end", step=self.step, status=status, reason=reason)
         log(f"run_end {status}: {reason}")
         return 0

@@ -302,7 +302,7 @@ def nan_incident(step: int, lr: float, grad_norm: float, loss: float, sample_ind
                  action: str) -> Incident:
     """The `nan_loss` incident for a step whose loss was non-finite on some rank."""
     shown = ", ".join(str(i) for i in sample_indices[:16]) + (" ..." if len(sample_indices) > 16 else "")
-    what = "the step was skipped (weights unchanged)" if action == "skip" else "the run stops"
+    what = {"skip": "the step was skipped (weights unchanged)", "rollback": "the run rolls back to the checkpoint before it"}.get(action, "the run stops")
     detail = (f"loss {loss} at step {step} (lr {lr:.3g}, grad norm {grad_norm}); {what}. "
               f"Samples in the offending micro-batch: {shown or 'unknown'}")
     evidence = {"loss": loss, "lr": _r(_finite(lr)), "grad_norm": grad_norm,

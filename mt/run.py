@@ -26,10 +26,11 @@ from mt.contract.events import INT_MAX, SAMPLE_TEXT_MAX
 from mt.contract.fmt import failure_reason, tree_size
 from mt.contract.heartbeat import BackgroundHeartbeat
 from mt.contract.inbox import ControlInbox, Polled, Request, StopSignals
-from mt.contract.paths import RunPaths
 from mt.facts import Facts
-from mt.failsafe import WriteFailures
+from mt.rolledback import announce as announce_rollback
+from mt.rolledback import spent as rollback_spent
 from mt.scored import ScriptBest
+from mt.started import Start
 from mt.stepbatch import StepBatch
 from mt.values import as_number, as_whole, plain, step_number
 
@@ -53,30 +54,12 @@ class Control:
 _GO = Control()  # the answer of almost every step: shared, it is frozen
 
 
-@dataclass(frozen=True)
-class _Start:
-    """What mt.init found or made for this process: the one thing a Run is built from.
-
-    `usable` False: no run directory could be made (said in `failures`); the script trains unwatched."""
-
-    paths: RunPaths
-    rank: int
-    world_size: int
-    attempt: int
-    config: Mapping[str, Any] | None
-    max_steps: int | None
-    owned: bool
-    usable: bool
-    failures: WriteFailures
-    facts: Facts = Facts()
-
-
 class Run:
     """One attempt of a script's run, as the script sees it: made by `mt.init` only (the type is for annotations)."""
 
-    def __init__(self, start: _Start | None = None) -> None:
+    def __init__(self, start: Start | None = None) -> None:
         # the run directory, the signal handler and the exception hook are init's: a second Run of one process would fight it
-        if not isinstance(start, _Start):
+        if not isinstance(start, Start):
             raise TypeError("mt: a Run is made by mt.init(...), not by calling mt.Run")
         paths, rank, usable, attempt = start.paths, start.rank, start.usable, start.attempt
         self.dir = paths.root
@@ -86,6 +69,8 @@ class Run:
         self._recorded: tuple[int, float] | None = None  # run.record's previous (step, time): the steps between are timed
         self.owned = start.owned and usable
         self.resume_from: Path | None = None
+        # a rollback (`mt rollback`): skip this many batches after resume_from; lr_scale (None: keep yours) from there on
+        self.skip_batches, self.lr_scale, self.rollback = 0, None, None
         self.failures = start.failures  # mt's writes that failed: said once, never raised into the loop
         self._events: EventWriter | None = None
         self._inbox: ControlInbox | None = None
@@ -207,6 +192,8 @@ class Run:
         with self.failures.guard(self.paths.events):
             self._events.emit("checkpoint", **event_fields.checkpoint(at, str(where), tree_size(where), None, reason,
                                                                      [r.id for r in reqs]), **best)
+        rollback_spent(self.paths, self.rollback)
+        self.rollback = None
         for req in reqs:
             with self.failures.guard(self.paths.events):
                 self._events.emit("control", **event_fields.saved(req.id, req.action, at, where))
@@ -379,6 +366,8 @@ class Run:
                 script=sys.argv[0] if sys.argv else None, pid=os.getpid(),
                 **({"grad_clip": self.facts.grad_clip} if self.facts.grad_clip is not None else {}),
             ))
+            if self.rollback is not None:
+                announce_rollback(self._events, self.rollback)
 
     def _describe(self, config: Mapping[str, Any] | None, facts: Facts, max_steps: int | None) -> None:
         """A later mt.init's words (an adapter's, once its framework knows them): they count until run_start is written."""

@@ -10,8 +10,9 @@ from typing import Any, Mapping
 from mt.contract.paths import RunPaths
 from mt.facts import Facts
 from mt.failsafe import WriteFailures
-from mt.run import ENV_ATTEMPT, ENV_RUN_DIR, Run, _Start
+from mt.run import ENV_ATTEMPT, ENV_RUN_DIR, Run
 from mt.stacks import install_stack_dump
+from mt.started import Start
 
 # this process's unfinished run, by pid (a forked child is not it): a second mt.init returns it
 # rather than making a second run directory. A process has one run, as it has one sys.excepthook.
@@ -45,9 +46,11 @@ def init(config: Mapping[str, Any] | None = None, *, name: str | None = None, ru
         made = make_own_run(rank, world, name, Path(runs_dir), failures)
         usable = made is not None
         paths, attempt, owned = made if made is not None else RunPaths(Path(runs_dir).absolute()), 1, True
-    run = Run(_Start(paths, rank, world, attempt, config, max_steps, owned, usable, failures, facts))
-    from mt.contract.checkpoints import reported
-    run.resume_from = reported(paths.events) if usable else None
+    run = Run(Start(paths, rank, world, attempt, config, max_steps, owned, usable, failures, facts))
+    from mt.rolledback import resume_point
+    run.resume_from, run.rollback = resume_point(paths, usable)  # a pending `mt rollback`: an earlier checkpoint
+    if run.rollback is not None:
+        run.skip_batches, run.lr_scale = run.rollback.skip_batches, run.rollback.lr_scale
     run._previous_hook = sys.excepthook
     sys.excepthook = run._excepthook
     atexit.register(run._flush)  # a script that ends without run.finish() keeps its last steps

@@ -35,6 +35,7 @@ class Position:
     accum: int
     resumed_from: dict[str, Any] | None
     knobs: Knobs = field(default_factory=Knobs)
+    rollbacks: int = 0  # rollbacks made on the way to it (mt/contract/rollback.py)
 
 
 def choose_start(cfg: Config, env: DistEnv, paths: RunPaths, events: Any, model: nn.Module,
@@ -81,7 +82,8 @@ def start_position(found: Found | None, cfg: Config, env: DistEnv, model: nn.Mod
         seed_everything(cfg.run.seed + env.rank + 1000 * step)
     log(f"resumed from {path} at step {step}: {how.note}")
     knobs = Knobs.from_state(state.get("knobs"))
-    return Position(step, samples, how.grad_accum_steps, knobs=knobs, resumed_from={
+    rollbacks = state.get("rollbacks", 0)
+    return Position(step, samples, how.grad_accum_steps, knobs=knobs, rollbacks=rollbacks if isinstance(rollbacks, int) else 0, resumed_from={
         "path": path, "step": step, "samples_seen": samples, "world_size_before": int(state["world_size"]),
         "grad_accum_before": int(state["grad_accum_steps"]), "grad_accum_now": how.grad_accum_steps,
         "exact": how.exact, "note": how.note, "skipped": skipped})

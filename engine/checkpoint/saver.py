@@ -63,7 +63,7 @@ class Checkpointer:
         dist.all_gather_object(rngs, rng, group=self.env.host_group)  # on the host: no GPU staging
         train_state = {**position, "rng": rngs}
         meta = {"world_size": self.env.world_size, "global_batch": position["global_batch"],
-                "samples_seen": position["samples_seen"], "reason": reason, **self._best_meta(step)}
+                "samples_seen": position["samples_seen"], "reason": reason, "rollbacks": position.get("rollbacks", 0), **self._best_meta(step)}
         if self.cfg.checkpoint_format == "sharded":
             self._save_sharded(step, reason, reqs, train_state, meta, t0)
         else:

@@ -37,12 +37,14 @@ torch.manual_seed(0)  # the same weights and the same "language" on every rank
 model = torch.nn.Sequential(torch.nn.Embedding(V, 64), torch.nn.Linear(64, V)).to(device)
 rule = torch.randperm(V)  # the next token is rule[token] nine times in ten
 opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-start = 0
-if run.resume_from:  # the newest checkpoint this run reported, in our own format
+start, skip, lr_scale = 0, 0, 1.0  # skip: batches a rollback skipped (the data position is step + skip)
+if run.resume_from:  # the newest checkpoint this run reported, in our own format (after mt rollback: an earlier one)
     state = torch.load(run.resume_from, map_location=device)
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["opt"])
-    start = state["step"]
+    start, skip, lr_scale = state["step"], state.get("skip", 0), state.get("lr_scale", 1.0)
+skip += run.skip_batches  # mt rollback --skip-batches N: the next N batches of the order are skipped
+lr_scale = run.lr_scale if run.lr_scale is not None else lr_scale  # mt rollback --lr-scale X, kept in our checkpoints
 net = DDP(model) if ddp else model
 
 
@@ -59,7 +61,7 @@ def save(step: int) -> None:
         path = run.dir / "ckpt" / f"step{step}.pt"   # in the run directory (docs/library.md, "Where to save")
         path.parent.mkdir(exist_ok=True)
         part = path.with_name(f".{path.name}.part")   # renamed whole: a kill mid-save leaves the previous one
-        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, part)
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "skip": skip, "lr_scale": lr_scale}, part)
         os.replace(part, path)
         run.checkpoint_saved(path, step)  # answers `mt ckpt`; a resumed attempt gets it as run.resume_from
     if ddp:
@@ -67,11 +69,11 @@ def save(step: int) -> None:
 
 
 for step in range(start + 1, args.steps + 1):
-    lr = args.lr * min(1.0, step / 20) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
+    lr = lr_scale * args.lr * min(1.0, step / 20) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
     for group in opt.param_groups:
         group["lr"] = lr
     t0 = time.perf_counter()
-    x, y = batch(step)
+    x, y = batch(step + skip)
     data_s = time.perf_counter() - t0  # the step's wait for its batch: mt names a rank slow on its input
     loss = F.cross_entropy(net(x).flatten(0, 1), y.flatten())
     opt.zero_grad(set_to_none=True)

@@ -290,6 +290,13 @@ def reported(events: Path, chunk: int = 1 << 20) -> Path | None:
     return next((Path(rec.path) for rec in reported_events(events, chunk) if rec.path and os.path.exists(rec.path)), None)
 
 
+def reported_at(events: Path, at_most: int | None, chunk: int = 1 << 20) -> tuple[Path, int] | None:
+    """(path, step) of the newest reported checkpoint that still exists, of a step at or before
+    `at_most` (None: any); newest in file order, so a rollback's new timeline wins over the old one."""
+    return next(((Path(rec.path), rec.step) for rec in reported_events(events, chunk)
+                 if rec.path and os.path.exists(rec.path) and (at_most is None or rec.step <= at_most)), None)
+
+
 def reported_events(events: Path, chunk: int = 1 << 20) -> Iterator[Any]:
     """Every `checkpoint` event of events.jsonl as a typed record, newest first (read backwards in chunks)."""
     from mt.contract.records import Checkpoint, parse_event  # the typed parser: only for a script's run

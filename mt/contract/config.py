@@ -144,7 +144,13 @@ class TrainConfig:
     log_every: int = _c(1, ge=1)
     eval_every: int = _c(0, ge=0)
     eval_batches: int = _c(8, ge=1)
-    on_nan: Literal["skip", "stop"] = "skip"
+    on_nan: Literal["skip", "stop", "rollback"] = "skip"
+    on_spike: Literal["none", "rollback"] = "none"
+    """rollback: a loss spike (mt/rules.py) rolls the run back as on_nan = "rollback" does."""
+    rollback_skip_batches: int = _c(0, ge=0)
+    """Batches an automatic rollback skips; 0: every batch from the checkpoint through the bad step."""
+    rollback_budget: int = _c(3, ge=0)
+    """Automatic rollbacks allowed per run; past it the run stops (a NaN) or goes on (a spike)."""
     allow_batch_change: bool = False
     """Resume with another global batch size only when this says it is intended."""
     strategy: Literal["ddp", "fsdp"] = "ddp"

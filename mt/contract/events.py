@@ -26,6 +26,7 @@ INCIDENT_CODES = (
     "recompile",  # torch.compile compiled a graph again mid-run (a guard failed: shape, grad mode, ...)
     "stop_cut_short",  # Slurm ended an attempt before its stop's checkpoint landed: steps lost
     "eval_failed",  # [eval] factory raised or returned no {name: number}, or a sample could not be generated: the run goes on
+    "rolled_back",  # a rollback was made (mt rollback, on_nan/on_spike = "rollback"): what, from where, by whom
 )
 EXIT_CODES = ("crash", "oom", "nccl_timeout")  # incidents that say how a rank ended
 FAILURE_CODES = (*EXIT_CODES, "hang")  # incidents that name the rank that failed first
@@ -121,6 +122,10 @@ SCHEMA: dict[str, tuple[Field, ...]] = {
     # a knob turned (mt set, a rollback): `step` the first step it applies to; `request` the request's id or null
     "knob": (_whole("step", key=True), _text("key", key=True), _num("value"), _num("previous"),
              _text("by"), _text("request")),
+    "rollback": (  # docs/events.md#rollback: the run went back to to_step's checkpoint
+        _whole("step"), _whole("to_step", key=True), _whole("skip_batches"), _num("lr_scale", nonneg=True), _text("why"),
+        Field("by", "str", "choice", choices=("user", "on_nan", "on_spike")), _whole("count", lo=1),
+    ),
 }
 assert all(f.rule in RULES for fields in SCHEMA.values() for f in fields)
 

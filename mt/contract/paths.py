@@ -130,6 +130,11 @@ class RunPaths:
         return self.root / "checkpoints"
 
     @property
+    def rollback(self) -> Path:
+        """The rollback the next attempt makes (mt/contract/rollback.py), kept until a checkpoint holds it."""
+        return self.root / "rollback.json"
+
+    @property
     def stacks(self) -> Path:
         """One folder per stack capture (`mt stacks`) of this node's ranks: rank<N>.txt and verdict.json."""
         return self.here / "stacks"

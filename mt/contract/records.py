@@ -171,6 +171,20 @@ class Knob(Event):
     kind: ClassVar[str] = "knob"
 
 
+@dataclass(slots=True, kw_only=True)
+class RollbackEvent(Event):
+    """A `rollback` event: the run went back to `to_step`'s checkpoint (docs/events.md#rollback)."""
+
+    step: int | None = None
+    to_step: int
+    skip_batches: int | None = None
+    lr_scale: float | None = None
+    why: str = ""
+    by: str = ""
+    count: int | None = None
+    kind: ClassVar[str] = "rollback"
+
+
 @dataclass(slots=True)
 class Unknown(Event):
     """A well-formed event of a kind this version does not know: skipped, not counted."""
@@ -178,7 +192,7 @@ class Unknown(Event):
     name: str
 
 
-Record = Union[RunStart, Step, Eval, Sample, Metrics, Checkpoint, IncidentLine, ControlEvent, RunEnd, Knob, Unknown]
+Record = Union[RunStart, Step, Eval, Sample, Metrics, Checkpoint, IncidentLine, ControlEvent, RunEnd, Knob, RollbackEvent, Unknown]
 
 
 def _int(raw: dict[str, Any], key: str, lo: int = 0, required: bool = False) -> int | None:
@@ -301,7 +315,7 @@ def _from_schema(cls: type[Event], raw: dict[str, Any], t: float | None) -> Any:
     return cls(t=t, raw=raw, **kw)
 
 
-_BUILT = (RunStart, Step, Eval, Sample, Metrics, Checkpoint, ControlEvent, RunEnd, Knob)   # all but the incident
+_BUILT = (RunStart, Step, Eval, Sample, Metrics, Checkpoint, ControlEvent, RunEnd, Knob, RollbackEvent)   # all but the incident
 _HELD = {cls: frozenset(f.name for f in fields(cls)) - {"t", "raw"} for cls in _BUILT}
 _PARSERS: dict[str, Callable[[dict[str, Any], float | None], Any]] = {
     **{cls.kind: (lambda raw, t, cls=cls: _from_schema(cls, raw, t)) for cls in _BUILT}, "incident": _incident,

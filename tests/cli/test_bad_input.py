@@ -137,7 +137,7 @@ def _made_run(tmp_path: Path, state: str) -> Path:
     return run_dir
 
 
-@pytest.mark.parametrize("command", ["watch", "ckpt", "stop", "kill", "resume"])
+@pytest.mark.parametrize("command", ["watch", "ckpt", "stop", "kill", "resume", "rollback"])
 def test_not_a_run_dir(tmp_path: Path, command: str) -> None:
     (tmp_path / "stuff").mkdir()
     for target in (tmp_path / "stuff", tmp_path / "missing"):

@@ -246,3 +246,59 @@ def test_a_window_fits_y_to_its_steps_keeps_its_spikes_and_smooths_the_whole_ser
     assert x_labels(lines)[0] == "4000" and x_labels(lines)[-1] == "5000"
     top = canvas(lines).splitlines()[0]                        # the spike of 9 reaches the top row
     assert any(0x2801 <= ord(ch) <= 0x28FF for ch in top), "\n".join(lines)
+
+
+def test_rollback_and_knob_marks_are_vertical_lines_at_their_steps_in_the_window():
+    """RunSeries.marks drawn as a curve with vertical=True: a full-height line at each mark inside
+    the x range, in its kind's colour; none outside it, and the y range stays the data's."""
+    from tui.state.runseries import MARK_KNOB, MARK_ROLLBACK
+    from tui.state.series import Series
+    from tui.state.window import XWindow
+    from tui.widgets.curve import Curve
+    from tui.widgets.figure import draw, new_plot
+
+    s, marks = Series(), Series()
+    for i in range(1, 201):
+        s.append(i, loss_at(i))
+    for x, kind in ((20, MARK_ROLLBACK), (100, MARK_KNOB), (150, MARK_ROLLBACK)):
+        marks.append(x, kind)
+
+    def rendered(curves: list, win: XWindow) -> list[str]:
+        plt = new_plot()
+        draw(plt, "loss", "loss", curves, 80, 20, 0.6, False, None, win)
+        plt.plotsize(80, 20)
+        plt._set_size(80, 20)
+        return plt.build().splitlines()
+
+    def full_columns(lines: list[str]) -> set[int]:
+        """Canvas columns filled top to bottom (the frame's own included)."""
+        rows = canvas([re.sub(r"\x1b\[[0-9;]*m", "", line) for line in lines]).splitlines()
+        return {c for c in range(min(map(len, rows))) if all(row[c] != " " for row in rows)}
+
+    plain = rendered([Curve("train", s, "cyan")], XWindow())
+    marked = rendered([Curve("train", s, "cyan"), Curve("marks", marks, "red", vertical=True)], XWindow())
+    strip = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in marked]
+    assert y_labels(strip) == y_labels([re.sub(r"\x1b\[[0-9;]*m", "", line) for line in plain])
+    assert len(full_columns(marked) - full_columns(plain)) == 3, "\n".join(strip)  # one line per mark
+    last = rendered([Curve("train", s, "cyan"), Curve("marks", marks, "red", vertical=True)], XWindow("steps", 80))
+    plain_last = rendered([Curve("train", s, "cyan")], XWindow("steps", 80))
+    assert len(full_columns(last) - full_columns(plain_last)) == 1  # steps 120..200: only step 150's
+
+
+def test_the_marks_come_from_rollback_and_knob_events_and_a_new_attempt_drops_those_after_its_start():
+    from mt.contract.events import dumps
+    from mt.contract.records import parse_event
+    from tui.state.runseries import MARK_KNOB, MARK_ROLLBACK, RunSeries
+
+    def ev(kind: str, **fields):
+        return parse_event(dumps({"v": 1, "t": 1.8e9, "kind": kind, **fields}))
+
+    series = RunSeries()
+    series.add_event(ev("knob", step=30, key="lr_scale", value=0.5, previous=1.0, by="user", request=None))
+    series.add_event(ev("knob", step=70, key="grad_clip", value=0.5, previous=1.0, by="user", request=None))
+    series.add_event(ev("run_start", **{f: None for f in ("run_id", "config", "resumed_from", "torch_version", "git_commit",
+                                                         "device", "backend", "precision")},
+                        attempt=2, world_size=1, nnodes=1, params_total=1, tokens_per_step=1, effective_batch=1,
+                        static_mem_bytes=1, params_trainable=1, start_step=40, max_steps=100))
+    series.add_event(ev("rollback", step=75, to_step=40, skip_batches=35, lr_scale=1.0, why="x", by="user", count=1))
+    assert [a.tolist() for a in series.marks.arrays()] == [[30.0, 40.0], [MARK_KNOB, MARK_ROLLBACK]]

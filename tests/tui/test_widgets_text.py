@@ -92,8 +92,9 @@ def test_incident_detail_lists_evidence_as_key_value_lines():
                                                     "sample_indices": [948, 1188], "ok": False, "mem": {"a": 1}},
                        source="engine")
     lines = incident_detail(inc).plain.splitlines()
-    assert lines[:4] == ["nan_loss (open, from engine)", "loss nan at 15", "advice: lower lr", "evidence:"]
-    assert lines[4:] == ["  loss: nan", "  lr: 0.002786", "  rank: 1", "  signal: N/A",
+    assert lines[:3] == ["nan_loss (open, from engine)", "loss nan at 15", "advice: lower lr"]
+    assert lines[3].startswith("b: roll back past it: continue from the checkpoint before step 15") and lines[4] == "evidence:"
+    assert lines[5:] == ["  loss: nan", "  lr: 0.002786", "  rank: 1", "  signal: N/A",
                          "  sample_indices: 948, 1188", "  ok: False", "  mem: a=1"]
     assert evidence_value("x" * 1000).endswith("…") and len(evidence_value("x" * 1000)) == 300
 

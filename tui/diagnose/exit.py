@@ -10,6 +10,7 @@ from typing import Any
 from mt.contract.config import MonitorConfig
 from mt.contract.events import as_float
 from mt.contract.incident import Incident
+from mt.contract.rollback import RUN_END
 from mt.contract.status import CLEAN_STATES
 from tui.diagnose.findings import Observation, RankProc
 from tui.diagnose.hang import HANG_ENDED, blamed
@@ -152,7 +153,7 @@ def _worth_explaining(memory: RuleMemory, obs: Observation, exited: bool) -> boo
         return False  # the supervisor ended a hung attempt: the open hang says why
     if (obs.open_evidence.get("nan_loss") or {}).get("action") == "stop":
         return False  # the engine stopped on purpose, and said why (nan_loss)
-    return not (memory.run_end is not None and memory.run_end.status in CLEAN_STATES)
+    return not (memory.run_end is not None and memory.run_end.status in (*CLEAN_STATES, RUN_END))  # RUN_END: on purpose
 
 
 def _root_cause(first: Failure, failures: list[Failure], obs: Observation) -> tuple[Failure, str | None, str]:

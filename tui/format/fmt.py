@@ -304,3 +304,14 @@ def fmt_sample(prompt: str, text: str, limit: int | None = None) -> str:
 def fmt_values(values: dict[str, float], limit: int = 8) -> str:
     """Named numbers as `name 0.25  other 3.1` (the first `limit` of them)."""
     return "  ".join(f"{safe_text(k)} {fmt_num(v, '.4g')}" for k, v in list(values.items())[:limit])
+
+
+def fmt_rollback(step: int | None, to_step: int | None, skip: int | None, lr_scale: float | None, why: str, by: str,
+                 count: int | None) -> str:
+    """A `rollback` event in one line (headless, --once, the dashboard's notice)."""
+    def n(v: int | None) -> str:  # 0 is a step and a skip: not "not available"
+        return NA if v is None else str(v)
+
+    lr = "" if lr_scale is None or lr_scale == 1.0 else f", lr x{lr_scale:g}"
+    return (f"rolled back from step {n(step)} to step {n(to_step)} ({why or 'no reason given'}; by {by or NA}):"
+            f" {n(skip)} batches skipped{lr} (rollback {n(count)})")

@@ -14,7 +14,7 @@ from typing import Callable, TextIO
 
 from mt.contract.incident import IncidentLine
 from mt.contract.paths import RunPaths
-from mt.contract.records import Checkpoint, ControlEvent, Eval, Metrics, Record, RunEnd, RunStart, Sample, Step
+from mt.contract.records import Checkpoint, ControlEvent, Eval, Metrics, Record, RollbackEvent, RunEnd, RunStart, Sample, Step
 from mt.contract.status import CLEAN_STATES, FINAL_STATES, Status, read_status
 from tui.format.fmt import (
     NA,
@@ -24,6 +24,7 @@ from tui.format.fmt import (
     fmt_eta,
     fmt_num,
     fmt_rate,
+    fmt_rollback,
     fmt_sample,
     fmt_step,
     fmt_values,
@@ -68,6 +69,8 @@ def event_line(ev: Record) -> str | None:
         return f"control {ev.action} {ev.status}: {ev.detail}".rstrip(": ")
     if isinstance(ev, RunEnd):
         return f"run ended {at_step(ev.step)}: {ev.status} ({ev.reason})"
+    if isinstance(ev, RollbackEvent):
+        return fmt_rollback(ev.step, ev.to_step, ev.skip_batches, ev.lr_scale, ev.why, ev.by, ev.count)
     return None
 
 

@@ -55,6 +55,7 @@ def run_row(path: Path, now: float | None = None) -> RunRow:
         # a big run with an index: its tail only (ms, no numpy); its best is then marked partial
         st = load_run_state(path, exact_best=False)
         state = effective_state(st.status) if st.status.found else "(no status)"
+        state += f", rolled back {st.rollbacks}x" if st.rollbacks else ""
         return RunRow(
             name=path.name,
             state=state,

@@ -17,6 +17,7 @@ from tui.format.fmt import (
     fmt_parallel,
     fmt_params,
     fmt_rate,
+    fmt_rollback,
     fmt_sample,
     fmt_step,
     fmt_values,
@@ -56,6 +57,9 @@ def format_summary(st: "RunState", now: float | None = None) -> str:
                  f"{'; ' + fmt_write_time(ck.seconds, ck.blocking_s) if ck.seconds is not None else ''})  {ck.path}")
     if st.best_checkpoints:   # [checkpoint] keep_best: never deleted by keep_last
         lines.append(f"best checkpoint{'s' * (len(st.best_checkpoints) > 1)}: {fmt_best_checkpoints(st.best_metric, st.best_checkpoints)}")
+    if st.rollback is not None:
+        rb = st.rollback
+        lines.append(fmt_rollback(rb.step, rb.to_step, rb.skip_batches, rb.lr_scale, rb.why, rb.by, st.rollbacks))
     if st.incidents:   # every incident of the run, from the engine or the supervisor, open or closed
         lines.append(f"incidents: {len(st.open_incidents)} open, {len(st.incidents) - len(st.open_incidents)} closed")
         for inc in st.incidents:

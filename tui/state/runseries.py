@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from mt.contract.records import Eval, Metrics, Record, RunStart, Step
+from mt.contract.records import Eval, Metrics, Record, RunStart, Step, Unknown
 
 if TYPE_CHECKING:
     from tui.state.series import Series
@@ -31,10 +31,12 @@ class RunSeries:
     rewinds: list[tuple[float | None, float]] = field(default_factory=list)
     """(when, step) of each rewind (a new attempt's start, a rollback): what followed `step` before then is gone."""
     _now: float | None = field(default=None, repr=False)   # the time of the event being folded
+    marks: "Series" = field(default_factory=_series)
+    """Vertical marks, x = step: MARK_ROLLBACK where a rollback went back to, MARK_KNOB where a knob applies."""
 
     def all(self) -> dict[str, "Series"]:
         return {"loss": self.loss, "val_loss": self.val_loss, "lr": self.lr, "grad_norm": self.grad_norm,
-                "tokens_per_s": self.tokens_per_s}
+                "tokens_per_s": self.tokens_per_s, "marks": self.marks}
 
     def truncate_after(self, step: float) -> None:
         self.rewinds.append((self._now, step))
@@ -67,7 +69,11 @@ class RunSeries:
         """A non-step event: a new attempt drops what followed its checkpoint; an eval adds a point."""
         self._now = ev.t
         if isinstance(ev, RunStart):
-            self.truncate_after(ev.start_step)
+            self.truncate_after(ev.start_step)   # a rollback's abandoned steps too: its run_start is at to_step
+        elif (kind := ev.name if isinstance(ev, Unknown) else ev.kind) in MARK_KINDS:  # knob: Unknown until its record
+            step = ev.raw.get("to_step" if kind == "rollback" else "step")
+            if isinstance(step, int) and not isinstance(step, bool):
+                self.marks.append(step, MARK_KINDS[kind])
         elif isinstance(ev, Eval):
             self.val_loss.append(ev.step, _f(ev.val_loss))
             for name, v in ev.metrics.items():  # [eval] factory's numbers, plotted like a script's own
@@ -75,6 +81,10 @@ class RunSeries:
         elif isinstance(ev, Metrics):
             for name, v in ev.values.items():
                 (self.val_loss if name == "val_loss" else self.extra_series(name)).append(ev.step, v)
+
+
+MARK_ROLLBACK, MARK_KNOB = 0.0, 1.0
+MARK_KINDS = {"rollback": MARK_ROLLBACK, "knob": MARK_KNOB}  # the knob event is the knobs' (docs/events.md)
 
 
 def _f(v: float | None) -> float:

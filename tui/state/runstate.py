@@ -17,7 +17,7 @@ from mt.contract.events import EXIT_CODES, FAILURE_CODES, as_float, as_int
 from mt.contract.incident import IncidentLine
 from mt.contract.jsonl import read_json
 from mt.contract.paths import RunPaths
-from mt.contract.records import Checkpoint, ControlEvent, Eval, Knob, Metrics, Record, RunEnd, RunStart, Sample, Step
+from mt.contract.records import Checkpoint, ControlEvent, Eval, Knob, Metrics, Record, RollbackEvent, RunEnd, RunStart, Sample, Step
 from mt.contract.status import FINAL_STATES, Status
 from tui.state.answers import ControlAnswer, note_answer
 from tui.state.samples import EvalOutputs
@@ -107,6 +107,8 @@ class RunState:
     supervisor_lost: bool = False      # status says live but its supervisor process is gone
     script: str | None = None          # a user's script ([launch] script) instead of mt's engine
     n_steps: int = 0                   # step events seen (all attempts)
+    rollbacks: int = 0                 # rollbacks so far (the newest rollback event's count: cumulative)
+    rollback: RollbackEvent | None = field(default=None, repr=False)   # the newest one
     attempt_t: float | None = None     # when the newest run_start was written
     args: dict | None = field(default=None, repr=False)   # a script's own config (mt.init config=, a Trainer's arguments), newest attempt's
     mt_init_attempt: int | None = None # the attempt a script's heartbeat names: it called mt.init (tui/read/follower.py)
@@ -345,6 +347,8 @@ def reduce_event(st: RunState, ev: Record) -> None:
             st.best_metric = ev.best_metric
     elif isinstance(ev, ControlEvent):
         note_answer(st.controls, ev)
+    elif isinstance(ev, RollbackEvent):
+        st.rollbacks, st.rollback = max(st.rollbacks + 1, ev.count or 0), ev
     elif isinstance(ev, IncidentLine):
         add_incident(st, ev, source="engine")
     elif isinstance(ev, Knob) and ev.value is not None and ev.key != "skip_batches":  # a skip is once, not a setting

@@ -253,9 +253,10 @@ def _mark_failed(run_dir: Path, reason: str) -> None:
     write_status(RunPaths(run_dir), status)
 
 
-def resume_run(run_dir: Path, nproc: int | None = None, from_scratch: bool = False) -> None:
+def resume_run(run_dir: Path, nproc: int | None = None, from_scratch: bool = False, rollback: bool = False) -> None:
     """Start a new detached attempt from the newest intact checkpoint (optionally on nproc workers);
-    `from_scratch`: from step 0 when no checkpoint is intact (else that is a ResumeError)."""
+    `from_scratch`: from step 0 when no checkpoint is intact (else that is a ResumeError);
+    `rollback`: a completed run too (rollback.json says where the attempt starts)."""
     run_dir = require_run_dir(Path(run_dir)).resolve()
     try:
         lock = runlock.acquire(run_dir, f"mt resume (pid {os.getpid()})")
@@ -264,12 +265,12 @@ def resume_run(run_dir: Path, nproc: int | None = None, from_scratch: bool = Fal
     except OSError as e:
         raise ResumeError(f"{run_dir}: cannot lock the run: {e.strerror}") from None
     try:
-        _resume_locked(run_dir, nproc, lock, from_scratch)
+        _resume_locked(run_dir, nproc, lock, from_scratch, rollback)
     finally:
         os.close(lock)
 
 
-def _resume_locked(run_dir: Path, nproc: int | None, lock: int, from_scratch: bool) -> None:
+def _resume_locked(run_dir: Path, nproc: int | None, lock: int, from_scratch: bool, rollback: bool = False) -> None:
     paths = RunPaths(run_dir)
     status = read_status(run_dir)
     if liveness(status) == "pending":
@@ -282,7 +283,7 @@ def _resume_locked(run_dir: Path, nproc: int | None, lock: int, from_scratch: bo
     if left:
         raise ResumeError(f"{run_dir}: processes of the last attempt are still running "
                           f"({', '.join(str(p.pid) for p in left)}); wait for them or `mt kill` the run")
-    if status.state == "completed":
+    if status.state == "completed" and not rollback:
         raise ResumeError(f"{run_dir}: the run already completed; nothing to resume")
     try:
         cfg = load_config_json(paths.config)

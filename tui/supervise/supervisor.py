@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mt.contract import door, fmt, space
+from mt.contract import door, fmt, rollback, space
 from mt.contract.checkpoints import newest
 from mt.contract.events import dumps
 from mt.contract.paths import RunPaths
@@ -178,6 +178,9 @@ class Supervisor:
                 if self.kill_requested:
                     return self.finish("killed", 1, exit_code=None, reason="killed by mt kill")
                 ended = run_end.status if run_end else None
+                if ended == rollback.RUN_END and rc == 0 and not self.stop_requested:  # on_nan/on_spike: the next
+                    attempt += 1   # attempt makes the rollback the engine asked for (rollback.json); no restart spent
+                    continue
                 # torchrun exits 1 after a forwarded SIGTERM however cleanly workers stopped: run_end says how (an ended hang failed)
                 if not self.hung and (rc == 0 or ended in CLEAN_STATES):
                     state = ended if ended in CLEAN_STATES else \

@@ -90,7 +90,7 @@ class MtApp(App[int]):
     @on(ControlAsked)
     def _control_asked(self, message: ControlAsked) -> None:
         """The screen allowed it (tui/state/requests.py); its answer goes back to the screen."""
-        {"kill": self._kill, "resume": self._resume, "stacks": self._stacks}[message.action]()
+        {"kill": self._kill, "resume": self._resume, "stacks": self._stacks, "rollback": self._rollback}[message.action]()
 
     def _answer(self, text: str, severity: str = "information") -> None:
         self.dashboard.post_message(ControlDone(text, severity))
@@ -113,6 +113,14 @@ class MtApp(App[int]):
             self._answer("resumed: following the new attempt")
         except Exception as e:  # noqa: BLE001 - a failed resume is said in the UI, never a crash
             self._answer(f"cannot resume: {e}", "error")
+
+    @work(thread=True, group="control", name="roll back run")
+    def _rollback(self) -> None:
+        try:   # the same rollback as `mt rollback RUN` (its defaults: before the newest NaN or spike)
+            from tui.supervise.rollback import plan, roll_back
+            self._answer(roll_back(self.run_dir, plan(self.run_dir, None, None, None)))
+        except Exception as e:  # noqa: BLE001 - a failed rollback is said in the UI, never a crash
+            self._answer(f"cannot roll back: {e}", "error")
 
     @work(thread=True, exclusive=True, group="stacks", name="capture stacks")
     def _stacks(self) -> None:

@@ -27,6 +27,7 @@ from tui.view.knobkeys import KNOB_BINDING, KnobKeys
 from tui.view.messages import ControlAsked, ControlDone
 from tui.view.panelkeys import FOCUS_BINDINGS
 from tui.view.plotkeys import HELP_BINDING, SMOOTHING_BINDINGS, PlotKeys
+from tui.view.rollbackkey import ROLLBACK_BINDING, RollbackKey
 from tui.view.samplekeys import SAMPLES_BINDING, SampleKeys
 from tui.widgets.curve import Curve
 from tui.widgets.dialogs import ConfirmScreen
@@ -42,7 +43,7 @@ PANELS = {1: "#plot-loss", 2: "#system", 3: "#incident-list", 4: "#logs", 5: "#p
 LAYOUTS, LOCK_WAIT_S = ("too-small", "tabs", "side-tabs", "full"), 0.05  # a poll holds the watcher's lock for ms; a bulk load reads without it
 
 
-class DashboardScreen(KnobKeys, PlotKeys, SampleKeys, Screen[None]):
+class DashboardScreen(KnobKeys, PlotKeys, SampleKeys, RollbackKey, Screen[None]):
     """Shows one run as its watcher has read it and decides its control requests; the App follows
     the run and runs the workers (kill, resume, stacks) this screen asks for."""
 
@@ -51,7 +52,7 @@ class DashboardScreen(KnobKeys, PlotKeys, SampleKeys, Screen[None]):
         Binding("s", "stop", "Stop", id="stop", tooltip="Graceful stop with a final checkpoint"),
         Binding("k", "kill", "Kill", id="kill", tooltip="Terminate every process of the run (asks first)"),
         Binding("r", "resume", "Resume", id="resume", tooltip="New attempt from the newest checkpoint"),
-        KNOB_BINDING,
+        ROLLBACK_BINDING, KNOB_BINDING,
         *SMOOTHING_BINDINGS,
         Binding("t", "toggle_throughput", "Tok/s", id="throughput",
                 tooltip="Plot tokens/s in place of the learning rate (and back)"),
@@ -102,7 +103,7 @@ class DashboardScreen(KnobKeys, PlotKeys, SampleKeys, Screen[None]):
             with Vertical(id="plots"):
                 yield MetricPlot("loss: train (cyan, raw grey), val (orange)", "loss", [
                     Curve("train", series.loss, "cyan"),
-                    Curve("val", series.val_loss, "orange", smooth=False)], id="plot-loss")
+                    Curve("val", series.val_loss, "orange", smooth=False), Curve("marks", series.marks, "red", vertical=True)], id="plot-loss")
                 with Horizontal(id="plots-small"):
                     # a script may report neither: its steps are then gaps, not a row of red x's
                     yield MetricPlot("learning rate", "lr", [Curve("lr", series.lr, "green", smooth=False, marks_bad=False)],

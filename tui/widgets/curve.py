@@ -22,3 +22,7 @@ class Curve:
     cache: SmoothCache | None = None  # the smoothed curve, made with the first figure
     raw: bool = True                  # the raw points in grey under the smoothed line (off: overlaid runs)
     marks_bad: bool = True            # non-finite points as red x's; off where they only mean "not reported"
+    vertical: bool = False            # marks (RunSeries.marks): a vertical line at each x, coloured by its y
+
+
+MARK_COLORS = ("red", "blue")  # by a mark's y: a rollback (RunSeries MARK_ROLLBACK), a knob turned (MARK_KNOB)

@@ -14,7 +14,7 @@ from textual_plotext.plot import _rgbify_theme, _sequence  # what its PlotextPlo
 
 from tui.state.plotmath import SmoothCache, YAxis, log_points, minmax_downsample, plot_scale, step_ticks, window_slice, y_axis
 from tui.state.window import XWindow, window_range
-from tui.widgets.curve import ROWS_SPENT, Curve
+from tui.widgets.curve import MARK_COLORS, ROWS_SPENT, Curve
 
 if TYPE_CHECKING:
     from textual.app import App
@@ -66,6 +66,8 @@ def draw(plt: Plot, title: str, ylabel: str, curves: list[Curve], width: int, he
     steps came but none with a value to draw (a script that reports no tokens)."""
     plt.clear_data()
     plt.clear_figure()
+    marks = [c for c in curves if c.vertical]
+    curves = [c for c in curves if not c.vertical]
     rows = height - ROWS_SPENT
     if rows - 1 >= MIN_CANVAS:
         rows -= 1
@@ -101,6 +103,7 @@ def draw(plt: Plot, title: str, ylabel: str, curves: list[Curve], width: int, he
     plt.title(fit_title(titles, cols))
     for p in drawn:
         _draw_curve(plt, p, cols, (lo_x, hi_x), weight, ax.hi)
+    _draw_marks(plt, marks, lo_x, hi_x)
     plt.ylim(ax.lo, ax.hi)
     plt.yticks(ax.ticks, ax.labels)
     if hi_x > lo_x:
@@ -164,6 +167,15 @@ def _points(c: Curve, weight: float, logy: bool) -> Shown:
     if logy:
         x, y = log_points(x, y)
     return Shown(c, x, y, sx, sy)
+
+
+def _draw_marks(plt: Plot, marks: list[Curve], lo_x: float, hi_x: float) -> None:
+    """A vertical line at each mark inside the x range (a rollback, a knob turned), in its kind's colour."""
+    for c in marks:
+        xs, ys = c.series.arrays()
+        for x, y in zip(xs.tolist(), ys.tolist()):
+            if lo_x <= x <= hi_x:
+                plt.vline(x, MARK_COLORS[int(y)] if 0 <= y < len(MARK_COLORS) else c.color)
 
 
 def _draw_curve(plt: Plot, p: Shown, width: int, xr: tuple[float, float], weight: float, top: float) -> None:

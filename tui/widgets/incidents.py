@@ -62,6 +62,9 @@ def stacks_block(evidence: dict[str, Any]) -> Text:
     return t
 
 
+ROLLBACK_CODES = ("nan_loss", "loss_spike")  # the incidents the dashboard's `b` rolls back past (tui/view/rollbackkey.py)
+
+
 def incident_detail(inc: IncidentLine) -> Text:
     """The captured stacks, the detail, the advice, then the evidence as `key: value` lines (Static wraps them)."""
     t = Text()
@@ -75,6 +78,10 @@ def incident_detail(inc: IncidentLine) -> Text:
     if inc.advice:  # what to do comes before the numbers that show why
         t.append("advice: ", style="green")
         t.append(safe_text(inc.advice, lines=True) + "\n")
+    if inc.code in ROLLBACK_CODES:  # the advice written in the run cannot name the key: said here
+        t.append("b: ", style="green")
+        t.append(f"roll back past it: continue from the checkpoint before step {inc.step}, skipping the data through it "
+                 "(asks first; `mt rollback RUN`)\n")
     if inc.evidence:
         t.append("evidence:\n", style="dim")
         for k, v in inc.evidence.items():
