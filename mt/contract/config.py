@@ -204,6 +204,8 @@ class MonitorConfig:
     """fp16: steps in which skipped steps are counted."""
     overflow_max_skipped: int = _c(5, ge=1)
     """fp16: this many skipped steps in the window is an overflow incident."""
+    replay_on_nan: bool = False
+    """After the run ends, its supervisor replays to the newest NaN incident's step (`mt replay`): the incident gains its cause."""
     overflow_min_scale: float = _c(1.0, gt=0)
     """A GradScaler loss scale below this has collapsed: the gradients overflow even unscaled."""
     close_after_steps: int = _c(10, ge=1)

@@ -12,9 +12,8 @@ from mt.contract import door
 from mt.contract.events import as_float, as_int
 from mt.contract.fmt import NA
 from mt.contract.paths import RunPaths
+from tui.state.runstate import REPLAY_CODES as REPLAY_CODES  # re-exported: the codes a replay explains
 
-REPLAY_CODES = ("nan_loss", "loss_spike", "grad_explosion")
-"""The incidents a replay finds the cause of: a non-finite step, and a spike."""
 REPORT_BYTES = 1 << 20
 """A report is small (no per-step series beyond the replayed losses): anything bigger is not one."""
 PHASES = {"forward": "forward output", "backward": "gradient", "loss": "loss"}

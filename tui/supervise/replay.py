@@ -8,6 +8,7 @@ replay starts from is hard-linked into its folder (copied where a link cannot be
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import os
 import shutil
@@ -219,6 +220,25 @@ def compose(plan: Plan, findings: dict[str, Any], seconds: float) -> dict[str, A
 def _same(a: float, b: float) -> bool:
     """Bit for bit, as far as a logged float says: equal, or both NaN."""
     return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def auto_replay(run_dir: Path, cfg: Config, log: logging.Logger) -> None:
+    """[monitor] replay_on_nan, by the supervisor once its run has ended: a replay to the newest NaN
+    incident's step, if there is one; whatever stops it is a line in the supervisor's log, never its exit."""
+    if cfg.launch.nnodes > 1 or cfg.launch.script:
+        log.info("replay_on_nan: not for a run of several nodes or a script's run (mt replay RUN on one node)")
+        return
+    nans = [r.step for r in read_records(RunPaths(run_dir).events) if isinstance(r, IncidentLine) and r.code == "nan_loss" and r.step]
+    if not nans:
+        return
+    try:
+        plan = plan_replay(run_dir, nans[-1])
+        log.info("replay_on_nan: replaying to step %d from %s", plan.step, plan.checkpoint)
+        report, text = run_replay(plan)
+    except (ReplayError, ReplayFailed, OSError) as e:
+        log.warning("replay_on_nan: %s", e)
+        return
+    log.info("replay_on_nan: %s", door.read_text(text, 64 * 1024).strip())
 
 
 def report_text(plan: Plan, report: dict[str, Any]) -> str:
