@@ -46,7 +46,8 @@ class Hit:
 
     @property
     def finite(self) -> bool:
-        return math.isfinite(self.amax) and math.isfinite(self.norm)
+        """Every element finite: the largest magnitude says it (a norm of finite values may overflow)."""
+        return math.isfinite(self.amax)
 
 
 @dataclass
@@ -122,7 +123,8 @@ class Recorder:
         # measured on the device and read back at the step's end: no sync per hook
         t = t.detach()
         self.pending.append((self.micro, phase, self.order, name,
-                             torch.stack([t.abs().amax().float(), torch.linalg.vector_norm(t.float())])))
+                             # float64: the norm of finite float32 values near their limit overflows in float32
+                             torch.stack([t.abs().amax().double(), torch.linalg.vector_norm(t, dtype=torch.float64)])))
         self.order += 1
 
     def flush(self) -> None:
@@ -137,7 +139,7 @@ class Recorder:
                     self.first = hit
                 continue
             seen = self.norms.setdefault((name, phase), {})
-            if norm > seen.get(self.step, (-1.0, 0))[0]:
+            if math.isfinite(norm) and norm > seen.get(self.step, (-1.0, 0))[0]:
                 seen[self.step] = (norm, micro)
         self.pending.clear()
 

@@ -104,9 +104,10 @@ def _attempt_of(records: list[Any], step: int) -> tuple[int, int | None]:
 
 
 def _checkpoint_before(paths: RunPaths, step: int, code: str | None) -> tuple[Path, int]:
-    """The newest intact checkpoint before `step` (for a spike, one SPIKE_HISTORY steps before where there is one)."""
+    """The newest intact checkpoint before `step`; but SPIKE_HISTORY steps before it where there is one,
+    unless the step is a NaN's (a spike's norms, or a step --step named, need a median of earlier steps)."""
     before = [(s, p) for s, p in checkpoints.folders(paths.checkpoints) if s < step]
-    if code in ("loss_spike", "grad_explosion"):
+    if code != "nan_loss":
         before = [c for c in before if c[0] <= step - SPIKE_HISTORY] + [c for c in before if c[0] > step - SPIKE_HISTORY]
     for s, path in before:
         if checkpoints.intact(path):
@@ -130,6 +131,8 @@ def _original(records: list[Any], attempt: int, start: int, step: int) -> tuple[
             t_from = r.t
         elif isinstance(r, Step) and start < r.step <= step and r.loss is not None:
             losses[r.step] = r.loss
+        elif isinstance(r, IncidentLine) and r.code == "nan_loss" and r.step and start < r.step <= step and "loss" in r.evidence:
+            losses.setdefault(r.step, as_float(r.evidence["loss"]))   # on_nan = "stop": the NaN step logs no step event
         if isinstance(r, (Step, IncidentLine)) and r.step == step and now == attempt:
             t_to = r.t
     seconds = t_to - t_from if t_from is not None and t_to is not None and t_to >= t_from else None
