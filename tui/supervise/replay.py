@@ -200,8 +200,7 @@ def run_replay(plan: Plan) -> tuple[dict[str, Any], Path]:
     report = compose(plan, findings, time.time() - started)
     write_json_atomic(folder / "report.json", report)
     text = folder / "report.txt"
-    fd = door.open_own(text, os.O_WRONLY | os.O_TRUNC)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
+    with os.fdopen(door.open_own(text, os.O_WRONLY | os.O_TRUNC), "w", encoding="utf-8") as f:
         f.write(report_text(plan, report))
     return report, text
 
