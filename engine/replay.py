@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -84,6 +85,7 @@ class Recorder:
     norms: dict[tuple[str, str], dict[int, tuple[float, int]]] = field(default_factory=dict)  # (module, phase) -> step -> (max norm, its micro)
     indices: dict[int, dict[int, list[int]]] = field(default_factory=dict)  # step -> micro -> dataset indices
     losses: dict[int, float] = field(default_factory=dict)
+    outputs: dict[int, weakref.ref] = field(default_factory=dict)  # this micro-batch's measured outputs, by id
 
     def install(self, model: nn.Module) -> None:
         for name, module in model.named_modules():
@@ -94,12 +96,14 @@ class Recorder:
         for batch, idx in source:
             self.micro += 1
             self.phase = "forward"
+            self.outputs.clear()
             self.indices.setdefault(self.step, {})[self.micro] = [int(i) for i in idx]
             yield batch, idx
 
     def begin(self, step: int) -> None:
         self.flush()
         self.step, self.micro, self.order, self.active = step, -1, 0, True
+        self.outputs.clear()
 
     def loss(self, loss: torch.Tensor) -> None:
         """The loss as backward receives it: after it, hooks measure gradients (a recomputed forward is skipped)."""
@@ -111,6 +115,10 @@ class Recorder:
         if not self.active or self.phase != "forward" or not torch.is_grad_enabled():
             return  # eval, or activation checkpointing's recompute in backward
         for t in _tensors(output):
+            seen = self.outputs.get(id(t))
+            if seen is not None and seen() is t:
+                continue  # a child's output returned as is (MLP -> its dropout's): measured once, named by the child
+            self.outputs[id(t)] = weakref.ref(t)
             self._note("forward", name, t)
             if t.requires_grad:
                 t.register_hook(partial(self._grad, name))
@@ -121,10 +129,13 @@ class Recorder:
 
     def _note(self, phase: str, name: str, t: torch.Tensor) -> None:
         # measured on the device and read back at the step's end: no sync per hook
+        # min and max in one pass (NaN if any element is) say finite or not; the norm, for a spike, may
+        # overflow on finite values near the dtype's limit: then it is left out. Both are plain passes over
+        # memory (abs().amax() copies, the inf-norm is ~20x slower on CPU: bench/replay_cause.py --hooks)
         t = t.detach()
+        low, high = torch.aminmax(t)
         self.pending.append((self.micro, phase, self.order, name,
-                             # float64: the norm of finite float32 values near their limit overflows in float32
-                             torch.stack([t.abs().amax().double(), torch.linalg.vector_norm(t, dtype=torch.float64)])))
+                             torch.stack([low.float(), high.float(), torch.linalg.vector_norm(t, dtype=torch.float32)])))
         self.order += 1
 
     def flush(self) -> None:
@@ -132,7 +143,8 @@ class Recorder:
         if not self.pending:
             return
         values = torch.stack([v for *_, v in self.pending]).cpu().tolist()
-        for (micro, phase, order, name, _), (amax, norm) in zip(self.pending, values):
+        for (micro, phase, order, name, _), (low, high, norm) in zip(self.pending, values):
+            amax = math.nan if math.isnan(low) or math.isnan(high) else max(abs(low), abs(high))
             hit = Hit(self.step, self.rank, micro, phase, order, name, amax, norm)
             if not hit.finite:
                 if self.first is None:
