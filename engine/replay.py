@@ -85,7 +85,7 @@ class Recorder:
     norms: dict[tuple[str, str], dict[int, tuple[float, int]]] = field(default_factory=dict)  # (module, phase) -> step -> (max norm, its micro)
     indices: dict[int, dict[int, list[int]]] = field(default_factory=dict)  # step -> micro -> dataset indices
     losses: dict[int, float] = field(default_factory=dict)
-    outputs: dict[int, weakref.ref] = field(default_factory=dict)  # this micro-batch's measured outputs, by id
+    measured: dict[int, tuple[weakref.ref, torch.Tensor]] = field(default_factory=dict)  # this micro-batch's, by id
 
     def install(self, model: nn.Module) -> None:
         for name, module in model.named_modules():
@@ -96,14 +96,14 @@ class Recorder:
         for batch, idx in source:
             self.micro += 1
             self.phase = "forward"
-            self.outputs.clear()
+            self.measured.clear()
             self.indices.setdefault(self.step, {})[self.micro] = [int(i) for i in idx]
             yield batch, idx
 
     def begin(self, step: int) -> None:
         self.flush()
         self.step, self.micro, self.order, self.active = step, -1, 0, True
-        self.outputs.clear()
+        self.measured.clear()
 
     def loss(self, loss: torch.Tensor) -> None:
         """The loss as backward receives it: after it, hooks measure gradients (a recomputed forward is skipped)."""
@@ -115,10 +115,6 @@ class Recorder:
         if not self.active or self.phase != "forward" or not torch.is_grad_enabled():
             return  # eval, or activation checkpointing's recompute in backward
         for t in _tensors(output):
-            seen = self.outputs.get(id(t))
-            if seen is not None and seen() is t:
-                continue  # a child's output returned as is (MLP -> its dropout's): measured once, named by the child
-            self.outputs[id(t)] = weakref.ref(t)
             self._note("forward", name, t)
             if t.requires_grad:
                 t.register_hook(partial(self._grad, name))
@@ -129,14 +125,23 @@ class Recorder:
 
     def _note(self, phase: str, name: str, t: torch.Tensor) -> None:
         # measured on the device and read back at the step's end: no sync per hook
+        self.pending.append((self.micro, phase, self.order, name, self._measure(t)))
+        self.order += 1
+
+    def _measure(self, t: torch.Tensor) -> torch.Tensor:
+        """(min, max, norm) of a tensor, on its device: once for a tensor a parent returns as its child
+        gave it (MLP -> its dropout's output), and for the gradient both their hooks receive."""
+        seen = self.measured.get(id(t))
+        if seen is not None and seen[0]() is t:
+            return seen[1]
         # min and max in one pass (NaN if any element is) say finite or not; the norm, for a spike, may
         # overflow on finite values near the dtype's limit: then it is left out. Both are plain passes over
         # memory (abs().amax() copies, the inf-norm is ~20x slower on CPU: bench/replay_cause.py --hooks)
-        t = t.detach()
-        low, high = torch.aminmax(t)
-        self.pending.append((self.micro, phase, self.order, name,
-                             torch.stack([low.float(), high.float(), torch.linalg.vector_norm(t, dtype=torch.float32)])))
-        self.order += 1
+        d = t.detach()
+        low, high = torch.aminmax(d)
+        stats = torch.stack([low.float(), high.float(), torch.linalg.vector_norm(d, dtype=torch.float32)])
+        self.measured[id(t)] = (weakref.ref(t), stats)
+        return stats
 
     def flush(self) -> None:
         """Read this step's values back (one transfer) into the first non-finite hit and the norms."""
