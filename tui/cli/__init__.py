@@ -6,10 +6,12 @@ torch is never imported here.
 """
 from __future__ import annotations
 
-from tui.cli import replay, runs, steer, tools  # noqa: F401  (each registers its commands on the app; `mt --help` lists them in this order)
+from tui.cli import runs, steer, tools  # noqa: F401  (each registers its commands on the app; `mt --help` lists them in this order)
 from tui.cli.common import BAD_INPUT, OK, RUN_FAILED, app, fail
 
 __all__ = ["BAD_INPUT", "OK", "RUN_FAILED", "app", "fail", "main"]
+
+from tui.cli import replay  # noqa: F401  (recovery, listed after the commands that start, steer and tool runs)
 
 
 def main() -> None:
