@@ -187,7 +187,17 @@ def test_replay_on_nan_gives_the_incident_its_cause(tmp_path: Path) -> None:
     report = run / "replay" / "step-7" / "report.json"
     wait_for(report.exists, 240, "the supervisor's replay report")   # the supervisor replays once the run has ended
     assert json.loads(report.read_text())["module"] == "blocks.1.mlp.proj"
-    assert "cause (mt replay): blocks.1.mlp.proj: first non-finite forward output" in mt("watch", run, "--once").stdout
+    cause = "cause (mt replay): blocks.1.mlp.proj: first non-finite forward output"
+    assert cause in mt("watch", run, "--once").stdout
+    assert cause in mt("watch", run, "--headless").stdout   # the incident's lines, then the cause
+    # the dashboard's incident panel: the incident the viewer read, with the cause its follower found
+    from tui.read.follower import load_run_state
+    from tui.state.runstate import cause_of
+    from tui.widgets.incidents import incident_detail
+
+    st = load_run_state(run)
+    (nan,) = [i for i in st.incidents if i.code == "nan_loss"]
+    assert cause in str(incident_detail(nan, cause_of(st.causes, nan)))
 
 
 def test_a_report_that_is_not_a_file_is_never_read(tmp_path: Path) -> None:
