@@ -181,6 +181,20 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_a_live_run_is_not_replayed_beside_itself(tmp_path: Path) -> None:
+    preset = write_preset(tmp_path / "p.toml", tmp_path / "runs", **ONE, train={"max_steps": 500},
+                          checkpoint={"every_steps": 2}, faults={"step_sleep_s": 0.2})
+    run = Path(mt("launch", preset, "--detach").stdout.strip())
+    try:
+        wait_for(lambda: (run / "checkpoints" / "step-2").is_dir(), 120, "the live run's first checkpoint")
+        res = mt("replay", run, "--step", "3")
+        assert res.returncode == 2 and "the run is live" in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+        assert not (run / "replay").exists()
+    finally:
+        mt("kill", run)
+
+
+@pytest.mark.slow
 def test_replay_on_nan_gives_the_incident_its_cause(tmp_path: Path) -> None:
     run = _launch(tmp_path, **GPT, **ONE, monitor={"replay_on_nan": True},
                   faults={"module": "blocks.1.mlp.proj", "module_at_step": 7, "module_fault": "nan"})

@@ -27,7 +27,9 @@ from mt.contract.jsonl import write_json_atomic
 from mt.contract.paths import RunPaths
 from mt.contract.preset import load_config_json
 from mt.contract.records import Checkpoint, RunStart, Step, read_records
+from mt.contract.status import read_status
 from tui.read.replay import REPLAY_CODES, ReplayReport, replay_dir
+from tui.read.rundir import liveness
 from tui.supervise.procs import die_with_parent
 from tui.supervise.torchrun import attempt_command, is_direct, worker_env
 
@@ -73,6 +75,8 @@ def plan_replay(run_dir: Path, step: int | None) -> Plan:
         raise ReplayError(str(e)) from None
     if cfg.launch.script:
         raise ReplayError(f"{run_dir}: a script's run ([launch] script): mt replay replays mt's engine only")
+    if liveness(read_status(paths.root)) in ("live", "starting", "pending"):
+        raise ReplayError(f"{run_dir}: the run is live: replay it once it has ended (mt stop), never beside it on its devices")
     records = read_records(paths.events)
     incidents = [r for r in records if isinstance(r, IncidentLine) and r.code in REPLAY_CODES and r.step]
     code = None
