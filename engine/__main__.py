@@ -23,6 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__)
     parser.add_argument("--run-dir", required=True, type=Path)
     parser.add_argument("--attempt", type=int, default=1)
+    parser.add_argument("--replay-to", type=int, default=0, metavar="STEP",
+                        help="mt replay: run from the folder's checkpoint to STEP with hooks on every module (engine/replay.py)")
     args = parser.parse_args(argv)
     paths = RunPaths.of_process(args.run_dir)   # a rank's heartbeat and log go to its node's folder (MT_NODE)
     try:
@@ -66,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     code = 1
     try:
-        code = _train(cfg, env, paths, args.attempt, splits, signals)
+        code = _train(cfg, env, paths, args.attempt, splits, signals, args.replay_to)
         return code
     finally:
         guard_exit(code, cfg.launch.exit_grace_s)   # its work is done: this rank ends even if its shutdown hangs
@@ -74,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         dist.shutdown(clean=code == 0)
 
 
-def _train(cfg: Config, env: DistEnv, paths: RunPaths, attempt: int, splits: Splits, signals: StopSignals) -> int:
+def _train(cfg: Config, env: DistEnv, paths: RunPaths, attempt: int, splits: Splits, signals: StopSignals,
+           replay_to: int = 0) -> int:
     """The run on this rank; every way it can end becomes its run_end (rank 0) and an exit code."""
     from engine.dist import log, report_failure
     from engine.train import Trainer
@@ -86,7 +89,12 @@ def _train(cfg: Config, env: DistEnv, paths: RunPaths, attempt: int, splits: Spl
     rank = env.rank
     trainer = None
     try:
-        trainer = Trainer(cfg, env, paths, attempt, splits, signals)
+        if replay_to:
+            from engine.replay import ReplayTrainer
+
+            trainer = ReplayTrainer(cfg, env, paths, attempt, splits, signals, until=replay_to)
+        else:
+            trainer = Trainer(cfg, env, paths, attempt, splits, signals)
         return trainer.train()
     except (ResumeRefused, UserCodeError, InitFromError) as e:
         why = f"resume refused: {e}" if isinstance(e, ResumeRefused) else str(e)

@@ -17,10 +17,12 @@ class Faults:
     def __init__(self, cfg: FaultsConfig, rank: int, attempt: int) -> None:
         self.cfg, self.rank = cfg, rank
         self.armed = attempt == 1
+        self.step = 0  # the step in progress, for a planted module fault
 
     def before_step(self, step: int) -> None:
         """Crash or hang this rank at the configured step; pace every step for demos."""
         c = self.cfg
+        self.step = step
         if c.step_sleep_s:
             time.sleep(c.step_sleep_s)
         if not self.armed:
@@ -51,6 +53,30 @@ class Faults:
         if self.armed and self.cfg.nan_at_step == step and self.rank == 0 and micro == 0:
             return loss * float("nan")
         return loss
+
+    def plant(self, model: torch.nn.Module) -> None:
+        """module_fault: a forward hook on the module named `module` that breaks its output (or the
+        gradient at it) at module_at_step on module_rank, as a bad layer would: the cause `mt replay` must name."""
+        c = self.cfg
+        if not (c.module and c.module_at_step and c.module_fault):
+            return
+        found = dict(model.named_modules()).get(c.module)
+        if found is None:
+            raise ValueError(f"[faults] module = {c.module!r}: the model has no module of that name")
+        found.register_forward_hook(self._hit)
+
+    def _hit(self, module: torch.nn.Module, args: object, output: object) -> object:
+        import torch
+
+        c = self.cfg
+        if not (self.armed and self.step == c.module_at_step and self.rank == c.module_rank and module.training
+                and isinstance(output, torch.Tensor)):
+            return None
+        if c.module_fault == "grad_nan":
+            if output.requires_grad:
+                output.register_hook(lambda grad: grad * float("nan"))
+            return None
+        return {"nan": output * float("nan"), "inf": output + float("inf"), "spike": output * 100.0}[c.module_fault]
 
     def maybe_overflow(self, scaled: torch.Tensor, step: int) -> torch.Tensor:
         """At overflow_at_step the gradients overflow; the reported loss stays finite."""

@@ -66,6 +66,7 @@ class Trainer:
         self.kind = kind_of(cfg)
         self.model = parallel.build(lambda: self.kind.build(cfg), cfg, env)
         self.model_name = self.kind.describe(cfg)  # names the model in a run_end that says what it returned
+        self.faults.plant(self.model)  # [faults] module: a planted bad layer (mt replay's tests)
         self.n_params, self.n_trainable = count_params(self.model)
         active = getattr(self.model, "active_params", None)
         self.n_active = int(active()) if callable(active) else None

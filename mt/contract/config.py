@@ -234,6 +234,8 @@ class MonitorConfig:
     """fp16: steps in which skipped steps are counted."""
     overflow_max_skipped: int = _c(5, ge=1)
     """fp16: this many skipped steps in the window is an overflow incident."""
+    replay_on_nan: bool = False
+    """After the run ends, its supervisor replays to the newest NaN incident's step (`mt replay`): the incident gains its cause."""
     overflow_min_scale: float = _c(1.0, gt=0)
     """A GradScaler loss scale below this has collapsed: the gradients overflow even unscaled."""
     close_after_steps: int = _c(10, ge=1)
@@ -302,6 +304,12 @@ class FaultsConfig:
     """`slow_rank` spends this much longer in every step's forward (a slower device), every attempt."""
     slow_checkpoint_s: float = _c(0.0, ge=0)
     """Rank 0 sleeps this long in every checkpoint write, after its first file (a slow filesystem)."""
+    module: str = ""
+    """A module's qualified name (e.g. "blocks.1.mlp"): module_fault hits its output at module_at_step on module_rank."""
+    module_at_step: int = _c(0, ge=0)
+    module_rank: int = _c(0, ge=0)
+    module_fault: Literal["nan", "inf", "grad_nan", "spike"] = "nan"
+    """nan or inf: its output becomes non-finite; grad_nan: the gradient at its output; spike: its output x 100."""
 
 
 @dataclass

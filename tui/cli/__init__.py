@@ -11,6 +11,8 @@ from tui.cli.common import BAD_INPUT, OK, RUN_FAILED, app, fail
 
 __all__ = ["BAD_INPUT", "OK", "RUN_FAILED", "app", "fail", "main"]
 
+from tui.cli import replay  # noqa: F401  (recovery, listed after the commands that start, steer and tool runs)
+
 
 def main() -> None:
     """Console-script entry point."""

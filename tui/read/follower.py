@@ -1,6 +1,7 @@
 """Follow one run directory incrementally into a `RunState`; `load_run_state` reads it once."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -9,8 +10,12 @@ from mt.contract.paths import RunPaths
 from mt.contract.records import Record, RecordTail, Step, incident_tail
 from mt.contract.status import read_status
 from tui.read import BULK_MIN_BYTES as BULK_MIN_BYTES  # re-exported: the follower's threshold (tests patch it here)
+from tui.read.replay import Causes
 from tui.state.runseries import RunSeries
-from tui.state.runstate import BulkResult, RunState, add_incident, apply_status, new_state, reduce_event, reduce_step
+from tui.state.runstate import REPLAY_CODES, BulkResult, RunState, add_incident, apply_status, new_state, reduce_event, reduce_step
+
+CAUSES_EVERY_S = 1.0
+"""How often a follower looks for mt replay's reports (a folder listing and a stat each)."""
 
 
 @dataclass
@@ -33,6 +38,8 @@ class RunFollower:
         self.events = RecordTail(self.paths.events)
         self.incidents = incident_tail(self.paths.incidents)
         self._status_mtime: float | None = None
+        self.causes = Causes(self.paths.root)
+        self._causes_due = 0.0
 
     def poll(self, max_bytes: int | None = None) -> PollResult:
         """Read what was appended since the last poll (at most max_bytes of events)."""
@@ -60,11 +67,22 @@ class RunFollower:
             res.changed = True
         res.changed |= self._poll_status()
         st = self.state
+        res.changed |= self._poll_causes()
         if st.script is not None and not st.n_steps and st.attempt_t is None and st.mt_init_attempt != st.attempt:
             from tui.read.nodes import called_mt_init  # a script before its first step only: a few small reads
             if called_mt_init(self.paths, st.attempt):
                 st.mt_init_attempt, res.changed = st.attempt, True
         return res
+
+    def _poll_causes(self) -> bool:
+        """mt replay's causes, read once a NaN or spike incident is there (at most once a second)."""
+        now = time.monotonic()
+        if now < self._causes_due or not any(i.code in REPLAY_CODES for i in self.state.incidents):
+            return False
+        self._causes_due = now + CAUSES_EVERY_S
+        causes = self.causes.poll()
+        changed, self.state.causes = causes != self.state.causes, causes
+        return changed
 
     def is_big(self) -> bool:
         """Large enough for the bulk read (the engine's index, else the column scan) to beat line-by-line JSON."""
@@ -104,6 +122,7 @@ class RunFollower:
     def adopt(self, bulk: Any) -> None:
         """Take a bulk read's state and history, and follow on from the byte it ended at."""
         self.state = bulk.state
+        self._causes_due = 0.0  # a new state: its causes are read at the next poll
         if self.series is not None and bulk.series is not None:
             self.series.replace(bulk.series)
         self.events = RecordTail(self.paths.events, bulk.end, bulk.ino)
@@ -115,6 +134,7 @@ class RunFollower:
     def _restart(self) -> None:
         tail = self.events
         self.state = new_state(self.paths.root)
+        self._causes_due = 0.0
         if self.series is not None:
             for s in (*self.series.all().values(), *self.series.extra.values()):
                 s.clear()

@@ -36,7 +36,7 @@ from tui.read.follower import PollResult, RunFollower
 from tui.read.nodes import JobReader
 from tui.read.rundir import liveness
 from tui.report.nodes import node_lines
-from tui.state.runstate import RunState, apply_status
+from tui.state.runstate import RunState, apply_status, cause_of
 
 
 def step_line(st: RunState) -> str:
@@ -125,6 +125,7 @@ class _Printer:
         self.opened: set[tuple[str, int | None, int]] = set()
         self.closed: set[tuple[str, int | None, int]] = set()
         self.verdicts: set[tuple[str, int | None, int]] = set()   # incidents whose stacks were printed
+        self.caused: set[tuple[str, int | None, int]] = set()     # incidents whose replay cause was printed
         self.silent: set[tuple[str, int | None, int]] = set()   # before a resume: read, never printed
         self.pending_end: tuple[RunEnd, float] | None = None   # a failed run_end waiting for its exit incident
         self.job_shown: tuple[str | None, int | None] | None = None   # a Slurm run: (pending or running, attempt) said last
@@ -150,6 +151,10 @@ class _Printer:
                 self.verdicts.add(key)
                 for line in stacks_lines(inc.evidence):
                     self.write(f"  {line}")
+            cause = cause_of(st.causes, inc)
+            if cause and key not in self.caused:  # mt replay's report, once it is there
+                self.caused.add(key)
+                self.write(f"  cause (mt replay): {cause}")
             if inc.status == "closed" and key not in self.closed:
                 self.closed.add(key)
                 self.write(incident_close_line(inc))

@@ -26,6 +26,7 @@ from tui.format.fmt import (
     safe_text,
     stacks_lines,
 )
+from tui.state.runstate import cause_of
 
 if TYPE_CHECKING:
     from tui.state.runstate import RunState
@@ -65,6 +66,9 @@ def format_summary(st: "RunState", now: float | None = None) -> str:
         for inc in st.incidents:
             lines.append(f"  {inc.status:<6} [{inc.severity}] {inc.code} {at_step(inc.step)}: {inc.title}")
             lines += [f"         {line}" for line in stacks_lines(inc.evidence) + anatomy_lines(inc.evidence)]
+            cause = cause_of(st.causes, inc)
+            if cause:
+                lines.append(f"         cause (mt replay): {cause}")
     reason = st.first_failure() if st.state == "failed" else st.reason or st.run_end_reason
     if st.is_final and reason:
         lines.append(f"reason: {reason}")

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from tui.state.runseries import RunSeries
 
 STALLED_CODES = ("hang", "dataloader_stall")   # open, they say the run makes no progress
+REPLAY_CODES = ("nan_loss", "loss_spike", "grad_explosion")   # the incidents `mt replay` finds the cause of
 
 
 @dataclass
@@ -102,6 +103,7 @@ class RunState:
     incidents: list[IncidentLine] = field(default_factory=list)
     controls: dict[str, ControlAnswer] = field(default_factory=dict)
     knobs: dict[str, float] = field(default_factory=dict)  # lasting knobs turned (knob events): the header's "lr×0.5"
+    causes: dict[int, str] = field(default_factory=dict)   # {step: cause} from mt replay's reports (tui/read/replay.py)
     bad_lines: int = 0                 # lines no reader may use (docs/events.md)
     bad_reason: str = ""               # why the newest of them was skipped
     supervisor_lost: bool = False      # status says live but its supervisor process is gone
@@ -357,6 +359,11 @@ def reduce_event(st: RunState, ev: Record) -> None:
         st.run_end_status, st.run_end_reason = ev.status, ev.reason or None
         if not st.status.found and ev.status in FINAL_STATES:
             st.state = ev.status
+
+
+def cause_of(causes: dict[int, str], inc: IncidentLine) -> str | None:
+    """The cause `mt replay` found for this incident: a NaN or a spike at the step it replayed to."""
+    return causes.get(inc.step) if inc.code in REPLAY_CODES and inc.step is not None else None
 
 
 def add_incident(st: RunState, rec: IncidentLine, source: str) -> None:

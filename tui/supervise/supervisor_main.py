@@ -14,6 +14,7 @@ from tui.cluster.slurm import SlurmError, slurm_node
 from tui.read.wait import poll_until
 from tui.supervise import lock as runlock
 from tui.supervise.procs import daemonize
+from tui.supervise.replay import auto_replay
 from tui.supervise.supervisor import Supervisor
 from tui.supervise.supervisor import __doc__ as SUPERVISOR_DOC
 
@@ -55,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         code = sup.run()
         if args.slurm and sup.kill_requested:
             await_cancel(sup)
+        elif sup.cfg.monitor.replay_on_nan and not sup.lost:
+            auto_replay(sup.run_dir, sup.cfg, sup.log)  # the run has ended: its GPUs are free for the replay
         return code
     except Exception:
         sup.log.exception("supervisor crashed")

@@ -217,7 +217,7 @@ class DashboardScreen(KnobKeys, PlotKeys, SampleKeys, RollbackKey, Screen[None])
                 ended = st.shown_state if st.state in FINAL_STATES or st.supervisor_lost else None
                 self._system.show(self.watcher.system, ended, now, sampled=not st.status.by_script,
                                   nodes=self.watcher.nodes, run=st)
-                self._incidents.show(st.incidents, now)
+                self._incidents.show(st.incidents, now, st.causes)
                 self._show_strip()
                 self._dirty = False
         finally:

@@ -12,6 +12,7 @@ from textual.widgets.option_list import Option
 
 from mt.contract.incident import IncidentLine
 from tui.format.fmt import NA, anatomy_lines, fmt_duration, fmt_num, safe_text, stacks_lines
+from tui.state.runstate import cause_of
 
 MAX_VALUE_CHARS = 300  # an evidence value longer than this (a whole traceback line) is cut
 
@@ -65,10 +66,13 @@ def stacks_block(evidence: dict[str, Any]) -> Text:
 ROLLBACK_CODES = ("nan_loss", "loss_spike")  # the incidents the dashboard's `b` rolls back past (tui/view/rollbackkey.py)
 
 
-def incident_detail(inc: IncidentLine) -> Text:
-    """The captured stacks, the detail, the advice, then the evidence as `key: value` lines (Static wraps them)."""
+def incident_detail(inc: IncidentLine, cause: str | None = None) -> Text:
+    """The captured stacks (or mt replay's cause), the detail, the advice, then the evidence as `key: value` lines (Static wraps them)."""
     t = Text()
     t.append(f"{safe_text(inc.code)} ({inc.status}, from {safe_text(inc.source)})\n", style="bold")
+    if cause:
+        t.append("cause (mt replay): ", style="bold magenta")
+        t.append(safe_text(cause) + "\n")
     stacks = stacks_block(inc.evidence)
     t.append_text(stacks)  # the answer first: which rank, where
     for i, line in enumerate(anatomy_lines(inc.evidence)):  # a straggler: who waits for whom, each rank's step
@@ -110,10 +114,12 @@ class IncidentsPanel(Vertical, can_focus=False):
     def on_mount(self) -> None:
         self._shown: list[IncidentLine] = []
         self._sig: tuple = ()
+        self._causes: dict[int, str] = {}
 
-    def show(self, incidents: list[IncidentLine], now: float) -> None:
+    def show(self, incidents: list[IncidentLine], now: float, causes: dict[int, str] | None = None) -> None:
         items = ordered(incidents)[:50]
-        sig = tuple((i.code, i.step, i.status, "verdict" in i.evidence) for i in items) + (int(now) // 10,)
+        self._causes = causes or {}
+        sig = tuple((i.code, i.step, i.status, "verdict" in i.evidence, cause_of(self._causes, i)) for i in items) + (int(now) // 10,)
         if sig == self._sig:
             return
         self._sig = sig
@@ -130,7 +136,8 @@ class IncidentsPanel(Vertical, can_focus=False):
 
     def _detail(self, index: int | None) -> None:
         if index is not None and 0 <= index < len(self._shown):
-            self.query_one("#incident-detail", Static).update(incident_detail(self._shown[index]))
+            inc = self._shown[index]
+            self.query_one("#incident-detail", Static).update(incident_detail(inc, cause_of(self._causes, inc)))
 
     @on(OptionList.OptionHighlighted)
     def _highlighted(self, event: OptionList.OptionHighlighted) -> None:
