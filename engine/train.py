@@ -87,7 +87,7 @@ class Trainer:
         # ---- position: fresh, or from the newest valid checkpoint --------------------------
         start = start_position(found, cfg, env, self.model, self.wrapped, self.optimizer, self.precision.scaler)
         if self.rollback is not None:  # skip its batches, set its lr knob
-            rollbacks.apply(self.rollback, start, env.world_size * t.micro_batch_size * start.accum)
+            self.lr_before = rollbacks.apply(self.rollback, start, env.world_size * t.micro_batch_size * start.accum)
         self.rollbacks, self.spike_rollback = start.rollbacks, False  # made so far; on_spike's, planned for the next step
         self.step, self.samples, self.accum, self.resumed_from = start.step, start.samples, start.accum, start.resumed_from
         self.knobs = start.knobs  # turned by mt set or a rollback; kept in every checkpoint (mt/contract/knobs.py)
@@ -131,7 +131,7 @@ class Trainer:
         t = self.cfg.train
         self._emit_run_start()
         if self.rollback is not None:
-            rollbacks.announce(self.events, self.rollback, self.step, self.knobs.lr_scale)
+            rollbacks.announce(self.events, self.rollback, self.step, self.knobs.lr_scale, self.lr_before)
         self.heartbeat.beat(self.step)
         while self.step < t.max_steps:
             step = self.step + 1

@@ -48,20 +48,24 @@ def settle(paths: RunPaths, env: DistEnv) -> None:
         contract.clear_request(paths)
 
 
-def apply(rb: Rollback, start: Position, global_batch: int) -> None:
+def apply(rb: Rollback, start: Position, global_batch: int) -> float:
     """The resumed position moved: `skip_batches` global batches further in the data order, the
-    lr knob set, the count kept (every checkpoint after this holds all three)."""
+    lr knob set, the count kept (every checkpoint after this holds all three); returns the lr knob before."""
+    before = start.knobs.lr_scale
     start.samples += rb.skip_batches * global_batch
     if rb.lr_scale is not None:
         start.knobs.lr_scale = rb.lr_scale
     start.rollbacks = rb.count
+    return before
 
 
-def announce(events: Any, rb: Rollback, to_step: int, lr_scale: float) -> None:
-    """The `rollback` event, and the incident that says what was done (to_step: the checkpoint used;
-    lr_scale: the knob from there on)."""
+def announce(events: Any, rb: Rollback, to_step: int, lr_scale: float, lr_before: float) -> None:
+    """The `rollback` event (and a `knob` event where it turned the lr knob), and the incident that says
+    what was done (to_step: the checkpoint used; lr_scale: the knob from there on, lr_before before it)."""
     fields = {**rb.fields(), "to_step": to_step, "lr_scale": lr_scale}
     events.emit("rollback", **fields)
+    if rb.lr_scale is not None:  # the plots mark it and the header shows it as any turned knob
+        events.emit("knob", step=to_step + 1, key="lr_scale", value=lr_scale, previous=lr_before, by="rollback", request=None)
     lr = f", lr scaled by {rb.lr_scale:g}" if rb.lr_scale is not None else ""
     detail = (f"rolled back from step {rb.step} to the checkpoint of step {to_step}, skipping the next "
               f"{rb.skip_batches} batches{lr} ({rb.why}; by {rb.by}, rollback {rb.count} of this run)")

@@ -36,6 +36,8 @@ def test_rollback_of_a_finished_run_skips_batches_and_scales_the_lr(tmp_path: Pa
     assert "rolling back to the checkpoint of step 8" in res.stdout
     [rb] = events(run_dir, "rollback")
     assert (rb["step"], rb["to_step"], rb["skip_batches"], rb["lr_scale"], rb["by"], rb["count"]) == (16, 8, 3, 0.5, "user", 1)
+    [knob] = events(run_dir, "knob")  # the lr knob it turned, as any turned knob: marked, shown in the header
+    assert (knob["step"], knob["key"], knob["value"], knob["previous"], knob["by"]) == (9, "lr_scale", 0.5, 1.0, "rollback")
     new = [e for e in events(run_dir, "step") if e["t"] > rb["t"]]
     assert [e["step"] for e in new] == list(range(9, 17))
     batch = old[1]["samples_seen"]
@@ -50,7 +52,7 @@ def _viewers_show_the_rollback(run_dir: Path, runs: Path, kept: dict[int, float]
     """The abandoned steps 9..16 are not the run's in the plots (live follow and a big run's bulk
     read alike), a red mark stands at step 8, and mt ls / --once say the run was rolled back."""
     from tui.read.follower import RunFollower
-    from tui.state.runseries import MARK_ROLLBACK
+    from tui.state.runseries import MARK_KNOB, MARK_ROLLBACK
 
     follower = RunFollower(run_dir)
     follower.poll()
@@ -58,7 +60,8 @@ def _viewers_show_the_rollback(run_dir: Path, runs: Path, kept: dict[int, float]
         x, y = series.loss.arrays()
         assert x.tolist() == list(range(1, 17))
         assert {int(s): v for s, v in zip(x.tolist(), y.tolist()) if s > 8} == kept
-        assert [a.tolist() for a in series.marks.arrays()] == [[8.0], [MARK_ROLLBACK]]
+        # the rollback at step 8, the lr knob it turned from step 9
+        assert [a.tolist() for a in series.marks.arrays()] == [[8.0, 9.0], [MARK_ROLLBACK, MARK_KNOB]]
     assert follower.state.rollbacks == 1
     once = mt("watch", run_dir, "--once")
     assert "rolled back from step 16 to step 8 (to step 10 (mt rollback --to); by user): 3 batches skipped, lr x0.5" in once.stdout

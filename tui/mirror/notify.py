@@ -141,7 +141,9 @@ class NotifyHook:
         try:
             now = time.time()
             for inc in self.incidents.iter_new():
-                if inc.status == "open" and inc.severity in SEVERITIES and SEVERITIES.index(inc.severity) >= self.lowest:
+                # a rollback's own incident: its `rollback` event is the notice (an automatic one; not the user's own)
+                if inc.status == "open" and inc.code != "rolled_back" and inc.severity in SEVERITIES \
+                        and SEVERITIES.index(inc.severity) >= self.lowest:
                     self._offer(incident_notice(self.run, inc), now)
             for rec in news:
                 raw = getattr(rec, "raw", None)
