@@ -49,7 +49,20 @@ def write_weights(cfg: Config, state: dict[str, torch.Tensor], out: Path) -> lis
     else:
         tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}
         save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    write_tokenizer(cfg, out)
     return sorted(p.name for p in out.iterdir())
+
+
+def write_tokenizer(cfg: Config, out: Path) -> None:
+    """The run's own tokenizer beside the weights (a downstream user encodes as the run did): an HF model
+    folder's as its save_pretrained files, [data] tokenizer's file as tokenizer.json; none for bytes."""
+    from engine.samples import HfTokenizer, TokenizerFile, codec_for
+
+    codec = codec_for(cfg)
+    if isinstance(codec, HfTokenizer):
+        codec.tok.save_pretrained(out)
+    elif isinstance(codec, TokenizerFile):
+        codec.tok.save(str(out / "tokenizer.json"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -155,3 +155,28 @@ def test_a_hugging_face_run_is_released_as_its_own_save_pretrained_folder(tmp_pa
     assert all(torch.equal(got[k], want[k]) for k in want)
     assert json.loads((out / "config.json").read_text())["model_type"] == "gpt2"
     assert "from_pretrained" in (out / "README.md").read_text()
+
+
+@pytest.mark.slow
+def test_an_hf_run_is_released_with_its_folders_tokenizer(tmp_path: Path) -> None:
+    """The released folder loads with from_pretrained for the model and the tokenizer alike, and the
+    tokenizer encodes as the run's own folder did (a downstream user needs both)."""
+    transformers = pytest.importorskip("transformers")
+    from tests.corpus import write_corpus
+    from tests.engine.test_eval_samples import _bpe
+
+    tok = _bpe(write_corpus(tmp_path / "corpus.txt", 40_000), 300)
+    folder = tmp_path / "tiny-gpt2"
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(folder)
+    config = transformers.AutoConfig.for_model(**{**GPT2, "vocab_size": tok.get_vocab_size()})
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    run = trained(tmp_path, base=hf_base({"path": str(folder)}), checkpoint={"keep_best": 0, "keep_last": 1})
+    out = tmp_path / "hf"
+    done = mt("release", run, "--to", out)
+    assert done.returncode == 0, done.stderr
+    released = transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)
+    own = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    text = "Kalo mi the corpus"
+    assert released.encode(text) == own.encode(text) and len(own.encode(text)) < len(text)  # BPE pieces, not bytes
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
+    assert model.config.vocab_size == tok.get_vocab_size()
