@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from mt.contract.config import FaultsConfig
 from mt.contract.preset import load_preset
 
 DEMOS = Path(__file__).resolve().parents[2] / "presets" / "demos"
@@ -27,7 +28,8 @@ def test_every_demo_is_listed() -> None:
 def test_demo_preset(name: str) -> None:
     cfg = load_preset(DEMOS / name)
     code, keys = EXPECTED[name]
-    faults = {k for k, v in vars(cfg.faults).items() if v and k != "step_sleep_s"}
+    default = vars(FaultsConfig())  # the keys the demo set: a value its default does not have
+    faults = {k for k, v in vars(cfg.faults).items() if v and v != default[k] and k != "step_sleep_s"}
     assert keys <= faults and (faults - {"crash_rank", "hang_rank"}) <= keys | {"stall_seconds"}
     assert cfg.launch.device == "cpu" and cfg.faults.step_sleep_s > 0  # small, and slow enough to watch
     header = (DEMOS / name).read_text().splitlines()[0]
