@@ -25,7 +25,8 @@ MAGIC = b"MTEVIDX1"
 VERSION = 2
 FIELDS = ("end", "kind", "step", "t", "loss", "lr", "grad_norm", "tokens_per_s")
 RECORD = struct.Struct("<8d")
-# kind codes; an eval's val_loss goes in the loss field, so a viewer needs no JSON for it
+# kind codes; an eval's val_loss goes in the loss field (readers take an eval from its line: [eval] factory's
+# metrics live only there, and evals are few)
 KIND_CODES = {"step": 0, "run_start": 1, "eval": 2, "checkpoint": 3, "incident": 4, "control": 5, "run_end": 6}
 NEWEST_KINDS = (1, 2, 3, 4, 5, 6)        # the header keeps 1 + the number of the newest record of each
 # magic, version, fields per record, then NEWEST_KINDS' newest records (0 = none); as long as a record
@@ -101,8 +102,6 @@ def kind_code(rec: Record | Rejected) -> int:
         return KIND_BAD
     if isinstance(rec, Step) and not rec.is_row:
         return KIND_OTHER  # a script's own metrics live only in the line: readers parse it
-    if isinstance(rec, Eval) and rec.metrics:
-        return KIND_OTHER  # so do [eval] factory's: an index record holds val_loss only
     return KIND_CODES.get(rec.kind, KIND_OTHER)  # metrics, and kinds this version does not know
 
 

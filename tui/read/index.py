@@ -18,7 +18,7 @@ from mt.contract.records import Rejected, parse_event
 from tui.read.columns import COLS, Columns
 
 SPOT_CHECKS = 16
-_STEP, _EVAL = KIND_CODES["step"], KIND_CODES["eval"]
+_STEP = KIND_CODES["step"]
 _COL = {name: FIELDS.index(name) for name in FIELDS}
 
 
@@ -77,20 +77,15 @@ def load_index(paths: RunPaths) -> tuple[Columns, int] | None:
 
 def _events_at(paths: RunPaths, m: np.ndarray, starts: np.ndarray, rows: np.ndarray,
                steps_before: np.ndarray) -> list[tuple[int, int, dict[str, Any]]] | None:
-    """The non-step events: evals rebuilt from their records, the rest read from their lines."""
+    """The non-step events, read from their lines (an eval's [eval] factory metrics live only there)."""
     out = []
     with door.open_file(paths.events) as f:
         for i in rows.tolist():
             start, k = int(starts[i]), int(steps_before[i])
-            if m[i, _COL["kind"]] == _EVAL:
-                step = m[i, _COL["step"]]
-                ev = parse_event({"kind": "eval", "t": float(m[i, _COL["t"]]), "val_loss": float(m[i, _COL["loss"]]),
-                                  "step": float(step)})
-            else:
-                f.seek(start)
-                ev = parse_event(f.read(int(m[i, 0]) - start))
-                if kind_code(ev) != m[i, _COL["kind"]]:
-                    return None
+            f.seek(start)
+            ev = parse_event(f.read(int(m[i, 0]) - start))
+            if kind_code(ev) != m[i, _COL["kind"]]:
+                return None
             if isinstance(ev, Rejected):
                 return None           # the index disagrees with the parser: not to be trusted
             out.append((start, k, ev))

@@ -18,7 +18,7 @@ from mt.contract.records import Rejected, parse_event
 from tui.state.runstate import BulkResult, RunState, new_state, reduce_event
 
 TAIL_RECORDS = 4096
-_STEP, _EVAL = KIND_CODES["step"], KIND_CODES["eval"]
+_STEP = KIND_CODES["step"]
 Record = tuple[float, ...]
 
 
@@ -93,8 +93,6 @@ def _state_from_index(paths: RunPaths, items: list[tuple[int, int, Record]]) -> 
             if kind == _STEP and i != last_step:
                 ev = parse_event({"kind": "step", "step": rec[2], "t": rec[3], "loss": rec[4],
                                   "lr": rec[5], "grad_norm": rec[6], "tokens_per_s": rec[7]})
-            elif kind == _EVAL:
-                ev = parse_event({"kind": "eval", "step": rec[2], "t": rec[3], "val_loss": rec[4]})
             else:
                 f.seek(start)
                 ev = parse_event(f.read(int(rec[0]) - start))
