@@ -355,6 +355,7 @@ def reduce_event(st: RunState, ev: Record) -> None:
         add_incident(st, ev, source="engine")
     elif isinstance(ev, Knob) and ev.value is not None and ev.key != "skip_batches":  # a skip is once, not a setting
         st.knobs[ev.key] = ev.value
+        st.grad_clip = (ev.value or None) if ev.key == "grad_clip" else st.grad_clip  # the grad-norm plot's clip line
     elif isinstance(ev, RunEnd):
         st.run_end_status, st.run_end_reason = ev.status, ev.reason or None
         if not st.status.found and ev.status in FINAL_STATES:
