@@ -31,10 +31,11 @@ class Turned:
 class Tuner:
     """Holds the run's knobs and pushes the values in force into the components that use them."""
 
-    def __init__(self, knobs: Knobs, cfg: Config, env: DistEnv, events: Any, inbox: ControlInbox | None,
-                 parts: dict[str, Any]) -> None:
+    def __init__(self, knobs: Knobs, cfg: Config, env: DistEnv, events: Any, inbox: ControlInbox | None, *,
+                 precision: Any, evaluator: Any, checkpointer: Any, step_rules: Any) -> None:
         self.knobs, self.cfg, self.env, self.events, self.inbox = knobs, cfg, env, events, inbox
-        self.parts = parts  # precision, evaluator, checkpointer, step_rules (rank 0's, else None)
+        # the components that read a knob each step (step_rules: rank 0's, else None)
+        self.precision, self.evaluator, self.checkpointer, self.step_rules = precision, evaluator, checkpointer, step_rules
         self.pending: list[Request] = []  # rank 0: `set` requests taken this step, applied after it
         self.log_every = cfg.train.log_every
         self.install()
@@ -56,11 +57,11 @@ class Tuner:
     def install(self) -> None:
         """The values in force, into the components that read them each step."""
         clip = float(self.value("grad_clip"))
-        self.parts["precision"].grad_clip = clip
-        self.parts["evaluator"].every = int(self.value("eval_every"))
-        self.parts["checkpointer"].every = int(self.value("checkpoint_every"))
-        if self.parts.get("step_rules") is not None:
-            self.parts["step_rules"].grad_clip = clip
+        self.precision.grad_clip = clip
+        self.evaluator.every = int(self.value("eval_every"))
+        self.checkpointer.every = int(self.value("checkpoint_every"))
+        if self.step_rules is not None:
+            self.step_rules.grad_clip = clip
         self.log_every = int(self.value("log_every"))
 
     def apply(self, step: int) -> Turned:

@@ -91,8 +91,8 @@ class Trainer:
         self.rollbacks, self.spike_rollback = start.rollbacks, False  # made so far; on_spike's, planned for the next step
         self.step, self.samples, self.accum, self.resumed_from = start.step, start.samples, start.accum, start.resumed_from
         self.knobs = start.knobs  # turned by mt set or a rollback; kept in every checkpoint (mt/contract/knobs.py)
-        self.tuner = Tuner(self.knobs, cfg, env, self.events, self.inbox, {"precision": self.precision, "evaluator": self.evaluator,
-                           "checkpointer": self.checkpoints, "step_rules": self.step_rules})  # the values in force
+        self.tuner = Tuner(self.knobs, cfg, env, self.events, self.inbox, precision=self.precision, evaluator=self.evaluator,
+                           checkpointer=self.checkpoints, step_rules=self.step_rules)  # the values in force
         self.start_step = self.step
         self.global_batch = env.world_size * t.micro_batch_size * self.accum
         # tokens exist where a sample has a token dimension (input_ids, or its first integer tensor)

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from engine.checkpoint.resume import Position
 from engine.dist import DistEnv, log
+from mt.contract import checkpoints
 from mt.contract import rollback as contract
 from mt.contract.config import TrainConfig
 from mt.contract.incident import Incident
@@ -76,7 +77,7 @@ def announce(events: Any, rb: Rollback, to_step: int, lr_scale: float, lr_before
 
 def plan(paths: RunPaths, step: int, done: int, t: TrainConfig, by: str, why: str) -> Rollback | str:
     """Rank 0: the automatic rollback for a bad `step` (the request written), or why there is none."""
-    target = contract.at_or_before(paths.checkpoints, step - 1, hashes=False)  # the next attempt verifies every byte
+    target = checkpoints.newest(paths.checkpoints, "sizes", at_most=step - 1)  # the next attempt verifies every byte
     no = f"the rollback budget is spent (train.rollback_budget = {t.rollback_budget})" if done >= t.rollback_budget \
         else None if target.step is not None else f"no checkpoint before step {step} to roll back to"
     if no is not None:

@@ -222,11 +222,14 @@ class Newest:
         return f"no checkpoint is intact ({len(self.damaged)} checked: {shown})"
 
 
-def newest(root: Path, verified: Verified = "sha256", check: Callable[[Path, dict[str, Any]], None] | None = None) -> Newest:
+def newest(root: Path, verified: Verified = "sha256", check: Callable[[Path, dict[str, Any]], None] | None = None,
+           at_most: int | None = None) -> Newest:
     """The newest checkpoint under root that passes `verify` at that level (and `check`, which may
-    raise CheckpointError: the engine's load), newest step first."""
+    raise CheckpointError: the engine's load), newest step first; `at_most`: of a step at or before it."""
     damaged = []
-    for _, path in folders(root):
+    for step, path in folders(root):
+        if at_most is not None and step > at_most:
+            continue
         try:
             manifest = verify(path, hashes=verified == "sha256")
             if check is not None:

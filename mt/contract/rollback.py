@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mt.contract import door, knobs
-from mt.contract.checkpoints import CheckpointError, Damaged, Newest, folder_name, folders, read_manifest, verify
+from mt.contract.checkpoints import CheckpointError, folder_name, folders, read_manifest
 from mt.contract.jsonl import write_json_atomic
 from mt.contract.paths import RunPaths
 
@@ -95,19 +95,6 @@ def newest_count(paths: RunPaths) -> int:
             continue
     pending = read_request(paths)
     return max(count, pending.count if pending else 0)
-
-
-def at_or_before(root: Path, step: int, hashes: bool = True) -> Newest:
-    """The newest checkpoint at or before `step` that verifies (and each newer one at or before it that did not)."""
-    damaged = []
-    for s, path in folders(root):
-        if s > step:
-            continue
-        try:
-            return Newest(path, verify(path, hashes=hashes), damaged)
-        except CheckpointError as e:
-            damaged.append(Damaged(path, str(e)))
-    return Newest(None, {}, damaged)
 
 
 def set_aside(root: Path, to_step: int, count: int) -> list[Path]:

@@ -110,12 +110,10 @@ def _attempt_of(records: list[Any], step: int) -> tuple[int, int | None]:
 def _checkpoint_before(paths: RunPaths, step: int, code: str | None) -> tuple[Path, int]:
     """The newest intact checkpoint before `step`; but SPIKE_HISTORY steps before it where there is one,
     unless the step is a NaN's (a spike's norms, or a step --step named, need a median of earlier steps)."""
-    before = [(s, p) for s, p in checkpoints.folders(paths.checkpoints) if s < step]
-    if code != "nan_loss":
-        before = [c for c in before if c[0] <= step - SPIKE_HISTORY] + [c for c in before if c[0] > step - SPIKE_HISTORY]
-    for s, path in before:
-        if checkpoints.intact(path):
-            return path, s
+    for at_most in ([step - 1] if code == "nan_loss" else [step - SPIKE_HISTORY, step - 1]):
+        found = checkpoints.newest(paths.checkpoints, at_most=at_most)
+        if found.path is not None and found.step is not None:
+            return found.path, found.step
     raise ReplayError(f"{paths.checkpoints}: no intact checkpoint before step {step} to replay from")
 
 
@@ -174,7 +172,10 @@ def prepare(plan: Plan) -> Config:
         try:
             os.link(plan.checkpoint / name, dest / name, follow_symlinks=False)
         except OSError:  # another filesystem: a copy (the run's file is never written either way)
-            shutil.copyfile(plan.checkpoint / name, dest / name, follow_symlinks=False)
+            try:
+                shutil.copyfile(plan.checkpoint / name, dest / name, follow_symlinks=False)  # refuses a FIFO
+            except OSError as e:
+                raise ReplayError(f"{plan.checkpoint / name}: cannot be linked or copied into {dest}: {e}") from None
     cfg = replay_config(plan)
     write_json_atomic(paths.config, cfg.recorded())
     return cfg

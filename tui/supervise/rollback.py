@@ -8,7 +8,7 @@ from pathlib import Path
 
 from mt.contract import knobs
 from mt.contract import rollback as contract
-from mt.contract.checkpoints import reported_at
+from mt.contract.checkpoints import newest, reported_at
 from mt.contract.config import ConfigError
 from mt.contract.events import INT_MAX
 from mt.contract.paths import RunPaths
@@ -55,7 +55,7 @@ def _checkpoints(paths: RunPaths, script: bool, at_most: int) -> tuple[list[int]
     if script:
         found = reported_at(paths.events, at_most)
         return ([found[1]] if found else []), " (the script reported none that still exists)"
-    target = contract.at_or_before(paths.checkpoints, at_most)
+    target = newest(paths.checkpoints, at_most=at_most)
     damaged = f" ({len(target.damaged)} damaged: {target.damaged[0].message})" if target.damaged else ""
     return ([target.step] if target.step is not None else []), damaged
 
