@@ -19,7 +19,7 @@ from mt.contract.events import SEVERITIES
 from mt.contract.incident import IncidentLine
 from mt.contract.jsonl import JsonlTail
 from mt.contract.paths import RunPaths
-from mt.contract.records import RecordTail, parse_incident
+from mt.contract.records import RecordTail, RollbackEvent, parse_incident
 from mt.contract.status import CLEAN_STATES, FINAL_STATES, Status
 from tui.format.fmt import fmt_best, fmt_duration, fmt_loss_cell, fmt_step
 from tui.mirror.sender import Notice, Sender, instantiate
@@ -146,9 +146,8 @@ class NotifyHook:
                         and SEVERITIES.index(inc.severity) >= self.lowest:
                     self._offer(incident_notice(self.run, inc), now)
             for rec in news:
-                raw = getattr(rec, "raw", None)
-                if isinstance(raw, dict) and raw.get("kind") == "rollback" and raw.get("by") != "user":
-                    self._offer(rollback_notice(self.run, raw, getattr(rec, "t", None) or now), now, repeat=False)
+                if isinstance(rec, RollbackEvent) and rec.by != "user":
+                    self._offer(rollback_notice(self.run, rec.raw, rec.t or now), now, repeat=False)
             if status.state in FINAL_STATES and not self.ended:
                 self.ended = True
                 self.limit.take("end", now)   # the end always goes, with the count of what was held back
